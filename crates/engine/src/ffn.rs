@@ -1,0 +1,103 @@
+//! Feed-forward blocks: the dense SwiGLU MLP and the routed mixture of experts with a shared
+//! expert (MODEL_MATH §1.6).
+
+use spindle_kernels::activation::{sigmoid, swiglu_in_place};
+use spindle_kernels::softmax::{softmax_in_place, top_k};
+use spindle_model::MoeConfig;
+
+use crate::weights::{MlpWeights, MoeWeights};
+
+/// `down(silu(gate(x)) ⊙ up(x))` for `[tokens, H]`.
+pub fn mlp(w: &MlpWeights, x: &[f32], tokens: usize) -> Vec<f32> {
+    let mut gate = w.gate.forward(x, tokens);
+    let up = w.up.forward(x, tokens);
+    swiglu_in_place(&mut gate, &up);
+    w.down.forward(&gate, tokens)
+}
+
+/// One token's routing: the selected experts and their weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route {
+    pub experts: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+/// softmax → top-k → optional renormalisation, per token of `router_logits [tokens, E]`.
+pub fn route(router_logits: &[f32], cfg: &MoeConfig) -> Vec<Route> {
+    router_logits
+        .chunks(cfg.num_experts)
+        .map(|logits| {
+            let mut p = logits.to_vec();
+            softmax_in_place(&mut p);
+            let experts = top_k(&p, cfg.top_k);
+            let mut weights: Vec<f32> = experts.iter().map(|&e| p[e]).collect();
+            if cfg.renormalize {
+                let sum: f32 = weights.iter().sum();
+                weights.iter_mut().for_each(|w| *w /= sum);
+            }
+            Route { experts, weights }
+        })
+        .collect()
+}
+
+/// The MoE block for `[tokens, H]`: routed experts (tokens grouped per expert so each expert's
+/// weights are read once per call) plus the sigmoid-gated shared expert.
+pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: usize) -> Vec<f32> {
+    let routes = route(&w.router.forward(x, tokens), cfg);
+    let mut out = mlp(&w.shared, x, tokens);
+    let shared_gate = w.shared_gate.forward(x, tokens);
+    for (t, row) in out.chunks_mut(hidden).enumerate() {
+        let g = sigmoid(shared_gate[t]);
+        row.iter_mut().for_each(|v| *v *= g);
+    }
+
+    for (e, expert) in w.experts.iter().enumerate() {
+        // (token, weight) pairs routed to expert e, in token order.
+        let users: Vec<(usize, f32)> = routes
+            .iter()
+            .enumerate()
+            .filter_map(|(t, r)| r.experts.iter().position(|&x| x == e).map(|j| (t, r.weights[j])))
+            .collect();
+        if users.is_empty() {
+            continue;
+        }
+        let mut xs = Vec::with_capacity(users.len() * hidden);
+        for &(t, _) in &users {
+            xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+        }
+        let ys = mlp(expert, &xs, users.len());
+        for (i, &(t, weight)) in users.iter().enumerate() {
+            let dst = &mut out[t * hidden..(t + 1) * hidden];
+            dst.iter_mut().zip(&ys[i * hidden..(i + 1) * hidden]).for_each(|(o, &y)| *o += weight * y);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(renormalize: bool) -> MoeConfig {
+        MoeConfig {
+            num_experts: 4,
+            top_k: 2,
+            expert_intermediate: 1,
+            shared_intermediate: 1,
+            renormalize,
+        }
+    }
+
+    #[test]
+    fn routing_softmax_then_top_k_then_renormalise() {
+        let logits = [0.0f32, 2.0, 1.0, -1.0];
+        let r = route(&logits, &cfg(false));
+        assert_eq!(r[0].experts, vec![1, 2]);
+        let z: f32 = logits.iter().map(|v| v.exp()).sum();
+        assert!((r[0].weights[0] - 2f32.exp() / z).abs() < 1e-6);
+        let r = route(&logits, &cfg(true));
+        let expect = 2f32.exp() / (2f32.exp() + 1f32.exp());
+        assert!((r[0].weights[0] - expect).abs() < 1e-6);
+        assert!((r[0].weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,226 @@
+//! The checkpoint's tensors gathered per layer, with every shape checked against the config.
+//! Matrices stay in the memory map; only small vectors (norms, A_log, conv taps) are copied.
+
+use spindle_kernels::{MatRef, Weights};
+use spindle_model::{
+    Checkpoint, DType, ExpertLayout, FfnKind, Matrix, MixerKind, ModelConfig, Result, TensorNames,
+};
+
+/// A linear layer y = x·Wᵀ with W `[out, in]`.
+#[derive(Clone, Debug)]
+pub struct Linear(pub Matrix);
+
+impl Linear {
+    pub fn mat(&self) -> MatRef<'_> {
+        let m = &self.0;
+        let weights = match m.dtype {
+            DType::Bf16 => Weights::Bf16(bytemuck::cast_slice(m.bytes())),
+            DType::F16 => Weights::F16(bytemuck::cast_slice(m.bytes())),
+            DType::F32 => Weights::F32(bytemuck::cast_slice(m.bytes())),
+        };
+        MatRef::new(weights, m.rows, m.cols)
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.0.rows
+    }
+
+    /// `y [tokens, out] = x [tokens, in] · Wᵀ`.
+    pub fn forward(&self, x: &[f32], tokens: usize) -> Vec<f32> {
+        let mut y = vec![0.0; tokens * self.0.rows];
+        spindle_kernels::linear::matmul(&self.mat(), x, tokens, &mut y);
+        y
+    }
+}
+
+pub struct AttentionWeights {
+    /// `[n_h·2d, H]`: per head, d query rows then d gate rows.
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+}
+
+/// GDN input projections in either checkpoint layout (MODEL_MATH §1.5).
+pub enum GdnProjection {
+    /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, grouped per key head.
+    Fused { qkvz: Linear, ba: Linear },
+    /// Qwen3.5 and later: outputs already in channel order.
+    Split { qkv: Linear, z: Linear, b: Linear, a: Linear },
+}
+
+pub struct GdnWeights {
+    pub projection: GdnProjection,
+    /// `[C, K]` depthwise conv taps.
+    pub conv: Vec<f32>,
+    pub a_log: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    /// Gated-norm weight `[d_v]`, shared by all heads.
+    pub norm: Vec<f32>,
+    pub out_proj: Linear,
+}
+
+/// SwiGLU MLP: `down(silu(gate(x)) ⊙ up(x))`.
+pub struct MlpWeights {
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+pub struct MoeWeights {
+    /// `[E, H]` router.
+    pub router: Linear,
+    pub experts: Vec<MlpWeights>,
+    pub shared: MlpWeights,
+    /// `[1, H]` sigmoid gate of the shared expert.
+    pub shared_gate: Linear,
+}
+
+pub enum MixerWeights {
+    Attention(AttentionWeights),
+    Gdn(GdnWeights),
+}
+
+pub enum FfnWeights {
+    Dense(MlpWeights),
+    Moe(MoeWeights),
+}
+
+pub struct LayerWeights {
+    pub input_norm: Vec<f32>,
+    pub post_norm: Vec<f32>,
+    pub mixer: MixerWeights,
+    pub ffn: FfnWeights,
+}
+
+pub struct ModelWeights {
+    pub embed: Linear,
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: Vec<f32>,
+    pub lm_head: Linear,
+}
+
+/// Reads and shape-checks every tensor the forward pass needs.
+pub fn load(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<ModelWeights> {
+    let names = TensorNames::detect(checkpoint)?;
+    let h = config.hidden_size;
+    let embed = Linear(checkpoint.matrix(&names.trunk("embed_tokens.weight"), &[config.vocab_size, h])?);
+    let lm_head = if config.tie_word_embeddings {
+        embed.clone()
+    } else {
+        Linear(checkpoint.matrix("lm_head.weight", &[config.vocab_size, h])?)
+    };
+    let layers = (0..config.num_layers())
+        .map(|i| load_layer(checkpoint, &names, config, i))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ModelWeights {
+        embed,
+        layers,
+        final_norm: checkpoint.f32_values(&names.trunk("norm.weight"), &[h])?,
+        lm_head,
+    })
+}
+
+fn load_layer(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: usize) -> Result<LayerWeights> {
+    let h = config.hidden_size;
+    let spec = config.layers[i];
+    let mixer = match spec.mixer {
+        MixerKind::FullAttention => MixerWeights::Attention(load_attention(ck, names, config, i)?),
+        MixerKind::LinearAttention => MixerWeights::Gdn(load_gdn(ck, names, config, i)?),
+    };
+    let ffn = match spec.ffn {
+        FfnKind::Dense => {
+            let inter = config.intermediate_size.expect("validated: dense layers have intermediate_size");
+            FfnWeights::Dense(load_mlp(ck, &|s| names.layer(i, &format!("mlp.{s}")), h, inter)?)
+        }
+        FfnKind::Moe => FfnWeights::Moe(load_moe(ck, names, config, i)?),
+    };
+    Ok(LayerWeights {
+        input_norm: ck.f32_values(&names.layer(i, "input_layernorm.weight"), &[h])?,
+        post_norm: ck.f32_values(&names.layer(i, "post_attention_layernorm.weight"), &[h])?,
+        mixer,
+        ffn,
+    })
+}
+
+fn load_attention(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: usize) -> Result<AttentionWeights> {
+    let a = &config.attention;
+    let h = config.hidden_size;
+    let t = |s: &str| names.layer(i, &format!("self_attn.{s}"));
+    Ok(AttentionWeights {
+        q_proj: Linear(ck.matrix(&t("q_proj.weight"), &[a.num_heads * a.head_dim * 2, h])?),
+        k_proj: Linear(ck.matrix(&t("k_proj.weight"), &[a.num_kv_heads * a.head_dim, h])?),
+        v_proj: Linear(ck.matrix(&t("v_proj.weight"), &[a.num_kv_heads * a.head_dim, h])?),
+        o_proj: Linear(ck.matrix(&t("o_proj.weight"), &[h, a.num_heads * a.head_dim])?),
+        q_norm: ck.f32_values(&t("q_norm.weight"), &[a.head_dim])?,
+        k_norm: ck.f32_values(&t("k_norm.weight"), &[a.head_dim])?,
+    })
+}
+
+fn load_gdn(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: usize) -> Result<GdnWeights> {
+    let g = &config.gdn;
+    let h = config.hidden_size;
+    let t = |s: &str| names.layer(i, &format!("linear_attn.{s}"));
+    let (nk, nv, dk, dv) = (g.num_key_heads, g.num_value_heads, g.key_head_dim, g.value_head_dim);
+    let channels = g.conv_channels();
+    let projection = if ck.contains(&t("in_proj_qkvz.weight")) {
+        GdnProjection::Fused {
+            qkvz: Linear(ck.matrix(&t("in_proj_qkvz.weight"), &[2 * nk * dk + 2 * nv * dv, h])?),
+            ba: Linear(ck.matrix(&t("in_proj_ba.weight"), &[2 * nv, h])?),
+        }
+    } else {
+        GdnProjection::Split {
+            qkv: Linear(ck.matrix(&t("in_proj_qkv.weight"), &[channels, h])?),
+            z: Linear(ck.matrix(&t("in_proj_z.weight"), &[nv * dv, h])?),
+            b: Linear(ck.matrix(&t("in_proj_b.weight"), &[nv, h])?),
+            a: Linear(ck.matrix(&t("in_proj_a.weight"), &[nv, h])?),
+        }
+    };
+    Ok(GdnWeights {
+        projection,
+        conv: ck.f32_values(&t("conv1d.weight"), &[channels, 1, g.conv_kernel])?,
+        a_log: ck.f32_values(&t("A_log"), &[nv])?,
+        dt_bias: ck.f32_values(&t("dt_bias"), &[nv])?,
+        norm: ck.f32_values(&t("norm.weight"), &[dv])?,
+        out_proj: Linear(ck.matrix(&t("out_proj.weight"), &[h, nv * dv])?),
+    })
+}
+
+fn load_mlp(ck: &Checkpoint, name: &dyn Fn(&str) -> String, h: usize, inter: usize) -> Result<MlpWeights> {
+    Ok(MlpWeights {
+        gate: Linear(ck.matrix(&name("gate_proj.weight"), &[inter, h])?),
+        up: Linear(ck.matrix(&name("up_proj.weight"), &[inter, h])?),
+        down: Linear(ck.matrix(&name("down_proj.weight"), &[h, inter])?),
+    })
+}
+
+fn load_moe(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: usize) -> Result<MoeWeights> {
+    let moe = config.moe.as_ref().expect("validated: MoE layers have a MoE config");
+    let h = config.hidden_size;
+    let (e_count, inter) = (moe.num_experts, moe.expert_intermediate);
+    let t = |s: &str| names.layer(i, &format!("mlp.{s}"));
+    let experts = match names.expert_layout(ck, i)? {
+        ExpertLayout::PerExpert => (0..e_count)
+            .map(|e| load_mlp(ck, &|s| t(&format!("experts.{e}.{s}")), h, inter))
+            .collect::<Result<Vec<_>>>()?,
+        ExpertLayout::Fused => {
+            let gate_up = ck.matrix(&t("experts.gate_up_proj"), &[e_count, 2 * inter, h])?;
+            let down = ck.matrix(&t("experts.down_proj"), &[e_count, h, inter])?;
+            (0..e_count)
+                .map(|e| MlpWeights {
+                    gate: Linear(gate_up.rows_slice(e * 2 * inter, inter)),
+                    up: Linear(gate_up.rows_slice(e * 2 * inter + inter, inter)),
+                    down: Linear(down.rows_slice(e * h, h)),
+                })
+                .collect()
+        }
+    };
+    Ok(MoeWeights {
+        router: Linear(ck.matrix(&t("gate.weight"), &[e_count, h])?),
+        experts,
+        shared: load_mlp(ck, &|s| t(&format!("shared_expert.{s}")), h, moe.shared_intermediate)?,
+        shared_gate: Linear(ck.matrix(&t("shared_expert_gate.weight"), &[1, h])?),
+    })
+}

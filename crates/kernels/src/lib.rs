@@ -1,0 +1,18 @@
+//! CPU kernels on plain slices. They know shapes and formats, never models.
+//!
+//! Every fast kernel has a scalar reference beside it (`*_ref`) and a test that runs both on
+//! random inputs.
+
+pub mod activation;
+pub mod attention;
+pub mod gdn;
+pub mod linear;
+pub mod norm;
+pub mod rope;
+pub mod softmax;
+pub mod weights;
+
+pub use weights::{MatRef, Weights};
+
+#[cfg(test)]
+pub(crate) mod testutil;

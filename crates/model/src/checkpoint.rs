@@ -1,0 +1,263 @@
+//! Hugging Face safetensors checkpoints, single-file or sharded, memory-mapped.
+//!
+//! Opening validates every file's header (the `safetensors` crate checks that offsets are
+//! contiguous, that each tensor's byte length matches dtype × shape, and that the data section
+//! is exactly as long as the header says, so truncation is caught). Tensors are then handed out
+//! as views of the maps; nothing is copied whole into the heap.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use safetensors::{Dtype as StDtype, SafeTensors};
+use serde_json::Value;
+
+use crate::error::{ModelError, Result};
+use crate::tensor::{decode_f32, DType, Matrix, Storage};
+
+const INDEX_FILE: &str = "model.safetensors.index.json";
+const SINGLE_FILE: &str = "model.safetensors";
+
+struct Shard {
+    path: PathBuf,
+    map: Arc<Mmap>,
+}
+
+#[derive(Clone)]
+struct Entry {
+    shard: usize,
+    dtype: StDtype,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+/// All tensors of a checkpoint directory, by name.
+pub struct Checkpoint {
+    dir: PathBuf,
+    shards: Vec<Shard>,
+    entries: HashMap<String, Entry>,
+}
+
+impl Checkpoint {
+    /// Opens `DIR/model.safetensors.index.json` (sharded) or `DIR/model.safetensors`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index = dir.join(INDEX_FILE);
+        if index.exists() {
+            return Self::open_sharded(dir, &index);
+        }
+        let single = dir.join(SINGLE_FILE);
+        if !single.exists() {
+            return Err(ModelError::Io {
+                path: single,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("no {SINGLE_FILE} or {INDEX_FILE} in this directory"),
+                ),
+            });
+        }
+        let mut checkpoint = Checkpoint {
+            dir: dir.to_owned(),
+            shards: Vec::new(),
+            entries: HashMap::new(),
+        };
+        checkpoint.add_shard(&single)?;
+        Ok(checkpoint)
+    }
+
+    fn open_sharded(dir: &Path, index: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(index).map_err(|source| ModelError::Io {
+            path: index.to_owned(),
+            source,
+        })?;
+        let value: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
+            path: index.to_owned(),
+            source,
+        })?;
+        let index_err = |message: String| ModelError::Index {
+            path: index.to_owned(),
+            message,
+        };
+        let map = value
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| index_err("weight_map is missing or not an object".into()))?;
+        let mut wanted: HashMap<String, String> = HashMap::new();
+        for (name, file) in map {
+            let file = file
+                .as_str()
+                .ok_or_else(|| index_err(format!("weight_map[{name:?}] = {file}: expected a file name")))?;
+            if file.contains('/') || file.contains('\\') || file.starts_with('.') {
+                return Err(index_err(format!(
+                    "weight_map[{name:?}] = {file:?}: shard names must be plain file names"
+                )));
+            }
+            wanted.insert(name.clone(), file.to_owned());
+        }
+        let mut files: Vec<&String> = wanted.values().collect();
+        files.sort();
+        files.dedup();
+
+        let mut checkpoint = Checkpoint {
+            dir: dir.to_owned(),
+            shards: Vec::new(),
+            entries: HashMap::new(),
+        };
+        for file in files {
+            checkpoint.add_shard(&dir.join(file))?;
+        }
+        for (name, file) in &wanted {
+            let Some(entry) = checkpoint.entries.get(name) else {
+                return Err(index_err(format!("tensor `{name}` is listed in shard {file} but no shard holds it")));
+            };
+            let holder = &checkpoint.shards[entry.shard].path;
+            if holder.file_name().and_then(|s| s.to_str()) != Some(file.as_str()) {
+                return Err(index_err(format!(
+                    "tensor `{name}` is listed in shard {file} but found in {}",
+                    holder.display()
+                )));
+            }
+        }
+        Ok(checkpoint)
+    }
+
+    fn add_shard(&mut self, path: &Path) -> Result<()> {
+        let io_err = |source| ModelError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::open(path).map_err(io_err)?;
+        // SAFETY: the file is opened read-only and spindle never writes through the map.
+        // Another process truncating a checkpoint while it is in use is outside our contract
+        // (as for every mmap-based loader).
+        let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+        let map = Arc::new(map);
+        let parsed = SafeTensors::deserialize(&map[..]).map_err(|e| ModelError::Safetensors {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        let shard = self.shards.len();
+        let base = map.as_ptr() as usize;
+        for (name, view) in parsed.tensors() {
+            let start = view.data().as_ptr() as usize - base;
+            let end = start + view.data().len();
+            let entry = Entry {
+                shard,
+                dtype: view.dtype(),
+                shape: view.shape().to_vec(),
+                start,
+                end,
+            };
+            if let Some(previous) = self.entries.insert(name.clone(), entry) {
+                return Err(ModelError::Index {
+                    path: path.to_owned(),
+                    message: format!(
+                        "tensor `{name}` appears twice (also in {})",
+                        self.shards[previous.shard].path.display()
+                    ),
+                });
+            }
+        }
+        self.shards.push(Shard {
+            path: path.to_owned(),
+            map,
+        });
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// Every tensor name in the checkpoint.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    /// The shape of tensor `name`, if present.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.entries.get(name).map(|e| e.shape.as_slice())
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry> {
+        self.entries.get(name).ok_or_else(|| ModelError::MissingTensor {
+            dir: self.dir.clone(),
+            tensor: name.to_owned(),
+        })
+    }
+
+    fn check_shape(&self, name: &str, entry: &Entry, expected: &[usize]) -> Result<()> {
+        if entry.shape != expected {
+            return Err(ModelError::ShapeMismatch {
+                path: self.shards[entry.shard].path.clone(),
+                tensor: name.to_owned(),
+                actual: entry.shape.clone(),
+                expected: expected.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    fn float_dtype(&self, name: &str, entry: &Entry) -> Result<DType> {
+        match entry.dtype {
+            StDtype::BF16 => Ok(DType::Bf16),
+            StDtype::F16 => Ok(DType::F16),
+            StDtype::F32 => Ok(DType::F32),
+            other => Err(ModelError::UnsupportedDtype {
+                path: self.shards[entry.shard].path.clone(),
+                tensor: name.to_owned(),
+                dtype: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// Tensor `name` with exactly `shape`, viewed as a `[rows, cols]` matrix where `cols` is the
+    /// last dimension and `rows` the product of the others.
+    pub fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix> {
+        let entry = self.entry(name)?;
+        self.check_shape(name, entry, shape)?;
+        let dtype = self.float_dtype(name, entry)?;
+        let cols = *shape.last().unwrap_or(&1);
+        let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+        let storage = Storage::new(&self.shards[entry.shard].map, entry.start, entry.end, dtype.size());
+        Ok(Matrix::new(dtype, rows, cols, storage))
+    }
+
+    /// Tensor `name` with exactly `shape`, converted to f32 (for norms, biases, small tensors).
+    pub fn f32_values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let entry = self.entry(name)?;
+        self.check_shape(name, entry, shape)?;
+        let dtype = self.float_dtype(name, entry)?;
+        let map = &self.shards[entry.shard].map;
+        Ok(decode_f32(dtype, &map[entry.start..entry.end]))
+    }
+
+    /// Tensor `name` with exactly `shape`, as i64 values (int64 buffers).
+    pub fn i64_values(&self, name: &str, shape: &[usize]) -> Result<Vec<i64>> {
+        let entry = self.entry(name)?;
+        self.check_shape(name, entry, shape)?;
+        if entry.dtype != StDtype::I64 {
+            return Err(ModelError::UnsupportedDtype {
+                path: self.shards[entry.shard].path.clone(),
+                tensor: name.to_owned(),
+                dtype: format!("{:?} (expected I64)", entry.dtype),
+            });
+        }
+        let map = &self.shards[entry.shard].map;
+        Ok(map[entry.start..entry.end]
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("chunks of 8")))
+            .collect())
+    }
+
+    /// Total bytes of all mapped files.
+    pub fn mapped_bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.map.len()).sum()
+    }
+}

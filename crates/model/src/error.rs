@@ -1,0 +1,56 @@
+//! The model crate's error type: every variant names the file, tensor or field at fault.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{path} is not valid JSON: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A config field is missing, has the wrong type, or breaks an invariant.
+    #[error("{path}: {message}")]
+    Config { path: PathBuf, message: String },
+
+    /// The checkpoint uses something spindle does not run yet (FP8 weights, an unknown family).
+    #[error("{path}: {message}")]
+    Unsupported { path: PathBuf, message: String },
+
+    /// A safetensors file whose header or size is malformed (truncated, corrupt).
+    #[error("{path}: not a valid safetensors file: {message}")]
+    Safetensors { path: PathBuf, message: String },
+
+    #[error("tensor `{tensor}` not found in the checkpoint at {dir}")]
+    MissingTensor { dir: PathBuf, tensor: String },
+
+    #[error("tensor `{tensor}` in {path}: shape {actual:?}, expected {expected:?}")]
+    ShapeMismatch {
+        path: PathBuf,
+        tensor: String,
+        actual: Vec<usize>,
+        expected: Vec<usize>,
+    },
+
+    #[error("tensor `{tensor}` in {path}: dtype {dtype} is not supported (bf16, f16 and f32 are)")]
+    UnsupportedDtype {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+    },
+
+    /// The index names a shard that does not hold the tensor, or two shards hold the same name.
+    #[error("{path}: {message}")]
+    Index { path: PathBuf, message: String },
+}
+
+pub type Result<T> = std::result::Result<T, ModelError>;

@@ -1,0 +1,16 @@
+//! spindle's model description: validated configs, memory-mapped safetensors checkpoints and
+//! the mapping from logical tensors to checkpoint keys. Depends on no backend.
+
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod names;
+pub mod tensor;
+
+pub use checkpoint::Checkpoint;
+pub use config::{
+    AttentionConfig, Family, FfnKind, GdnConfig, LayerSpec, MixerKind, ModelConfig, MoeConfig, RopeConfig,
+};
+pub use error::{ModelError, Result};
+pub use names::{ExpertLayout, TensorNames};
+pub use tensor::{DType, Matrix};

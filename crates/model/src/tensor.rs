@@ -1,0 +1,164 @@
+//! Weight tensors that live in a memory map (or, rarely, an aligned heap copy).
+
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+/// Element types spindle reads from checkpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    Bf16,
+    F16,
+    F32,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bf16 | DType::F16 => 2,
+            DType::F32 => 4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bf16 => "bf16",
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+        }
+    }
+}
+
+/// Bytes of a tensor: a range of a shared memory map, or an owned copy aligned to 8 bytes
+/// (used when a tensor's offset in the file is not aligned to its element size).
+#[derive(Clone)]
+pub enum Storage {
+    Mapped { map: Arc<Mmap>, start: usize, end: usize },
+    Owned { words: Arc<Vec<u64>>, len: usize },
+}
+
+impl Storage {
+    /// Wraps `map[start..end]`, copying it when `start` is not aligned to `align`.
+    pub fn new(map: &Arc<Mmap>, start: usize, end: usize, align: usize) -> Self {
+        let addr = map.as_ptr() as usize + start;
+        if addr % align == 0 {
+            return Storage::Mapped {
+                map: map.clone(),
+                start,
+                end,
+            };
+        }
+        let len = end - start;
+        let mut words = vec![0u64; len.div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..len].copy_from_slice(&map[start..end]);
+        Storage::Owned {
+            words: Arc::new(words),
+            len,
+        }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Mapped { map, start, end } => &map[*start..*end],
+            Storage::Owned { words, len } => &bytemuck::cast_slice::<u64, u8>(words)[..*len],
+        }
+    }
+
+    /// The sub-range `[start, end)` of these bytes, sharing the storage.
+    fn slice(&self, start: usize, end: usize) -> Self {
+        match self {
+            Storage::Mapped { map, start: s, .. } => Storage::Mapped {
+                map: map.clone(),
+                start: s + start,
+                end: s + end,
+            },
+            Storage::Owned { words, .. } => {
+                // Owned copies are rare (misaligned files); slicing copies again.
+                let bytes = &bytemuck::cast_slice::<u64, u8>(words)[start..end];
+                let mut out = vec![0u64; bytes.len().div_ceil(8)];
+                bytemuck::cast_slice_mut::<u64, u8>(&mut out)[..bytes.len()].copy_from_slice(bytes);
+                Storage::Owned {
+                    words: Arc::new(out),
+                    len: end - start,
+                }
+            }
+        }
+    }
+}
+
+/// A row-major `[rows, cols]` weight matrix (y = x·Wᵀ reads it row by row).
+#[derive(Clone)]
+pub struct Matrix {
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    storage: Storage,
+}
+
+impl Matrix {
+    pub fn new(dtype: DType, rows: usize, cols: usize, storage: Storage) -> Self {
+        debug_assert_eq!(storage.bytes().len(), rows * cols * dtype.size());
+        Matrix {
+            dtype,
+            rows,
+            cols,
+            storage,
+        }
+    }
+
+    /// The raw little-endian bytes, aligned to the element size.
+    pub fn bytes(&self) -> &[u8] {
+        self.storage.bytes()
+    }
+
+    /// Rows `[first, first + count)` as a matrix sharing the same bytes.
+    pub fn rows_slice(&self, first: usize, count: usize) -> Matrix {
+        assert!(first + count <= self.rows, "row slice out of range");
+        let row_bytes = self.cols * self.dtype.size();
+        Matrix {
+            dtype: self.dtype,
+            rows: count,
+            cols: self.cols,
+            storage: self.storage.slice(first * row_bytes, (first + count) * row_bytes),
+        }
+    }
+
+    /// Row `r` converted to f32.
+    pub fn row_f32(&self, r: usize) -> Vec<f32> {
+        let row_bytes = self.cols * self.dtype.size();
+        decode_f32(self.dtype, &self.bytes()[r * row_bytes..(r + 1) * row_bytes])
+    }
+
+    /// All elements converted to f32 (for small tensors).
+    pub fn to_f32(&self) -> Vec<f32> {
+        decode_f32(self.dtype, self.bytes())
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.rows * self.cols * self.dtype.size()
+    }
+}
+
+impl std::fmt::Debug for Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Matrix({} [{}, {}])", self.dtype.name(), self.rows, self.cols)
+    }
+}
+
+/// Converts little-endian bytes of `dtype` to f32.
+pub fn decode_f32(dtype: DType, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        DType::Bf16 => bytes
+            .chunks_exact(2)
+            .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect(),
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    }
+}
