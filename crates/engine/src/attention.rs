@@ -4,16 +4,19 @@ use spindle_kernels::activation::sigmoid;
 use spindle_kernels::attention::{attend, HeadCache};
 use spindle_kernels::norm::rms_norm_zc_in_place;
 use spindle_kernels::rope::{apply_partial_rope, RopeFreqs};
-use spindle_model::AttentionConfig;
+use spindle_model::{AttentionConfig, QsaConfig};
 
+use crate::qwen4::qsa;
 use crate::session::KvCache;
 use crate::weights::AttentionWeights;
 
 /// Runs `tokens` new tokens starting at absolute position `start` through one attention layer,
-/// appending their keys and values to `cache`. `x` is the normed input `[tokens, H]`.
+/// appending their keys and values to `cache`. `x` is the normed input `[tokens, H]`. With a
+/// QSA indexer (qwen4_exp), each token attends only to the tokens the indexer selects.
 pub fn forward(
     w: &AttentionWeights,
     shape: &AttentionConfig,
+    qsa: Option<&QsaConfig>,
     rope: &RopeFreqs,
     eps: f32,
     cache: &mut KvCache,
@@ -22,6 +25,19 @@ pub fn forward(
     start: usize,
 ) -> Vec<f32> {
     let (n_h, n_kv, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
+    let selection = match (&w.indexer, qsa) {
+        (Some(indexer), Some(cfg)) => qsa::select(
+            indexer,
+            cfg,
+            rope,
+            eps,
+            &mut cache.indexer,
+            x,
+            tokens,
+            start,
+        ),
+        _ => vec![None; tokens],
+    };
     let q_full = w.q_proj.forward(x, tokens);
     let mut k = w.k_proj.forward(x, tokens);
     let v = w.v_proj.forward(x, tokens);
@@ -48,19 +64,50 @@ pub fn forward(
     cache.keys.extend_from_slice(&k);
     cache.values.extend_from_slice(&v);
 
-    let keys = HeadCache { data: &cache.keys, heads: n_kv, head_dim: d };
-    let values = HeadCache { data: &cache.values, heads: n_kv, head_dim: d };
+    let keys = HeadCache {
+        data: &cache.keys,
+        heads: n_kv,
+        head_dim: d,
+    };
+    let values = HeadCache {
+        data: &cache.values,
+        heads: n_kv,
+        head_dim: d,
+    };
     let group = n_h / n_kv;
     let scale = 1.0 / (d as f32).sqrt();
     let mut out = vec![0.0f32; tokens * n_h * d];
     let mut scores = Vec::new();
-    for t in 0..tokens {
-        let visible = 0..start + t + 1;
+    for (t, selected) in selection.iter().enumerate() {
         for h in 0..n_h {
             let o = &mut out[(t * n_h + h) * d..][..d];
-            attend(&q[(t * n_h + h) * d..][..d], keys, values, h / group, visible.clone(), scale, &mut scores, o);
+            let qh = &q[(t * n_h + h) * d..][..d];
+            match selected {
+                None => attend(
+                    qh,
+                    keys,
+                    values,
+                    h / group,
+                    0..start + t + 1,
+                    scale,
+                    &mut scores,
+                    o,
+                ),
+                Some(list) => attend(
+                    qh,
+                    keys,
+                    values,
+                    h / group,
+                    list.iter().copied(),
+                    scale,
+                    &mut scores,
+                    o,
+                ),
+            }
         }
     }
-    out.iter_mut().zip(&gate).for_each(|(o, &g)| *o *= sigmoid(g));
+    out.iter_mut()
+        .zip(&gate)
+        .for_each(|(o, &g)| *o *= sigmoid(g));
     w.o_proj.forward(&out, tokens)
 }

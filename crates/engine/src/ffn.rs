@@ -56,7 +56,12 @@ pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: us
         let users: Vec<(usize, f32)> = routes
             .iter()
             .enumerate()
-            .filter_map(|(t, r)| r.experts.iter().position(|&x| x == e).map(|j| (t, r.weights[j])))
+            .filter_map(|(t, r)| {
+                r.experts
+                    .iter()
+                    .position(|&x| x == e)
+                    .map(|j| (t, r.weights[j]))
+            })
             .collect();
         if users.is_empty() {
             continue;
@@ -68,7 +73,9 @@ pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: us
         let ys = mlp(expert, &xs, users.len());
         for (i, &(t, weight)) in users.iter().enumerate() {
             let dst = &mut out[t * hidden..(t + 1) * hidden];
-            dst.iter_mut().zip(&ys[i * hidden..(i + 1) * hidden]).for_each(|(o, &y)| *o += weight * y);
+            dst.iter_mut()
+                .zip(&ys[i * hidden..(i + 1) * hidden])
+                .for_each(|(o, &y)| *o += weight * y);
         }
     }
     out

@@ -1,12 +1,17 @@
-//! The hybrid decoder flow shared by Qwen3-Next and Qwen3.5/3.6 (MODEL_MATH §2, §3):
-//! embedding → per layer `h += Mixer(norm(h)); h += FFN(norm(h))` → final norm → LM head.
+//! The hybrid decoder flow shared by every family (MODEL_MATH §2, §3, §4.2):
+//! embedding → per layer `h += Mixer(in(h)); h += FFN(in(h))` → head input → LM head.
+//!
+//! For Qwen3-Next and Qwen3.5/3.6 the residual is one stream and `in` is a zero-centred
+//! RMSNorm; qwen4_exp keeps n streams joined by hyper-connections, adds PLE before some
+//! layers and lets a QSA indexer pick the attended tokens.
 
 use spindle_kernels::norm::{rms_norm_zc, GateActivation};
 use spindle_kernels::rope::RopeFreqs;
-use spindle_model::ModelConfig;
+use spindle_model::{GdnGate, ModelConfig};
 
+use crate::qwen4::{hyper, ngram, ple};
 use crate::session::{LayerState, Session};
-use crate::weights::{FfnWeights, MixerWeights, ModelWeights};
+use crate::weights::{FfnWeights, HeadInput, LayerWeights, MixerWeights, ModelWeights, Residual};
 use crate::{attention, ffn, gdn};
 
 /// Which positions' logits a forward pass returns.
@@ -27,8 +32,90 @@ fn norm_rows(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     out
 }
 
-fn add_in_place(h: &mut [f32], y: &[f32]) {
-    h.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+/// Everything a forward pass reads but does not change.
+struct Ctx<'a> {
+    config: &'a ModelConfig,
+    rope: &'a RopeFreqs,
+    eps: f32,
+    hidden: usize,
+    /// Residual streams: 1, or hc_count for qwen4_exp.
+    streams: usize,
+    tokens: usize,
+}
+
+/// Which sublayer of a layer is being wrapped.
+#[derive(Clone, Copy)]
+enum Sublayer {
+    Mixer,
+    Ffn,
+}
+
+/// Applies `f` to the sublayer input read from the residual `h` and adds its output back.
+fn residual_step(
+    ctx: &Ctx,
+    residual: &Residual,
+    which: Sublayer,
+    h: &mut [f32],
+    f: impl FnOnce(&[f32]) -> Vec<f32>,
+) {
+    match residual {
+        Residual::Norms { input, post } => {
+            let w = match which {
+                Sublayer::Mixer => input,
+                Sublayer::Ffn => post,
+            };
+            let y = f(&norm_rows(h, w, ctx.eps));
+            h.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
+        }
+        Residual::Hyper { attn, mlp } => {
+            let w = match which {
+                Sublayer::Mixer => attn,
+                Sublayer::Ffn => mlp,
+            };
+            let input = hyper::enter(w, h, ctx.tokens, ctx.streams, ctx.hidden, ctx.eps);
+            let y = f(&input.x);
+            hyper::inject(h, &y, &input.omega, ctx.streams, ctx.hidden);
+        }
+    }
+}
+
+fn run_layer(ctx: &Ctx, layer: &LayerWeights, state: &mut LayerState, h: &mut [f32], start: usize) {
+    let config = ctx.config;
+    residual_step(ctx, &layer.residual, Sublayer::Mixer, h, |x| {
+        match (&layer.mixer, state) {
+            (MixerWeights::Attention(w), LayerState::Attention(cache)) => attention::forward(
+                w,
+                &config.attention,
+                config.qsa.as_ref(),
+                ctx.rope,
+                ctx.eps,
+                cache,
+                x,
+                ctx.tokens,
+                start,
+            ),
+            (MixerWeights::Gdn(w), LayerState::Gdn(s)) => {
+                let act = match config.gdn_gate {
+                    GdnGate::Silu => GateActivation::Silu,
+                    GdnGate::Sigmoid => GateActivation::Sigmoid,
+                };
+                gdn::forward(w, &config.gdn, ctx.eps, act, s, x, ctx.tokens)
+            }
+            _ => unreachable!("session layers are built from the same config as the weights"),
+        }
+    });
+    residual_step(ctx, &layer.residual, Sublayer::Ffn, h, |x| {
+        match &layer.ffn {
+            FfnWeights::Dense(w) => ffn::mlp(w, x, ctx.tokens),
+            FfnWeights::Moe(w) => ffn::moe(
+                w,
+                config.moe.as_ref().expect("validated"),
+                x,
+                ctx.tokens,
+                ctx.hidden,
+            ),
+        }
+    });
 }
 
 /// Runs `ids` (already validated) through the model from the session's state.
@@ -41,42 +128,59 @@ pub fn forward(
     want: LogitsFor,
 ) -> Vec<f32> {
     let hidden = config.hidden_size;
-    let tokens = ids.len();
-    let eps = config.rms_norm_eps as f32;
+    let streams = config.hyper.as_ref().map_or(1, |h| h.streams);
+    let ctx = Ctx {
+        config,
+        rope,
+        eps: config.rms_norm_eps as f32,
+        hidden,
+        streams,
+        tokens: ids.len(),
+    };
     let start = session.position;
+    let width = streams * hidden;
+
+    // The embedding, replicated into every stream.
     let embed = weights.embed.mat();
-
-    let mut h = vec![0.0f32; tokens * hidden];
-    for (t, &id) in ids.iter().enumerate() {
-        embed.row_to_f32(id as usize, &mut h[t * hidden..(t + 1) * hidden]);
+    let mut h = vec![0.0f32; ids.len() * width];
+    for (row, &id) in h.chunks_mut(width).zip(ids) {
+        embed.row_to_f32(id as usize, &mut row[..hidden]);
+        for s in 1..streams {
+            row.copy_within(..hidden, s * hidden);
+        }
     }
 
+    let mut ple_ordinal = 0;
     for (layer, state) in weights.layers.iter().zip(session.layers.iter_mut()) {
-        let x = norm_rows(&h, &layer.input_norm, eps);
-        let y = match (&layer.mixer, state) {
-            (MixerWeights::Attention(w), LayerState::Attention(cache)) => {
-                attention::forward(w, &config.attention, rope, eps, cache, &x, tokens, start)
-            }
-            (MixerWeights::Gdn(w), LayerState::Gdn(s)) => {
-                gdn::forward(w, &config.gdn, eps, GateActivation::Silu, s, &x, tokens)
-            }
-            _ => unreachable!("session layers are built from the same config as the weights"),
-        };
-        add_in_place(&mut h, &y);
-
-        let x = norm_rows(&h, &layer.post_norm, eps);
-        let y = match &layer.ffn {
-            FfnWeights::Dense(w) => ffn::mlp(w, &x, tokens),
-            FfnWeights::Moe(w) => ffn::moe(w, config.moe.as_ref().expect("validated"), &x, tokens, hidden),
-        };
-        add_in_place(&mut h, &y);
+        if let (Some(w), Some(ple_state)) = (&layer.ple, session.ple.as_mut()) {
+            let conv = &mut ple_state.conv[ple_ordinal];
+            ple::add(
+                w,
+                &mut h,
+                ids,
+                &ple_state.history,
+                conv,
+                streams,
+                hidden,
+                ctx.eps,
+            );
+            ple_ordinal += 1;
+        }
+        run_layer(&ctx, layer, state, &mut h, start);
     }
-    session.position += tokens;
+    if let Some(ple_state) = session.ple.as_mut() {
+        ngram::advance_history(&mut ple_state.history, ids);
+    }
+    session.position += ids.len();
 
     let rows = match want {
         LogitsFor::All => &h[..],
-        LogitsFor::Last => &h[(tokens - 1) * hidden..],
+        LogitsFor::Last => &h[(ids.len() - 1) * width..],
     };
-    let normed = norm_rows(rows, &weights.final_norm, eps);
-    weights.lm_head.forward(&normed, normed.len() / hidden)
+    let count = rows.len() / width;
+    let head_in = match &weights.head_input {
+        HeadInput::Norm(w) => norm_rows(rows, w, ctx.eps),
+        HeadInput::HyperMixer(w) => hyper::enter(w, rows, count, streams, hidden, ctx.eps).x,
+    };
+    weights.lm_head.forward(&head_in, count)
 }

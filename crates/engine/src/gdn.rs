@@ -29,7 +29,12 @@ fn project(w: &GdnWeights, g: &GdnConfig, x: &[f32], tokens: usize) -> Projected
             a: a.forward(x, tokens),
         },
         GdnProjection::Fused { qkvz, ba } => {
-            let (nk, nv, dk, dv) = (g.num_key_heads, g.num_value_heads, g.key_head_dim, g.value_head_dim);
+            let (nk, nv, dk, dv) = (
+                g.num_key_heads,
+                g.num_value_heads,
+                g.key_head_dim,
+                g.value_head_dim,
+            );
             let rho = nv / nk;
             let qkvz_out = qkvz.forward(x, tokens);
             let ba_out = ba.forward(x, tokens);
@@ -49,8 +54,10 @@ fn project(w: &GdnWeights, g: &GdnConfig, x: &[f32], tokens: usize) -> Projected
                     let src = &row[kg * group_width..][..group_width];
                     mixed[kg * dk..][..dk].copy_from_slice(&src[..dk]);
                     mixed[nk * dk + kg * dk..][..dk].copy_from_slice(&src[dk..2 * dk]);
-                    mixed[2 * nk * dk + kg * rho * dv..][..rho * dv].copy_from_slice(&src[2 * dk..2 * dk + rho * dv]);
-                    p.z[t * nv * dv + kg * rho * dv..][..rho * dv].copy_from_slice(&src[2 * dk + rho * dv..]);
+                    mixed[2 * nk * dk + kg * rho * dv..][..rho * dv]
+                        .copy_from_slice(&src[2 * dk..2 * dk + rho * dv]);
+                    p.z[t * nv * dv + kg * rho * dv..][..rho * dv]
+                        .copy_from_slice(&src[2 * dk + rho * dv..]);
                     let ba_row = &ba_out[(t * nk + kg) * 2 * rho..][..2 * rho];
                     p.b[t * nv + kg * rho..][..rho].copy_from_slice(&ba_row[..rho]);
                     p.a[t * nv + kg * rho..][..rho].copy_from_slice(&ba_row[rho..]);
@@ -71,13 +78,25 @@ pub fn forward(
     x: &[f32],
     tokens: usize,
 ) -> Vec<f32> {
-    let (nk, nv, dk, dv) = (g.num_key_heads, g.num_value_heads, g.key_head_dim, g.value_head_dim);
+    let (nk, nv, dk, dv) = (
+        g.num_key_heads,
+        g.num_value_heads,
+        g.key_head_dim,
+        g.value_head_dim,
+    );
     let rho = nv / nk;
     let channels = g.conv_channels();
     let p = project(w, g, x, tokens);
 
     let mut u = vec![0.0f32; tokens * channels];
-    causal_conv1d_silu(&mut state.conv, &p.mixed, &w.conv, channels, g.conv_kernel, &mut u);
+    causal_conv1d_silu(
+        &mut state.conv,
+        &p.mixed,
+        &w.conv,
+        channels,
+        g.conv_kernel,
+        &mut u,
+    );
 
     let q_scale = 1.0 / (dk as f32).sqrt();
     let decay_rate: Vec<f32> = w.a_log.iter().map(|a| -a.exp()).collect();
@@ -99,7 +118,15 @@ pub fn forward(
             let v = &ut[2 * nk * dk + h * dv..][..dv];
             let oh = &mut o[(t * nv + h) * dv..][..dv];
             let s = &mut state.recurrent[h * dk * dv..][..dk * dv];
-            gdn_step(s, &q[kh * dk..][..dk], &k[kh * dk..][..dk], v, alpha, beta, oh);
+            gdn_step(
+                s,
+                &q[kh * dk..][..dk],
+                &k[kh * dk..][..dk],
+                v,
+                alpha,
+                beta,
+                oh,
+            );
             rms_norm_gated(oh, &p.z[(t * nv + h) * dv..][..dv], &w.norm, eps, act);
         }
     }

@@ -6,6 +6,7 @@ pub mod error;
 pub mod ffn;
 mod flow;
 mod gdn;
+pub mod qwen4;
 pub mod sampling;
 pub mod session;
 pub mod weights;
@@ -60,7 +61,11 @@ impl Engine {
             return Err(EngineError::EmptyInput);
         }
         let vocab_size = self.config.vocab_size;
-        if let Some((i, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab_size) {
+        if let Some((i, &id)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= vocab_size)
+        {
             return Err(EngineError::InvalidToken {
                 id,
                 position: session.position + i,
@@ -74,7 +79,14 @@ impl Engine {
                 limit: self.config.max_position_embeddings,
             });
         }
-        Ok(flow::forward(&self.config, &self.weights, &self.rope, session, ids, want))
+        Ok(flow::forward(
+            &self.config,
+            &self.weights,
+            &self.rope,
+            session,
+            ids,
+            want,
+        ))
     }
 
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache.

@@ -6,6 +6,8 @@ use spindle_model::{
     Checkpoint, DType, ExpertLayout, FfnKind, Matrix, MixerKind, ModelConfig, Result, TensorNames,
 };
 
+use crate::qwen4::{self, HyperWeights, IndexerWeights, PleWeights};
+
 /// A linear layer y = x·Wᵀ with W `[out, in]`.
 #[derive(Clone, Debug)]
 pub struct Linear(pub Matrix);
@@ -41,6 +43,8 @@ pub struct AttentionWeights {
     pub o_proj: Linear,
     pub q_norm: Vec<f32>,
     pub k_norm: Vec<f32>,
+    /// qwen4_exp: the QSA indexer that selects which cached tokens attention sees.
+    pub indexer: Option<IndexerWeights>,
 }
 
 /// GDN input projections in either checkpoint layout (MODEL_MATH §1.5).
@@ -48,7 +52,12 @@ pub enum GdnProjection {
     /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, grouped per key head.
     Fused { qkvz: Linear, ba: Linear },
     /// Qwen3.5 and later: outputs already in channel order.
-    Split { qkv: Linear, z: Linear, b: Linear, a: Linear },
+    Split {
+        qkv: Linear,
+        z: Linear,
+        b: Linear,
+        a: Linear,
+    },
 }
 
 pub struct GdnWeights {
@@ -88,17 +97,37 @@ pub enum FfnWeights {
     Moe(MoeWeights),
 }
 
+/// How a sublayer reads from and writes to the residual.
+pub enum Residual {
+    /// `h += f(ZC-RMS(h))` with the layer's input and post-attention norms.
+    Norms { input: Vec<f32>, post: Vec<f32> },
+    /// qwen4_exp hyper-connections around the mixer and the FFN.
+    Hyper {
+        attn: HyperWeights,
+        mlp: HyperWeights,
+    },
+}
+
 pub struct LayerWeights {
-    pub input_norm: Vec<f32>,
-    pub post_norm: Vec<f32>,
+    pub residual: Residual,
+    /// qwen4_exp: PLE added to the streams before this layer.
+    pub ple: Option<PleWeights>,
     pub mixer: MixerWeights,
     pub ffn: FfnWeights,
+}
+
+/// What turns the last residual into the LM head's input.
+pub enum HeadInput {
+    /// The final zero-centred RMSNorm (`model.norm`).
+    Norm(Vec<f32>),
+    /// qwen4_exp: the `hyper_connection_mixer` (no separate final norm).
+    HyperMixer(HyperWeights),
 }
 
 pub struct ModelWeights {
     pub embed: Linear,
     pub layers: Vec<LayerWeights>,
-    pub final_norm: Vec<f32>,
+    pub head_input: HeadInput,
     pub lm_head: Linear,
 }
 
@@ -106,7 +135,8 @@ pub struct ModelWeights {
 pub fn load(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<ModelWeights> {
     let names = TensorNames::detect(checkpoint)?;
     let h = config.hidden_size;
-    let embed = Linear(checkpoint.matrix(&names.trunk("embed_tokens.weight"), &[config.vocab_size, h])?);
+    let embed =
+        Linear(checkpoint.matrix(&names.trunk("embed_tokens.weight"), &[config.vocab_size, h])?);
     let lm_head = if config.tie_word_embeddings {
         embed.clone()
     } else {
@@ -115,15 +145,30 @@ pub fn load(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<ModelWeight
     let layers = (0..config.num_layers())
         .map(|i| load_layer(checkpoint, &names, config, i))
         .collect::<Result<Vec<_>>>()?;
+    let head_input = match &config.hyper {
+        Some(hc) => HeadInput::HyperMixer(qwen4::load_hyper(
+            checkpoint,
+            &names.trunk("hyper_connection_mixer"),
+            hc,
+            h,
+            false,
+        )?),
+        None => HeadInput::Norm(checkpoint.f32_values(&names.trunk("norm.weight"), &[h])?),
+    };
     Ok(ModelWeights {
         embed,
         layers,
-        final_norm: checkpoint.f32_values(&names.trunk("norm.weight"), &[h])?,
+        head_input,
         lm_head,
     })
 }
 
-fn load_layer(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: usize) -> Result<LayerWeights> {
+fn load_layer(
+    ck: &Checkpoint,
+    names: &TensorNames,
+    config: &ModelConfig,
+    i: usize,
+) -> Result<LayerWeights> {
     let h = config.hidden_size;
     let spec = config.layers[i];
     let mixer = match spec.mixer {
@@ -132,20 +177,46 @@ fn load_layer(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: usi
     };
     let ffn = match spec.ffn {
         FfnKind::Dense => {
-            let inter = config.intermediate_size.expect("validated: dense layers have intermediate_size");
-            FfnWeights::Dense(load_mlp(ck, &|s| names.layer(i, &format!("mlp.{s}")), h, inter)?)
+            let inter = config
+                .intermediate_size
+                .expect("validated: dense layers have intermediate_size");
+            FfnWeights::Dense(load_mlp(
+                ck,
+                &|s| names.layer(i, &format!("mlp.{s}")),
+                h,
+                inter,
+            )?)
         }
         FfnKind::Moe => FfnWeights::Moe(load_moe(ck, names, config, i)?),
     };
+    let residual = match &config.hyper {
+        Some(hc) => Residual::Hyper {
+            attn: qwen4::load_hyper(ck, &names.layer(i, "attn_hyper_connection"), hc, h, true)?,
+            mlp: qwen4::load_hyper(ck, &names.layer(i, "mlp_hyper_connection"), hc, h, true)?,
+        },
+        None => Residual::Norms {
+            input: ck.f32_values(&names.layer(i, "input_layernorm.weight"), &[h])?,
+            post: ck.f32_values(&names.layer(i, "post_attention_layernorm.weight"), &[h])?,
+        },
+    };
+    let ple = match &config.ple {
+        Some(ple) if ple.layers.contains(&i) => Some(qwen4::load_ple(ck, names, config, ple, i)?),
+        _ => None,
+    };
     Ok(LayerWeights {
-        input_norm: ck.f32_values(&names.layer(i, "input_layernorm.weight"), &[h])?,
-        post_norm: ck.f32_values(&names.layer(i, "post_attention_layernorm.weight"), &[h])?,
+        residual,
+        ple,
         mixer,
         ffn,
     })
 }
 
-fn load_attention(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: usize) -> Result<AttentionWeights> {
+fn load_attention(
+    ck: &Checkpoint,
+    names: &TensorNames,
+    config: &ModelConfig,
+    i: usize,
+) -> Result<AttentionWeights> {
     let a = &config.attention;
     let h = config.hidden_size;
     let t = |s: &str| names.layer(i, &format!("self_attn.{s}"));
@@ -156,14 +227,28 @@ fn load_attention(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i:
         o_proj: Linear(ck.matrix(&t("o_proj.weight"), &[h, a.num_heads * a.head_dim])?),
         q_norm: ck.f32_values(&t("q_norm.weight"), &[a.head_dim])?,
         k_norm: ck.f32_values(&t("k_norm.weight"), &[a.head_dim])?,
+        indexer: match &config.qsa {
+            Some(qsa) => Some(qwen4::load_indexer(ck, &t("indexer"), qsa, h)?),
+            None => None,
+        },
     })
 }
 
-fn load_gdn(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: usize) -> Result<GdnWeights> {
+fn load_gdn(
+    ck: &Checkpoint,
+    names: &TensorNames,
+    config: &ModelConfig,
+    i: usize,
+) -> Result<GdnWeights> {
     let g = &config.gdn;
     let h = config.hidden_size;
     let t = |s: &str| names.layer(i, &format!("linear_attn.{s}"));
-    let (nk, nv, dk, dv) = (g.num_key_heads, g.num_value_heads, g.key_head_dim, g.value_head_dim);
+    let (nk, nv, dk, dv) = (
+        g.num_key_heads,
+        g.num_value_heads,
+        g.key_head_dim,
+        g.value_head_dim,
+    );
     let channels = g.conv_channels();
     let projection = if ck.contains(&t("in_proj_qkvz.weight")) {
         GdnProjection::Fused {
@@ -188,7 +273,12 @@ fn load_gdn(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: usize
     })
 }
 
-fn load_mlp(ck: &Checkpoint, name: &dyn Fn(&str) -> String, h: usize, inter: usize) -> Result<MlpWeights> {
+fn load_mlp(
+    ck: &Checkpoint,
+    name: &dyn Fn(&str) -> String,
+    h: usize,
+    inter: usize,
+) -> Result<MlpWeights> {
     Ok(MlpWeights {
         gate: Linear(ck.matrix(&name("gate_proj.weight"), &[inter, h])?),
         up: Linear(ck.matrix(&name("up_proj.weight"), &[inter, h])?),
@@ -196,8 +286,16 @@ fn load_mlp(ck: &Checkpoint, name: &dyn Fn(&str) -> String, h: usize, inter: usi
     })
 }
 
-fn load_moe(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: usize) -> Result<MoeWeights> {
-    let moe = config.moe.as_ref().expect("validated: MoE layers have a MoE config");
+fn load_moe(
+    ck: &Checkpoint,
+    names: &TensorNames,
+    config: &ModelConfig,
+    i: usize,
+) -> Result<MoeWeights> {
+    let moe = config
+        .moe
+        .as_ref()
+        .expect("validated: MoE layers have a MoE config");
     let h = config.hidden_size;
     let (e_count, inter) = (moe.num_experts, moe.expert_intermediate);
     let t = |s: &str| names.layer(i, &format!("mlp.{s}"));
@@ -220,7 +318,12 @@ fn load_moe(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: usize
     Ok(MoeWeights {
         router: Linear(ck.matrix(&t("gate.weight"), &[e_count, h])?),
         experts,
-        shared: load_mlp(ck, &|s| t(&format!("shared_expert.{s}")), h, moe.shared_intermediate)?,
+        shared: load_mlp(
+            ck,
+            &|s| t(&format!("shared_expert.{s}")),
+            h,
+            moe.shared_intermediate,
+        )?,
         shared_gate: Linear(ck.matrix(&t("shared_expert_gate.weight"), &[1, h])?),
     })
 }

@@ -21,9 +21,15 @@ fn check_fixture(name: &str) {
     let prefill_err = max_abs_diff(&run.prefill_logits, &prefill_ref);
     let decode_err = max_abs_diff(&run.decode_logits, &decode_ref);
     println!("{name}: prefill max|Δ| {prefill_err:.2e}, decode max|Δ| {decode_err:.2e}");
-    assert!(prefill_err < TOLERANCE, "{name}: prefill logits differ by {prefill_err}");
+    assert!(
+        prefill_err < TOLERANCE,
+        "{name}: prefill logits differ by {prefill_err}"
+    );
     assert_eq!(run.gen_ids, expected_gen, "{name}: greedy tokens");
-    assert!(decode_err < TOLERANCE, "{name}: decode logits differ by {decode_err}");
+    assert!(
+        decode_err < TOLERANCE,
+        "{name}: decode logits differ by {decode_err}"
+    );
 
     // One no-cache pass over prompt + gen[..G-1] reproduces full_logits.
     let mut all = prompt.clone();
@@ -31,7 +37,10 @@ fn check_fixture(name: &str) {
     let mut session = engine.new_session();
     let full = engine.forward(&mut session, &all, LogitsFor::All).unwrap();
     let full_err = max_abs_diff(&full, &full_ref);
-    assert!(full_err < TOLERANCE, "{name}: full logits differ by {full_err}");
+    assert!(
+        full_err < TOLERANCE,
+        "{name}: full logits differ by {full_err}"
+    );
 }
 
 #[test]
@@ -73,7 +82,9 @@ fn prefill_in_pieces_equals_prefill_at_once() {
     let prompt = Reference::load(name).ids("prompt_ids");
     let engine = Engine::load(&fixture(name)).unwrap();
     let mut whole = engine.new_session();
-    let at_once = engine.forward(&mut whole, &prompt, LogitsFor::Last).unwrap();
+    let at_once = engine
+        .forward(&mut whole, &prompt, LogitsFor::Last)
+        .unwrap();
     let mut pieces = engine.new_session();
     let (a, b) = prompt.split_at(prompt.len() / 3);
     engine.forward(&mut pieces, a, LogitsFor::Last).unwrap();
@@ -82,4 +93,9 @@ fn prefill_in_pieces_equals_prefill_at_once() {
         last = engine.forward(&mut pieces, &[id], LogitsFor::Last).unwrap();
     }
     assert!(max_abs_diff(&at_once, &last) < 1e-5);
+}
+
+#[test]
+fn qwen4_exp_matches_transformers() {
+    check_fixture("qwen4_exp");
 }

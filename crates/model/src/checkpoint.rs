@@ -86,9 +86,11 @@ impl Checkpoint {
             .ok_or_else(|| index_err("weight_map is missing or not an object".into()))?;
         let mut wanted: HashMap<String, String> = HashMap::new();
         for (name, file) in map {
-            let file = file
-                .as_str()
-                .ok_or_else(|| index_err(format!("weight_map[{name:?}] = {file}: expected a file name")))?;
+            let file = file.as_str().ok_or_else(|| {
+                index_err(format!(
+                    "weight_map[{name:?}] = {file}: expected a file name"
+                ))
+            })?;
             if file.contains('/') || file.contains('\\') || file.starts_with('.') {
                 return Err(index_err(format!(
                     "weight_map[{name:?}] = {file:?}: shard names must be plain file names"
@@ -110,7 +112,9 @@ impl Checkpoint {
         }
         for (name, file) in &wanted {
             let Some(entry) = checkpoint.entries.get(name) else {
-                return Err(index_err(format!("tensor `{name}` is listed in shard {file} but no shard holds it")));
+                return Err(index_err(format!(
+                    "tensor `{name}` is listed in shard {file} but no shard holds it"
+                )));
             };
             let holder = &checkpoint.shards[entry.shard].path;
             if holder.file_name().and_then(|s| s.to_str()) != Some(file.as_str()) {
@@ -186,10 +190,12 @@ impl Checkpoint {
     }
 
     fn entry(&self, name: &str) -> Result<&Entry> {
-        self.entries.get(name).ok_or_else(|| ModelError::MissingTensor {
-            dir: self.dir.clone(),
-            tensor: name.to_owned(),
-        })
+        self.entries
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                dir: self.dir.clone(),
+                tensor: name.to_owned(),
+            })
     }
 
     fn check_shape(&self, name: &str, entry: &Entry, expected: &[usize]) -> Result<()> {
@@ -225,7 +231,12 @@ impl Checkpoint {
         let dtype = self.float_dtype(name, entry)?;
         let cols = *shape.last().unwrap_or(&1);
         let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
-        let storage = Storage::new(&self.shards[entry.shard].map, entry.start, entry.end, dtype.size());
+        let storage = Storage::new(
+            &self.shards[entry.shard].map,
+            entry.start,
+            entry.end,
+            dtype.size(),
+        );
         Ok(Matrix::new(dtype, rows, cols, storage))
     }
 
@@ -254,6 +265,14 @@ impl Checkpoint {
             .chunks_exact(8)
             .map(|b| i64::from_le_bytes(b.try_into().expect("chunks of 8")))
             .collect())
+    }
+
+    /// The file holding tensor `name` (for messages).
+    pub fn file_of(&self, name: &str) -> PathBuf {
+        match self.entries.get(name) {
+            Some(e) => self.shards[e.shard].path.clone(),
+            None => self.dir.clone(),
+        }
     }
 
     /// Total bytes of all mapped files.

@@ -48,6 +48,14 @@ pub enum ModelError {
         dtype: String,
     },
 
+    /// A tensor holds values that disagree with what the config implies.
+    #[error("tensor `{tensor}` in {path}: {message}")]
+    ValueMismatch {
+        path: PathBuf,
+        tensor: String,
+        message: String,
+    },
+
     /// The index names a shard that does not hold the tensor, or two shards hold the same name.
     #[error("{path}: {message}")]
     Index { path: PathBuf, message: String },

@@ -9,7 +9,8 @@ pub mod tensor;
 
 pub use checkpoint::Checkpoint;
 pub use config::{
-    AttentionConfig, Family, FfnKind, GdnConfig, LayerSpec, MixerKind, ModelConfig, MoeConfig, RopeConfig,
+    AttentionConfig, Family, FfnKind, GdnConfig, GdnGate, HyperConfig, LayerSpec, MixerKind,
+    ModelConfig, MoeConfig, PleConfig, QsaConfig, RopeConfig,
 };
 pub use error::{ModelError, Result};
 pub use names::{ExpertLayout, TensorNames};

@@ -32,7 +32,8 @@ impl TensorNames {
         }
         Err(ModelError::MissingTensor {
             dir: checkpoint.dir().to_owned(),
-            tensor: "model.embed_tokens.weight (or model.language_model.embed_tokens.weight)".into(),
+            tensor: "model.embed_tokens.weight (or model.language_model.embed_tokens.weight)"
+                .into(),
         })
     }
 

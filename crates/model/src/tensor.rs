@@ -33,8 +33,15 @@ impl DType {
 /// (used when a tensor's offset in the file is not aligned to its element size).
 #[derive(Clone)]
 pub enum Storage {
-    Mapped { map: Arc<Mmap>, start: usize, end: usize },
-    Owned { words: Arc<Vec<u64>>, len: usize },
+    Mapped {
+        map: Arc<Mmap>,
+        start: usize,
+        end: usize,
+    },
+    Owned {
+        words: Arc<Vec<u64>>,
+        len: usize,
+    },
 }
 
 impl Storage {
@@ -119,14 +126,19 @@ impl Matrix {
             dtype: self.dtype,
             rows: count,
             cols: self.cols,
-            storage: self.storage.slice(first * row_bytes, (first + count) * row_bytes),
+            storage: self
+                .storage
+                .slice(first * row_bytes, (first + count) * row_bytes),
         }
     }
 
     /// Row `r` converted to f32.
     pub fn row_f32(&self, r: usize) -> Vec<f32> {
         let row_bytes = self.cols * self.dtype.size();
-        decode_f32(self.dtype, &self.bytes()[r * row_bytes..(r + 1) * row_bytes])
+        decode_f32(
+            self.dtype,
+            &self.bytes()[r * row_bytes..(r + 1) * row_bytes],
+        )
     }
 
     /// All elements converted to f32 (for small tensors).
@@ -141,7 +153,13 @@ impl Matrix {
 
 impl std::fmt::Debug for Matrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Matrix({} [{}, {}])", self.dtype.name(), self.rows, self.cols)
+        write!(
+            f,
+            "Matrix({} [{}, {}])",
+            self.dtype.name(),
+            self.rows,
+            self.cols
+        )
     }
 }
 

@@ -9,6 +9,10 @@ use serde_json::{Map, Value};
 
 use crate::error::{ModelError, Result};
 
+mod qwen4;
+
+pub use qwen4::{GdnGate, HyperConfig, PleConfig, QsaConfig};
+
 /// The model families spindle knows (`model_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
@@ -18,6 +22,8 @@ pub enum Family {
     Qwen35Dense,
     /// `qwen3_5_moe`: split GDN projections, every FFN a MoE, fused or per-expert experts.
     Qwen35Moe,
+    /// `qwen4_exp` (Qwen3.8-Flash-Next): hyper-connections, PLE n-gram embeddings, QSA.
+    Qwen4Exp,
 }
 
 impl Family {
@@ -26,6 +32,7 @@ impl Family {
             Family::Qwen3Next => "qwen3_next",
             Family::Qwen35Dense => "qwen3_5",
             Family::Qwen35Moe => "qwen3_5_moe",
+            Family::Qwen4Exp => "qwen4_exp",
         }
     }
 }
@@ -125,6 +132,14 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// True for the `*ForConditionalGeneration` layout (`text_config`, `model.language_model.`).
     pub multimodal_wrapper: bool,
+    /// Activation of the GDN output-norm gate (`output_gate_type`; SiLU before qwen4_exp).
+    pub gdn_gate: GdnGate,
+    /// qwen4_exp: the multi-stream residual. `None` means the plain residual with layer norms.
+    pub hyper: Option<HyperConfig>,
+    /// qwen4_exp: hashed n-gram embeddings added before some linear layers.
+    pub ple: Option<PleConfig>,
+    /// qwen4_exp: every attention layer selects its keys with a QSA indexer.
+    pub qsa: Option<QsaConfig>,
 }
 
 impl ModelConfig {
@@ -156,41 +171,43 @@ impl ModelConfig {
 }
 
 /// Field reader that turns type errors into messages naming the field.
-struct Fields<'a> {
-    obj: &'a Map<String, Value>,
+pub(super) struct Fields<'a> {
+    pub(super) obj: &'a Map<String, Value>,
     /// Prefix for messages, e.g. `text_config.`.
-    prefix: &'static str,
-    path: &'a Path,
+    pub(super) prefix: &'static str,
+    pub(super) path: &'a Path,
 }
 
 impl<'a> Fields<'a> {
-    fn err(&self, message: String) -> ModelError {
+    pub(super) fn err(&self, message: String) -> ModelError {
         ModelError::Config {
             path: self.path.to_owned(),
             message,
         }
     }
 
-    fn get(&self, key: &str) -> Option<&'a Value> {
+    pub(super) fn get(&self, key: &str) -> Option<&'a Value> {
         self.obj.get(key).filter(|v| !v.is_null())
     }
 
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+    pub(super) fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|n| Some(n as usize))
-                .ok_or_else(|| self.err(format!("{}{key} = {v}: expected a non-negative integer", self.prefix))),
+            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
+                self.err(format!(
+                    "{}{key} = {v}: expected a non-negative integer",
+                    self.prefix
+                ))
+            }),
         }
     }
 
-    fn usize(&self, key: &str) -> Result<usize> {
+    pub(super) fn usize(&self, key: &str) -> Result<usize> {
         self.opt_usize(key)?
             .ok_or_else(|| self.err(format!("{}{key} is missing", self.prefix)))
     }
 
-    fn positive(&self, key: &str) -> Result<usize> {
+    pub(super) fn positive(&self, key: &str) -> Result<usize> {
         let n = self.usize(key)?;
         if n == 0 {
             return Err(self.err(format!("{}{key} = 0: must be positive", self.prefix)));
@@ -198,7 +215,7 @@ impl<'a> Fields<'a> {
         Ok(n)
     }
 
-    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+    pub(super) fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -208,17 +225,19 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+    pub(super) fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.err(format!("{}{key} = {v}: expected true or false", self.prefix))),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| {
+                self.err(format!(
+                    "{}{key} = {v}: expected true or false",
+                    self.prefix
+                ))
+            }),
         }
     }
 
-    fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
+    pub(super) fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -228,9 +247,16 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn opt_usize_list(&self, key: &str) -> Result<Option<Vec<usize>>> {
-        let Some(v) = self.get(key) else { return Ok(None) };
-        let bad = || self.err(format!("{}{key} = {v}: expected a list of non-negative integers", self.prefix));
+    pub(super) fn opt_usize_list(&self, key: &str) -> Result<Option<Vec<usize>>> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let bad = || {
+            self.err(format!(
+                "{}{key} = {v}: expected a list of non-negative integers",
+                self.prefix
+            ))
+        };
         let list = v.as_array().ok_or_else(bad)?;
         list.iter()
             .map(|x| x.as_u64().map(|n| n as usize).ok_or_else(bad))
@@ -244,30 +270,31 @@ fn family_from_model_type(model_type: &str, path: &Path) -> Result<Family> {
         "qwen3_next" => Ok(Family::Qwen3Next),
         "qwen3_5" | "qwen3_5_text" => Ok(Family::Qwen35Dense),
         "qwen3_5_moe" | "qwen3_5_moe_text" => Ok(Family::Qwen35Moe),
-        "qwen4_exp" | "qwen4_exp_text" => Err(ModelError::Unsupported {
-            path: path.to_owned(),
-            message: format!(
-                "model_type {model_type:?} (Qwen3.8-Flash-Next) is not supported yet: \
-                 hyper-connections, PLE and QSA are not implemented"
-            ),
-        }),
+        "qwen4_exp" | "qwen4_exp_text" => Ok(Family::Qwen4Exp),
         other => Err(ModelError::Unsupported {
             path: path.to_owned(),
             message: format!(
                 "model_type {other:?} is not a family spindle runs \
-                 (qwen3_next, qwen3_5, qwen3_5_moe)"
+                 (qwen3_next, qwen3_5, qwen3_5_moe, qwen4_exp)"
             ),
         }),
     }
 }
 
-fn refuse_quantization(top: &Map<String, Value>, text: &Map<String, Value>, path: &Path) -> Result<()> {
+fn refuse_quantization(
+    top: &Map<String, Value>,
+    text: &Map<String, Value>,
+    path: &Path,
+) -> Result<()> {
     let qc = top
         .get("quantization_config")
         .or_else(|| text.get("quantization_config"))
         .filter(|v| !v.is_null());
     let Some(qc) = qc else { return Ok(()) };
-    let method = qc.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
+    let method = qc
+        .get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown");
     let message = if method.eq_ignore_ascii_case("fp8") {
         "quantization_config.quant_method = \"fp8\": FP8 weights are not supported yet; \
          use the bf16 checkpoint (spindle quantizes on load)"
@@ -289,7 +316,11 @@ fn parse(value: &Value, path: &Path) -> Result<ModelConfig> {
     let top = value
         .as_object()
         .ok_or_else(|| config_err("the top level must be a JSON object".into()))?;
-    let top_fields = Fields { obj: top, prefix: "", path };
+    let top_fields = Fields {
+        obj: top,
+        prefix: "",
+        path,
+    };
 
     let (text, prefix, multimodal_wrapper) = match top.get("text_config").filter(|v| !v.is_null()) {
         Some(v) => (
@@ -300,7 +331,11 @@ fn parse(value: &Value, path: &Path) -> Result<ModelConfig> {
         ),
         None => (top, "", false),
     };
-    let f = Fields { obj: text, prefix, path };
+    let f = Fields {
+        obj: text,
+        prefix,
+        path,
+    };
 
     let model_type = top_fields
         .opt_str("model_type")?
@@ -314,11 +349,15 @@ fn parse(value: &Value, path: &Path) -> Result<ModelConfig> {
     let num_layers = f.positive("num_hidden_layers")?;
     let rms_norm_eps = f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6);
     if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
-        return Err(config_err(format!("{prefix}rms_norm_eps = {rms_norm_eps}: must be in (0, 1)")));
+        return Err(config_err(format!(
+            "{prefix}rms_norm_eps = {rms_norm_eps}: must be in (0, 1)"
+        )));
     }
     if let Some(act) = f.opt_str("hidden_act")? {
         if act != "silu" {
-            return Err(config_err(format!("{prefix}hidden_act = {act:?}: only \"silu\" is supported")));
+            return Err(config_err(format!(
+                "{prefix}hidden_act = {act:?}: only \"silu\" is supported"
+            )));
         }
     }
     if f.opt_bool("attn_output_gate")? == Some(false) {
@@ -327,13 +366,15 @@ fn parse(value: &Value, path: &Path) -> Result<ModelConfig> {
         )));
     }
     if f.opt_bool("attention_bias")? == Some(true) {
-        return Err(config_err(format!("{prefix}attention_bias = true: attention biases are not supported")));
+        return Err(config_err(format!(
+            "{prefix}attention_bias = true: attention biases are not supported"
+        )));
     }
 
     let attention = parse_attention(&f)?;
     let gdn = parse_gdn(&f)?;
     let rope = parse_rope(&f, attention.head_dim)?;
-    let mixers = parse_layer_types(&f, num_layers)?;
+    let mixers = parse_layer_types(&f, family, num_layers)?;
     let (layers, intermediate_size, moe) = parse_ffn(&f, family, &mixers)?;
 
     let tie_word_embeddings = top_fields
@@ -342,6 +383,7 @@ fn parse(value: &Value, path: &Path) -> Result<ModelConfig> {
         .unwrap_or(false);
     let eos_token_ids = parse_eos(&f)?;
     let max_position_embeddings = f.opt_usize("max_position_embeddings")?.unwrap_or(262_144);
+    let extras = qwen4::parse(&f, family, &layers, &attention, &rope, &eos_token_ids)?;
 
     Ok(ModelConfig {
         family,
@@ -358,6 +400,10 @@ fn parse(value: &Value, path: &Path) -> Result<ModelConfig> {
         eos_token_ids,
         max_position_embeddings,
         multimodal_wrapper,
+        gdn_gate: extras.gdn_gate,
+        hyper: extras.hyper,
+        ple: extras.ple,
+        qsa: extras.qsa,
     })
 }
 
@@ -412,7 +458,9 @@ fn parse_rope(f: &Fields, head_dim: usize) -> Result<RopeConfig> {
     let empty = Map::new();
     let params = match f.get("rope_parameters").or_else(|| f.get("rope_scaling")) {
         Some(Value::Object(m)) => m,
-        Some(other) => return Err(f.err(format!("{p}rope_parameters = {other}: expected an object"))),
+        Some(other) => {
+            return Err(f.err(format!("{p}rope_parameters = {other}: expected an object")))
+        }
         None => &empty,
     };
     let rp = Fields {
@@ -420,7 +468,10 @@ fn parse_rope(f: &Fields, head_dim: usize) -> Result<RopeConfig> {
         prefix: "rope_parameters.",
         path: f.path,
     };
-    let rope_type = rp.opt_str("rope_type")?.or(rp.opt_str("type")?).unwrap_or("default");
+    let rope_type = rp
+        .opt_str("rope_type")?
+        .or(rp.opt_str("type")?)
+        .unwrap_or("default");
     if rope_type != "default" {
         return Err(f.err(format!(
             "{p}rope_parameters.rope_type = {rope_type:?}: only \"default\" rope is supported"
@@ -431,7 +482,9 @@ fn parse_rope(f: &Fields, head_dim: usize) -> Result<RopeConfig> {
         .or(f.opt_f64("rope_theta")?)
         .ok_or_else(|| f.err(format!("{p}rope_parameters.rope_theta is missing")))?;
     if !(theta > 1.0) {
-        return Err(f.err(format!("{p}rope_parameters.rope_theta = {theta}: must be > 1")));
+        return Err(f.err(format!(
+            "{p}rope_parameters.rope_theta = {theta}: must be > 1"
+        )));
     }
     let factor = rp
         .opt_f64("partial_rotary_factor")?
@@ -439,7 +492,11 @@ fn parse_rope(f: &Fields, head_dim: usize) -> Result<RopeConfig> {
         .unwrap_or(0.25);
     let rotary = head_dim as f64 * factor;
     let rotary_dim = rotary.round() as usize;
-    if !(factor > 0.0 && factor <= 1.0) || (rotary - rotary_dim as f64).abs() > 1e-9 || rotary_dim % 2 != 0 || rotary_dim == 0 {
+    if !(factor > 0.0 && factor <= 1.0)
+        || (rotary - rotary_dim as f64).abs() > 1e-9
+        || rotary_dim % 2 != 0
+        || rotary_dim == 0
+    {
         return Err(f.err(format!(
             "{p}head_dim {head_dim} with partial_rotary_factor {factor} gives {rotary} rotary dims: \
              must be a positive even integer no larger than head_dim"
@@ -465,7 +522,7 @@ fn parse_rope(f: &Fields, head_dim: usize) -> Result<RopeConfig> {
     })
 }
 
-fn parse_layer_types(f: &Fields, num_layers: usize) -> Result<Vec<MixerKind>> {
+fn parse_layer_types(f: &Fields, family: Family, num_layers: usize) -> Result<Vec<MixerKind>> {
     let p = f.prefix;
     if let Some(v) = f.get("layer_types") {
         let list = v
@@ -480,11 +537,16 @@ fn parse_layer_types(f: &Fields, num_layers: usize) -> Result<Vec<MixerKind>> {
         return list
             .iter()
             .enumerate()
-            .map(|(i, t)| match t.as_str() {
-                Some("linear_attention") => Ok(MixerKind::LinearAttention),
-                Some("full_attention") => Ok(MixerKind::FullAttention),
+            .map(|(i, t)| match (t.as_str(), family) {
+                (Some("linear_attention"), _) => Ok(MixerKind::LinearAttention),
+                (Some("full_attention"), _) => Ok(MixerKind::FullAttention),
+                // Names the sparse-attention layer has had across qwen4_exp versions (§4.1).
+                (Some("qwen_sparse_attention" | "deepseek_sparse_attention" | "hybrid_indexed"), Family::Qwen4Exp) => {
+                    Ok(MixerKind::FullAttention)
+                }
                 _ => Err(f.err(format!(
-                    "{p}layer_types[{i}] = {t}: unknown layer type (expected \"linear_attention\" or \"full_attention\")"
+                    "{p}layer_types[{i}] = {t}: unknown layer type for {} (expected \"linear_attention\" or \"full_attention\")",
+                    family.model_type()
                 ))),
             })
             .collect();
@@ -511,13 +573,13 @@ fn parse_ffn(f: &Fields, family: Family, mixers: &[MixerKind]) -> Result<FfnPars
     let num_experts = f.opt_usize("num_experts")?.unwrap_or(0);
     let moe = match family {
         Family::Qwen35Dense => None,
-        Family::Qwen3Next | Family::Qwen35Moe if num_experts == 0 => {
+        Family::Qwen3Next | Family::Qwen35Moe | Family::Qwen4Exp if num_experts == 0 => {
             return Err(f.err(format!(
                 "{p}num_experts is missing or 0: the {} family needs experts",
                 family.model_type()
             )))
         }
-        Family::Qwen3Next | Family::Qwen35Moe => {
+        Family::Qwen3Next | Family::Qwen35Moe | Family::Qwen4Exp => {
             let top_k = f.opt_usize("num_experts_per_tok")?.unwrap_or(0);
             if top_k == 0 || top_k > num_experts {
                 return Err(f.err(format!(
@@ -551,8 +613,10 @@ fn parse_ffn(f: &Fields, family: Family, mixers: &[MixerKind]) -> Result<FfnPars
         .map(|(i, &mixer)| {
             let ffn = match family {
                 Family::Qwen35Dense => FfnKind::Dense,
-                Family::Qwen35Moe => FfnKind::Moe,
-                Family::Qwen3Next if !mlp_only.contains(&i) && (i + 1) % sparse_step == 0 => FfnKind::Moe,
+                Family::Qwen35Moe | Family::Qwen4Exp => FfnKind::Moe,
+                Family::Qwen3Next if !mlp_only.contains(&i) && (i + 1) % sparse_step == 0 => {
+                    FfnKind::Moe
+                }
                 Family::Qwen3Next => FfnKind::Dense,
             };
             LayerSpec { mixer, ffn }
@@ -579,10 +643,11 @@ fn parse_eos(f: &Fields) -> Result<Vec<u32>> {
                     .ok_or_else(|| f.err(format!("{p}eos_token_id entry {v}: expected a token id")))
             })
             .collect(),
-        Some(v) => v
-            .as_u64()
-            .map(|n| vec![n as u32])
-            .ok_or_else(|| f.err(format!("{p}eos_token_id = {v}: expected a token id or a list of them"))),
+        Some(v) => v.as_u64().map(|n| vec![n as u32]).ok_or_else(|| {
+            f.err(format!(
+                "{p}eos_token_id = {v}: expected a token id or a list of them"
+            ))
+        }),
     }
 }
 
