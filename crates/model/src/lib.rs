@@ -4,6 +4,8 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod layout;
+pub mod ngram;
 pub mod names;
 pub mod tensor;
 

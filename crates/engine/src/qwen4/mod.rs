@@ -2,7 +2,8 @@
 //! hyper-connections, PLE n-gram embeddings and the QSA indexer.
 
 pub mod hyper;
-pub mod ngram;
+pub use spindle_model::ngram;
+
 pub mod ple;
 pub mod qsa;
 
