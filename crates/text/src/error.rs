@@ -1,0 +1,57 @@
+//! The one error type of this crate: every variant names the file, field or input at fault.
+
+use std::path::PathBuf;
+
+/// What went wrong turning text into tokens, templates into prompts, or tokens back into text.
+#[derive(Debug, thiserror::Error)]
+pub enum TextError {
+    /// A file that must exist could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file was read but is not what it should be (bad JSON, wrong field types, ...).
+    #[error("{path}: {message}")]
+    InvalidFile { path: PathBuf, message: String },
+    /// `tokenizer.json` could not be loaded by the `tokenizers` library.
+    #[error("cannot load tokenizer {path}: {message}")]
+    TokenizerLoad { path: PathBuf, message: String },
+    /// Encoding or decoding failed inside the `tokenizers` library.
+    #[error("tokenizer failed to {operation}: {message}")]
+    Tokenizer {
+        operation: &'static str,
+        message: String,
+    },
+    /// A model directory has no chat template in any of the places transformers looks.
+    #[error("no chat template in {dir}: expected chat_template.jinja or a `chat_template` field in tokenizer_config.json")]
+    NoChatTemplate { dir: PathBuf },
+    /// A list of named chat templates has no template this request can use.
+    #[error("no chat template named {name:?} (available: {available})")]
+    UnknownTemplateName { name: String, available: String },
+    /// The template source does not parse as Jinja.
+    #[error("chat template {name:?} does not compile: {message}")]
+    TemplateSyntax { name: String, message: String },
+    /// The template called `raise_exception(message)`: the conversation is one it refuses.
+    #[error("{message}")]
+    TemplateException { message: String },
+    /// Rendering failed for another reason (an undefined attribute, a bad filter argument, ...).
+    #[error("rendering chat template {name:?} failed: {message}")]
+    TemplateRender { name: String, message: String },
+    /// A render argument has the wrong shape (e.g. `messages` is not a list).
+    #[error("chat template argument `{field}`: {message}")]
+    InvalidTemplateArgument {
+        field: &'static str,
+        message: String,
+    },
+}
+
+impl TextError {
+    pub(crate) fn invalid_file(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        TextError::InvalidFile {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}

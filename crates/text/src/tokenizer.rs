@@ -1,0 +1,148 @@
+//! The tokenizer: Hugging Face `tokenizer.json` loaded with the `tokenizers` library.
+//!
+//! Qwen checkpoints ship a byte-level BPE tokenizer with special tokens (`<|im_start|>`,
+//! `<think>`, ...) registered as added tokens. Text can be encoded with special tokens
+//! recognised (a rendered chat prompt) or with their spellings treated as plain text
+//! (untrusted user text that must not inject control tokens).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::TextError;
+
+/// A loaded `tokenizer.json`.
+pub struct Tokenizer {
+    /// Splits on added tokens: `<|im_end|>` in the input becomes one special token.
+    inner: tokenizers::Tokenizer,
+    /// A copy that encodes special tokens' spellings as ordinary text, made on first use.
+    plain: OnceLock<tokenizers::Tokenizer>,
+    /// Ids of the added tokens marked `special`, sorted.
+    special_ids: Vec<u32>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("path", &self.path)
+            .field("vocab_size", &self.vocab_size())
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` from a model directory.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self, TextError> {
+        Self::from_file(dir.as_ref().join("tokenizer.json"))
+    }
+
+    /// Loads a `tokenizer.json` file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TextError> {
+        let path = path.as_ref().to_path_buf();
+        let bytes = std::fs::read(&path).map_err(|source| TextError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let inner =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TextError::TokenizerLoad {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        let mut special_ids: Vec<u32> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, _)| id)
+            .collect();
+        special_ids.sort_unstable();
+        tracing::debug!(
+            path = %path.display(),
+            vocab = inner.get_vocab_size(true),
+            special = special_ids.len(),
+            "loaded tokenizer"
+        );
+        Ok(Self {
+            inner,
+            plain: OnceLock::new(),
+            special_ids,
+            path,
+        })
+    }
+
+    /// The file this tokenizer was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Number of ids, added tokens included (`max id + 1` for contiguous vocabularies).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Encodes `text` without adding BOS/EOS. With `allow_special`, the spelling of a special
+    /// token (`<|im_start|>`) becomes that token; without it, it is encoded as plain text.
+    pub fn encode(&self, text: &str, allow_special: bool) -> Result<Vec<u32>, TextError> {
+        let tokenizer = if allow_special {
+            &self.inner
+        } else {
+            self.plain.get_or_init(|| {
+                let mut plain = self.inner.clone();
+                plain.set_encode_special_tokens(true);
+                plain
+            })
+        };
+        let encoding = tokenizer
+            .encode(text, false)
+            .map_err(|e| TextError::Tokenizer {
+                operation: "encode",
+                message: e.to_string(),
+            })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Decodes ids to text; with `skip_special`, special tokens contribute nothing.
+    /// Bytes that do not form valid UTF-8 become U+FFFD.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TextError> {
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| TextError::Tokenizer {
+                operation: "decode",
+                message: e.to_string(),
+            })
+    }
+
+    /// The vocabulary entry of `id` as stored (byte-level pieces spell a space as `Ġ`).
+    pub fn id_to_piece(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The id of a vocabulary entry or added token spelled exactly `token`.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Ids of the added tokens marked special, sorted.
+    pub fn special_ids(&self) -> &[u32] {
+        &self.special_ids
+    }
+
+    /// Whether `id` is an added token marked special.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special_ids.binary_search(&id).is_ok()
+    }
+
+    /// Special tokens that are control tokens rather than output markup: every special id
+    /// except the reasoning and tool-call tags (`<think>`, `</think>`, `<tool_call>`,
+    /// `</tool_call>`), which the output parser needs to see in the decoded text.
+    pub fn control_ids(&self) -> Vec<u32> {
+        let markup: Vec<u32> = crate::parse::MARKUP_TAGS
+            .iter()
+            .filter_map(|tag| self.token_to_id(tag))
+            .collect();
+        self.special_ids
+            .iter()
+            .copied()
+            .filter(|id| !markup.contains(id))
+            .collect()
+    }
+}
