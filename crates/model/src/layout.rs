@@ -94,7 +94,12 @@ pub fn checkpoint_tensors(config: &ModelConfig, experts: ExpertKeys) -> Vec<Tens
             layer,
         })
     };
-    push("model.embed_tokens.weight".into(), vec![v, h], TensorClass::Embedding, None);
+    push(
+        "model.embed_tokens.weight".into(),
+        vec![v, h],
+        TensorClass::Embedding,
+        None,
+    );
 
     for (i, spec) in config.layers.iter().enumerate() {
         let l = |s: &str| format!("model.layers.{i}.{s}");
@@ -107,39 +112,99 @@ pub fn checkpoint_tensors(config: &ModelConfig, experts: ExpertKeys) -> Vec<Tens
             }
             None => {
                 push(l("input_layernorm.weight"), vec![h], TensorClass::Norm, at);
-                push(l("post_attention_layernorm.weight"), vec![h], TensorClass::Norm, at);
+                push(
+                    l("post_attention_layernorm.weight"),
+                    vec![h],
+                    TensorClass::Norm,
+                    at,
+                );
             }
         }
         match spec.mixer {
             MixerKind::FullAttention => {
                 let a = &config.attention;
                 let c = TensorClass::Attention;
-                push(l("self_attn.q_proj.weight"), vec![2 * a.num_heads * a.head_dim, h], c, at);
-                push(l("self_attn.k_proj.weight"), vec![a.num_kv_heads * a.head_dim, h], c, at);
-                push(l("self_attn.v_proj.weight"), vec![a.num_kv_heads * a.head_dim, h], c, at);
-                push(l("self_attn.o_proj.weight"), vec![h, a.num_heads * a.head_dim], c, at);
+                push(
+                    l("self_attn.q_proj.weight"),
+                    vec![2 * a.num_heads * a.head_dim, h],
+                    c,
+                    at,
+                );
+                push(
+                    l("self_attn.k_proj.weight"),
+                    vec![a.num_kv_heads * a.head_dim, h],
+                    c,
+                    at,
+                );
+                push(
+                    l("self_attn.v_proj.weight"),
+                    vec![a.num_kv_heads * a.head_dim, h],
+                    c,
+                    at,
+                );
+                push(
+                    l("self_attn.o_proj.weight"),
+                    vec![h, a.num_heads * a.head_dim],
+                    c,
+                    at,
+                );
                 push(l("self_attn.q_norm.weight"), vec![a.head_dim], c, at);
                 push(l("self_attn.k_norm.weight"), vec![a.head_dim], c, at);
                 if let Some(q) = &config.qsa {
-                    push(l("self_attn.indexer.index_qk_proj.weight"), vec![(q.n_heads + 1) * q.head_dim, h], c, at);
-                    push(l("self_attn.indexer.q_layernorm.weight"), vec![q.head_dim], c, at);
-                    push(l("self_attn.indexer.k_layernorm.weight"), vec![q.head_dim], c, at);
+                    push(
+                        l("self_attn.indexer.index_qk_proj.weight"),
+                        vec![(q.n_heads + 1) * q.head_dim, h],
+                        c,
+                        at,
+                    );
+                    push(
+                        l("self_attn.indexer.q_layernorm.weight"),
+                        vec![q.head_dim],
+                        c,
+                        at,
+                    );
+                    push(
+                        l("self_attn.indexer.k_layernorm.weight"),
+                        vec![q.head_dim],
+                        c,
+                        at,
+                    );
                 }
             }
             MixerKind::LinearAttention => {
                 let g = &config.gdn;
                 let c = TensorClass::Gdn;
-                let (nk, nv, dk, dv) = (g.num_key_heads, g.num_value_heads, g.key_head_dim, g.value_head_dim);
+                let (nk, nv, dk, dv) = (
+                    g.num_key_heads,
+                    g.num_value_heads,
+                    g.key_head_dim,
+                    g.value_head_dim,
+                );
                 if config.family == crate::Family::Qwen3Next {
-                    push(l("linear_attn.in_proj_qkvz.weight"), vec![2 * nk * dk + 2 * nv * dv, h], c, at);
+                    push(
+                        l("linear_attn.in_proj_qkvz.weight"),
+                        vec![2 * nk * dk + 2 * nv * dv, h],
+                        c,
+                        at,
+                    );
                     push(l("linear_attn.in_proj_ba.weight"), vec![2 * nv, h], c, at);
                 } else {
-                    push(l("linear_attn.in_proj_qkv.weight"), vec![g.conv_channels(), h], c, at);
+                    push(
+                        l("linear_attn.in_proj_qkv.weight"),
+                        vec![g.conv_channels(), h],
+                        c,
+                        at,
+                    );
                     push(l("linear_attn.in_proj_z.weight"), vec![nv * dv, h], c, at);
                     push(l("linear_attn.in_proj_b.weight"), vec![nv, h], c, at);
                     push(l("linear_attn.in_proj_a.weight"), vec![nv, h], c, at);
                 }
-                push(l("linear_attn.conv1d.weight"), vec![g.conv_channels(), 1, g.conv_kernel], c, at);
+                push(
+                    l("linear_attn.conv1d.weight"),
+                    vec![g.conv_channels(), 1, g.conv_kernel],
+                    c,
+                    at,
+                );
                 push(l("linear_attn.A_log"), vec![nv], c, at);
                 push(l("linear_attn.dt_bias"), vec![nv], c, at);
                 push(l("linear_attn.norm.weight"), vec![dv], c, at);
@@ -154,7 +219,12 @@ pub fn checkpoint_tensors(config: &ModelConfig, experts: ExpertKeys) -> Vec<Tens
             for n in ["norm_key", "norm_query", "norm_conv"] {
                 push(l(&format!("ple.{n}.weight")), vec![width], c, at);
             }
-            push(l("ple.conv1d.weight"), vec![width, 1, ple.conv_kernel], c, at);
+            push(
+                l("ple.conv1d.weight"),
+                vec![width, 1, ple.conv_kernel],
+                c,
+                at,
+            );
         }
         match spec.ffn {
             FfnKind::Dense => {
@@ -165,8 +235,15 @@ pub fn checkpoint_tensors(config: &ModelConfig, experts: ExpertKeys) -> Vec<Tens
                 push(l("mlp.down_proj.weight"), vec![h, inter], c, at);
             }
             FfnKind::Moe => {
-                let moe = config.moe.as_ref().expect("validated: MoE layers have a MoE config");
-                let (e, inter, shared) = (moe.num_experts, moe.expert_intermediate, moe.shared_intermediate);
+                let moe = config
+                    .moe
+                    .as_ref()
+                    .expect("validated: MoE layers have a MoE config");
+                let (e, inter, shared) = (
+                    moe.num_experts,
+                    moe.expert_intermediate,
+                    moe.shared_intermediate,
+                );
                 push(l("mlp.gate.weight"), vec![e, h], TensorClass::Router, at);
                 let c = TensorClass::RoutedExperts;
                 match experts {
@@ -176,27 +253,70 @@ pub fn checkpoint_tensors(config: &ModelConfig, experts: ExpertKeys) -> Vec<Tens
                     }
                     ExpertKeys::PerExpert => {
                         for x in 0..e {
-                            push(l(&format!("mlp.experts.{x}.gate_proj.weight")), vec![inter, h], c, at);
-                            push(l(&format!("mlp.experts.{x}.up_proj.weight")), vec![inter, h], c, at);
-                            push(l(&format!("mlp.experts.{x}.down_proj.weight")), vec![h, inter], c, at);
+                            push(
+                                l(&format!("mlp.experts.{x}.gate_proj.weight")),
+                                vec![inter, h],
+                                c,
+                                at,
+                            );
+                            push(
+                                l(&format!("mlp.experts.{x}.up_proj.weight")),
+                                vec![inter, h],
+                                c,
+                                at,
+                            );
+                            push(
+                                l(&format!("mlp.experts.{x}.down_proj.weight")),
+                                vec![h, inter],
+                                c,
+                                at,
+                            );
                         }
                     }
                 }
                 let c = TensorClass::SharedExpert;
-                push(l("mlp.shared_expert.gate_proj.weight"), vec![shared, h], c, at);
-                push(l("mlp.shared_expert.up_proj.weight"), vec![shared, h], c, at);
-                push(l("mlp.shared_expert.down_proj.weight"), vec![h, shared], c, at);
+                push(
+                    l("mlp.shared_expert.gate_proj.weight"),
+                    vec![shared, h],
+                    c,
+                    at,
+                );
+                push(
+                    l("mlp.shared_expert.up_proj.weight"),
+                    vec![shared, h],
+                    c,
+                    at,
+                );
+                push(
+                    l("mlp.shared_expert.down_proj.weight"),
+                    vec![h, shared],
+                    c,
+                    at,
+                );
                 push(l("mlp.shared_expert_gate.weight"), vec![1, h], c, at);
             }
         }
     }
 
     match &config.hyper {
-        Some(hc) => hyper_tensors(&mut push, "model.hyper_connection_mixer", hc.streams, hc.lowrank, h, false, None),
+        Some(hc) => hyper_tensors(
+            &mut push,
+            "model.hyper_connection_mixer",
+            hc.streams,
+            hc.lowrank,
+            h,
+            false,
+            None,
+        ),
         None => push("model.norm.weight".into(), vec![h], TensorClass::Norm, None),
     }
     if !config.tie_word_embeddings {
-        push("lm_head.weight".into(), vec![v, h], TensorClass::LmHead, None);
+        push(
+            "lm_head.weight".into(),
+            vec![v, h],
+            TensorClass::LmHead,
+            None,
+        );
     }
     out.extend(ngram_tensors(config));
     out
@@ -214,16 +334,33 @@ fn hyper_tensors(
     let c = TensorClass::HyperConnection;
     let width = streams * h;
     push(format!("{prefix}.hc_norm.weight"), vec![width], c, layer);
-    push(format!("{prefix}.input_mix_weight_down.weight"), vec![lowrank, width], c, layer);
-    push(format!("{prefix}.input_mix_weight_up.weight"), vec![width, lowrank], c, layer);
+    push(
+        format!("{prefix}.input_mix_weight_down.weight"),
+        vec![lowrank, width],
+        c,
+        layer,
+    );
+    push(
+        format!("{prefix}.input_mix_weight_up.weight"),
+        vec![width, lowrank],
+        c,
+        layer,
+    );
     if inject {
-        push(format!("{prefix}.block_inject_weight.weight"), vec![streams, width], c, layer);
+        push(
+            format!("{prefix}.block_inject_weight.weight"),
+            vec![streams, width],
+            c,
+            layer,
+        );
     }
 }
 
 /// The PLE n-gram table shards and their int64 hash buffers.
 fn ngram_tensors(config: &ModelConfig) -> Vec<TensorSpec> {
-    let Some(ple) = &config.ple else { return Vec::new() };
+    let Some(ple) = &config.ple else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
     for (ordinal, &layer) in ple.layers.iter().enumerate() {
         let rows = ngram_table_rows(ple, ordinal) as usize;
@@ -292,7 +429,10 @@ mod tests {
     fn flash_next_table_matches_the_released_shard_shape() {
         let c = config("configs/qwen3_8_flash_next.config.json");
         let tensors = checkpoint_tensors(&c, ExpertKeys::Fused);
-        let shard = tensors.iter().find(|t| t.name.ends_with("shard_0.weight")).unwrap();
+        let shard = tensors
+            .iter()
+            .find(|t| t.name.ends_with("shard_0.weight"))
+            .unwrap();
         assert_eq!(shard.shape, vec![2_500_012, 160]);
         let table: u64 = parameters_by_class(&c)
             .iter()
@@ -314,11 +454,23 @@ mod tests {
         ] {
             let cfg = ModelConfig::from_dir(&dir.join(name)).unwrap();
             let ck = crate::Checkpoint::open(&dir.join(name)).unwrap();
-            let prefix = if cfg.multimodal_wrapper { "model.language_model." } else { "model." };
+            let prefix = if cfg.multimodal_wrapper {
+                "model.language_model."
+            } else {
+                "model."
+            };
             for t in checkpoint_tensors(&cfg, keys) {
                 let stored = t.name.replacen("model.", prefix, 1);
-                let stored = if t.name == "lm_head.weight" { t.name.clone() } else { stored };
-                assert_eq!(ck.shape(&stored), Some(t.shape.as_slice()), "{name}: {stored}");
+                let stored = if t.name == "lm_head.weight" {
+                    t.name.clone()
+                } else {
+                    stored
+                };
+                assert_eq!(
+                    ck.shape(&stored),
+                    Some(t.shape.as_slice()),
+                    "{name}: {stored}"
+                );
             }
         }
     }

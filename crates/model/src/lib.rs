@@ -5,8 +5,8 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod layout;
-pub mod ngram;
 pub mod names;
+pub mod ngram;
 pub mod tensor;
 
 pub use checkpoint::Checkpoint;
