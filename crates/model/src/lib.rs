@@ -7,7 +7,9 @@ pub mod error;
 pub mod layout;
 pub mod names;
 pub mod ngram;
+pub mod synth;
 pub mod tensor;
+pub mod writer;
 
 pub use checkpoint::Checkpoint;
 pub use config::{

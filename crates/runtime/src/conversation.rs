@@ -1,0 +1,137 @@
+//! A multi-turn chat that keeps its session between turns: each turn feeds only the new
+//! tokens (the end of the previous answer and the new user message), never the whole history.
+
+use serde_json::{json, Map, Value};
+use spindle_engine::Session;
+use spindle_text::{parse_output, ParsedOutput};
+
+use crate::error::{Result, RuntimeError};
+use crate::generate::{Completion, Finish, Flow, GenerateOptions};
+use crate::model::{ends_in_open_think, Model};
+
+/// The end-of-turn marker of the Qwen chat format.
+const END_OF_TURN: &str = "<|im_end|>";
+
+pub struct Conversation {
+    pub messages: Vec<Value>,
+    pub vars: Map<String, Value>,
+    session: Session,
+    /// Tokens generated but not yet fed to the session.
+    pending: Vec<u32>,
+    /// Whether the last answer ended with the end-of-turn token.
+    closed: bool,
+    /// Tokens fed to the session by the last turn (prompt side).
+    pub last_feed_tokens: usize,
+}
+
+/// One turn's result.
+pub struct Turn {
+    pub completion: Completion,
+    pub parsed: ParsedOutput,
+}
+
+impl Conversation {
+    pub fn new(model: &Model, system: Option<&str>, vars: Map<String, Value>) -> Self {
+        let messages = system
+            .map(|s| vec![json!({"role": "system", "content": s})])
+            .unwrap_or_default();
+        Conversation {
+            messages,
+            vars,
+            session: model.engine.new_session(),
+            pending: Vec::new(),
+            closed: true,
+            last_feed_tokens: 0,
+        }
+    }
+
+    fn render(&self, model: &Model, generation_prompt: bool) -> Result<String> {
+        let template = model.template.as_ref().ok_or_else(|| RuntimeError::File {
+            path: model.dir.clone(),
+            message: "chat needs a chat template (chat_template.jinja or tokenizer_config.json)"
+                .into(),
+        })?;
+        Ok(template.render(
+            &Value::Array(self.messages.clone()),
+            None,
+            generation_prompt,
+            &self.vars,
+        )?)
+    }
+
+    /// Tokens that bring the session from the end of the last answer to the new prompt.
+    ///
+    /// Templates may render history differently once it is no longer the last turn (the
+    /// Qwen3.6 template drops the empty think block of earlier answers), so the prompt is not
+    /// compared with the history text. Instead every rendered message ends with the
+    /// end-of-turn marker: after the k markers the session already holds (k = markers in the
+    /// history rendered alone), the rest of the new rendering is what is new.
+    fn tokens_to_feed(
+        &mut self,
+        model: &Model,
+        previous: Option<String>,
+        prompt: &str,
+    ) -> Result<Vec<u32>> {
+        let resume_at = previous.and_then(|p| {
+            let held = p.matches(END_OF_TURN).count();
+            let (i, _) = prompt
+                .match_indices(END_OF_TURN)
+                .nth(held.checked_sub(1)?)?;
+            Some(i + END_OF_TURN.len())
+        });
+        match resume_at {
+            Some(at) if self.session.position > 0 => {
+                let mut ids = std::mem::take(&mut self.pending);
+                let mut text = String::new();
+                if !self.closed {
+                    text.push_str(END_OF_TURN);
+                }
+                text.push_str(&prompt[at..]);
+                ids.extend(model.tokenizer.encode(&text, true)?);
+                Ok(ids)
+            }
+            // Otherwise start over from the full rendering.
+            _ => {
+                self.session = model.engine.new_session();
+                self.pending.clear();
+                Ok(model.tokenizer.encode(prompt, true)?)
+            }
+        }
+    }
+
+    /// Adds a user message, generates the answer and records it in the history.
+    pub fn turn(
+        &mut self,
+        model: &Model,
+        user: &str,
+        options: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str) -> Flow,
+    ) -> Result<Turn> {
+        // The history as the template renders it now; if it cannot be rendered on its own
+        // (templates may demand a user message), fall back to a full prefill.
+        let previous = if self.session.position > 0 {
+            self.render(model, false).ok()
+        } else {
+            None
+        };
+        self.messages.push(json!({"role": "user", "content": user}));
+        let prompt = self.render(model, true)?;
+        let feed = self.tokens_to_feed(model, previous, &prompt)?;
+        self.last_feed_tokens = feed.len();
+        let completion = model.generate(&mut self.session, &feed, options, on_text)?;
+        self.pending = completion.ids.last().copied().into_iter().collect();
+        self.closed = matches!(completion.finish, Finish::Eos(id) if model.tokenizer.token_to_id(END_OF_TURN) == Some(id));
+        let parsed = parse_output(&completion.text, ends_in_open_think(&prompt));
+        let mut message = json!({"role": "assistant", "content": parsed.content});
+        if !parsed.reasoning.is_empty() {
+            message["reasoning_content"] = json!(parsed.reasoning);
+        }
+        self.messages.push(message);
+        Ok(Turn { completion, parsed })
+    }
+
+    /// Tokens held by the session.
+    pub fn context_tokens(&self) -> usize {
+        self.session.position
+    }
+}

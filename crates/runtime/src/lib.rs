@@ -1,0 +1,15 @@
+//! Text in, text out over the engine: a model directory (weights, tokenizer, chat template,
+//! generation defaults), the decode loop with sampling and streaming detokenization, and
+//! multi-turn conversations. The CLI and the server both drive generation through here.
+
+pub mod conversation;
+pub mod demo;
+pub mod error;
+pub mod generate;
+pub mod model;
+
+pub use conversation::{Conversation, Turn};
+pub use demo::{demo_dir, DEMO_MODEL_ID};
+pub use error::{Result, RuntimeError};
+pub use generate::{Completion, Finish, Flow, GenerateOptions};
+pub use model::{Model, PreparedPrompt, Prompt};

@@ -1,0 +1,183 @@
+//! A model directory opened for text generation: the engine, the tokenizer, the chat template
+//! and the generation defaults, all from the checkpoint's own files.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+use spindle_engine::sampling::{GenerationConfigValues, SamplingParams};
+use spindle_engine::Engine;
+use spindle_text::{ChatTemplate, Tokenizer};
+
+use crate::error::{Result, RuntimeError};
+
+/// What a request asks the model to continue.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// Messages rendered with the checkpoint's chat template.
+    Chat {
+        messages: Value,
+        tools: Option<Value>,
+        /// Extra template variables (`enable_thinking`, `force_thinking`, ...).
+        vars: Map<String, Value>,
+        add_generation_prompt: bool,
+    },
+    /// Plain text, tokenized as is (special tokens allowed).
+    Text(String),
+    /// Token ids.
+    Tokens(Vec<u32>),
+}
+
+/// A rendered and tokenized prompt.
+#[derive(Clone, Debug)]
+pub struct PreparedPrompt {
+    /// The prompt text (empty for a token prompt).
+    pub text: String,
+    pub ids: Vec<u32>,
+    /// True when the prompt ends inside an open `<think>` block, so generation starts as
+    /// reasoning.
+    pub starts_in_reasoning: bool,
+}
+
+pub struct Model {
+    pub engine: Engine,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    /// Sampling defaults from `generation_config.json` (greedy when absent).
+    pub defaults: SamplingParams,
+    /// End-of-sequence ids: config.json and generation_config.json together.
+    pub eos_ids: Vec<u32>,
+    pub dir: PathBuf,
+}
+
+impl Model {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let engine = Engine::load(dir)?;
+        let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
+        let template = match ChatTemplate::from_dir(dir) {
+            Ok(t) => Some(t),
+            Err(spindle_text::TextError::NoChatTemplate { .. }) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let generation = read_generation_config(dir)?;
+        let mut eos_ids = engine.config().eos_token_ids.clone();
+        for id in generation.eos_ids {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+        Ok(Model {
+            engine,
+            tokenizer,
+            template,
+            defaults: SamplingParams::from_generation_config(&generation.values),
+            eos_ids,
+            dir: dir.to_owned(),
+        })
+    }
+
+    /// Renders and tokenizes a prompt.
+    pub fn prepare(&self, prompt: &Prompt) -> Result<PreparedPrompt> {
+        let text = match prompt {
+            Prompt::Tokens(ids) => {
+                return Ok(PreparedPrompt {
+                    text: String::new(),
+                    ids: ids.clone(),
+                    starts_in_reasoning: false,
+                })
+            }
+            Prompt::Text(text) => text.clone(),
+            Prompt::Chat {
+                messages,
+                tools,
+                vars,
+                add_generation_prompt,
+            } => {
+                let template = self.template.as_ref().ok_or_else(|| RuntimeError::File {
+                    path: self.dir.clone(),
+                    message: "no chat template (chat_template.jinja or tokenizer_config.json); use a raw prompt".into(),
+                })?;
+                template.render(messages, tools.as_ref(), *add_generation_prompt, vars)?
+            }
+        };
+        let ids = self.tokenizer.encode(&text, true)?;
+        Ok(PreparedPrompt {
+            starts_in_reasoning: ends_in_open_think(&text),
+            text,
+            ids,
+        })
+    }
+}
+
+/// True when the last `<think>` of the final turn has no `</think>` after it.
+pub fn ends_in_open_think(text: &str) -> bool {
+    let turn = text.rfind("<|im_start|>").map_or(text, |i| &text[i..]);
+    match (turn.rfind("<think>"), turn.rfind("</think>")) {
+        (Some(open), Some(close)) => open > close,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
+struct GenerationConfig {
+    values: GenerationConfigValues,
+    eos_ids: Vec<u32>,
+}
+
+fn read_generation_config(dir: &Path) -> Result<GenerationConfig> {
+    let path = dir.join("generation_config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(GenerationConfig {
+            values: GenerationConfigValues::default(),
+            eos_ids: Vec::new(),
+        });
+    };
+    let bad = |message: String| RuntimeError::File {
+        path: path.clone(),
+        message,
+    };
+    let v: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let f = |k: &str| v.get(k).and_then(Value::as_f64).map(|x| x as f32);
+    let values = GenerationConfigValues {
+        do_sample: v.get("do_sample").and_then(Value::as_bool),
+        temperature: f("temperature"),
+        top_k: v.get("top_k").and_then(Value::as_i64),
+        top_p: f("top_p"),
+        min_p: f("min_p"),
+        repetition_penalty: f("repetition_penalty"),
+        presence_penalty: f("presence_penalty"),
+        frequency_penalty: f("frequency_penalty"),
+    };
+    let eos_ids = match v.get("eos_token_id") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|n| n as u32)
+                    .ok_or_else(|| bad(format!("eos_token_id entry {x} is not a token id")))
+            })
+            .collect::<Result<_>>()?,
+        Some(x) => vec![x
+            .as_u64()
+            .ok_or_else(|| bad(format!("eos_token_id = {x} is not a token id")))?
+            as u32],
+    };
+    Ok(GenerationConfig { values, eos_ids })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ends_in_open_think;
+
+    #[test]
+    fn open_think_detection() {
+        assert!(ends_in_open_think("<|im_start|>assistant\n<think>\n"));
+        assert!(!ends_in_open_think(
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ));
+        assert!(!ends_in_open_think(
+            "<think>a</think><|im_start|>assistant\n"
+        ));
+    }
+}

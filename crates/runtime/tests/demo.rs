@@ -1,0 +1,121 @@
+//! Generation on the embedded demo checkpoint.
+
+use serde_json::{json, Map};
+use spindle_engine::sampling::SamplingParams;
+use spindle_runtime::{demo_dir, Conversation, Finish, Flow, GenerateOptions, Model, Prompt};
+
+fn greedy(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        sampling: SamplingParams::default(),
+        max_tokens: Some(max_tokens),
+        stop: Vec::new(),
+    }
+}
+
+#[test]
+fn streamed_text_equals_decoded_greedy_tokens() {
+    let model = Model::load(&demo_dir().unwrap()).unwrap();
+    let prompt = model
+        .prepare(&Prompt::Chat {
+            messages: json!([{"role": "user", "content": "Tell me a story about a robot."}]),
+            tools: None,
+            vars: Map::new(),
+            add_generation_prompt: true,
+        })
+        .unwrap();
+    assert!(
+        prompt
+            .text
+            .ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        "{:?}",
+        prompt.text
+    );
+    let mut session = model.engine.new_session();
+    let mut streamed = String::new();
+    let completion = model
+        .generate(&mut session, &prompt.ids, &greedy(40), &mut |t| {
+            streamed.push_str(t);
+            Flow::Continue
+        })
+        .unwrap();
+    assert_eq!(streamed, completion.text);
+    let shown: Vec<u32> = completion
+        .ids
+        .iter()
+        .copied()
+        .filter(|id| !model.eos_ids.contains(id))
+        .collect();
+    let decoded = model.tokenizer.decode(&shown, false).unwrap();
+    let control: Vec<String> = model
+        .tokenizer
+        .control_ids()
+        .iter()
+        .filter_map(|&id| model.tokenizer.id_to_piece(id))
+        .collect();
+    let visible = control
+        .iter()
+        .fold(decoded, |s, c| s.replace(c.as_str(), ""));
+    assert_eq!(completion.text, visible);
+    assert!(matches!(completion.finish, Finish::Length | Finish::Eos(_)));
+    // Greedy decoding is deterministic.
+    let mut again = model.engine.new_session();
+    let second = model
+        .generate(&mut again, &prompt.ids, &greedy(40), &mut |_| {
+            Flow::Continue
+        })
+        .unwrap();
+    assert_eq!(second.ids, completion.ids);
+}
+
+#[test]
+fn stopping_from_the_callback_cancels() {
+    let model = Model::load(&demo_dir().unwrap()).unwrap();
+    let prompt = model
+        .prepare(&Prompt::Text("Once upon a time".into()))
+        .unwrap();
+    let mut session = model.engine.new_session();
+    let mut calls = 0;
+    let completion = model
+        .generate(&mut session, &prompt.ids, &greedy(100), &mut |_| {
+            calls += 1;
+            if calls == 3 {
+                Flow::Stop
+            } else {
+                Flow::Continue
+            }
+        })
+        .unwrap();
+    assert_eq!(completion.finish, Finish::Cancelled);
+    assert!(completion.ids.len() < 100);
+}
+
+#[test]
+fn second_turn_feeds_only_new_tokens() {
+    let model = Model::load(&demo_dir().unwrap()).unwrap();
+    let mut chat = Conversation::new(&model, Some("You are terse."), Map::new());
+    let first = chat
+        .turn(&model, "Hello!", &greedy(12), &mut |_| Flow::Continue)
+        .unwrap();
+    let after_first = chat.context_tokens();
+    assert_eq!(
+        after_first,
+        chat.last_feed_tokens + first.completion.ids.len() - 1
+    );
+    chat.turn(&model, "And again?", &greedy(12), &mut |_| Flow::Continue)
+        .unwrap();
+    let full = model
+        .prepare(&Prompt::Chat {
+            messages: serde_json::Value::Array(chat.messages[..4].to_vec()),
+            tools: None,
+            vars: Map::new(),
+            add_generation_prompt: true,
+        })
+        .unwrap();
+    assert!(
+        chat.last_feed_tokens < full.ids.len() / 2,
+        "turn 2 fed {} tokens; the full prompt has {}",
+        chat.last_feed_tokens,
+        full.ids.len()
+    );
+    assert_eq!(chat.messages.len(), 5);
+}
