@@ -1,0 +1,1 @@
+//! Chunked Gated DeltaNet (MODEL_MATH §1.5).
