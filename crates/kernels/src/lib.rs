@@ -7,6 +7,7 @@ pub mod activation;
 pub mod attention;
 pub mod gdn;
 pub mod gdn_chunked;
+pub mod gdn_fused;
 pub mod linear;
 pub mod norm;
 pub mod quant;
