@@ -1,1 +1,52 @@
-fn main(){}
+//! `spindle`: the command-line front end. Each subcommand lives in its own module; this file
+//! only parses arguments, sets up logging and reports errors.
+
+mod compare;
+mod device;
+mod inspect;
+mod logits;
+mod tensor_file;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// spindle: an inference engine for the Qwen hybrid models (Qwen3-Next, Qwen3.5, Qwen3.6).
+#[derive(Debug, Parser)]
+#[command(name = "spindle", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Compute the logits of a prompt (and a greedy continuation) and write them to a
+    /// safetensors file laid out like the fixtures' `reference.safetensors`.
+    Logits(logits::LogitsArgs),
+    /// Describe a model from its config.json alone: family, layer kinds, shapes and parameter
+    /// counts per class (total and active per token).
+    Inspect(inspect::InspectArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Logits(args) => logits::run(&args),
+        Command::Inspect(args) => inspect::run(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

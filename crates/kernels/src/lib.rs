@@ -6,12 +6,18 @@
 pub mod activation;
 pub mod attention;
 pub mod gdn;
+pub mod gdn_chunked;
+pub mod gdn_fused;
 pub mod linear;
 pub mod norm;
+pub mod quant;
 pub mod rope;
+pub mod simd;
 pub mod softmax;
 pub mod weights;
 
+pub use quant::{QuantizedActs, QuantizedMatrix};
+pub use simd::Isa;
 pub use weights::{MatRef, Weights};
 
 #[cfg(test)]

@@ -1,152 +1,223 @@
-//! y = x·Wᵀ for one token (matvec) and a batch of tokens (matmul), W row-major `[rows, cols]`.
+//! y = x·Wᵀ for one token (matvec) and a batch of tokens (matmul), W row-major `[rows, cols]`
+//! in any [`Weights`] format.
 //!
-//! The batched form reads each weight row once and applies it to every token, so a prompt
-//! costs one pass over the weights, not one per token. Rows are split across rayon threads.
+//! - One token, or a few (< [`GEMM_MIN_TOKENS`]): each weight row is read once and dotted with
+//!   every token while it sits in L1. Q8/Q4 rows are dotted in integers with the tokens
+//!   quantized to int8 per group of 32 ([`QuantizedActs`]), as llama.cpp does.
+//! - More tokens (prefill): a blocked GEMM. Each task takes a block of rows, dequantizes it once
+//!   into f32 scratch and runs a register-tiled kernel (tokens × rows tiles) over all tokens.
+//!
+//! Rows are split across rayon threads; the SIMD path is [`Isa::active`] unless a `*_with`
+//! function names one.
+
+use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use crate::weights::{bf16_to_f32, MatRef, Weights};
+use crate::quant::{QuantizedActs, GROUP};
+use crate::simd::{self, scalar, Isa};
+use crate::weights::{MatRef, Weights};
 
-/// Rows per parallel task: large enough to amortise scheduling, small enough to balance.
+/// Rows per parallel task in matvec and the small-batch path.
 const ROWS_PER_TASK: usize = 64;
+/// Rows per parallel task (and per dequantized f32 tile) in the GEMM.
+const GEMM_ROWS_PER_TASK: usize = 32;
+/// From this many tokens on, matmul runs the blocked GEMM.
+pub const GEMM_MIN_TOKENS: usize = 8;
+/// Below this many multiply-adds a call stays on the calling thread.
+const SERIAL_WORK: usize = 1 << 15;
 
-#[inline]
-fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (wc, wr) = w.split_at(w.len() / 8 * 8);
-    let (xc, xr) = x.split_at(wc.len());
-    for (wb, xb) in wc.chunks_exact(8).zip(xc.chunks_exact(8)) {
-        for i in 0..8 {
-            acc[i] += wb[i] * xb[i];
+/// Calls `$f` from the module of `$isa`.
+macro_rules! dispatch {
+    ($isa:expr, $f:ident($($arg:expr),*)) => {
+        match $isa {
+            // SAFETY: `*_with` asserted `isa.available()`, so the CPU has the target features.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { simd::avx512::$f($($arg),*) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { simd::avx2::$f($($arg),*) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => unsafe { simd::neon::$f($($arg),*) },
+            _ => scalar::$f($($arg),*),
+        }
+    };
+}
+
+/// The tokens in the form the weight format's dot product reads.
+enum Acts<'x> {
+    F32(&'x [f32]),
+    Int8(QuantizedActs),
+}
+
+impl<'x> Acts<'x> {
+    fn new(w: &MatRef, x: &'x [f32]) -> Self {
+        match w.weights {
+            Weights::Q8 { .. } | Weights::Q4 { .. } => {
+                Acts::Int8(QuantizedActs::quantize(x, w.cols))
+            }
+            _ => Acts::F32(x),
         }
     }
-    let mut sum: f32 = acc.iter().sum();
-    for (a, b) in wr.iter().zip(xr) {
-        sum += a * b;
-    }
-    sum
 }
 
+/// Weight row `r` dotted with token `t`.
 #[inline]
-fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (wc, wr) = w.split_at(w.len() / 8 * 8);
-    let (xc, xr) = x.split_at(wc.len());
-    for (wb, xb) in wc.chunks_exact(8).zip(xc.chunks_exact(8)) {
-        for i in 0..8 {
-            acc[i] += bf16_to_f32(wb[i]) * xb[i];
+fn row_dot(isa: Isa, w: &MatRef, r: usize, acts: &Acts, t: usize) -> f32 {
+    let cols = w.cols;
+    let (a, b) = (r * cols, (r + 1) * cols);
+    let (ga, gb) = (a / GROUP, b / GROUP);
+    match (w.weights, acts) {
+        (Weights::F32(d), Acts::F32(x)) => {
+            dispatch!(isa, dot_f32(&d[a..b], &x[t * cols..(t + 1) * cols]))
         }
-    }
-    let mut sum: f32 = acc.iter().sum();
-    for (a, b) in wr.iter().zip(xr) {
-        sum += bf16_to_f32(*a) * b;
-    }
-    sum
-}
-
-#[inline]
-fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
-    w.iter().zip(x).map(|(&a, b)| half::f16::from_bits(a).to_f32() * b).sum()
-}
-
-/// Dot product of weight row `r` with `x`.
-#[inline]
-fn row_dot(w: &MatRef, r: usize, x: &[f32]) -> f32 {
-    let (a, b) = (r * w.cols, (r + 1) * w.cols);
-    match w.weights {
-        Weights::Bf16(d) => dot_bf16(&d[a..b], x),
-        Weights::F16(d) => dot_f16(&d[a..b], x),
-        Weights::F32(d) => dot_f32(&d[a..b], x),
+        (Weights::Bf16(d), Acts::F32(x)) => {
+            dispatch!(isa, dot_bf16(&d[a..b], &x[t * cols..(t + 1) * cols]))
+        }
+        (Weights::F16(d), Acts::F32(x)) => {
+            dispatch!(isa, dot_f16(&d[a..b], &x[t * cols..(t + 1) * cols]))
+        }
+        (Weights::Q8 { qs, scales }, Acts::Int8(q)) => {
+            let (xq, xd, xsd) = q.token(t);
+            dispatch!(isa, dot_q8(&qs[a..b], &scales[ga..gb], xq, xd, xsd))
+        }
+        (Weights::Q4 { qs, scales }, Acts::Int8(q)) => {
+            let (xq, xd, xsd) = q.token(t);
+            dispatch!(isa, dot_q4(&qs[a / 2..b / 2], &scales[ga..gb], xq, xd, xsd))
+        }
+        _ => unreachable!("Acts::new picks the activation form from the weight format"),
     }
 }
 
 /// y[r] = Σ_c W[r, c]·x[c]. `x` has `cols` elements, `y` has `rows`.
 pub fn matvec(w: &MatRef, x: &[f32], y: &mut [f32]) {
+    matvec_with(Isa::active(), w, x, y)
+}
+
+/// [`matvec`] on an explicit SIMD path; panics if this CPU lacks it.
+pub fn matvec_with(isa: Isa, w: &MatRef, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), w.cols, "matvec input length");
     assert_eq!(y.len(), w.rows, "matvec output length");
-    if w.rows * w.cols < 1 << 15 {
-        y.iter_mut().enumerate().for_each(|(r, out)| *out = row_dot(w, r, x));
-        return;
-    }
-    y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(chunk, ys)| {
+    assert!(isa.available(), "this CPU cannot run the {isa:?} kernels");
+    let acts = Acts::new(w, x);
+    let task = |(chunk, ys): (usize, &mut [f32])| {
         let first = chunk * ROWS_PER_TASK;
-        ys.iter_mut()
-            .enumerate()
-            .for_each(|(i, out)| *out = row_dot(w, first + i, x));
-    });
+        for (i, out) in ys.iter_mut().enumerate() {
+            *out = row_dot(isa, w, first + i, &acts, 0);
+        }
+    };
+    if w.rows * w.cols < SERIAL_WORK {
+        y.chunks_mut(ROWS_PER_TASK).enumerate().for_each(task);
+    } else {
+        y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(task);
+    }
 }
 
 /// Y[t, r] = Σ_c W[r, c]·X[t, c] for `tokens` rows of X (`[tokens, cols]` → `[tokens, rows]`).
 pub fn matmul(w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
+    matmul_with(Isa::active(), w, x, tokens, y)
+}
+
+/// [`matmul`] on an explicit SIMD path; panics if this CPU lacks it.
+pub fn matmul_with(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
     assert_eq!(x.len(), tokens * w.cols, "matmul input length");
     assert_eq!(y.len(), tokens * w.rows, "matmul output length");
     if tokens == 1 {
-        return matvec(w, x, y);
+        return matvec_with(isa, w, x, y);
     }
-    // Compute Yᵀ [rows, tokens] so each task owns contiguous output, then transpose.
+    assert!(isa.available(), "this CPU cannot run the {isa:?} kernels");
+    // Each task owns a contiguous block of Yᵀ [rows, tokens]; transposed at the end.
     let mut yt = vec![0.0f32; w.rows * tokens];
-    let task = |(chunk, out): (usize, &mut [f32])| {
-        let first = chunk * ROWS_PER_TASK;
-        for (i, row_out) in out.chunks_mut(tokens).enumerate() {
-            for (t, o) in row_out.iter_mut().enumerate() {
-                *o = row_dot(w, first + i, &x[t * w.cols..(t + 1) * w.cols]);
+    if tokens < GEMM_MIN_TOKENS {
+        let acts = Acts::new(w, x);
+        let task = |(chunk, out): (usize, &mut [f32])| {
+            let first = chunk * ROWS_PER_TASK;
+            for (i, row_out) in out.chunks_mut(tokens).enumerate() {
+                for (t, o) in row_out.iter_mut().enumerate() {
+                    *o = row_dot(isa, w, first + i, &acts, t);
+                }
             }
+        };
+        if w.rows * w.cols * tokens < SERIAL_WORK {
+            yt.chunks_mut(ROWS_PER_TASK * tokens)
+                .enumerate()
+                .for_each(task);
+        } else {
+            yt.par_chunks_mut(ROWS_PER_TASK * tokens)
+                .enumerate()
+                .for_each(task);
         }
-    };
-    if w.rows * w.cols * tokens < 1 << 15 {
-        yt.chunks_mut(ROWS_PER_TASK * tokens).enumerate().for_each(task);
     } else {
-        yt.par_chunks_mut(ROWS_PER_TASK * tokens).enumerate().for_each(task);
+        gemm(isa, w, x, tokens, &mut yt);
     }
-    for r in 0..w.rows {
-        for t in 0..tokens {
-            y[t * w.rows + r] = yt[r * tokens + t];
-        }
-    }
+    transpose(&yt, w.rows, tokens, y);
 }
 
-/// Scalar reference: the plain triple loop, accumulated in f64.
-pub fn matmul_ref(w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
-    for t in 0..tokens {
-        for r in 0..w.rows {
-            let mut acc = 0.0f64;
-            for c in 0..w.cols {
-                let wv = match w.weights {
-                    Weights::Bf16(d) => bf16_to_f32(d[r * w.cols + c]),
-                    Weights::F16(d) => half::f16::from_bits(d[r * w.cols + c]).to_f32(),
-                    Weights::F32(d) => d[r * w.cols + c],
-                };
-                acc += wv as f64 * x[t * w.cols + c] as f64;
+thread_local! {
+    /// Each worker's dequantized row tile, reused across calls.
+    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Yᵀ = W·Xᵀ by row blocks: `yt [rows, tokens]`.
+fn gemm(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, yt: &mut [f32]) {
+    let cols = w.cols;
+    yt.par_chunks_mut(GEMM_ROWS_PER_TASK * tokens)
+        .enumerate()
+        .for_each(|(chunk, out)| {
+            let (first, rows) = (chunk * GEMM_ROWS_PER_TASK, out.len() / tokens);
+            if let Weights::F32(d) = w.weights {
+                let block = &d[first * cols..(first + rows) * cols];
+                return dispatch!(isa, gemm_block(x, block, cols, out));
             }
-            y[t * w.rows + r] = acc as f32;
-        }
-    }
+            TILE.with(|tile| {
+                let mut tile = tile.borrow_mut();
+                tile.resize(rows * cols, 0.0);
+                for (i, row) in tile.chunks_exact_mut(cols).enumerate() {
+                    w.row_to_f32(first + i, row);
+                }
+                dispatch!(isa, gemm_block(x, &tile, cols, out))
+            })
+        });
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testutil::*;
-
-    #[test]
-    fn matmul_matches_reference_for_every_format_and_batch() {
-        let mut rng = rng(7);
-        for &(rows, cols) in &[(3, 5), (130, 67), (300, 256)] {
-            let wf = vec(&mut rng, rows * cols, 1.0);
-            let wb = bf16_vec(&mut rng, rows * cols);
-            let wh: Vec<u16> = wf.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
-            for weights in [Weights::F32(&wf), Weights::Bf16(&wb), Weights::F16(&wh)] {
-                let w = MatRef::new(weights, rows, cols);
-                for tokens in [1, 2, 7] {
-                    let x = vec(&mut rng, tokens * cols, 1.0);
-                    let mut fast = vec![0.0; tokens * rows];
-                    let mut reference = vec![0.0; tokens * rows];
-                    matmul(&w, &x, tokens, &mut fast);
-                    matmul_ref(&w, &x, tokens, &mut reference);
-                    let err = max_abs_diff(&fast, &reference);
-                    assert!(err < 1e-4 * (cols as f32).sqrt(), "{rows}x{cols} t={tokens}: {err}");
+/// `y [cols_in, rows_in]` = transpose of `a [rows_in, cols_in]`, in cache-sized blocks.
+fn transpose(a: &[f32], rows_in: usize, cols_in: usize, y: &mut [f32]) {
+    const B: usize = 32;
+    for r0 in (0..rows_in).step_by(B) {
+        for c0 in (0..cols_in).step_by(B) {
+            for r in r0..(r0 + B).min(rows_in) {
+                for c in c0..(c0 + B).min(cols_in) {
+                    y[c * rows_in + r] = a[r * cols_in + c];
                 }
             }
         }
     }
 }
+
+/// Scalar reference: the plain triple loop on dequantized weights, accumulated in f64.
+pub fn matmul_ref(w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
+    let mut row = vec![0.0f32; w.cols];
+    for r in 0..w.rows {
+        w.row_to_f32(r, &mut row);
+        for t in 0..tokens {
+            let xt = &x[t * w.cols..(t + 1) * w.cols];
+            let acc: f64 = row.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+            y[t * w.rows + r] = acc as f32;
+        }
+    }
+}
+
+/// Scalar reference for Q8/Q4 with the activations quantized exactly as the fast path does.
+pub fn matmul_quantized_ref(w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
+    let acts = Acts::new(w, x);
+    for r in 0..w.rows {
+        for t in 0..tokens {
+            y[t * w.rows + r] = row_dot(Isa::Scalar, w, r, &acts, t);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "linear_tests.rs"]
+mod tests;

@@ -7,6 +7,7 @@ pub mod error;
 pub mod layout;
 pub mod names;
 pub mod ngram;
+pub mod quant;
 pub mod synth;
 pub mod tensor;
 pub mod writer;

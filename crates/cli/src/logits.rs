@@ -1,0 +1,246 @@
+//! `spindle logits`: the logits the engine computes for a prompt and its greedy continuation,
+//! written in the layout of the fixtures' `reference.safetensors`, optionally compared with one.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use spindle_engine::Engine;
+
+use crate::compare::compare;
+use crate::device::Device;
+use crate::tensor_file::{self, Tensor, Values};
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Exit status: 0 on success; 1 on an error or when --compare finds \
+    different gen_ids, different prompt_ids or a logits difference above --tolerance; \
+    2 on invalid arguments."
+)]
+pub struct LogitsArgs {
+    /// Hugging Face checkpoint directory (config.json + *.safetensors).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+
+    /// Prompt token ids, comma-separated (e.g. 1,2,3).
+    #[arg(long, value_name = "IDS", value_parser = parse_tokens, required_unless_present = "tokens_from", conflicts_with = "tokens_from")]
+    pub tokens: Option<TokenIds>,
+
+    /// Take the prompt from the `prompt_ids` tensor of a safetensors file (e.g. a fixture's
+    /// reference.safetensors).
+    #[arg(long, value_name = "FILE")]
+    pub tokens_from: Option<PathBuf>,
+
+    /// Greedily decode N tokens after the prompt and also write `gen_ids` [N] and
+    /// `decode_logits` [N, V].
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub decode: usize,
+
+    /// Output safetensors file (written atomically).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+
+    /// Backend to run on (only `cpu` for now; `cuda[:N]` comes with the CUDA backend).
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
+
+    /// Compare with a reference safetensors file: prints the max abs diff of each tensor
+    /// present in both and fails when they disagree.
+    #[arg(long, value_name = "FILE")]
+    pub compare: Option<PathBuf>,
+
+    /// Largest max-abs-diff of logits that --compare accepts.
+    #[arg(long, default_value_t = 1e-3, requires = "compare")]
+    pub tolerance: f32,
+}
+
+/// Prompt token ids from `--tokens` (a newtype so clap takes the list as one value).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenIds(pub Vec<u32>);
+
+/// Parses `1,2,3` (spaces allowed around entries); an error names the bad entry.
+pub fn parse_tokens(text: &str) -> Result<TokenIds, String> {
+    if text.trim().is_empty() {
+        return Err("no token ids given (expected e.g. 1,2,3)".into());
+    }
+    text.split(',')
+        .enumerate()
+        .map(|(i, entry)| {
+            let entry = entry.trim();
+            entry.parse::<u32>().map_err(|_| {
+                format!(
+                    "entry {} ({entry:?}) is not a token id: expected a non-negative integer below 2^32",
+                    i + 1
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(TokenIds)
+}
+
+pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
+    let Device::Cpu = args.device;
+    let prompt = match (&args.tokens, &args.tokens_from) {
+        (Some(TokenIds(ids)), _) => ids.clone(),
+        (None, Some(path)) => prompt_ids_from(path)?,
+        (None, None) => bail!("give the prompt with --tokens or --tokens-from"),
+    };
+    // Read the reference before the (possibly long) run so a bad path fails fast.
+    let reference = match &args.compare {
+        Some(path) => Some(tensor_file::read(path)?),
+        None => None,
+    };
+
+    if !args.model.is_dir() {
+        bail!(
+            "model directory {} does not exist or is not a directory",
+            args.model.display()
+        );
+    }
+    let started = Instant::now();
+    let engine = Engine::load(&args.model)
+        .with_context(|| format!("cannot load the model at {}", args.model.display()))?;
+    let config = engine.config();
+    tracing::info!(
+        model = %args.model.display(),
+        family = config.family.model_type(),
+        layers = config.num_layers(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "model loaded"
+    );
+
+    let started = Instant::now();
+    let run = engine
+        .greedy(&prompt, args.decode)
+        .with_context(|| format!("cannot run the model at {}", args.model.display()))?;
+    tracing::info!(
+        prompt_tokens = prompt.len(),
+        decode_steps = args.decode,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "forward done"
+    );
+
+    let (t, v, g) = (prompt.len(), config.vocab_size, run.gen_ids.len());
+    let mut tensors = vec![
+        (
+            "prompt_ids",
+            Tensor::i64(vec![t], prompt.iter().map(|&id| id as i64).collect()),
+        ),
+        (
+            "prefill_logits",
+            Tensor::f32(vec![t, v], run.prefill_logits),
+        ),
+    ];
+    if g > 0 {
+        tensors.push((
+            "gen_ids",
+            Tensor::i64(vec![g], run.gen_ids.iter().map(|&id| id as i64).collect()),
+        ));
+        tensors.push(("decode_logits", Tensor::f32(vec![g, v], run.decode_logits)));
+    }
+    tensor_file::write_atomic(&args.out, &tensors)?;
+    println!("wrote {}", args.out.display());
+    for (name, tensor) in &tensors {
+        println!("  {name:<16} {:?}", tensor.shape);
+    }
+    if g > 0 {
+        println!("gen_ids: {:?}", run.gen_ids);
+    }
+
+    let (Some(reference), Some(path)) = (reference, &args.compare) else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    println!(
+        "compared with {} (tolerance {:e}):",
+        path.display(),
+        args.tolerance
+    );
+    let results = compare(&tensors, &reference, args.tolerance);
+    for line in &results {
+        println!("  {line}");
+    }
+    for name in reference
+        .keys()
+        .filter(|n| !tensors.iter().any(|(ours, _)| ours == n))
+    {
+        tracing::debug!(tensor = %name, "only in the reference; not compared");
+    }
+    if results.is_empty() {
+        eprintln!(
+            "error: {} holds none of the tensors spindle logits writes",
+            path.display()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|r| !r.passed)
+        .map(|r| r.name.as_str())
+        .collect();
+    if failed.is_empty() {
+        println!("match");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "error: differs from {}: {}",
+            path.display(),
+            failed.join(", ")
+        );
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// The `prompt_ids` tensor (i64, 1-D) of a safetensors file, as token ids.
+fn prompt_ids_from(path: &Path) -> Result<Vec<u32>> {
+    let tensors = tensor_file::read(path)?;
+    let tensor = tensors.get("prompt_ids").with_context(|| {
+        format!(
+            "--tokens-from {}: no `prompt_ids` tensor in this file",
+            path.display()
+        )
+    })?;
+    let Values::I64(ids) = &tensor.values else {
+        bail!(
+            "--tokens-from {}: `prompt_ids` must be an i64 tensor",
+            path.display()
+        );
+    };
+    if tensor.shape.len() != 1 {
+        bail!(
+            "--tokens-from {}: `prompt_ids` has shape {:?}, expected [T]",
+            path.display(),
+            tensor.shape
+        );
+    }
+    ids.iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            u32::try_from(id).with_context(|| {
+                format!(
+                    "--tokens-from {}: prompt_ids[{i}] = {id} is not a token id",
+                    path.display()
+                )
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_tokens, TokenIds};
+
+    #[test]
+    fn tokens_parse_and_errors_name_the_entry() {
+        assert_eq!(parse_tokens("1,2,3"), Ok(TokenIds(vec![1, 2, 3])));
+        assert_eq!(parse_tokens(" 7 , 8 "), Ok(TokenIds(vec![7, 8])));
+        let err = parse_tokens("1,x2,3").unwrap_err();
+        assert!(err.contains("entry 2") && err.contains("\"x2\""), "{err}");
+        let err = parse_tokens("1,,3").unwrap_err();
+        assert!(err.contains("entry 2") && err.contains("\"\""), "{err}");
+        let err = parse_tokens("-4").unwrap_err();
+        assert!(err.contains("\"-4\""), "{err}");
+        assert!(parse_tokens("").is_err());
+    }
+}

@@ -1,0 +1,169 @@
+//! Throughput of the linear kernels against the machine's memory bandwidth.
+//!
+//! - read / copy bandwidth: a vectorized 2-thread sum and a `copy_from_slice` over 512 MiB;
+//! - matvec GB/s (weight bytes per second) per format and SIMD path, for 2048×2048 and
+//!   8192×2048, cycling through enough copies of the matrix (≥ 512 MiB) that every call reads
+//!   from DRAM, as decode does;
+//! - matmul GFLOP/s (2·rows·cols·tokens per second) at 64 and 512 tokens.
+//!
+//! `cargo bench -p spindle-kernels --bench matvec [-- FILTER]` runs the lines containing FILTER.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+use spindle_kernels::linear::{matmul_with, matvec_with};
+use spindle_kernels::{Isa, MatRef, QuantizedMatrix, Weights};
+
+const COLD_BYTES: usize = 512 << 20;
+
+/// Median seconds per call of `f`, run for about `budget`.
+fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < budget || samples.len() < 5 {
+        let t = Instant::now();
+        f();
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// One matrix in every format, as owned storage.
+struct Formats {
+    f32s: Vec<f32>,
+    bf16: Vec<u16>,
+    f16: Vec<u16>,
+    q8: QuantizedMatrix,
+    q4: QuantizedMatrix,
+}
+
+impl Formats {
+    fn new(rows: usize, cols: usize, seed: u64) -> Self {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let f32s: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.random_range(-0.05..0.05f32))
+            .collect();
+        Formats {
+            bf16: f32s.iter().map(|&v| (v.to_bits() >> 16) as u16).collect(),
+            f16: f32s
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect(),
+            q8: QuantizedMatrix::quantize(&f32s, rows, cols, false),
+            q4: QuantizedMatrix::quantize(&f32s, rows, cols, true),
+            f32s,
+        }
+    }
+
+    fn mat(&self, name: &str, rows: usize, cols: usize) -> MatRef<'_> {
+        match name {
+            "f32" => MatRef::new(Weights::F32(&self.f32s), rows, cols),
+            "bf16" => MatRef::new(Weights::Bf16(&self.bf16), rows, cols),
+            "f16" => MatRef::new(Weights::F16(&self.f16), rows, cols),
+            "q8" => self.q8.mat(),
+            _ => self.q4.mat(),
+        }
+    }
+}
+
+fn bandwidth(filter: &str) {
+    if !"bandwidth".contains(filter) {
+        return;
+    }
+    let n = COLD_BYTES / 4;
+    let src: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let mut dst = vec![0.0f32; n];
+    let read = time(Duration::from_secs(2), || {
+        let s: f32 = src.par_chunks(1 << 16).map(|c| c.iter().sum::<f32>()).sum();
+        black_box(s);
+    });
+    let copy = time(Duration::from_secs(2), || {
+        dst.par_chunks_mut(1 << 16)
+            .zip(src.par_chunks(1 << 16))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        black_box(&dst);
+    });
+    println!(
+        "bandwidth  read (sum, {} threads)        {:6.1} GB/s",
+        rayon::current_num_threads(),
+        COLD_BYTES as f64 / read / 1e9
+    );
+    println!(
+        "bandwidth  copy (read+write counted)   {:6.1} GB/s",
+        2.0 * COLD_BYTES as f64 / copy / 1e9
+    );
+}
+
+fn main() {
+    let filter = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .unwrap_or_default();
+    println!(
+        "threads {}, best path {:?}",
+        rayon::current_num_threads(),
+        Isa::best()
+    );
+    bandwidth(&filter);
+    let isas = Isa::all_available();
+    for (rows, cols) in [(2048usize, 2048usize), (8192, 2048)] {
+        // Enough distinct copies that the working set leaves the caches (measured with bf16).
+        let copies = (COLD_BYTES / (rows * cols * 2)).max(2);
+        let mats: Vec<Formats> = (0..copies)
+            .map(|i| Formats::new(rows, cols, i as u64))
+            .collect();
+        for name in ["f32", "bf16", "f16", "q8", "q4"] {
+            for &isa in &isas {
+                let line = format!("matvec {rows}x{cols} {name:>4} {isa:?}");
+                if !line.contains(&filter) {
+                    continue;
+                }
+                let x: Vec<f32> = (0..cols)
+                    .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                    .collect();
+                let mut y = vec![0.0f32; rows];
+                let mut i = 0;
+                let secs = time(Duration::from_millis(700), || {
+                    matvec_with(isa, &mats[i % copies].mat(name, rows, cols), &x, &mut y);
+                    black_box(&y);
+                    i += 1;
+                });
+                let bytes = mats[0].mat(name, rows, cols).size_bytes() as f64;
+                println!(
+                    "{line:<34} {:8.1} µs {:6.1} GB/s",
+                    secs * 1e6,
+                    bytes / secs / 1e9
+                );
+            }
+        }
+        for tokens in [64usize, 512] {
+            for name in ["f32", "bf16", "q8", "q4"] {
+                for &isa in &isas {
+                    let line = format!("matmul {rows}x{cols} t={tokens} {name:>4} {isa:?}");
+                    if !line.contains(&filter) || (isa == Isa::Scalar && tokens > 64) {
+                        continue;
+                    }
+                    let x: Vec<f32> = (0..tokens * cols)
+                        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                        .collect();
+                    let mut y = vec![0.0f32; rows * tokens];
+                    let w = mats[0].mat(name, rows, cols);
+                    let secs = time(Duration::from_millis(1500), || {
+                        matmul_with(isa, &w, &x, tokens, &mut y);
+                        black_box(&y);
+                    });
+                    let flops = 2.0 * (rows * cols * tokens) as f64;
+                    println!(
+                        "{line:<34} {:8.2} ms {:6.1} GFLOP/s",
+                        secs * 1e3,
+                        flops / secs / 1e9
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! AVX2 + FMA + F16C kernels. Callers reach them only through [`super::Isa::Avx2`] (or
+//! `Avx512`, a superset) after [`super::Isa::available`] confirmed the features.
+//!
+//! Quantized dots follow llama.cpp: `maddubs` multiplies unsigned by signed bytes, so Q8 uses
+//! the sign trick (|w| times x·sign(w)); Q4 codes are already unsigned and their −8 offset is
+//! folded out afterwards with the activations' scaled sums.
+
+use std::arch::x86_64::*;
+
+use crate::quant::{GROUP, Q4_GROUP_BYTES};
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// One f16 bit pattern to f32.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn half(bits: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// Σ w·x where `load(i)` gives weights `[i, i+8)` as f32 and `scalar(i)` weight i.
+macro_rules! dot_f32_body {
+    ($w:ident, $x:ident, $load:expr, $scalar:expr) => {{
+        assert_eq!($w.len(), $x.len());
+        let n = $w.len();
+        let (wp, xp) = ($w.as_ptr(), $x.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY: every load reads [i, i+8) with i + 8 <= n for both slices (unaligned loads).
+        unsafe {
+            while i + 32 <= n {
+                for (k, a) in acc.iter_mut().enumerate() {
+                    let j = i + 8 * k;
+                    *a = _mm256_fmadd_ps($load(wp.add(j)), _mm256_loadu_ps(xp.add(j)), *a);
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                acc[0] = _mm256_fmadd_ps($load(wp.add(i)), _mm256_loadu_ps(xp.add(i)), acc[0]);
+                i += 8;
+            }
+        }
+        let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut s = hsum(sum);
+        for j in i..n {
+            s += $scalar($w[j]) * $x[j];
+        }
+        s
+    }};
+}
+
+/// Eight bf16 values at `p` as f32 (the caller guarantees 16 readable bytes).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load_bf16(p: *const u16) -> __m256 {
+    let h = _mm_loadu_si128(p as *const __m128i);
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+}
+
+/// Eight f16 values at `p` as f32 (the caller guarantees 16 readable bytes).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn load_f16(p: *const u16) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    dot_f32_body!(w, x, _mm256_loadu_ps, |v: f32| v)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+    dot_f32_body!(w, x, load_bf16, crate::weights::bf16_to_f32)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
+    dot_f32_body!(w, x, load_f16, |v: u16| half::f16::from_bits(v).to_f32())
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q8(qs: &[i8], scales: &[u16], xq: &[i8], xd: &[f32], _xsd: &[f32]) -> f32 {
+    let groups = scales.len();
+    assert!(qs.len() == groups * GROUP && xq.len() == qs.len() && xd.len() == groups);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = _mm256_setzero_ps();
+    for g in 0..groups {
+        // SAFETY: group g covers bytes [32g, 32g+32) of qs and xq, in bounds by the assert.
+        let (w, x) = unsafe {
+            (
+                _mm256_loadu_si256(qs.as_ptr().add(g * GROUP) as *const __m256i),
+                _mm256_loadu_si256(xq.as_ptr().add(g * GROUP) as *const __m256i),
+            )
+        };
+        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        acc = _mm256_fmadd_ps(p, _mm256_set1_ps(half(scales[g]) * xd[g]), acc);
+    }
+    hsum(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_q4(qs: &[u8], scales: &[u16], xq: &[i8], xd: &[f32], xsd: &[f32]) -> f32 {
+    let groups = scales.len();
+    assert!(qs.len() == groups * Q4_GROUP_BYTES && xq.len() == groups * GROUP);
+    assert!(xd.len() == groups && xsd.len() == groups);
+    let (ones, low) = (_mm256_set1_epi16(1), _mm_set1_epi8(0x0F));
+    let mut acc = _mm256_setzero_ps();
+    let mut offset = 0.0f32;
+    for g in 0..groups {
+        // SAFETY: group g covers qs bytes [16g, 16g+16) and xq bytes [32g, 32g+32), in bounds.
+        let (b, x) = unsafe {
+            (
+                _mm_loadu_si128(qs.as_ptr().add(g * Q4_GROUP_BYTES) as *const __m128i),
+                _mm256_loadu_si256(xq.as_ptr().add(g * GROUP) as *const __m256i),
+            )
+        };
+        let w = _mm256_set_m128i(
+            _mm_and_si128(_mm_srli_epi16(b, 4), low),
+            _mm_and_si128(b, low),
+        );
+        let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+        let d = half(scales[g]);
+        acc = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xd[g]), acc);
+        offset += d * xsd[g];
+    }
+    hsum(acc) - 8.0 * offset
+}
+
+/// Tokens × rows per register tile (8 accumulators of 16 ymm registers).
+const MT: usize = 4;
+const MR: usize = 2;
+
+/// `out[r, t] = Σ_c w[r, c]·x[t, c]`: `x [tokens, cols]`, `w [rows, cols]`, `out [rows, tokens]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn gemm_block(x: &[f32], w: &[f32], cols: usize, out: &mut [f32]) {
+    let (tokens, rows) = (x.len() / cols, w.len() / cols);
+    assert!(x.len() == tokens * cols && w.len() == rows * cols && out.len() == rows * tokens);
+    let mut t0 = 0;
+    while t0 < tokens {
+        let mt = MT.min(tokens - t0);
+        let mut r0 = 0;
+        while r0 < rows {
+            let mr = MR.min(rows - r0);
+            match (mt, mr) {
+                (4, 2) => tile::<4, 2>(x, w, cols, t0, r0, tokens, out),
+                (3, 2) => tile::<3, 2>(x, w, cols, t0, r0, tokens, out),
+                (2, 2) => tile::<2, 2>(x, w, cols, t0, r0, tokens, out),
+                (1, 2) => tile::<1, 2>(x, w, cols, t0, r0, tokens, out),
+                (4, _) => tile::<4, 1>(x, w, cols, t0, r0, tokens, out),
+                (3, _) => tile::<3, 1>(x, w, cols, t0, r0, tokens, out),
+                (2, _) => tile::<2, 1>(x, w, cols, t0, r0, tokens, out),
+                _ => tile::<1, 1>(x, w, cols, t0, r0, tokens, out),
+            }
+            r0 += mr;
+        }
+        t0 += mt;
+    }
+}
+
+/// One `T × R` register tile of [`gemm_block`] at tokens `t0..`, rows `r0..`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile<const T: usize, const R: usize>(
+    x: &[f32],
+    w: &[f32],
+    cols: usize,
+    t0: usize,
+    r0: usize,
+    tokens: usize,
+    out: &mut [f32],
+) {
+    assert!((t0 + T) * cols <= x.len() && (r0 + R) * cols <= w.len());
+    let mut acc = [[_mm256_setzero_ps(); R]; T];
+    let main = cols / 8 * 8;
+    let mut c = 0;
+    while c < main {
+        // SAFETY: rows r0..r0+R and t0..t0+T are in bounds (assert) and c + 8 <= cols.
+        unsafe {
+            let wv: [__m256; R] =
+                std::array::from_fn(|r| _mm256_loadu_ps(w.as_ptr().add((r0 + r) * cols + c)));
+            for (t, a) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(x.as_ptr().add((t0 + t) * cols + c));
+                for r in 0..R {
+                    a[r] = _mm256_fmadd_ps(xv, wv[r], a[r]);
+                }
+            }
+        }
+        c += 8;
+    }
+    for t in 0..T {
+        for r in 0..R {
+            let (wr, xt) = (
+                &w[(r0 + r) * cols..(r0 + r + 1) * cols],
+                &x[(t0 + t) * cols..(t0 + t + 1) * cols],
+            );
+            let tail: f32 = wr[main..].iter().zip(&xt[main..]).map(|(a, b)| a * b).sum();
+            out[(r0 + r) * tokens + t0 + t] = hsum(acc[t][r]) + tail;
+        }
+    }
+}
