@@ -302,6 +302,7 @@ mod tests {
             ("ngram_vocab_size_base", 1000),
             ("split_ngram_parts", 2),
             ("vocab_size", 300),
+            ("eos_token_id", 1),
         ] {
             obj.insert(k.into(), json!(v));
         }

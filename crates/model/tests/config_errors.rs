@@ -330,3 +330,32 @@ fn text_config_that_is_not_an_object() {
 fn top_level_that_is_not_an_object() {
     refused(&json!([moe_config()]), &["top level"]);
 }
+
+#[test]
+fn absurd_sizes_are_refused_before_any_allocation() {
+    // No layer_types: the layer list would be built from num_hidden_layers alone.
+    let mut v = moe_config();
+    text_config(&mut v).remove("layer_types");
+    text_config(&mut v).insert("num_hidden_layers".into(), json!(u64::MAX));
+    refused(&v, &["num_hidden_layers", "larger than spindle accepts"]);
+    let mut v = moe_config();
+    text_config(&mut v).insert("head_dim".into(), json!(1u64 << 62));
+    refused(&v, &["head_dim", "larger than spindle accepts"]);
+}
+
+#[test]
+fn eos_ids_must_be_token_ids_in_the_vocabulary() {
+    let mut v = moe_config();
+    text_config(&mut v).insert("eos_token_id".into(), json!(4_294_967_297u64));
+    refused(&v, &["eos_token_id"]);
+    let mut v = moe_config();
+    text_config(&mut v).insert("eos_token_id".into(), json!([1, 512]));
+    refused(&v, &["eos_token_id 512", "vocab_size 512"]);
+}
+
+#[test]
+fn zero_context_is_refused() {
+    let mut v = moe_config();
+    text_config(&mut v).insert("max_position_embeddings".into(), json!(0));
+    refused(&v, &["max_position_embeddings = 0"]);
+}

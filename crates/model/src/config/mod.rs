@@ -191,15 +191,23 @@ impl<'a> Fields<'a> {
     }
 
     pub(super) fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
-                self.err(format!(
-                    "{}{key} = {v}: expected a non-negative integer",
-                    self.prefix
-                ))
-            }),
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let n = v.as_u64().ok_or_else(|| {
+            self.err(format!(
+                "{}{key} = {v}: expected a non-negative integer",
+                self.prefix
+            ))
+        })?;
+        let limit = size_limit(key);
+        if n > limit {
+            return Err(self.err(format!(
+                "{}{key} = {n}: larger than spindle accepts for this field ({limit})",
+                self.prefix
+            )));
         }
+        Ok(Some(n as usize))
     }
 
     pub(super) fn usize(&self, key: &str) -> Result<usize> {
@@ -262,6 +270,17 @@ impl<'a> Fields<'a> {
             .map(|x| x.as_u64().map(|n| n as usize).ok_or_else(bad))
             .collect::<Result<Vec<_>>>()
             .map(Some)
+    }
+}
+
+/// The largest value a size field may hold. Bounding every dimension keeps all shape products
+/// (at most three dimensions times an element size) far from overflowing `usize`.
+fn size_limit(key: &str) -> u64 {
+    match key {
+        "seed" => u64::MAX,
+        "ngram_vocab_size_base" => 1 << 40,
+        "vocab_size" | "max_position_embeddings" => 1 << 24,
+        _ => 1 << 20,
     }
 }
 
@@ -382,7 +401,20 @@ fn parse(value: &Value, path: &Path) -> Result<ModelConfig> {
         .or(f.opt_bool("tie_word_embeddings")?)
         .unwrap_or(false);
     let eos_token_ids = parse_eos(&f)?;
-    let max_position_embeddings = f.opt_usize("max_position_embeddings")?.unwrap_or(262_144);
+    if let Some(&bad) = eos_token_ids.iter().find(|&&id| id as usize >= vocab_size) {
+        return Err(config_err(format!(
+            "{prefix}eos_token_id {bad} is outside the vocabulary (vocab_size {vocab_size})"
+        )));
+    }
+    let max_position_embeddings = match f.opt_usize("max_position_embeddings")? {
+        Some(0) => {
+            return Err(config_err(format!(
+                "{prefix}max_position_embeddings = 0: must be positive"
+            )))
+        }
+        Some(n) => n,
+        None => 262_144,
+    };
     let extras = qwen4::parse(&f, family, &layers, &attention, &rope, &eos_token_ids)?;
 
     Ok(ModelConfig {
@@ -639,15 +671,19 @@ fn parse_eos(f: &Fields) -> Result<Vec<u32>> {
             .iter()
             .map(|v| {
                 v.as_u64()
-                    .map(|n| n as u32)
+                    .and_then(|n| u32::try_from(n).ok())
                     .ok_or_else(|| f.err(format!("{p}eos_token_id entry {v}: expected a token id")))
             })
             .collect(),
-        Some(v) => v.as_u64().map(|n| vec![n as u32]).ok_or_else(|| {
-            f.err(format!(
-                "{p}eos_token_id = {v}: expected a token id or a list of them"
-            ))
-        }),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(|n| vec![n])
+            .ok_or_else(|| {
+                f.err(format!(
+                    "{p}eos_token_id = {v}: expected a token id or a list of them"
+                ))
+            }),
     }
 }
 
