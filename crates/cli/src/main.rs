@@ -5,7 +5,13 @@ mod compare;
 mod device;
 mod inspect;
 mod logits;
+mod model_dir;
+mod run;
+mod sampling_args;
+mod synth;
+mod template;
 mod tensor_file;
+mod tokenize;
 
 use std::process::ExitCode;
 
@@ -28,6 +34,14 @@ enum Command {
     /// Describe a model from its config.json alone: family, layer kinds, shapes and parameter
     /// counts per class (total and active per token).
     Inspect(inspect::InspectArgs),
+    /// Generate text: one completion, or an interactive chat when no prompt is given.
+    Run(run::RunArgs),
+    /// Print the token ids (and pieces) of a text.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Print the prompt a chat template renders for a conversation.
+    Template(template::TemplateArgs),
+    /// Write a random-weight checkpoint with the shapes of a released model.
+    Synth(synth::SynthArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +55,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Logits(args) => logits::run(&args),
         Command::Inspect(args) => inspect::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Tokenize(args) => tokenize::run(&args),
+        Command::Template(args) => template::run(&args),
+        Command::Synth(args) => synth::run(&args),
     };
     match result {
         Ok(code) => code,

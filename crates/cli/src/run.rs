@@ -1,0 +1,204 @@
+//! `spindle run`: one completion, or an interactive chat when no prompt is given on a
+//! terminal. Text streams to stdout; timings go to stderr.
+
+use std::io::{BufRead, IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::{json, Map, Value};
+use spindle_runtime::{Completion, Conversation, Flow, GenerateOptions, Model, Prompt};
+
+use crate::device::Device;
+use crate::model_dir;
+use crate::sampling_args::SamplingArgs;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Model directory (Hugging Face checkpoint with tokenizer). Default: the embedded demo.
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+
+    /// The prompt. Omit it on a terminal for an interactive chat; omit it with piped input
+    /// to read the prompt from stdin.
+    pub prompt: Option<String>,
+
+    /// Send the prompt as plain text, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+
+    /// System message for the chat template.
+    #[arg(long)]
+    pub system: Option<String>,
+
+    /// Ask the model to think first (sets the template's enable_thinking / force_thinking).
+    #[arg(long, conflicts_with = "no_think")]
+    pub think: bool,
+
+    /// Ask the model to answer without thinking.
+    #[arg(long)]
+    pub no_think: bool,
+
+    /// The most tokens to generate per answer.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+
+    /// Stop when this text appears (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+
+    /// Backend to run on.
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
+
+    /// Print prompt and generation statistics to stderr after each answer (always on in
+    /// one-shot mode as one line).
+    #[arg(long)]
+    pub stats: bool,
+}
+
+impl RunArgs {
+    fn template_vars(&self) -> Map<String, Value> {
+        let mut vars = Map::new();
+        if self.think || self.no_think {
+            vars.insert("enable_thinking".into(), json!(self.think));
+            vars.insert("force_thinking".into(), json!(self.think));
+        }
+        vars
+    }
+
+    fn options(&self, model: &Model) -> GenerateOptions {
+        GenerateOptions {
+            sampling: self.sampling.apply(&model.defaults),
+            max_tokens: Some(self.max_tokens),
+            stop: self.stop.clone(),
+        }
+    }
+}
+
+fn load(args: &RunArgs) -> Result<Model> {
+    let dir = model_dir::resolve(args.model.as_ref())?;
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_message(format!("loading {}", dir.display()));
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let model = Model::load(&dir).with_context(|| format!("loading {}", dir.display()));
+    spinner.finish_and_clear();
+    model
+}
+
+fn print_stats(c: &Completion) {
+    eprintln!(
+        "\n[prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s | stop: {:?}]",
+        c.prompt_tokens,
+        c.prefill_tokens_per_s(),
+        c.completion_tokens(),
+        c.decode_tokens_per_s(),
+        c.finish
+    );
+}
+
+/// Streams deltas to stdout as they come.
+fn stdout_sink(stop: Option<Arc<AtomicBool>>) -> impl FnMut(&str) -> Flow {
+    move |text: &str| {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+        match &stop {
+            Some(flag) if flag.swap(false, Ordering::SeqCst) => Flow::Stop,
+            _ => Flow::Continue,
+        }
+    }
+}
+
+pub fn run(args: &RunArgs) -> Result<ExitCode> {
+    let Device::Cpu = args.device;
+    let prompt = match &args.prompt {
+        Some(p) => Some(p.clone()),
+        None if !std::io::stdin().is_terminal() => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .context("reading the prompt from stdin")?;
+            Some(text)
+        }
+        None => None,
+    };
+    let model = load(args)?;
+    match prompt {
+        Some(text) => one_shot(args, &model, text),
+        None => chat(args, &model),
+    }
+}
+
+fn one_shot(args: &RunArgs, model: &Model, text: String) -> Result<ExitCode> {
+    let prompt = if args.raw {
+        Prompt::Text(text)
+    } else {
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(json!({"role": "system", "content": system}));
+        }
+        messages.push(json!({"role": "user", "content": text}));
+        Prompt::Chat {
+            messages: Value::Array(messages),
+            tools: None,
+            vars: args.template_vars(),
+            add_generation_prompt: true,
+        }
+    };
+    let prepared = model.prepare(&prompt)?;
+    let mut session = model.engine.new_session();
+    let completion = model.generate(
+        &mut session,
+        &prepared.ids,
+        &args.options(model),
+        &mut stdout_sink(None),
+    )?;
+    println!();
+    print_stats(&completion);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn chat(args: &RunArgs, model: &Model) -> Result<ExitCode> {
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let flag = interrupted.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+        .context("installing the Ctrl-C handler")?;
+    let mut conversation = Conversation::new(model, args.system.as_deref(), args.template_vars());
+    eprintln!(
+        "spindle chat with {} (Ctrl-C stops an answer, Ctrl-D quits)",
+        model.dir.display()
+    );
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        interrupted.store(false, Ordering::SeqCst);
+        if stdin.lock().read_line(&mut line)? == 0 {
+            eprintln!();
+            return Ok(ExitCode::SUCCESS);
+        }
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let turn = conversation.turn(
+            model,
+            line,
+            &args.options(model),
+            &mut stdout_sink(Some(interrupted.clone())),
+        )?;
+        println!();
+        if args.stats {
+            print_stats(&turn.completion);
+            eprintln!("[context: {} tokens]", conversation.context_tokens());
+        }
+    }
+}
