@@ -5,6 +5,7 @@ mod compare;
 mod device;
 mod inspect;
 mod logits;
+mod serve;
 mod tensor_file;
 
 use std::process::ExitCode;
@@ -28,6 +29,9 @@ enum Command {
     /// Describe a model from its config.json alone: family, layer kinds, shapes and parameter
     /// counts per class (total and active per token).
     Inspect(inspect::InspectArgs),
+    /// Serve one model over an OpenAI-compatible HTTP API (/v1/chat/completions,
+    /// /v1/completions, /v1/models, /health, /metrics).
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Logits(args) => logits::run(&args),
         Command::Inspect(args) => inspect::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(code) => code,
