@@ -10,6 +10,7 @@ mod run;
 mod sampling_args;
 mod synth;
 mod template;
+mod serve;
 mod tensor_file;
 mod tokenize;
 
@@ -42,6 +43,9 @@ enum Command {
     Template(template::TemplateArgs),
     /// Write a random-weight checkpoint with the shapes of a released model.
     Synth(synth::SynthArgs),
+    /// Serve one model over an OpenAI-compatible HTTP API (/v1/chat/completions,
+    /// /v1/completions, /v1/models, /health, /metrics).
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +63,7 @@ fn main() -> ExitCode {
         Command::Tokenize(args) => tokenize::run(&args),
         Command::Template(args) => template::run(&args),
         Command::Synth(args) => synth::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,83 @@
+//! `spindle serve`: the OpenAI-compatible HTTP server (crates/server) on one model.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use spindle_server::{open_model, shutdown_signal, Server, ServerConfig};
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Model directory (a Hugging Face checkpoint or a spindle install). Without it, the
+    /// embedded demo model (random weights) is served.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Address to listen on. The default serves this machine only; use 0.0.0.0 to listen on
+    /// every interface (then set --api-key).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on; 0 picks a free one (the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every endpoint except /health. The
+    /// SPINDLE_API_KEY environment variable is used when this is not given (it keeps the key
+    /// out of the process list).
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Sessions generating at once.
+    #[arg(long, default_value_t = 1)]
+    parallel: usize,
+    /// Requests that may wait for a free session; beyond that the server answers 429.
+    #[arg(long, default_value_t = 16)]
+    queue: usize,
+    /// Largest request body in bytes; larger bodies get 413.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body_bytes: usize,
+    /// The model id /v1/models lists and responses carry (default: the directory's name, or
+    /// `spindle-demo`). Requests may name any model: the one model is served.
+    #[arg(long)]
+    model_id: Option<String>,
+    /// Seconds in-flight generations may run after SIGTERM/Ctrl-C before they are cancelled.
+    #[arg(long, default_value_t = 5.0)]
+    shutdown_grace: f64,
+}
+
+pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
+    let grace = Duration::try_from_secs_f64(args.shutdown_grace)
+        .context("--shutdown-grace must be a non-negative number of seconds")?;
+    let (model, id) = open_model(args.model.as_deref(), args.model_id.clone())?;
+    let config = ServerConfig {
+        api_key: args
+            .api_key
+            .clone()
+            .or_else(|| std::env::var("SPINDLE_API_KEY").ok()),
+        parallel: args.parallel,
+        queue: args.queue,
+        max_body_bytes: args.max_body_bytes,
+        shutdown_grace: grace,
+        ..ServerConfig::new(id.clone())
+    };
+    let server = Server::new(model, config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr().context("no local address")?;
+        println!("spindle serve: {id} on http://{local}/v1 (Ctrl-C to stop)");
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        server.serve(listener, shutdown_signal()).await?;
+        eprintln!("spindle serve: stopped");
+        anyhow::Ok(())
+    })?;
+    // Generation threads still finishing a cancelled step must not hold up the exit.
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    Ok(ExitCode::SUCCESS)
+}

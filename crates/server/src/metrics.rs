@@ -1,0 +1,159 @@
+//! Counters and gauges, rendered in the Prometheus text format at `/metrics`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use spindle_runtime::{Completion, Finish};
+
+use crate::queue::Scheduler;
+
+/// Where the expert-cache hit rate comes from. The expert streaming work implements this over
+/// its slot cache; until then every expert is resident and [`AllResident`] reports 1.0.
+pub trait ExpertCacheProbe: Send + Sync {
+    /// Hits over lookups since start, in [0, 1].
+    fn hit_rate(&self) -> f64;
+}
+
+/// Every expert in memory: every lookup hits.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AllResident;
+
+impl ExpertCacheProbe for AllResident {
+    fn hit_rate(&self) -> f64 {
+        1.0
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    /// (endpoint, HTTP status) -> requests answered.
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    prompt_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    cancelled: AtomicU64,
+    /// f64 bits of the last request's decode tokens/s.
+    last_decode_tps: AtomicU64,
+    /// f64 bits of the last request's prefill tokens/s.
+    last_prefill_tps: AtomicU64,
+}
+
+impl Metrics {
+    pub fn record_request(&self, endpoint: &str, status: u16) {
+        let mut map = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        *map.entry((endpoint.to_owned(), status)).or_default() += 1;
+    }
+
+    /// Counts one finished generation.
+    pub fn record_generation(&self, completion: &Completion) {
+        self.prompt_tokens
+            .fetch_add(completion.prompt_tokens as u64, Ordering::Relaxed);
+        self.generated_tokens
+            .fetch_add(completion.ids.len() as u64, Ordering::Relaxed);
+        if completion.finish == Finish::Cancelled {
+            self.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        self.last_prefill_tps.store(
+            completion.prefill_tokens_per_s().to_bits(),
+            Ordering::Relaxed,
+        );
+        if completion.ids.len() > 1 {
+            self.last_decode_tps.store(
+                completion.decode_tokens_per_s().to_bits(),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self, scheduler: &Scheduler, experts: &Arc<dyn ExpertCacheProbe>) -> String {
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        let plain = |v: String| vec![(String::new(), v)];
+        let requests: Vec<(String, String)> = self
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|((endpoint, status), n)| {
+                let labels = format!("{{endpoint=\"{endpoint}\",status=\"{status}\"}}");
+                (labels, n.to_string())
+            })
+            .collect();
+        metric(
+            "spindle_requests_total",
+            "counter",
+            "HTTP requests answered, by endpoint and status.",
+            &requests,
+        );
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
+        let load_f = |a: &AtomicU64| f64::from_bits(a.load(Ordering::Relaxed)).to_string();
+        metric(
+            "spindle_prompt_tokens_total",
+            "counter",
+            "Prompt tokens prefilled.",
+            &plain(load(&self.prompt_tokens)),
+        );
+        metric(
+            "spindle_generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            &plain(load(&self.generated_tokens)),
+        );
+        metric(
+            "spindle_cancelled_generations_total",
+            "counter",
+            "Generations stopped early (client disconnected or server shutting down).",
+            &plain(load(&self.cancelled)),
+        );
+        metric(
+            "spindle_decode_tokens_per_second",
+            "gauge",
+            "Decode speed of the last finished generation.",
+            &plain(load_f(&self.last_decode_tps)),
+        );
+        metric(
+            "spindle_prefill_tokens_per_second",
+            "gauge",
+            "Prefill speed of the last finished generation.",
+            &plain(load_f(&self.last_prefill_tps)),
+        );
+        metric(
+            "spindle_queue_depth",
+            "gauge",
+            "Requests waiting for a generation slot.",
+            &plain(scheduler.waiting().to_string()),
+        );
+        metric(
+            "spindle_queue_capacity",
+            "gauge",
+            "Requests that may wait for a slot (--queue).",
+            &plain(scheduler.queue_capacity().to_string()),
+        );
+        metric(
+            "spindle_active_sessions",
+            "gauge",
+            "Sessions generating now.",
+            &plain(scheduler.active().to_string()),
+        );
+        metric(
+            "spindle_parallel_sessions",
+            "gauge",
+            "Sessions that may generate at once (--parallel).",
+            &plain(scheduler.parallel().to_string()),
+        );
+        metric(
+            "spindle_expert_cache_hit_rate",
+            "gauge",
+            "Routed-expert lookups served from memory, over all lookups (1 when all resident).",
+            &plain(experts.hit_rate().to_string()),
+        );
+        out
+    }
+}

@@ -1,0 +1,616 @@
+//! Request bodies: the raw JSON shapes of OpenAI's API (serde structs, unknown fields ignored),
+//! parsed once at the edge into typed requests with every field checked. Every error names the
+//! field at fault in OpenAI's `param` (`messages[2].role`, `temperature`).
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use spindle_engine::sampling::SamplingParams;
+use spindle_runtime::GenerateOptions;
+
+use crate::error::ApiError;
+
+/// Fields shared by `/v1/chat/completions` and `/v1/completions`. `model` is not read: one
+/// model is served, whatever a request names.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawCommon {
+    pub stream: Option<bool>,
+    pub stream_options: Option<RawStreamOptions>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub seed: Option<i64>,
+    pub stop: Option<Value>,
+    pub n: Option<i64>,
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct RawStreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawChat {
+    pub messages: Vec<RawMessage>,
+    pub tools: Option<Vec<RawTool>>,
+    pub tool_choice: Option<Value>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    /// OpenAI's newer name for a system message.
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawMessage {
+    pub role: Role,
+    pub content: Option<Value>,
+    pub name: Option<String>,
+    pub tool_calls: Option<Vec<RawToolCall>>,
+    pub tool_call_id: Option<String>,
+    pub reasoning_content: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawToolCall {
+    pub id: Option<String>,
+    pub function: RawFunctionCall,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawFunctionCall {
+    pub name: String,
+    /// A JSON string (OpenAI) or an object.
+    pub arguments: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawTool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: RawFunctionDef,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawFunctionDef {
+    pub name: String,
+    pub description: Option<String>,
+    pub parameters: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawCompletion {
+    pub prompt: Value,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<i64>,
+}
+
+/// How to generate and how to answer, common to both endpoints.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub stream: bool,
+    pub include_usage: bool,
+    pub options: GenerateOptions,
+}
+
+/// A checked chat request: the messages and tools in the shape the chat template reads.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    pub generation: Generation,
+    pub messages: Value,
+    pub tools: Option<Value>,
+    pub vars: Map<String, Value>,
+}
+
+/// A checked completion request.
+#[derive(Debug, Clone)]
+pub struct CompletionRequest {
+    pub generation: Generation,
+    pub prompt: PromptInput,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// Deserializes `value` as `T`; a failure names the path of the field at fault.
+pub fn from_value<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        let message = e.inner().to_string();
+        let mut param = if path == "." { String::new() } else { path };
+        // A missing field is reported at its parent; name the field itself.
+        if let Some(field) = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.strip_suffix('`'))
+        {
+            param = if param.is_empty() {
+                field.to_owned()
+            } else {
+                format!("{param}.{field}")
+            };
+        }
+        let shown = if param.is_empty() { "request" } else { &param };
+        ApiError::invalid(param.clone(), format!("{shown}: {message}"))
+    })
+}
+
+/// Parses a request body, which must be a JSON object.
+pub fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::malformed(format!("the request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::malformed(
+            "the request body must be a JSON object",
+        ));
+    }
+    Ok(value)
+}
+
+impl RawCommon {
+    /// Checks every field and fills what is missing from the model's `defaults`.
+    pub fn check(&self, defaults: &SamplingParams) -> Result<Generation, ApiError> {
+        if let Some(n) = self.n.filter(|&n| n != 1) {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n is {n} but this server returns one choice per request: n must be 1"),
+            ));
+        }
+        let logprobs_on = match &self.logprobs {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+            Some(Value::Number(n)) => n.as_i64() != Some(0),
+            Some(_) => true,
+        };
+        if logprobs_on || self.top_logprobs.is_some_and(|n| n > 0) {
+            return Err(ApiError::invalid(
+                "logprobs",
+                "logprobs are not supported by this server",
+            ));
+        }
+        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(n), _) => Some(("max_completion_tokens", n)),
+            (None, Some(n)) => Some(("max_tokens", n)),
+            (None, None) => None,
+        };
+        let max_tokens = match max_tokens {
+            Some((field, n)) if n < 1 => {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("{field} is {n} but must be at least 1"),
+                ))
+            }
+            Some((_, n)) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            None => None,
+        };
+        let top_k = match self.top_k {
+            None => defaults.top_k,
+            Some(k) if k == -1 || k == 0 => 0,
+            Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("top_k is {k} but must be -1 or 0 (off) or a positive count"),
+                ))
+            }
+        };
+        let f = |v: Option<f64>, default: f32| v.map_or(default, |x| x as f32);
+        let sampling = SamplingParams {
+            temperature: f(self.temperature, defaults.temperature),
+            top_k,
+            top_p: f(self.top_p, defaults.top_p),
+            min_p: f(self.min_p, defaults.min_p),
+            repetition_penalty: f(self.repetition_penalty, defaults.repetition_penalty),
+            presence_penalty: f(self.presence_penalty, defaults.presence_penalty),
+            frequency_penalty: f(self.frequency_penalty, defaults.frequency_penalty),
+            // A negative seed is as good a seed as any: keep its bits.
+            seed: self.seed.map(|s| s as u64).or(defaults.seed),
+        };
+        sampling
+            .validate()
+            .map_err(|e| ApiError::invalid(e.field, e.to_string()))?;
+        Ok(Generation {
+            stream: self.stream.unwrap_or(false),
+            include_usage: self
+                .stream_options
+                .as_ref()
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
+            options: GenerateOptions {
+                sampling,
+                max_tokens,
+                stop: stop_strings(self.stop.as_ref())?,
+            },
+        })
+    }
+}
+
+/// `stop`: a string or a list of non-empty strings.
+fn stop_strings(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let bad = |message: &str| ApiError::invalid("stop", message.to_owned());
+    let list = match stop {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("stop must be a string or a list of strings"))?,
+        Some(_) => return Err(bad("stop must be a string or a list of strings")),
+    };
+    if list.iter().any(String::is_empty) {
+        return Err(bad("stop strings must not be empty"));
+    }
+    if list.len() > 16 {
+        return Err(bad("at most 16 stop strings are accepted"));
+    }
+    Ok(list)
+}
+
+impl RawCompletion {
+    pub fn check(&self, generation: Generation) -> Result<CompletionRequest, ApiError> {
+        if self.echo == Some(true) {
+            return Err(ApiError::invalid("echo", "echo is not supported"));
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::invalid("suffix", "suffix is not supported"));
+        }
+        if self.best_of.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid("best_of", "best_of must be 1"));
+        }
+        let bad = || {
+            ApiError::invalid(
+                "prompt",
+                "prompt must be a string, a list holding one string, or a list of token ids",
+            )
+        };
+        let prompt = match &self.prompt {
+            Value::String(s) => PromptInput::Text(s.clone()),
+            Value::Array(items) => match items.as_slice() {
+                [Value::String(s)] => PromptInput::Text(s.clone()),
+                [] => return Err(ApiError::invalid("prompt", "prompt must not be empty")),
+                _ => PromptInput::Tokens(
+                    items
+                        .iter()
+                        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(bad)?,
+                ),
+            },
+            _ => return Err(bad()),
+        };
+        if prompt == PromptInput::Text(String::new()) {
+            return Err(ApiError::invalid("prompt", "prompt must not be empty"));
+        }
+        Ok(CompletionRequest { generation, prompt })
+    }
+}
+
+impl RawChat {
+    pub fn check(self, generation: Generation) -> Result<ChatRequest, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid(
+                "messages",
+                "messages must hold at least one message",
+            ));
+        }
+        let messages = self
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| m.to_template(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tools = self.checked_tools()?;
+        Ok(ChatRequest {
+            generation,
+            messages: Value::Array(messages),
+            tools,
+            vars: self.chat_template_kwargs.unwrap_or_default(),
+        })
+    }
+
+    /// The tools the template sees, after `tool_choice`.
+    fn checked_tools(&self) -> Result<Option<Value>, ApiError> {
+        let tools = self.tools.as_deref().unwrap_or_default();
+        for (i, tool) in tools.iter().enumerate() {
+            if tool.kind != "function" {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}].type"),
+                    format!(
+                        "tool type {:?} is not supported: use \"function\"",
+                        tool.kind
+                    ),
+                ));
+            }
+            if tool.function.name.is_empty() {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}].function.name"),
+                    "a function needs a name",
+                ));
+            }
+        }
+        let as_json = |tools: &[&RawTool]| {
+            Value::Array(tools.iter().map(|t| tool_json(t)).collect::<Vec<_>>())
+        };
+        let all: Vec<&RawTool> = tools.iter().collect();
+        let bad = |message: String| ApiError::invalid("tool_choice", message);
+        let chosen = match &self.tool_choice {
+            None | Some(Value::Null) => all,
+            Some(Value::String(s)) if s == "auto" => all,
+            Some(Value::String(s)) if s == "none" => Vec::new(),
+            Some(Value::String(s)) if s == "required" => {
+                if all.is_empty() {
+                    return Err(bad("tool_choice is \"required\" but no tools are given".into()));
+                }
+                all
+            }
+            Some(Value::Object(o)) => {
+                let name = o
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        bad("a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}".into())
+                    })?;
+                let named: Vec<&RawTool> =
+                    all.into_iter().filter(|t| t.function.name == name).collect();
+                if named.is_empty() {
+                    return Err(bad(format!("tool_choice names {name:?}, which is not in tools")));
+                }
+                named
+            }
+            Some(other) => {
+                return Err(bad(format!(
+                    "tool_choice must be \"auto\", \"none\", \"required\" or a named function, not {other}"
+                )))
+            }
+        };
+        Ok((!chosen.is_empty()).then(|| as_json(&chosen)))
+    }
+}
+
+fn tool_json(tool: &RawTool) -> Value {
+    let f = &tool.function;
+    let mut function = Map::new();
+    function.insert("name".into(), Value::String(f.name.clone()));
+    if let Some(d) = &f.description {
+        function.insert("description".into(), Value::String(d.clone()));
+    }
+    if let Some(p) = &f.parameters {
+        function.insert("parameters".into(), p.clone());
+    }
+    serde_json::json!({"type": "function", "function": function})
+}
+
+impl RawMessage {
+    /// The message as the chat template reads it: text content, `developer` as `system`, tool
+    /// call arguments as objects.
+    fn to_template(&self, index: usize) -> Result<Value, ApiError> {
+        let at = |field: &str| format!("messages[{index}].{field}");
+        let content = content_text(self.content.as_ref(), &at("content"))?;
+        let role = match self.role {
+            Role::System | Role::Developer => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        };
+        let calls = self.tool_calls.as_deref().unwrap_or_default();
+        if content.is_none() && !(self.role == Role::Assistant && !calls.is_empty()) {
+            return Err(ApiError::invalid(
+                at("content"),
+                format!("a {role} message needs content"),
+            ));
+        }
+        if !calls.is_empty() && self.role != Role::Assistant {
+            return Err(ApiError::invalid(
+                at("tool_calls"),
+                "only assistant messages carry tool_calls",
+            ));
+        }
+        let mut m = Map::new();
+        m.insert("role".into(), Value::String(role.into()));
+        m.insert("content".into(), Value::String(content.unwrap_or_default()));
+        if let Some(name) = &self.name {
+            m.insert("name".into(), Value::String(name.clone()));
+        }
+        if let Some(r) = &self.reasoning_content {
+            m.insert("reasoning_content".into(), Value::String(r.clone()));
+        }
+        if let Some(id) = &self.tool_call_id {
+            m.insert("tool_call_id".into(), Value::String(id.clone()));
+        }
+        if !calls.is_empty() {
+            let calls = calls
+                .iter()
+                .enumerate()
+                .map(|(j, call)| {
+                    let param = at(&format!("tool_calls[{j}].function.arguments"));
+                    let arguments = call_arguments(call.function.arguments.as_ref(), &param)?;
+                    let mut c = serde_json::json!({
+                        "type": "function",
+                        "function": {"name": call.function.name, "arguments": arguments},
+                    });
+                    if let Some(id) = &call.id {
+                        c["id"] = Value::String(id.clone());
+                    }
+                    Ok(c)
+                })
+                .collect::<Result<Vec<_>, ApiError>>()?;
+            m.insert("tool_calls".into(), Value::Array(calls));
+        }
+        Ok(Value::Object(m))
+    }
+}
+
+/// Message content: a string, or a list of `{"type": "text", "text": ...}` parts joined.
+fn content_text(content: Option<&Value>, param: &str) -> Result<Option<String>, ApiError> {
+    match content {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (k, part) in parts.iter().enumerate() {
+                let kind = part.get("type").and_then(Value::as_str);
+                match (kind, part.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (Some(kind @ ("image_url" | "image" | "input_audio" | "video")), _) => {
+                        return Err(ApiError::invalid(
+                            format!("{param}[{k}]"),
+                            format!("{kind} content is not supported: this server reads text only"),
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::invalid(
+                            format!("{param}[{k}]"),
+                            "a content part must be {\"type\": \"text\", \"text\": \"...\"}",
+                        ))
+                    }
+                }
+            }
+            Ok(Some(text))
+        }
+        Some(_) => Err(ApiError::invalid(
+            param,
+            "content must be a string or a list of text parts",
+        )),
+    }
+}
+
+/// Tool call arguments for the template: an object, from a JSON string or an object.
+fn call_arguments(arguments: Option<&Value>, param: &str) -> Result<Value, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            param,
+            "arguments must be a JSON object (or a string holding one)",
+        )
+    };
+    match arguments {
+        None | Some(Value::Null) => Ok(Value::Object(Map::new())),
+        Some(Value::Object(o)) => Ok(Value::Object(o.clone())),
+        Some(Value::String(s)) if s.trim().is_empty() => Ok(Value::Object(Map::new())),
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+            Ok(v @ Value::Object(_)) => Ok(v),
+            _ => Err(bad()),
+        },
+        Some(_) => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chat(body: Value) -> Result<ChatRequest, ApiError> {
+        let common: RawCommon = from_value(&body)?;
+        let generation = common.check(&SamplingParams::default())?;
+        from_value::<RawChat>(&body)?.check(generation)
+    }
+
+    fn param(body: Value) -> Option<String> {
+        chat(body).unwrap_err().param
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let user = json!([{"role": "user", "content": "hi"}]);
+        assert_eq!(param(json!({})).as_deref(), Some("messages"));
+        assert_eq!(param(json!({"messages": []})).as_deref(), Some("messages"));
+        assert_eq!(
+            param(json!({"messages": [{"role": "robot", "content": "x"}]})).as_deref(),
+            Some("messages[0].role")
+        );
+        assert_eq!(
+            param(json!({"messages": [{"role": "user"}]})).as_deref(),
+            Some("messages[0].content")
+        );
+        assert_eq!(
+            param(json!({"messages": user, "temperature": "hot"})).as_deref(),
+            Some("temperature")
+        );
+        assert_eq!(
+            param(json!({"messages": user, "temperature": -1})).as_deref(),
+            Some("temperature")
+        );
+        assert_eq!(
+            param(json!({"messages": user, "max_tokens": -5})).as_deref(),
+            Some("max_tokens")
+        );
+        assert_eq!(
+            param(json!({"messages": user, "n": 2})).as_deref(),
+            Some("n")
+        );
+        assert_eq!(
+            param(json!({"messages": user, "stop": 3})).as_deref(),
+            Some("stop")
+        );
+        assert_eq!(
+            param(json!({"messages": user, "tool_choice": "required"})).as_deref(),
+            Some("tool_choice")
+        );
+    }
+
+    #[test]
+    fn defaults_fill_missing_fields_and_tool_choice_none_drops_tools() {
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+        let r = chat(json!({
+            "messages": [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+                         {"role": "user", "content": "hi"}],
+            "tools": tools, "tool_choice": "none", "stop": "x", "max_completion_tokens": 7,
+            "top_k": -1, "seed": 3
+        }))
+        .unwrap();
+        assert!(r.tools.is_none());
+        assert_eq!(
+            r.messages[0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        let o = &r.generation.options;
+        assert_eq!(
+            (o.max_tokens, o.stop.clone()),
+            (Some(7), vec!["x".to_owned()])
+        );
+        assert_eq!((o.sampling.top_k, o.sampling.seed), (0, Some(3)));
+        let auto = chat(json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools}));
+        assert_eq!(auto.unwrap().tools.unwrap()[0]["function"]["name"], "f");
+    }
+
+    #[test]
+    fn assistant_tool_call_arguments_become_objects() {
+        let r = chat(json!({"messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "21"}
+        ]}))
+        .unwrap();
+        assert_eq!(
+            r.messages[1]["tool_calls"][0]["function"]["arguments"],
+            json!({"city": "Paris"})
+        );
+        let bad = param(json!({"messages": [
+            {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1"}}]}
+        ]}));
+        assert_eq!(
+            bad.as_deref(),
+            Some("messages[0].tool_calls[0].function.arguments")
+        );
+    }
+}

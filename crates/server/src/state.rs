@@ -1,0 +1,26 @@
+//! What every handler shares: the model, the queue, the metrics and the server's options.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use spindle_runtime::Model;
+
+use crate::metrics::{ExpertCacheProbe, Metrics};
+use crate::queue::Scheduler;
+
+pub struct AppState {
+    pub model: Arc<Model>,
+    /// The id `/v1/models` lists and responses carry.
+    pub model_id: String,
+    /// When the server started (Unix seconds), for `/v1/models`.
+    pub created: u64,
+    pub scheduler: Arc<Scheduler>,
+    pub metrics: Metrics,
+    pub experts: Arc<dyn ExpertCacheProbe>,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    /// Set on shutdown: new generation requests get 503.
+    pub shutting_down: AtomicBool,
+    /// Set when in-flight generations must stop now (shutdown grace period over).
+    pub cancel_all: AtomicBool,
+}

@@ -1,0 +1,7 @@
+//! The OpenAI-compatible server end to end, over HTTP on a loopback port, on the embedded
+//! demo model (random weights: tests compare the server with itself, never with a text).
+
+mod api;
+mod common;
+mod errors;
+mod load;
