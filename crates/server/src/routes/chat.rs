@@ -170,3 +170,77 @@ impl ChunkFormatter for ChatChunks {
         chunks
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::{json, Value};
+    use spindle_runtime::Finish;
+
+    use super::*;
+
+    fn formatter(include_usage: bool) -> ChatChunks {
+        ChatChunks {
+            id: "chatcmpl-test".into(),
+            created: 1,
+            model: "m".into(),
+            include_usage,
+            parser: OutputParser::new(false),
+            tool_calls: 0,
+        }
+    }
+
+    #[test]
+    fn streamed_tool_calls_have_openai_delta_shape() {
+        let mut f = formatter(true);
+        let mut chunks = f.start();
+        let text =
+            "<think>\nplan\n</think>\n\nLet me check.\n\n<tool_call>\n<function=get_weather>\n\
+                    <parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
+        // Fed in small pieces, as a decode loop would.
+        for piece in text.as_bytes().chunks(5) {
+            chunks.extend(f.text(std::str::from_utf8(piece).unwrap()));
+        }
+        let completion = Completion {
+            text: text.into(),
+            ids: vec![1; 9],
+            finish: Finish::Eos(0),
+            prompt_tokens: 4,
+            prefill_time: Duration::ZERO,
+            decode_time: Duration::ZERO,
+        };
+        chunks.extend(f.finish(&completion));
+        let chunks: Vec<Value> = chunks
+            .iter()
+            .map(|c| serde_json::from_str(c).unwrap())
+            .collect();
+        assert_eq!(
+            chunks[0]["choices"][0]["delta"],
+            json!({"role": "assistant", "content": ""})
+        );
+        assert!(chunks[0]["usage"].is_null() && chunks[0].get("usage").is_some());
+        let deltas: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"].get(0))
+            .map(|c| &c["delta"])
+            .collect();
+        let field =
+            |name: &str| -> String { deltas.iter().filter_map(|d| d[name].as_str()).collect() };
+        assert_eq!(field("reasoning_content"), "plan");
+        assert_eq!(field("content"), "Let me check.");
+        let calls: Vec<&Value> = deltas.iter().filter_map(|d| d.get("tool_calls")).collect();
+        assert_eq!(calls.len(), 1);
+        let call = &calls[0][0];
+        assert_eq!(call["index"], 0);
+        assert_eq!(call["type"], "function");
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(call["function"]["name"], "get_weather");
+        assert_eq!(call["function"]["arguments"], "{\"city\":\"Paris\"}");
+        let n = chunks.len();
+        assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(chunks[n - 2]["choices"][0]["delta"], json!({}));
+        assert_eq!(chunks[n - 1]["choices"], json!([]));
+        assert_eq!(chunks[n - 1]["usage"]["total_tokens"], 13);
+    }
+}

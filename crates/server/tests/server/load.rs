@@ -25,7 +25,7 @@ async fn concurrent_clients_get_their_own_answer_or_429() {
     // What each prompt yields alone.
     let mut alone = BTreeMap::new();
     for prompt in PROMPTS {
-        let (status, body) = server.post("/v1/chat/completions", &chat(prompt, 48)).await;
+        let (status, body) = server.post("/v1/chat/completions", &chat(prompt, 64)).await;
         assert_eq!(status, 200, "{body}");
         alone.insert(prompt, body["choices"][0]["message"]["content"].clone());
     }
@@ -35,7 +35,7 @@ async fn concurrent_clients_get_their_own_answer_or_429() {
             let server = std::sync::Arc::clone(&server);
             let prompt = PROMPTS[i % PROMPTS.len()];
             tokio::spawn(async move {
-                let mut request = chat(prompt, 48);
+                let mut request = chat(prompt, 64);
                 if i % 2 == 1 {
                     request["stream"] = json!(true);
                     let (status, events) =
@@ -116,6 +116,13 @@ async fn concurrent_clients_get_their_own_answer_or_429() {
     std::sync::Arc::into_inner(server).unwrap().stop().await;
 }
 
+/// A streamed completion that cannot end early: a large negative presence penalty makes the
+/// prompt's tokens win every step, so no end-of-turn token is ever chosen.
+fn endless_stream() -> Value {
+    json!({"prompt": "Once upon a time", "max_tokens": 8000, "temperature": 0,
+           "presence_penalty": -100, "stream": true})
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disconnected_stream_cancels_its_generation_and_frees_the_slot() {
     let server = TestServer::start(|c| {
@@ -158,4 +165,26 @@ async fn a_disconnected_stream_cancels_its_generation_and_frees_the_slot() {
     let (status, body) = server.post("/v1/chat/completions", &chat("hi", 2)).await;
     assert_eq!(status, 200, "{body}");
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_in_flight_streams_after_the_grace_period() {
+    let server = TestServer::start(|c| c.shutdown_grace = Duration::ZERO).await;
+    let mut response = server
+        .client
+        .post(server.url("/v1/completions"))
+        .json(&endless_stream())
+        .send()
+        .await
+        .unwrap();
+    let first = response.chunk().await.unwrap().expect("a first chunk");
+    assert!(first.starts_with(b"data: {"));
+    let reading = tokio::spawn(async move { response.text().await.unwrap() });
+    server.stop().await;
+    let rest = tokio::time::timeout(Duration::from_secs(10), reading)
+        .await
+        .expect("the stream ends after shutdown")
+        .unwrap();
+    assert!(rest.ends_with("data: [DONE]\n\n"), "{rest}");
+    assert!(rest.contains("\"finish_reason\":\"abort\""), "{rest}");
 }
