@@ -50,6 +50,11 @@ impl Engine {
         &self.config
     }
 
+    /// Average bytes of weights one decode step reads (see [`weights::ModelWeights::bytes_per_token`]).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        self.weights.bytes_per_token(self.config.moe.as_ref().map_or(0, |m| m.top_k))
+    }
+
     pub fn new_session(&self) -> Session {
         Session::new(&self.config)
     }

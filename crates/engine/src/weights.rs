@@ -327,3 +327,65 @@ fn load_moe(
         shared_gate: Linear(ck.matrix(&t("shared_expert_gate.weight"), &[1, h])?),
     })
 }
+
+impl MlpWeights {
+    pub fn size_bytes(&self) -> usize {
+        self.gate.0.size_bytes() + self.up.0.size_bytes() + self.down.0.size_bytes()
+    }
+}
+
+impl ModelWeights {
+    /// Bytes of weights one decode step reads on average: every dense tensor, one embedding
+    /// row, the shared experts, and top-k of E routed experts per MoE layer (plus the PLE
+    /// table rows). This is the numerator of the decode roofline.
+    pub fn bytes_per_token(&self, top_k: usize) -> usize {
+        let linear = |l: &Linear| l.0.size_bytes();
+        let vec = |v: &Vec<f32>| v.len() * 4;
+        let hyper = |h: &crate::qwen4::HyperWeights| {
+            vec(&h.norm) + linear(&h.mix_down) + linear(&h.mix_up) + h.inject.as_ref().map_or(0, linear)
+        };
+        let mut total = linear(&self.embed) / self.embed.0.rows + linear(&self.lm_head);
+        total += match &self.head_input {
+            HeadInput::Norm(w) => vec(w),
+            HeadInput::HyperMixer(h) => hyper(h),
+        };
+        for layer in &self.layers {
+            total += match &layer.residual {
+                Residual::Norms { input, post } => vec(input) + vec(post),
+                Residual::Hyper { attn, mlp } => hyper(attn) + hyper(mlp),
+            };
+            if let Some(ple) = &layer.ple {
+                let heads = ple.hash.vocab_sizes.len();
+                let row = ple.table.shards[0].0.cols * ple.table.shards[0].0.dtype.size();
+                total += heads * row + linear(&ple.key_proj) + linear(&ple.value_proj) + vec(&ple.conv);
+            }
+            total += match &layer.mixer {
+                MixerWeights::Attention(a) => {
+                    linear(&a.q_proj)
+                        + linear(&a.k_proj)
+                        + linear(&a.v_proj)
+                        + linear(&a.o_proj)
+                        + a.indexer.as_ref().map_or(0, |i| linear(&i.qk_proj))
+                }
+                MixerWeights::Gdn(g) => {
+                    let proj = match &g.projection {
+                        GdnProjection::Fused { qkvz, ba } => linear(qkvz) + linear(ba),
+                        GdnProjection::Split { qkv, z, b, a } => linear(qkv) + linear(z) + linear(b) + linear(a),
+                    };
+                    proj + vec(&g.conv) + linear(&g.out_proj)
+                }
+            };
+            total += match &layer.ffn {
+                FfnWeights::Dense(m) => m.size_bytes(),
+                FfnWeights::Moe(m) => {
+                    let experts: usize = m.experts.iter().map(MlpWeights::size_bytes).sum();
+                    linear(&m.router)
+                        + m.shared.size_bytes()
+                        + linear(&m.shared_gate)
+                        + experts * top_k / m.experts.len().max(1)
+                }
+            };
+        }
+        total
+    }
+}

@@ -2,6 +2,7 @@
 //! generation defaults), the decode loop with sampling and streaming detokenization, and
 //! multi-turn conversations. The CLI and the server both drive generation through here.
 
+pub mod bench;
 pub mod conversation;
 pub mod demo;
 pub mod error;
