@@ -46,6 +46,9 @@ pub struct LogitsArgs {
     #[arg(long, default_value = "cpu")]
     pub device: Device,
 
+    #[command(flatten)]
+    pub load: crate::load_args::LoadArgs,
+
     /// Compare with a reference safetensors file: prints the max abs diff of each tensor
     /// present in both and fails when they disagree.
     #[arg(long, value_name = "FILE")]
@@ -100,7 +103,7 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
         );
     }
     let started = Instant::now();
-    let engine = Engine::load(&args.model)
+    let engine = Engine::load_with(&args.model, &args.load.options())
         .with_context(|| format!("cannot load the model at {}", args.model.display()))?;
     let config = engine.config();
     tracing::info!(

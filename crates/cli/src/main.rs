@@ -1,9 +1,11 @@
 //! `spindle`: the command-line front end. Each subcommand lives in its own module; this file
 //! only parses arguments, sets up logging and reports errors.
 
+mod bench;
 mod compare;
 mod device;
 mod inspect;
+mod load_args;
 mod logits;
 mod model_dir;
 mod run;
@@ -41,6 +43,8 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Print the prompt a chat template renders for a conversation.
     Template(template::TemplateArgs),
+    /// Measure prefill and decode speed against the memory-bandwidth roofline.
+    Bench(bench::BenchArgs),
     /// Write a random-weight checkpoint with the shapes of a released model.
     Synth(synth::SynthArgs),
     /// Serve one model over an OpenAI-compatible HTTP API (/v1/chat/completions,
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
         Command::Tokenize(args) => tokenize::run(&args),
         Command::Template(args) => template::run(&args),
         Command::Synth(args) => synth::run(&args),
+        Command::Bench(args) => bench::run(&args),
         Command::Serve(args) => serve::run(&args),
     };
     match result {

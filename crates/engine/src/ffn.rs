@@ -1,6 +1,7 @@
 //! Feed-forward blocks: the dense SwiGLU MLP and the routed mixture of experts with a shared
 //! expert (MODEL_MATH §1.6).
 
+use rayon::prelude::*;
 use spindle_kernels::activation::{sigmoid, swiglu_in_place};
 use spindle_kernels::softmax::{softmax_in_place, top_k};
 use spindle_model::MoeConfig;
@@ -51,31 +52,34 @@ pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: us
         row.iter_mut().for_each(|v| *v *= g);
     }
 
-    for (e, expert) in w.experts.iter().enumerate() {
-        // (token, weight) pairs routed to expert e, in token order.
-        let users: Vec<(usize, f32)> = routes
+    // (expert, [(token, weight)]) for every expert some token chose, in expert order.
+    let mut users: Vec<(usize, Vec<(usize, f32)>)> = Vec::new();
+    for (e, _) in w.experts.iter().enumerate() {
+        let chosen: Vec<(usize, f32)> = routes
             .iter()
             .enumerate()
-            .filter_map(|(t, r)| {
-                r.experts
-                    .iter()
-                    .position(|&x| x == e)
-                    .map(|j| (t, r.weights[j]))
-            })
+            .filter_map(|(t, r)| r.experts.iter().position(|&x| x == e).map(|j| (t, r.weights[j])))
             .collect();
-        if users.is_empty() {
-            continue;
+        if !chosen.is_empty() {
+            users.push((e, chosen));
         }
-        let mut xs = Vec::with_capacity(users.len() * hidden);
-        for &(t, _) in &users {
-            xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
-        }
-        let ys = mlp(expert, &xs, users.len());
-        for (i, &(t, weight)) in users.iter().enumerate() {
+    }
+    // The selected experts run in parallel; their outputs are added in expert order, so the
+    // result does not depend on scheduling.
+    let outputs: Vec<Vec<f32>> = users
+        .par_iter()
+        .map(|(e, chosen)| {
+            let mut xs = Vec::with_capacity(chosen.len() * hidden);
+            for &(t, _) in chosen {
+                xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+            }
+            mlp(&w.experts[*e], &xs, chosen.len())
+        })
+        .collect();
+    for ((_, chosen), ys) in users.iter().zip(&outputs) {
+        for (i, &(t, weight)) in chosen.iter().enumerate() {
             let dst = &mut out[t * hidden..(t + 1) * hidden];
-            dst.iter_mut()
-                .zip(&ys[i * hidden..(i + 1) * hidden])
-                .for_each(|(o, &y)| *o += weight * y);
+            dst.iter_mut().zip(&ys[i * hidden..(i + 1) * hidden]).for_each(|(o, &y)| *o += weight * y);
         }
     }
     out

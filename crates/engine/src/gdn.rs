@@ -1,7 +1,9 @@
 //! Gated DeltaNet linear attention (MODEL_MATH §1.5), token by token from the session state.
 
 use spindle_kernels::activation::{sigmoid, softplus};
+use rayon::prelude::*;
 use spindle_kernels::gdn::{causal_conv1d_silu, gdn_step, l2_normalize};
+use spindle_kernels::gdn_chunked::{gdn_chunked, ChunkScratch};
 use spindle_kernels::norm::{rms_norm_gated, GateActivation};
 use spindle_model::GdnConfig;
 
@@ -69,6 +71,7 @@ fn project(w: &GdnWeights, g: &GdnConfig, x: &[f32], tokens: usize) -> Projected
 }
 
 /// Runs `tokens` tokens through one GDN layer, updating `state`. `x` is `[tokens, H]`.
+/// One token (decode) takes the recurrent step; a prompt takes the chunked form.
 pub fn forward(
     w: &GdnWeights,
     g: &GdnConfig,
@@ -98,35 +101,67 @@ pub fn forward(
         &mut u,
     );
 
+    // Per token: l2-normalised q̂ (scaled by d_k^−½) and k̂ per key head, β and ln α per v-head.
     let q_scale = 1.0 / (dk as f32).sqrt();
     let decay_rate: Vec<f32> = w.a_log.iter().map(|a| -a.exp()).collect();
-    let mut o = vec![0.0f32; tokens * nv * dv];
-    let mut q = vec![0.0f32; nk * dk];
-    let mut k = vec![0.0f32; nk * dk];
+    let mut q = vec![0.0f32; tokens * nk * dk];
+    let mut k = vec![0.0f32; tokens * nk * dk];
+    let mut beta = vec![0.0f32; tokens * nv];
+    let mut log_alpha = vec![0.0f32; tokens * nv];
     for t in 0..tokens {
         let ut = &u[t * channels..][..channels];
-        q.copy_from_slice(&ut[..nk * dk]);
-        k.copy_from_slice(&ut[nk * dk..2 * nk * dk]);
-        for (qh, kh) in q.chunks_mut(dk).zip(k.chunks_mut(dk)) {
+        let (qt, kt) = (&mut q[t * nk * dk..][..nk * dk], &mut k[t * nk * dk..][..nk * dk]);
+        qt.copy_from_slice(&ut[..nk * dk]);
+        kt.copy_from_slice(&ut[nk * dk..2 * nk * dk]);
+        for (qh, kh) in qt.chunks_mut(dk).zip(kt.chunks_mut(dk)) {
             l2_normalize(qh, 1e-6, q_scale);
             l2_normalize(kh, 1e-6, 1.0);
         }
         for h in 0..nv {
+            beta[t * nv + h] = sigmoid(p.b[t * nv + h]);
+            log_alpha[t * nv + h] = decay_rate[h] * softplus(p.a[t * nv + h] + w.dt_bias[h]);
+        }
+    }
+
+    let mut o = vec![0.0f32; tokens * nv * dv];
+    if tokens == 1 {
+        for h in 0..nv {
             let kh = h / rho;
-            let beta = sigmoid(p.b[t * nv + h]);
-            let alpha = (decay_rate[h] * softplus(p.a[t * nv + h] + w.dt_bias[h])).exp();
-            let v = &ut[2 * nk * dk + h * dv..][..dv];
-            let oh = &mut o[(t * nv + h) * dv..][..dv];
+            let v = &u[2 * nk * dk + h * dv..][..dv];
             let s = &mut state.recurrent[h * dk * dv..][..dk * dv];
-            gdn_step(
-                s,
-                &q[kh * dk..][..dk],
-                &k[kh * dk..][..dk],
-                v,
-                alpha,
-                beta,
-                oh,
-            );
+            let oh = &mut o[h * dv..][..dv];
+            gdn_step(s, &q[kh * dk..][..dk], &k[kh * dk..][..dk], v, log_alpha[h].exp(), beta[h], oh);
+        }
+    } else {
+        // Prefill: the chunked delta rule per v-head, heads in parallel.
+        let per_head: Vec<Vec<f32>> = state
+            .recurrent
+            .par_chunks_mut(dk * dv)
+            .enumerate()
+            .map(|(h, s)| {
+                let kh = h / rho;
+                let gather = |src: &[f32], width: usize, heads: usize, head: usize, offset: usize| -> Vec<f32> {
+                    (0..tokens).flat_map(|t| src[t * heads * width + offset + head * width..][..width].to_vec()).collect()
+                };
+                let qh = gather(&q, dk, nk, kh, 0);
+                let kh_ = gather(&k, dk, nk, kh, 0);
+                let vh: Vec<f32> = (0..tokens).flat_map(|t| u[t * channels + 2 * nk * dk + h * dv..][..dv].to_vec()).collect();
+                let gh: Vec<f32> = (0..tokens).map(|t| log_alpha[t * nv + h]).collect();
+                let bh: Vec<f32> = (0..tokens).map(|t| beta[t * nv + h]).collect();
+                let mut out = vec![0.0f32; tokens * dv];
+                gdn_chunked(&mut ChunkScratch::default(), s, &qh, &kh_, &vh, &gh, &bh, &mut out);
+                out
+            })
+            .collect();
+        for (h, out) in per_head.iter().enumerate() {
+            for t in 0..tokens {
+                o[(t * nv + h) * dv..][..dv].copy_from_slice(&out[t * dv..][..dv]);
+            }
+        }
+    }
+    for t in 0..tokens {
+        for h in 0..nv {
+            let oh = &mut o[(t * nv + h) * dv..][..dv];
             rms_norm_gated(oh, &p.z[(t * nv + h) * dv..][..dv], &w.norm, eps, act);
         }
     }

@@ -15,11 +15,21 @@ use std::path::Path;
 
 use spindle_kernels::rope::RopeFreqs;
 use spindle_kernels::softmax::argmax;
+use spindle_model::quant::QuantFormat;
 use spindle_model::{Checkpoint, ModelConfig};
 
 pub use error::{EngineError, Result};
 pub use flow::LogitsFor;
 pub use session::Session;
+
+/// How to load a model.
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    /// Weight format of the large projections: as stored (bf16), or quantized on load.
+    pub quant: QuantFormat,
+    /// Called as projections are re-encoded: (done, total).
+    pub progress: Option<std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>>,
+}
 
 /// A loaded model, ready to run sessions.
 pub struct Engine {
@@ -34,9 +44,19 @@ impl Engine {
     /// Opens a Hugging Face checkpoint directory: validates `config.json`, maps the
     /// safetensors files and checks every tensor's shape.
     pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with(dir, &LoadOptions::default())
+    }
+
+    /// [`Engine::load`] with options (weight format).
+    pub fn load_with(dir: &Path, options: &LoadOptions) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
         let checkpoint = Checkpoint::open(dir)?;
-        let weights = weights::load(&checkpoint, &config)?;
+        let mut weights = weights::load(&checkpoint, &config)?;
+        weights.quantize(options.quant, &|done, total| {
+            if let Some(progress) = &options.progress {
+                progress(done, total)
+            }
+        });
         let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
         Ok(Engine {
             config,

@@ -1,37 +1,87 @@
 //! The checkpoint's tensors gathered per layer, with every shape checked against the config.
 //! Matrices stay in the memory map; only small vectors (norms, A_log, conv taps) are copied.
 
+use std::sync::Arc;
+
+use spindle_kernels::quant::QuantizedMatrix;
 use spindle_kernels::{MatRef, Weights};
+use spindle_model::quant::QuantFormat;
 use spindle_model::{
     Checkpoint, DType, ExpertLayout, FfnKind, Matrix, MixerKind, ModelConfig, Result, TensorNames,
 };
 
 use crate::qwen4::{self, HyperWeights, IndexerWeights, PleWeights};
 
-/// A linear layer y = x·Wᵀ with W `[out, in]`.
+/// A linear layer y = x·Wᵀ with W `[out, in]`: as stored in the checkpoint (memory-mapped)
+/// or quantized on load.
 #[derive(Clone, Debug)]
-pub struct Linear(pub Matrix);
+pub enum Linear {
+    Mapped(Matrix),
+    Quantized(Arc<QuantizedMatrix>),
+}
 
 impl Linear {
     pub fn mat(&self) -> MatRef<'_> {
-        let m = &self.0;
-        let weights = match m.dtype {
-            DType::Bf16 => Weights::Bf16(bytemuck::cast_slice(m.bytes())),
-            DType::F16 => Weights::F16(bytemuck::cast_slice(m.bytes())),
-            DType::F32 => Weights::F32(bytemuck::cast_slice(m.bytes())),
-        };
-        MatRef::new(weights, m.rows, m.cols)
+        match self {
+            Linear::Mapped(m) => {
+                let weights = match m.dtype {
+                    DType::Bf16 => Weights::Bf16(bytemuck::cast_slice(m.bytes())),
+                    DType::F16 => Weights::F16(bytemuck::cast_slice(m.bytes())),
+                    DType::F32 => Weights::F32(bytemuck::cast_slice(m.bytes())),
+                };
+                MatRef::new(weights, m.rows, m.cols)
+            }
+            Linear::Quantized(q) => q.mat(),
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        match self {
+            Linear::Mapped(m) => m.rows,
+            Linear::Quantized(q) => q.rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            Linear::Mapped(m) => m.cols,
+            Linear::Quantized(q) => q.cols,
+        }
     }
 
     pub fn out_features(&self) -> usize {
-        self.0.rows
+        self.rows()
+    }
+
+    /// Bytes of weights (codes and scales for quantized formats).
+    pub fn size_bytes(&self) -> usize {
+        self.mat().size_bytes()
     }
 
     /// `y [tokens, out] = x [tokens, in] · Wᵀ`.
     pub fn forward(&self, x: &[f32], tokens: usize) -> Vec<f32> {
-        let mut y = vec![0.0; tokens * self.0.rows];
+        let mut y = vec![0.0; tokens * self.rows()];
         spindle_kernels::linear::matmul(&self.mat(), x, tokens, &mut y);
         y
+    }
+
+    /// This layer in `format`; unchanged for bf16, or when the row length is not a whole
+    /// number of quantization groups.
+    pub fn quantized(&self, format: QuantFormat) -> Linear {
+        let q4 = match format {
+            QuantFormat::Bf16 => return self.clone(),
+            QuantFormat::Q8 => false,
+            QuantFormat::Q4 => true,
+        };
+        if !format.fits(self.cols()) || matches!(self, Linear::Quantized(_)) {
+            return self.clone();
+        }
+        let mat = self.mat();
+        let mut values = vec![0.0f32; mat.rows * mat.cols];
+        for (r, row) in values.chunks_mut(mat.cols).enumerate() {
+            mat.row_to_f32(r, row);
+        }
+        Linear::Quantized(Arc::new(QuantizedMatrix::quantize(&values, mat.rows, mat.cols, q4)))
     }
 }
 
@@ -136,11 +186,11 @@ pub fn load(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<ModelWeight
     let names = TensorNames::detect(checkpoint)?;
     let h = config.hidden_size;
     let embed =
-        Linear(checkpoint.matrix(&names.trunk("embed_tokens.weight"), &[config.vocab_size, h])?);
+        Linear::Mapped(checkpoint.matrix(&names.trunk("embed_tokens.weight"), &[config.vocab_size, h])?);
     let lm_head = if config.tie_word_embeddings {
         embed.clone()
     } else {
-        Linear(checkpoint.matrix("lm_head.weight", &[config.vocab_size, h])?)
+        Linear::Mapped(checkpoint.matrix("lm_head.weight", &[config.vocab_size, h])?)
     };
     let layers = (0..config.num_layers())
         .map(|i| load_layer(checkpoint, &names, config, i))
@@ -221,10 +271,10 @@ fn load_attention(
     let h = config.hidden_size;
     let t = |s: &str| names.layer(i, &format!("self_attn.{s}"));
     Ok(AttentionWeights {
-        q_proj: Linear(ck.matrix(&t("q_proj.weight"), &[a.num_heads * a.head_dim * 2, h])?),
-        k_proj: Linear(ck.matrix(&t("k_proj.weight"), &[a.num_kv_heads * a.head_dim, h])?),
-        v_proj: Linear(ck.matrix(&t("v_proj.weight"), &[a.num_kv_heads * a.head_dim, h])?),
-        o_proj: Linear(ck.matrix(&t("o_proj.weight"), &[h, a.num_heads * a.head_dim])?),
+        q_proj: Linear::Mapped(ck.matrix(&t("q_proj.weight"), &[a.num_heads * a.head_dim * 2, h])?),
+        k_proj: Linear::Mapped(ck.matrix(&t("k_proj.weight"), &[a.num_kv_heads * a.head_dim, h])?),
+        v_proj: Linear::Mapped(ck.matrix(&t("v_proj.weight"), &[a.num_kv_heads * a.head_dim, h])?),
+        o_proj: Linear::Mapped(ck.matrix(&t("o_proj.weight"), &[h, a.num_heads * a.head_dim])?),
         q_norm: ck.f32_values(&t("q_norm.weight"), &[a.head_dim])?,
         k_norm: ck.f32_values(&t("k_norm.weight"), &[a.head_dim])?,
         indexer: match &config.qsa {
@@ -252,15 +302,15 @@ fn load_gdn(
     let channels = g.conv_channels();
     let projection = if ck.contains(&t("in_proj_qkvz.weight")) {
         GdnProjection::Fused {
-            qkvz: Linear(ck.matrix(&t("in_proj_qkvz.weight"), &[2 * nk * dk + 2 * nv * dv, h])?),
-            ba: Linear(ck.matrix(&t("in_proj_ba.weight"), &[2 * nv, h])?),
+            qkvz: Linear::Mapped(ck.matrix(&t("in_proj_qkvz.weight"), &[2 * nk * dk + 2 * nv * dv, h])?),
+            ba: Linear::Mapped(ck.matrix(&t("in_proj_ba.weight"), &[2 * nv, h])?),
         }
     } else {
         GdnProjection::Split {
-            qkv: Linear(ck.matrix(&t("in_proj_qkv.weight"), &[channels, h])?),
-            z: Linear(ck.matrix(&t("in_proj_z.weight"), &[nv * dv, h])?),
-            b: Linear(ck.matrix(&t("in_proj_b.weight"), &[nv, h])?),
-            a: Linear(ck.matrix(&t("in_proj_a.weight"), &[nv, h])?),
+            qkv: Linear::Mapped(ck.matrix(&t("in_proj_qkv.weight"), &[channels, h])?),
+            z: Linear::Mapped(ck.matrix(&t("in_proj_z.weight"), &[nv * dv, h])?),
+            b: Linear::Mapped(ck.matrix(&t("in_proj_b.weight"), &[nv, h])?),
+            a: Linear::Mapped(ck.matrix(&t("in_proj_a.weight"), &[nv, h])?),
         }
     };
     Ok(GdnWeights {
@@ -269,7 +319,7 @@ fn load_gdn(
         a_log: ck.f32_values(&t("A_log"), &[nv])?,
         dt_bias: ck.f32_values(&t("dt_bias"), &[nv])?,
         norm: ck.f32_values(&t("norm.weight"), &[dv])?,
-        out_proj: Linear(ck.matrix(&t("out_proj.weight"), &[h, nv * dv])?),
+        out_proj: Linear::Mapped(ck.matrix(&t("out_proj.weight"), &[h, nv * dv])?),
     })
 }
 
@@ -280,9 +330,9 @@ fn load_mlp(
     inter: usize,
 ) -> Result<MlpWeights> {
     Ok(MlpWeights {
-        gate: Linear(ck.matrix(&name("gate_proj.weight"), &[inter, h])?),
-        up: Linear(ck.matrix(&name("up_proj.weight"), &[inter, h])?),
-        down: Linear(ck.matrix(&name("down_proj.weight"), &[h, inter])?),
+        gate: Linear::Mapped(ck.matrix(&name("gate_proj.weight"), &[inter, h])?),
+        up: Linear::Mapped(ck.matrix(&name("up_proj.weight"), &[inter, h])?),
+        down: Linear::Mapped(ck.matrix(&name("down_proj.weight"), &[h, inter])?),
     })
 }
 
@@ -308,15 +358,15 @@ fn load_moe(
             let down = ck.matrix(&t("experts.down_proj"), &[e_count, h, inter])?;
             (0..e_count)
                 .map(|e| MlpWeights {
-                    gate: Linear(gate_up.rows_slice(e * 2 * inter, inter)),
-                    up: Linear(gate_up.rows_slice(e * 2 * inter + inter, inter)),
-                    down: Linear(down.rows_slice(e * h, h)),
+                    gate: Linear::Mapped(gate_up.rows_slice(e * 2 * inter, inter)),
+                    up: Linear::Mapped(gate_up.rows_slice(e * 2 * inter + inter, inter)),
+                    down: Linear::Mapped(down.rows_slice(e * h, h)),
                 })
                 .collect()
         }
     };
     Ok(MoeWeights {
-        router: Linear(ck.matrix(&t("gate.weight"), &[e_count, h])?),
+        router: Linear::Mapped(ck.matrix(&t("gate.weight"), &[e_count, h])?),
         experts,
         shared: load_mlp(
             ck,
@@ -324,13 +374,13 @@ fn load_moe(
             h,
             moe.shared_intermediate,
         )?,
-        shared_gate: Linear(ck.matrix(&t("shared_expert_gate.weight"), &[1, h])?),
+        shared_gate: Linear::Mapped(ck.matrix(&t("shared_expert_gate.weight"), &[1, h])?),
     })
 }
 
 impl MlpWeights {
     pub fn size_bytes(&self) -> usize {
-        self.gate.0.size_bytes() + self.up.0.size_bytes() + self.down.0.size_bytes()
+        self.gate.size_bytes() + self.up.size_bytes() + self.down.size_bytes()
     }
 }
 
@@ -339,12 +389,12 @@ impl ModelWeights {
     /// row, the shared experts, and top-k of E routed experts per MoE layer (plus the PLE
     /// table rows). This is the numerator of the decode roofline.
     pub fn bytes_per_token(&self, top_k: usize) -> usize {
-        let linear = |l: &Linear| l.0.size_bytes();
+        let linear = |l: &Linear| l.size_bytes();
         let vec = |v: &Vec<f32>| v.len() * 4;
         let hyper = |h: &crate::qwen4::HyperWeights| {
             vec(&h.norm) + linear(&h.mix_down) + linear(&h.mix_up) + h.inject.as_ref().map_or(0, linear)
         };
-        let mut total = linear(&self.embed) / self.embed.0.rows + linear(&self.lm_head);
+        let mut total = linear(&self.embed) / self.embed.rows() + linear(&self.lm_head);
         total += match &self.head_input {
             HeadInput::Norm(w) => vec(w),
             HeadInput::HyperMixer(h) => hyper(h),
@@ -356,7 +406,7 @@ impl ModelWeights {
             };
             if let Some(ple) = &layer.ple {
                 let heads = ple.hash.vocab_sizes.len();
-                let row = ple.table.shards[0].0.cols * ple.table.shards[0].0.dtype.size();
+                let row = linear(&ple.table.shards[0]) / ple.table.shards[0].rows();
                 total += heads * row + linear(&ple.key_proj) + linear(&ple.value_proj) + vec(&ple.conv);
             }
             total += match &layer.mixer {
@@ -387,5 +437,51 @@ impl ModelWeights {
             };
         }
         total
+    }
+}
+
+impl ModelWeights {
+    /// Every large projection, for re-encoding. The embedding (read one row at a time), the
+    /// router and shared-expert gate (tiny, and routing decisions are sensitive), the
+    /// hyper-connection and PLE blocks and the n-gram table stay as stored.
+    fn projections_mut(&mut self) -> Vec<&mut Linear> {
+        let mut out: Vec<&mut Linear> = vec![&mut self.lm_head];
+        for layer in &mut self.layers {
+            match &mut layer.mixer {
+                MixerWeights::Attention(a) => out.extend([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj]),
+                MixerWeights::Gdn(g) => {
+                    match &mut g.projection {
+                        GdnProjection::Fused { qkvz, ba } => out.extend([qkvz, ba]),
+                        GdnProjection::Split { qkv, z, b, a } => out.extend([qkv, z, b, a]),
+                    }
+                    out.push(&mut g.out_proj);
+                }
+            }
+            match &mut layer.ffn {
+                FfnWeights::Dense(m) => out.extend([&mut m.gate, &mut m.up, &mut m.down]),
+                FfnWeights::Moe(m) => {
+                    out.extend([&mut m.shared.gate, &mut m.shared.up, &mut m.shared.down]);
+                    for e in &mut m.experts {
+                        out.extend([&mut e.gate, &mut e.up, &mut e.down]);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Re-encodes the projections in `format` (in parallel), calling `progress(done, total)`.
+    pub fn quantize(&mut self, format: QuantFormat, progress: &(dyn Fn(usize, usize) + Sync)) {
+        if format == QuantFormat::Bf16 {
+            return;
+        }
+        use rayon::prelude::*;
+        let mut targets = self.projections_mut();
+        let total = targets.len();
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        targets.par_iter_mut().for_each(|linear| {
+            **linear = linear.quantized(format);
+            progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, total);
+        });
     }
 }

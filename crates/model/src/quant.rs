@@ -21,8 +21,10 @@ use std::str::FromStr;
 pub const GROUP: usize = 32;
 
 /// How an install stores a class of weight matrices.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum QuantFormat {
+    /// As stored in the checkpoint (bf16 for every released checkpoint).
+    #[default]
     Bf16,
     Q8,
     Q4,

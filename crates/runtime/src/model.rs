@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 use spindle_engine::sampling::{GenerationConfigValues, SamplingParams};
-use spindle_engine::Engine;
+use spindle_engine::{Engine, LoadOptions};
 use spindle_text::{ChatTemplate, Tokenizer};
 
 use crate::error::{Result, RuntimeError};
@@ -52,7 +52,12 @@ pub struct Model {
 
 impl Model {
     pub fn load(dir: &Path) -> Result<Self> {
-        let engine = Engine::load(dir)?;
+        Self::load_with(dir, &LoadOptions::default())
+    }
+
+    /// [`Model::load`] with engine options (weight format).
+    pub fn load_with(dir: &Path, options: &LoadOptions) -> Result<Self> {
+        let engine = Engine::load_with(dir, options)?;
         let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
         let template = match ChatTemplate::from_dir(dir) {
             Ok(t) => Some(t),

@@ -31,16 +31,16 @@ pub fn load_hyper(
     let width = hc.streams * hidden;
     Ok(HyperWeights {
         norm: ck.f32_values(&format!("{prefix}.hc_norm.weight"), &[width])?,
-        mix_down: Linear(ck.matrix(
+        mix_down: Linear::Mapped(ck.matrix(
             &format!("{prefix}.input_mix_weight_down.weight"),
             &[hc.lowrank, width],
         )?),
-        mix_up: Linear(ck.matrix(
+        mix_up: Linear::Mapped(ck.matrix(
             &format!("{prefix}.input_mix_weight_up.weight"),
             &[width, hc.lowrank],
         )?),
         inject: if inject {
-            Some(Linear(ck.matrix(
+            Some(Linear::Mapped(ck.matrix(
                 &format!("{prefix}.block_inject_weight.weight"),
                 &[hc.streams, width],
             )?))
@@ -57,7 +57,7 @@ pub fn load_indexer(
     hidden: usize,
 ) -> Result<IndexerWeights> {
     Ok(IndexerWeights {
-        qk_proj: Linear(ck.matrix(
+        qk_proj: Linear::Mapped(ck.matrix(
             &format!("{prefix}.index_qk_proj.weight"),
             &[(qsa.n_heads + 1) * qsa.head_dim, hidden],
         )?),
@@ -108,7 +108,7 @@ pub fn load_ple(
     let head_dim = ple.head_dim();
     let table = if ck.contains(&t("ple_embedding.ngram_embedding.weight")) {
         NgramTable {
-            shards: vec![Linear(ck.matrix(
+            shards: vec![Linear::Mapped(ck.matrix(
                 &t("ple_embedding.ngram_embedding.weight"),
                 &[rows, head_dim],
             )?)],
@@ -128,7 +128,7 @@ pub fn load_ple(
         let shards = (0..ple.split_parts)
             .map(|k| {
                 let name = t(&format!("ple_embedding.ngram_embedding.shard_{k}.weight"));
-                ck.matrix(&name, &[shard_rows, head_dim]).map(Linear)
+                ck.matrix(&name, &[shard_rows, head_dim]).map(Linear::Mapped)
             })
             .collect::<Result<Vec<_>>>()?;
         NgramTable { shards, shard_rows }
@@ -136,8 +136,8 @@ pub fn load_ple(
     Ok(PleWeights {
         hash,
         table,
-        key_proj: Linear(ck.matrix(&t("key_proj.weight"), &[width, ple.embed_dim])?),
-        value_proj: Linear(ck.matrix(&t("value_proj.weight"), &[hidden, ple.embed_dim])?),
+        key_proj: Linear::Mapped(ck.matrix(&t("key_proj.weight"), &[width, ple.embed_dim])?),
+        value_proj: Linear::Mapped(ck.matrix(&t("value_proj.weight"), &[hidden, ple.embed_dim])?),
         norm_key: ck.f32_values(&t("norm_key.weight"), &[width])?,
         norm_query: ck.f32_values(&t("norm_query.weight"), &[width])?,
         norm_conv: ck.f32_values(&t("norm_conv.weight"), &[width])?,

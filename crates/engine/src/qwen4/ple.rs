@@ -66,7 +66,7 @@ pub fn add(
     let tokens = ids.len();
     let width = streams * hidden;
     let heads = w.hash.vocab_sizes.len();
-    let head_dim = w.key_proj.0.cols / heads;
+    let head_dim = w.key_proj.cols() / heads;
     let ple_dim = heads * head_dim;
 
     // Eng: one table row per head, in head order.
