@@ -78,7 +78,7 @@ fn every_path_matches_the_reference_for_every_format_and_batch() {
         for owned in formats(&mut rng, rows, cols) {
             let w = owned.mat(rows, cols);
             let quantized = owned.quant.is_some();
-            for tokens in [1, 2, 5, 16] {
+            for tokens in [1, 2, 5, 16, 33] {
                 let x = vec(&mut rng, tokens * cols, 1.0);
                 let mut exact = vec![0.0; tokens * rows];
                 matmul_ref(&w, &x, tokens, &mut exact);
@@ -87,7 +87,7 @@ fn every_path_matches_the_reference_for_every_format_and_batch() {
                     matmul_quantized_ref(&w, &x, tokens, &mut int8);
                 }
                 // Integer dots see int8 activations; the GEMM sees them in f32.
-                let reference = if quantized && tokens < GEMM_MIN_TOKENS {
+                let reference = if quantized && tokens < gemm_min_tokens(&w) {
                     &int8
                 } else {
                     &exact

@@ -18,13 +18,6 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// One f16 bit pattern to f32.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn half(bits: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-}
-
 /// Σ w·x where `load(i)` gives weights `[i, i+8)` as f32 and `scalar(i)` weight i.
 macro_rules! dot_f32_body {
     ($w:ident, $x:ident, $load:expr, $scalar:expr) => {{
@@ -32,7 +25,9 @@ macro_rules! dot_f32_body {
         let n = $w.len();
         let (wp, xp) = ($w.as_ptr(), $x.as_ptr());
         let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
+        // Peel up to 7 weights so the wide loads do not straddle cache lines.
+        let head = ((8 - (wp as usize / super::elem_size($w)) % 8) % 8).min(n);
+        let mut i = head;
         // SAFETY: every load reads [i, i+8) with i + 8 <= n for both slices (unaligned loads).
         unsafe {
             while i + 32 <= n {
@@ -49,6 +44,9 @@ macro_rules! dot_f32_body {
         }
         let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
         let mut s = hsum(sum);
+        for j in 0..head {
+            s += $scalar($w[j]) * $x[j];
+        }
         for j in i..n {
             s += $scalar($w[j]) * $x[j];
         }
@@ -86,13 +84,43 @@ pub(crate) fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
     dot_f32_body!(w, x, load_f16, |v: u16| half::f16::from_bits(v).to_f32())
 }
 
+/// The shared loop of the quantized dots, eight groups per step: `$group(g)` yields group g's
+/// 32 products summed pairwise into eight i32 lanes. Returns (Σ_g d_w·d_x·isum_g,
+/// Σ_g d_w·sd_g, groups done); the remaining `groups % 8` are left to the caller.
+macro_rules! quant_dot_body {
+    ($scales:ident, $xd:ident, $xsd:ident, $group:expr) => {{
+        let done = $scales.len() / 8 * 8;
+        let (mut acc, mut offset) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut g0 = 0;
+        while g0 < done {
+            // SAFETY: groups g0..g0+8 are in bounds of scales, xd and xsd (g0 + 8 <= groups).
+            let (dw, xd, xsd) = unsafe {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128($scales.as_ptr().add(g0) as *const __m128i)),
+                    _mm256_loadu_ps($xd.as_ptr().add(g0)),
+                    _mm256_loadu_ps($xsd.as_ptr().add(g0)),
+                )
+            };
+            let d = _mm256_mul_ps(dw, xd);
+            offset = _mm256_fmadd_ps(dw, xsd, offset);
+            for p in 0..8 {
+                let isum = _mm256_cvtepi32_ps($group(g0 + p));
+                let scale = _mm256_permutevar8x32_ps(d, _mm256_set1_epi32(p as i32));
+                acc = _mm256_fmadd_ps(isum, scale, acc);
+            }
+            g0 += 8;
+        }
+        (hsum(acc), hsum(offset), done)
+    }};
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn dot_q8(qs: &[i8], scales: &[u16], xq: &[i8], xd: &[f32], _xsd: &[f32]) -> f32 {
+pub(crate) fn dot_q8(qs: &[i8], scales: &[u16], xq: &[i8], xd: &[f32], xsd: &[f32]) -> f32 {
     let groups = scales.len();
-    assert!(qs.len() == groups * GROUP && xq.len() == qs.len() && xd.len() == groups);
+    assert!(qs.len() == groups * GROUP && xq.len() == qs.len());
+    assert!(xd.len() == groups && xsd.len() == groups);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = _mm256_setzero_ps();
-    for g in 0..groups {
+    let group = |g: usize| {
         // SAFETY: group g covers bytes [32g, 32g+32) of qs and xq, in bounds by the assert.
         let (w, x) = unsafe {
             (
@@ -100,11 +128,15 @@ pub(crate) fn dot_q8(qs: &[i8], scales: &[u16], xq: &[i8], xd: &[f32], _xsd: &[f
                 _mm256_loadu_si256(xq.as_ptr().add(g * GROUP) as *const __m256i),
             )
         };
-        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-        let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-        acc = _mm256_fmadd_ps(p, _mm256_set1_ps(half(scales[g]) * xd[g]), acc);
-    }
-    hsum(acc)
+        // |w| · (x·sign(w)) = w·x, with the unsigned operand ≤ 128 so maddubs cannot saturate.
+        _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
+            ones,
+        )
+    };
+    let (sum, _, done) = quant_dot_body!(scales, xd, xsd, group);
+    let a = done * GROUP;
+    sum + super::scalar::dot_q8(&qs[a..], &scales[done..], &xq[a..], &xd[done..], &[])
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -113,9 +145,7 @@ pub(crate) fn dot_q4(qs: &[u8], scales: &[u16], xq: &[i8], xd: &[f32], xsd: &[f3
     assert!(qs.len() == groups * Q4_GROUP_BYTES && xq.len() == groups * GROUP);
     assert!(xd.len() == groups && xsd.len() == groups);
     let (ones, low) = (_mm256_set1_epi16(1), _mm_set1_epi8(0x0F));
-    let mut acc = _mm256_setzero_ps();
-    let mut offset = 0.0f32;
-    for g in 0..groups {
+    let group = |g: usize| {
         // SAFETY: group g covers qs bytes [16g, 16g+16) and xq bytes [32g, 32g+32), in bounds.
         let (b, x) = unsafe {
             (
@@ -127,66 +157,92 @@ pub(crate) fn dot_q4(qs: &[u8], scales: &[u16], xq: &[i8], xd: &[f32], xsd: &[f3
             _mm_and_si128(_mm_srli_epi16(b, 4), low),
             _mm_and_si128(b, low),
         );
-        let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
-        let d = half(scales[g]);
-        acc = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xd[g]), acc);
-        offset += d * xsd[g];
-    }
-    hsum(acc) - 8.0 * offset
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones)
+    };
+    let (sum, offset, done) = quant_dot_body!(scales, xd, xsd, group);
+    let (a, b) = (done * GROUP, done * Q4_GROUP_BYTES);
+    let tail = super::scalar::dot_q4(&qs[b..], &scales[done..], &xq[a..], &xd[done..], &[]);
+    sum - 8.0 * offset + tail
 }
 
 /// Tokens × rows per register tile (8 accumulators of 16 ymm registers).
 const MT: usize = 4;
 const MR: usize = 2;
+/// Columns per pass: a tile's 2 weight rows and 4 token rows of this many f32 stay in L1.
+const KC: usize = 1024;
 
-/// `out[r, t] = Σ_c w[r, c]·x[t, c]`: `x [tokens, cols]`, `w [rows, cols]`, `out [rows, tokens]`.
+/// `out[r, t] += Σ_c w[r, c]·x[t, c]`: `x [tokens, cols]`, `w [rows, cols]`, `out [rows, tokens]`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn gemm_block(x: &[f32], w: &[f32], cols: usize, out: &mut [f32]) {
     let (tokens, rows) = (x.len() / cols, w.len() / cols);
     assert!(x.len() == tokens * cols && w.len() == rows * cols && out.len() == rows * tokens);
-    let mut t0 = 0;
-    while t0 < tokens {
-        let mt = MT.min(tokens - t0);
-        let mut r0 = 0;
-        while r0 < rows {
-            let mr = MR.min(rows - r0);
-            match (mt, mr) {
-                (4, 2) => tile::<4, 2>(x, w, cols, t0, r0, tokens, out),
-                (3, 2) => tile::<3, 2>(x, w, cols, t0, r0, tokens, out),
-                (2, 2) => tile::<2, 2>(x, w, cols, t0, r0, tokens, out),
-                (1, 2) => tile::<1, 2>(x, w, cols, t0, r0, tokens, out),
-                (4, _) => tile::<4, 1>(x, w, cols, t0, r0, tokens, out),
-                (3, _) => tile::<3, 1>(x, w, cols, t0, r0, tokens, out),
-                (2, _) => tile::<2, 1>(x, w, cols, t0, r0, tokens, out),
-                _ => tile::<1, 1>(x, w, cols, t0, r0, tokens, out),
+    for k0 in (0..cols).step_by(KC) {
+        let k1 = (k0 + KC).min(cols);
+        let mut t0 = 0;
+        while t0 < tokens {
+            let mt = MT.min(tokens - t0);
+            let mut r0 = 0;
+            while r0 < rows {
+                let at = Span {
+                    cols,
+                    tokens,
+                    t0,
+                    r0,
+                    k0,
+                    k1,
+                };
+                let full = rows - r0 >= MR;
+                match (mt, full) {
+                    (4, true) => tile::<4, MR>(x, w, at, out),
+                    (3, true) => tile::<3, MR>(x, w, at, out),
+                    (2, true) => tile::<2, MR>(x, w, at, out),
+                    (1, true) => tile::<1, MR>(x, w, at, out),
+                    (4, false) => tile::<4, 1>(x, w, at, out),
+                    (3, false) => tile::<3, 1>(x, w, at, out),
+                    (2, false) => tile::<2, 1>(x, w, at, out),
+                    _ => tile::<1, 1>(x, w, at, out),
+                }
+                r0 += if full { MR } else { 1 };
             }
-            r0 += mr;
+            t0 += mt;
         }
-        t0 += mt;
     }
 }
 
-/// One `T × R` register tile of [`gemm_block`] at tokens `t0..`, rows `r0..`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile<const T: usize, const R: usize>(
-    x: &[f32],
-    w: &[f32],
+/// Where a tile sits: tokens `t0..`, rows `r0..`, columns `k0..k1` of `cols`.
+#[derive(Clone, Copy)]
+struct Span {
     cols: usize,
+    tokens: usize,
     t0: usize,
     r0: usize,
-    tokens: usize,
-    out: &mut [f32],
-) {
-    assert!((t0 + T) * cols <= x.len() && (r0 + R) * cols <= w.len());
+    k0: usize,
+    k1: usize,
+}
+
+/// One `T × R` register tile of [`gemm_block`], added into `out`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile<const T: usize, const R: usize>(x: &[f32], w: &[f32], at: Span, out: &mut [f32]) {
+    let Span {
+        cols,
+        tokens,
+        t0,
+        r0,
+        k0,
+        k1,
+    } = at;
+    assert!((t0 + T) * cols <= x.len() && (r0 + R) * cols <= w.len() && k1 <= cols);
     let mut acc = [[_mm256_setzero_ps(); R]; T];
-    let main = cols / 8 * 8;
-    let mut c = 0;
+    let main = k0 + (k1 - k0) / 8 * 8;
+    let mut c = k0;
     while c < main {
-        // SAFETY: rows r0..r0+R and t0..t0+T are in bounds (assert) and c + 8 <= cols.
+        let mut wv = [_mm256_setzero_ps(); R];
+        // SAFETY: rows r0..r0+R and tokens t0..t0+T are in bounds (assert) and c + 8 <= cols.
         unsafe {
-            let wv: [__m256; R] =
-                std::array::from_fn(|r| _mm256_loadu_ps(w.as_ptr().add((r0 + r) * cols + c)));
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(w.as_ptr().add((r0 + r) * cols + c));
+            }
             for (t, a) in acc.iter_mut().enumerate() {
                 let xv = _mm256_loadu_ps(x.as_ptr().add((t0 + t) * cols + c));
                 for r in 0..R {
@@ -199,11 +255,11 @@ fn tile<const T: usize, const R: usize>(
     for t in 0..T {
         for r in 0..R {
             let (wr, xt) = (
-                &w[(r0 + r) * cols..(r0 + r + 1) * cols],
-                &x[(t0 + t) * cols..(t0 + t + 1) * cols],
+                &w[(r0 + r) * cols..][main..k1],
+                &x[(t0 + t) * cols..][main..k1],
             );
-            let tail: f32 = wr[main..].iter().zip(&xt[main..]).map(|(a, b)| a * b).sum();
-            out[(r0 + r) * tokens + t0 + t] = hsum(acc[t][r]) + tail;
+            let tail: f32 = wr.iter().zip(xt).map(|(a, b)| a * b).sum();
+            out[(r0 + r) * tokens + t0 + t] += hsum(acc[t][r]) + tail;
         }
     }
 }

@@ -32,7 +32,9 @@ macro_rules! dot_f32_body {
         let n = $w.len();
         let (wp, xp) = ($w.as_ptr(), $x.as_ptr());
         let mut acc = [_mm512_setzero_ps(); 4];
-        let mut i = 0;
+        // Peel up to 15 weights so the wide loads do not straddle cache lines.
+        let head = ((16 - (wp as usize / super::elem_size($w)) % 16) % 16).min(n);
+        let mut i = head;
         // SAFETY: every load reads [i, i+16) with i + 16 <= n for both slices (unaligned loads).
         unsafe {
             while i + 64 <= n {
@@ -49,6 +51,9 @@ macro_rules! dot_f32_body {
         }
         let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
         let mut s = _mm512_reduce_add_ps(sum);
+        for j in 0..head {
+            s += $scalar($w[j]) * $x[j];
+        }
         for j in i..n {
             s += $scalar($w[j]) * $x[j];
         }
@@ -161,50 +166,74 @@ pub(crate) fn dot_q4(qs: &[u8], scales: &[u16], xq: &[i8], xd: &[f32], xsd: &[f3
 /// Tokens × rows per register tile (16 of the 32 zmm registers accumulate).
 const MT: usize = 4;
 const MR: usize = 4;
+/// Columns per pass: a tile's 4 weight rows and 4 token rows of this many f32 stay in L1.
+const KC: usize = 1024;
 
-/// `out[r, t] = Σ_c w[r, c]·x[t, c]`: `x [tokens, cols]`, `w [rows, cols]`, `out [rows, tokens]`.
+/// `out[r, t] += Σ_c w[r, c]·x[t, c]`: `x [tokens, cols]`, `w [rows, cols]`, `out [rows, tokens]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn gemm_block(x: &[f32], w: &[f32], cols: usize, out: &mut [f32]) {
     let (tokens, rows) = (x.len() / cols, w.len() / cols);
     assert!(x.len() == tokens * cols && w.len() == rows * cols && out.len() == rows * tokens);
-    let mut t0 = 0;
-    while t0 < tokens {
-        let mt = MT.min(tokens - t0);
-        let mut r0 = 0;
-        while r0 < rows {
-            let mr = MR.min(rows - r0);
-            match (mt, mr) {
-                (4, 4) => tile::<4, 4>(x, w, cols, t0, r0, tokens, out),
-                (3, 4) => tile::<3, 4>(x, w, cols, t0, r0, tokens, out),
-                (2, 4) => tile::<2, 4>(x, w, cols, t0, r0, tokens, out),
-                (1, 4) => tile::<1, 4>(x, w, cols, t0, r0, tokens, out),
-                (4, _) => tile::<4, 1>(x, w, cols, t0, r0, tokens, out),
-                (3, _) => tile::<3, 1>(x, w, cols, t0, r0, tokens, out),
-                (2, _) => tile::<2, 1>(x, w, cols, t0, r0, tokens, out),
-                _ => tile::<1, 1>(x, w, cols, t0, r0, tokens, out),
+    for k0 in (0..cols).step_by(KC) {
+        let k1 = (k0 + KC).min(cols);
+        let mut t0 = 0;
+        while t0 < tokens {
+            let mt = MT.min(tokens - t0);
+            let mut r0 = 0;
+            while r0 < rows {
+                let at = Span {
+                    cols,
+                    tokens,
+                    t0,
+                    r0,
+                    k0,
+                    k1,
+                };
+                let full = rows - r0 >= MR;
+                match (mt, full) {
+                    (4, true) => tile::<4, MR>(x, w, at, out),
+                    (3, true) => tile::<3, MR>(x, w, at, out),
+                    (2, true) => tile::<2, MR>(x, w, at, out),
+                    (1, true) => tile::<1, MR>(x, w, at, out),
+                    (4, false) => tile::<4, 1>(x, w, at, out),
+                    (3, false) => tile::<3, 1>(x, w, at, out),
+                    (2, false) => tile::<2, 1>(x, w, at, out),
+                    _ => tile::<1, 1>(x, w, at, out),
+                }
+                r0 += if full { MR } else { 1 };
             }
-            r0 += if mr == MR { MR } else { 1 };
+            t0 += mt;
         }
-        t0 += mt;
     }
 }
 
-/// One `T × R` register tile of [`gemm_block`] at tokens `t0..`, rows `r0..`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-fn tile<const T: usize, const R: usize>(
-    x: &[f32],
-    w: &[f32],
+/// Where a tile sits: tokens `t0..`, rows `r0..`, columns `k0..k1` of `cols`.
+#[derive(Clone, Copy)]
+struct Span {
     cols: usize,
+    tokens: usize,
     t0: usize,
     r0: usize,
-    tokens: usize,
-    out: &mut [f32],
-) {
-    assert!((t0 + T) * cols <= x.len() && (r0 + R) * cols <= w.len());
+    k0: usize,
+    k1: usize,
+}
+
+/// One `T × R` register tile of [`gemm_block`], added into `out`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn tile<const T: usize, const R: usize>(x: &[f32], w: &[f32], at: Span, out: &mut [f32]) {
+    let Span {
+        cols,
+        tokens,
+        t0,
+        r0,
+        k0,
+        k1,
+    } = at;
+    assert!((t0 + T) * cols <= x.len() && (r0 + R) * cols <= w.len() && k1 <= cols);
     let mut acc = [[_mm512_setzero_ps(); R]; T];
-    let main = cols / 16 * 16;
-    let mut c = 0;
+    let main = k0 + (k1 - k0) / 16 * 16;
+    let mut c = k0;
     while c < main {
         let mut wv = [_mm512_setzero_ps(); R];
         // SAFETY: rows r0..r0+R and tokens t0..t0+T are in bounds (assert) and c + 16 <= cols.
@@ -224,11 +253,11 @@ fn tile<const T: usize, const R: usize>(
     for t in 0..T {
         for r in 0..R {
             let (wr, xt) = (
-                &w[(r0 + r) * cols..(r0 + r + 1) * cols],
-                &x[(t0 + t) * cols..(t0 + t + 1) * cols],
+                &w[(r0 + r) * cols..][main..k1],
+                &x[(t0 + t) * cols..][main..k1],
             );
-            let tail: f32 = wr[main..].iter().zip(&xt[main..]).map(|(a, b)| a * b).sum();
-            out[(r0 + r) * tokens + t0 + t] = _mm512_reduce_add_ps(acc[t][r]) + tail;
+            let tail: f32 = wr.iter().zip(xt).map(|(a, b)| a * b).sum();
+            out[(r0 + r) * tokens + t0 + t] += _mm512_reduce_add_ps(acc[t][r]) + tail;
         }
     }
 }

@@ -41,13 +41,13 @@ pub(crate) fn dot_q4(qs: &[u8], scales: &[u16], xq: &[i8], xd: &[f32], _xsd: &[f
     dot_q4_ref(qs, scales, xq, xd)
 }
 
-/// `out[r, t] = Σ_c w[r, c]·x[t, c]` for a block: `x [tokens, cols]`, `w [rows, cols]`,
+/// `out[r, t] += Σ_c w[r, c]·x[t, c]` for a block: `x [tokens, cols]`, `w [rows, cols]`,
 /// `out [rows, tokens]`.
 pub(crate) fn gemm_block(x: &[f32], w: &[f32], cols: usize, out: &mut [f32]) {
     let tokens = x.len() / cols;
     for (wr, o) in w.chunks_exact(cols).zip(out.chunks_exact_mut(tokens)) {
         for (xt, ot) in x.chunks_exact(cols).zip(o.iter_mut()) {
-            *ot = dot_f32(wr, xt);
+            *ot += dot_f32(wr, xt);
         }
     }
 }
