@@ -52,7 +52,7 @@ impl Checkpoint {
         if !single.exists() {
             return Err(ModelError::Io {
                 path: single,
-                source: std::io::Error::new(
+                error: std::io::Error::new(
                     std::io::ErrorKind::NotFound,
                     format!("no {SINGLE_FILE} or {INDEX_FILE} in this directory"),
                 ),
@@ -68,13 +68,13 @@ impl Checkpoint {
     }
 
     fn open_sharded(dir: &Path, index: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(index).map_err(|source| ModelError::Io {
+        let text = std::fs::read_to_string(index).map_err(|error| ModelError::Io {
             path: index.to_owned(),
-            source,
+            error,
         })?;
-        let value: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
+        let value: Value = serde_json::from_str(&text).map_err(|error| ModelError::Json {
             path: index.to_owned(),
-            source,
+            error,
         })?;
         let index_err = |message: String| ModelError::Index {
             path: index.to_owned(),
@@ -128,9 +128,9 @@ impl Checkpoint {
     }
 
     fn add_shard(&mut self, path: &Path) -> Result<()> {
-        let io_err = |source| ModelError::Io {
+        let io_err = |error| ModelError::Io {
             path: path.to_owned(),
-            source,
+            error,
         };
         let file = File::open(path).map_err(io_err)?;
         // SAFETY: the file is opened read-only and spindle never writes through the map.

@@ -192,9 +192,9 @@ pub fn write_checkpoint(
 ) -> Result<()> {
     let config_path = dir.join("config.json");
     let config = ModelConfig::from_json_str(&config_json.to_string(), &config_path)?;
-    std::fs::create_dir_all(dir).map_err(|source| ModelError::Io {
+    std::fs::create_dir_all(dir).map_err(|error| ModelError::Io {
         path: dir.to_owned(),
-        source,
+        error,
     })?;
     let tensors = checkpoint_tensors(&config, ExpertKeys::Fused);
 
@@ -255,9 +255,9 @@ pub fn write_checkpoint(
 
 pub fn write_json(path: &Path, value: &Value) -> Result<()> {
     let text = serde_json::to_string_pretty(value).expect("JSON values serialize");
-    std::fs::write(path, text + "\n").map_err(|source| ModelError::Io {
+    std::fs::write(path, text + "\n").map_err(|error| ModelError::Io {
         path: path.to_owned(),
-        source,
+        error,
     })
 }
 

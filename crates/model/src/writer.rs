@@ -39,9 +39,9 @@ fn dtype_name(d: SpecDtype) -> &'static str {
 }
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> ModelError + '_ {
-    move |source| ModelError::Io {
+    move |error| ModelError::Io {
         path: path.to_owned(),
-        source,
+        error,
     }
 }
 

@@ -149,18 +149,18 @@ impl ModelConfig {
     }
 
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| ModelError::Io {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         Self::from_json_str(&text, path)
     }
 
     /// Parses config text; `path` is only used in messages.
     pub fn from_json_str(text: &str, path: &Path) -> Result<Self> {
-        let value: Value = serde_json::from_str(text).map_err(|source| ModelError::Json {
+        let value: Value = serde_json::from_str(text).map_err(|error| ModelError::Json {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         parse(&value, path)
     }
