@@ -153,17 +153,11 @@ impl IntoResponse for ApiError {
 /// What starting the server can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("cannot open the model: {0}")]
+    /// The cause is the source (shown by `{:#}` and error reporters), not repeated here.
+    #[error("cannot open the model")]
     Model(#[from] RuntimeError),
 
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
-
-    #[error("the server failed: {0}")]
+    #[error("the server failed")]
     Serve(#[source] std::io::Error),
 
     #[error("{path}: the model directory has no name to serve it under; pass --model-id")]

@@ -412,7 +412,8 @@ impl RawMessage {
             Role::Tool => "tool",
         };
         let calls = self.tool_calls.as_deref().unwrap_or_default();
-        if content.is_none() && !(self.role == Role::Assistant && !calls.is_empty()) {
+        let calls_only = self.role == Role::Assistant && !calls.is_empty();
+        if content.is_none() && !calls_only {
             return Err(ApiError::invalid(
                 at("content"),
                 format!("a {role} message needs content"),

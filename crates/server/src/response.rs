@@ -76,8 +76,8 @@ impl AssistantMessage {
             .iter()
             .map(|c| ToolCallOut::new(c, None))
             .collect();
-        let content =
-            (!(parsed.content.is_empty() && !tool_calls.is_empty())).then_some(parsed.content);
+        let only_calls = parsed.content.is_empty() && !tool_calls.is_empty();
+        let content = (!only_calls).then_some(parsed.content);
         Self {
             role: "assistant",
             content,

@@ -31,6 +31,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(info::health))
         .route("/metrics", get(info::metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             require_api_key,
@@ -48,6 +49,18 @@ async fn not_found(request: Request) -> ApiError {
         request.method(),
         request.uri().path()
     ))
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError {
+        status: axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        code: Some("method_not_allowed"),
+        ..ApiError::not_found(format!(
+            "{} does not accept {}",
+            request.uri().path(),
+            request.method()
+        ))
+    }
 }
 
 /// Counts every answered request by endpoint (the route, never the raw path) and status.

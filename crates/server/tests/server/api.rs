@@ -22,7 +22,7 @@ async fn chat_completion_has_openai_shape_and_usage() {
     assert!(reason == "length" || reason == "stop", "{reason}");
     let usage = &body["usage"];
     let completion_tokens = usage["completion_tokens"].as_u64().unwrap();
-    assert!(completion_tokens >= 1 && completion_tokens <= 12);
+    assert!((1..=12).contains(&completion_tokens));
     if reason == "length" {
         assert_eq!(completion_tokens, 12);
     }

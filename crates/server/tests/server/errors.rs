@@ -190,5 +190,13 @@ async fn oversized_bodies_get_413_and_unknown_paths_404() {
         .unwrap();
     let status = r.status().as_u16();
     assert_error(status, &r.json().await.unwrap(), 404, None);
+    let r = server
+        .client
+        .get(server.url("/v1/chat/completions"))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    assert_error(status, &r.json().await.unwrap(), 405, None);
     server.stop().await;
 }
