@@ -1,0 +1,167 @@
+//! Gated full attention on the device (MODEL_MATH §1.4), with qwen4_exp's QSA selection.
+//!
+//! QSA (MODEL_MATH §4.4) is a host round-trip for now: the normed input goes back to the
+//! host, the CPU engine's indexer picks the attended tokens, and the lists come back.
+
+use spindle_engine::qwen4::qsa;
+use spindle_engine::weights::MixerWeights;
+use spindle_kernels::rope::RopeFreqs;
+use spindle_model::ModelConfig;
+
+use crate::device::{f, i, p, threads_for, DevBuf, Device};
+use crate::error::Result;
+use crate::linear::{linear, project};
+use crate::session::KvCache;
+use crate::weights::GpuAttention;
+
+/// What attention needs besides the layer's device weights.
+pub struct AttentionCtx<'a> {
+    pub config: &'a ModelConfig,
+    /// `rope_inv_freq` on the device (f64, r/2 values).
+    pub inv_freq: &'a DevBuf<f64>,
+    pub rope: &'a RopeFreqs,
+    /// The CPU weights of this layer (for the QSA indexer).
+    pub cpu: &'a MixerWeights,
+    pub eps: f32,
+}
+
+/// Grows the cache to hold at least `needed` tokens, keeping its contents.
+fn reserve(dev: &Device, cache: &mut KvCache, needed: usize, row: usize) -> Result<()> {
+    if needed <= cache.capacity {
+        return Ok(());
+    }
+    let capacity = needed.max(cache.capacity * 2).max(256);
+    let mut keys = dev.zeros(capacity * row)?;
+    let mut values = dev.zeros(capacity * row)?;
+    dev.copy(&cache.keys, &mut keys, cache.capacity * row)?;
+    dev.copy(&cache.values, &mut values, cache.capacity * row)?;
+    cache.keys = keys;
+    cache.values = values;
+    cache.capacity = capacity;
+    Ok(())
+}
+
+/// Runs `tokens` tokens at positions `start..` through one attention layer. `x` is the
+/// normed input `[tokens, H]`; returns `[tokens, H]`.
+pub fn forward(
+    dev: &Device,
+    ctx: &AttentionCtx,
+    w: &GpuAttention,
+    cache: &mut KvCache,
+    x: &DevBuf<f32>,
+    tokens: usize,
+    start: usize,
+) -> Result<DevBuf<f32>> {
+    let a = &ctx.config.attention;
+    let hidden = ctx.config.hidden_size;
+    let (n_h, n_kv, d) = (a.num_heads, a.num_kv_heads, a.head_dim);
+
+    let selection = select(dev, ctx, cache, x, tokens, start)?;
+
+    let qkv = project(dev, &w.qkv, x.ptr(), hidden, tokens)?;
+    reserve(dev, cache, start + tokens, n_kv * d)?;
+    let q = dev.zeros::<f32>(tokens * n_h * d)?;
+    let gate = dev.zeros::<f32>(tokens * n_h * d)?;
+    dev.launch(
+        "attn_prep",
+        (tokens as u32, (n_h + n_kv) as u32, 1),
+        threads_for(d),
+        (d * 4) as u32,
+        &[
+            p(qkv.ptr()),
+            i(w.qkv.rows),
+            p(w.q_norm.ptr()),
+            p(w.k_norm.ptr()),
+            p(ctx.inv_freq.ptr()),
+            i(ctx.config.rope.rotary_dim),
+            p(q.ptr()),
+            p(gate.ptr()),
+            p(cache.keys.ptr()),
+            p(cache.values.ptr()),
+            i(n_h),
+            i(n_kv),
+            i(d),
+            i(start),
+            f(ctx.eps),
+        ],
+    )?;
+
+    let out = dev.zeros::<f32>(tokens * n_h * d)?;
+    let (sel, counts, stride) = match &selection {
+        Some((sel, counts, stride)) => (sel.ptr(), counts.ptr(), *stride),
+        None => (0, 0, 0),
+    };
+    dev.launch(
+        "attn_decode",
+        (tokens as u32, n_h as u32, 1),
+        128,
+        0,
+        &[
+            p(q.ptr()),
+            p(gate.ptr()),
+            p(cache.keys.ptr()),
+            p(cache.values.ptr()),
+            p(sel),
+            p(counts),
+            i(stride),
+            p(out.ptr()),
+            i(n_h),
+            i(n_kv),
+            i(d),
+            i(start),
+            f(1.0 / (d as f32).sqrt()),
+        ],
+    )?;
+    let y = dev.zeros::<f32>(tokens * hidden)?;
+    linear(dev, &w.o_proj, out.ptr(), n_h * d, y.ptr(), hidden, tokens, false)?;
+    Ok(y)
+}
+
+/// Selected positions per token `[tokens, stride]` (i32), their counts, and the stride; `None`
+/// when every token attends to its whole causal prefix.
+type DeviceSelection = Option<(DevBuf<i32>, DevBuf<i32>, usize)>;
+
+fn select(
+    dev: &Device,
+    ctx: &AttentionCtx,
+    cache: &mut KvCache,
+    x: &DevBuf<f32>,
+    tokens: usize,
+    start: usize,
+) -> Result<DeviceSelection> {
+    let (MixerWeights::Attention(cpu), Some(cfg)) = (ctx.cpu, ctx.config.qsa.as_ref()) else {
+        return Ok(None);
+    };
+    let Some(indexer) = &cpu.indexer else {
+        return Ok(None);
+    };
+    let hidden = ctx.config.hidden_size;
+    let x_host = dev.download(x, 0, tokens * hidden)?;
+    let selection = qsa::select(
+        indexer,
+        cfg,
+        ctx.rope,
+        ctx.eps,
+        &mut cache.indexer,
+        &x_host,
+        tokens,
+        start,
+    );
+    if selection.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let lists: Vec<Vec<usize>> = selection
+        .into_iter()
+        .enumerate()
+        .map(|(t, s)| s.unwrap_or_else(|| (0..start + t + 1).collect()))
+        .collect();
+    let stride = lists.iter().map(Vec::len).max().unwrap_or(1).max(1);
+    let mut flat = vec![0i32; tokens * stride];
+    for (t, list) in lists.iter().enumerate() {
+        for (j, &pos) in list.iter().enumerate() {
+            flat[t * stride + j] = pos as i32;
+        }
+    }
+    let counts: Vec<i32> = lists.iter().map(|l| l.len() as i32).collect();
+    Ok(Some((dev.upload(&flat)?, dev.upload(&counts)?, stride)))
+}

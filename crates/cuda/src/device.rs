@@ -1,0 +1,320 @@
+//! The CUDA context, its stream, the NVRTC-compiled kernels and device buffers.
+//!
+//! Kernels are CUDA C (`kernels/*.cu`), compiled once per process and architecture by NVRTC
+//! and loaded as one module. Buffers are plain `cuMemAlloc(Async)` allocations; kernels take
+//! raw device addresses, so a buffer can be addressed at any element offset.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use crate::error::{CudaError, DriverContext, Result};
+
+/// The CUDA C sources, concatenated into one program.
+const SOURCES: [&str; 7] = [
+    include_str!("kernels/common.cuh"),
+    include_str!("kernels/linear.cu"),
+    include_str!("kernels/elementwise.cu"),
+    include_str!("kernels/moe.cu"),
+    include_str!("kernels/gdn.cu"),
+    include_str!("kernels/attention.cu"),
+    include_str!("kernels/qwen4.cu"),
+];
+
+/// Every `extern "C" __global__` function the sources define.
+const KERNELS: [&str; 19] = [
+    "matvec_bf16",
+    "gemm_bf16",
+    "embed_bf16",
+    "rms_norm_zc",
+    "add_in_place",
+    "swiglu",
+    "silu_scaled",
+    "scale_by_sigmoid",
+    "moe_route",
+    "moe_gate_up",
+    "moe_down",
+    "gdn_conv",
+    "gdn_recurrent",
+    "attn_prep",
+    "attn_decode",
+    "hc_mix",
+    "hc_inject",
+    "ple_gates",
+    "ple_conv",
+];
+
+/// PTX per architecture, compiled at most once per process.
+fn ptx_for(arch: &str) -> Result<String> {
+    static CACHE: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(ptx) = cache.get(arch) {
+        return Ok(ptx.clone());
+    }
+    let source = SOURCES.join("\n");
+    let opts = CompileOptions {
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        name: Some("spindle_kernels.cu".into()),
+        ..Default::default()
+    };
+    let started = std::time::Instant::now();
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| {
+        let log = match &e {
+            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                log.to_string_lossy().into_owned()
+            }
+            other => other.to_string(),
+        };
+        CudaError::Compile {
+            arch: arch.to_owned(),
+            log,
+        }
+    })?;
+    tracing::info!(arch, elapsed_ms = started.elapsed().as_millis() as u64, "compiled CUDA kernels");
+    let text = ptx.to_src();
+    cache.insert(arch.to_owned(), text.clone());
+    Ok(text)
+}
+
+/// A device allocation of `len` elements and its raw address.
+pub struct DevBuf<T> {
+    slice: CudaSlice<T>,
+    ptr: u64,
+    len: usize,
+}
+
+impl<T> DevBuf<T> {
+    /// The address of element 0.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The address of element `i`.
+    pub fn at(&self, i: usize) -> u64 {
+        debug_assert!(i <= self.len);
+        self.ptr + (i * std::mem::size_of::<T>()) as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A kernel argument: a device address, an `int` or a `float`.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    Ptr(u64),
+    Int(i32),
+    Float(f32),
+}
+
+pub fn p(addr: u64) -> Arg {
+    Arg::Ptr(addr)
+}
+
+/// An `int` argument (shapes, counts, offsets); they are checked to fit when the model loads.
+pub fn i(v: usize) -> Arg {
+    Arg::Int(v as i32)
+}
+
+pub fn f(v: f32) -> Arg {
+    Arg::Float(v)
+}
+
+/// One CUDA device: context, the stream every operation runs on, and the loaded kernels.
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: HashMap<&'static str, CudaFunction>,
+    name: String,
+    arch: String,
+}
+
+impl Device {
+    /// Opens device `ordinal`, compiling the kernels for its architecture. Fails with a
+    /// message naming CUDA when there is no driver, no NVRTC or no such device.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        // SAFETY: only tries to dlopen the driver library; cudarc panics later without it.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(CudaError::NoDriver);
+        }
+        // SAFETY: as above, for libnvrtc.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(CudaError::NoNvrtc);
+        }
+        cudarc::driver::result::init().during("initialising the CUDA driver (cuInit)")?;
+        let count = CudaContext::device_count().during("counting CUDA devices")? as usize;
+        if ordinal >= count {
+            return Err(CudaError::NoSuchDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).during("creating the CUDA context")?;
+        // One stream, ordered: the per-buffer events cudarc records are not needed.
+        // SAFETY: no buffer exists yet, and every operation runs on `stream`.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().during("creating a CUDA stream")?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .during("reading the compute capability")?;
+        let arch = format!("sm_{major}{minor}");
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let ptx = ptx_for(&arch)?;
+        let module = ctx
+            .load_module(Ptx::from_src(ptx))
+            .during("loading the compiled kernels")?;
+        let mut kernels = HashMap::new();
+        for name in KERNELS {
+            let func = module
+                .load_function(name)
+                .during(&format!("looking up kernel {name}"))?;
+            kernels.insert(name, func);
+        }
+        tracing::info!(ordinal, name = %name, arch = %arch, "CUDA device ready");
+        Ok(Device {
+            ctx,
+            stream,
+            kernels,
+            name,
+            arch,
+        })
+    }
+
+    /// e.g. "NVIDIA H200 (sm_90)".
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.name, self.arch)
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// `len` zeroed elements (at least one, so every buffer has an address).
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<DevBuf<T>> {
+        let slice = self
+            .stream
+            .alloc_zeros::<T>(len.max(1))
+            .during("allocating device memory")?;
+        let ptr = {
+            let (ptr, _sync) = slice.device_ptr(&self.stream);
+            ptr
+        };
+        Ok(DevBuf { slice, ptr, len })
+    }
+
+    /// A new buffer holding `data`.
+    pub fn upload<T: DeviceRepr + ValidAsZeroBits>(&self, data: &[T]) -> Result<DevBuf<T>> {
+        let mut buf = self.zeros::<T>(data.len())?;
+        self.write(&mut buf, 0, data)?;
+        Ok(buf)
+    }
+
+    /// Copies `data` into `buf[offset..]`.
+    pub fn write<T: DeviceRepr>(&self, buf: &mut DevBuf<T>, offset: usize, data: &[T]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut view = buf.slice.slice_mut(offset..offset + data.len());
+        self.stream
+            .memcpy_htod(data, &mut view)
+            .during("copying to the device")
+    }
+
+    /// Copies `buf[offset..offset + len]` to the host (waits for the stream).
+    pub fn download<T: DeviceRepr + Default + Clone>(
+        &self,
+        buf: &DevBuf<T>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); len];
+        if len > 0 {
+            let view = buf.slice.slice(offset..offset + len);
+            self.stream
+                .memcpy_dtoh(&view, &mut out)
+                .during("copying from the device")?;
+        }
+        self.sync()?;
+        Ok(out)
+    }
+
+    /// Copies the first `len` elements of `src` into `dst`.
+    pub fn copy<T>(&self, src: &DevBuf<T>, dst: &mut DevBuf<T>, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let from = src.slice.slice(0..len);
+        let mut to = dst.slice.slice_mut(0..len);
+        self.stream
+            .memcpy_dtod(&from, &mut to)
+            .during("copying on the device")
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().during("waiting for the GPU")
+    }
+
+    /// Launches kernel `name` on the stream.
+    pub fn launch(
+        &self,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared_bytes: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let func = self
+            .kernels
+            .get(name)
+            .unwrap_or_else(|| panic!("kernel {name} is not in KERNELS"));
+        // Each argument in an 8-byte slot; 4-byte values sit in the low half (little endian).
+        let mut slots: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Ptr(v) => v,
+                Arg::Int(v) => v as u32 as u64,
+                Arg::Float(v) => v.to_bits() as u64,
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: the argument list matches the kernel's signature (each call site mirrors the
+        // CUDA declaration), and every address points into a live buffer of the right size.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                func.cu_function(),
+                grid,
+                (block, 1, 1),
+                shared_bytes,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .during(&format!("launching kernel {name}"))
+    }
+
+    /// A grid-stride elementwise launch over `n` elements.
+    pub fn launch_elementwise(&self, name: &'static str, n: usize, args: &[Arg]) -> Result<()> {
+        let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
+        self.launch(name, (blocks, 1, 1), 256, 0, args)
+    }
+}
+
+/// Threads for a block that covers `n` elements (a multiple of 32, at most 1024).
+pub fn threads_for(n: usize) -> u32 {
+    n.next_multiple_of(32).clamp(32, 1024) as u32
+}

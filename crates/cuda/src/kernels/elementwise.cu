@@ -1,0 +1,64 @@
+// Embedding, norms and small elementwise steps.
+
+// h[t, s·H + i] = E[ids[t], i] for every stream s.
+extern "C" __global__ void embed_bf16(const bf16_t* __restrict__ E, const int* __restrict__ ids,
+                                      float* __restrict__ h, int T, int hidden, int streams) {
+    size_t n = (size_t)T * streams * hidden;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        int i = e % hidden;
+        int t = e / ((size_t)streams * hidden);
+        h[e] = bf16_to_f32(E[(size_t)ids[t] * hidden + i]);
+    }
+}
+
+// Zero-centred RMSNorm (MODEL_MATH §1.1), grouped: block (t, g) normalises
+// x[t·ldx + g·group .. +group] and multiplies by (1 + w[g·group + i]).
+extern "C" __global__ void rms_norm_zc(const float* __restrict__ x, int ldx, float* __restrict__ y,
+                                       int ldy, const float* __restrict__ w, int group, float eps) {
+    __shared__ float red[33];
+    int t = blockIdx.x, g = blockIdx.y;
+    const float* xr = x + (size_t)t * ldx + (size_t)g * group;
+    float* yr = y + (size_t)t * ldy + (size_t)g * group;
+    const float* wr = w + (size_t)g * group;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < group; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    float s = rsqrtf(ss / group + eps);
+    for (int i = threadIdx.x; i < group; i += blockDim.x) yr[i] = xr[i] * s * (1.0f + wr[i]);
+}
+
+// y[i] += x[i].
+extern "C" __global__ void add_in_place(float* __restrict__ y, const float* __restrict__ x, int n) {
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) y[e] += x[e];
+}
+
+// out[t, i] = silu(in[t·ld + gate_off + i]) · in[t·ld + up_off + i], i < n.
+extern "C" __global__ void swiglu(const float* __restrict__ in, int ld, int gate_off, int up_off,
+                                  float* __restrict__ out, int T, int n) {
+    int total = T * n;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+        int t = e / n, i = e % n;
+        const float* row = in + (size_t)t * ld;
+        out[e] = silu_f(row[gate_off + i]) * row[up_off + i];
+    }
+}
+
+// out[t, i] = silu(in[t·ld + i] · scale), i < n.
+extern "C" __global__ void silu_scaled(const float* __restrict__ in, int ld, float scale,
+                                       float* __restrict__ out, int T, int n) {
+    int total = T * n;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+        int t = e / n, i = e % n;
+        out[e] = silu_f(in[(size_t)t * ld + i] * scale);
+    }
+}
+
+// y[t, i] *= sigmoid(gate[t·ld]) (the shared expert's gate).
+extern "C" __global__ void scale_by_sigmoid(float* __restrict__ y, const float* __restrict__ gate,
+                                            int ld, int T, int n) {
+    int total = T * n;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+        int t = e / n;
+        y[e] *= sigmoid_f(gate[(size_t)t * ld]);
+    }
+}

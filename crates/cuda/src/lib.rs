@@ -1,0 +1,182 @@
+//! spindle's CUDA backend: the model flow of `spindle_engine` run on one NVIDIA GPU.
+//!
+//! Weights are uploaded once (bf16, resident in VRAM); activations and sequence state are f32
+//! on the device. Kernels are CUDA C compiled at run time by NVRTC for the device's
+//! architecture, so building this crate needs no CUDA toolkit, and a machine without a driver
+//! gets a clear error from [`CudaEngine::load`] instead of a crash.
+//!
+//! Host round-trips that remain: QSA block selection (qwen4_exp) runs on the CPU from the
+//! attention input, and PLE n-gram rows are gathered from the host-resident table.
+
+mod attention;
+mod device;
+mod error;
+mod ffn;
+mod flow;
+mod gdn;
+mod linear;
+mod qwen4;
+mod session;
+mod weights;
+
+use std::path::Path;
+
+use spindle_engine::weights::ModelWeights;
+use spindle_engine::{EngineError, GreedyRun, LogitsFor};
+use spindle_kernels::rope::RopeFreqs;
+use spindle_kernels::softmax::argmax;
+use spindle_model::{Checkpoint, ModelConfig};
+
+pub use device::Device;
+pub use error::{CudaError, Result};
+pub use session::CudaSession;
+
+/// Prefill runs in pieces of at most this many tokens (grid-dimension limits of the MoE
+/// kernels; the result is the same as one pass).
+const MAX_CHUNK: usize = 4096;
+
+/// A model loaded onto one CUDA device.
+pub struct CudaEngine {
+    dev: Device,
+    config: ModelConfig,
+    gpu: weights::GpuModel,
+    /// The CPU view of the weights: the QSA indexer and the PLE table are used from here.
+    cpu: ModelWeights,
+    rope: RopeFreqs,
+    /// RoPE inverse frequencies (f64) on the device.
+    inv_freq: device::DevBuf<f64>,
+    /// Kept alive for the memory maps `cpu` points into.
+    _checkpoint: Checkpoint,
+}
+
+impl CudaEngine {
+    /// Opens CUDA device `ordinal`, reads and validates the checkpoint in `dir` and uploads its
+    /// weights.
+    pub fn load(dir: &Path, ordinal: usize) -> Result<Self> {
+        let dev = Device::open(ordinal)?;
+        let config = ModelConfig::from_dir(dir)?;
+        check_supported(&config)?;
+        let checkpoint = Checkpoint::open(dir)?;
+        let cpu = spindle_engine::weights::load(&checkpoint, &config)?;
+        let started = std::time::Instant::now();
+        let gpu = weights::upload(&dev, &cpu, &config)?;
+        tracing::info!(
+            device = %dev.describe(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "weights uploaded"
+        );
+        let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
+        let inv_freq: Vec<f64> = (0..config.rope.rotary_dim / 2)
+            .map(|i| 1.0 / config.rope.theta.powf(2.0 * i as f64 / config.rope.rotary_dim as f64))
+            .collect();
+        let inv_freq = dev.upload(&inv_freq)?;
+        Ok(CudaEngine {
+            dev,
+            config,
+            gpu,
+            cpu,
+            rope,
+            inv_freq,
+            _checkpoint: checkpoint,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The device, e.g. "NVIDIA H200 (sm_90)".
+    pub fn device_name(&self) -> String {
+        self.dev.describe()
+    }
+
+    pub fn new_session(&self) -> Result<CudaSession> {
+        CudaSession::new(&self.dev, &self.config)
+    }
+
+    /// Feeds `ids` to the session and returns logits `[rows, V]` (row-major) for the positions
+    /// `want` asks for, as [`spindle_engine::Engine::forward`] does.
+    pub fn forward(&self, session: &mut CudaSession, ids: &[u32], want: LogitsFor) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(EngineError::EmptyInput.into());
+        }
+        let vocab_size = self.config.vocab_size;
+        if let Some((i, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab_size) {
+            return Err(EngineError::InvalidToken {
+                id,
+                position: session.position + i,
+                vocab_size,
+            }
+            .into());
+        }
+        let requested = session.position + ids.len();
+        if requested > self.config.max_position_embeddings {
+            return Err(EngineError::ContextOverflow {
+                requested,
+                limit: self.config.max_position_embeddings,
+            }
+            .into());
+        }
+        let chunks: Vec<&[u32]> = ids.chunks(MAX_CHUNK).collect();
+        let mut logits = Vec::new();
+        for (n, chunk) in chunks.iter().enumerate() {
+            let last = n + 1 == chunks.len();
+            match want {
+                LogitsFor::All => logits.extend(flow::forward(self, session, chunk, want)?),
+                LogitsFor::Last if last => logits = flow::forward(self, session, chunk, want)?,
+                LogitsFor::Last => drop(flow::forward(self, session, chunk, want)?),
+            }
+        }
+        Ok(logits)
+    }
+
+    /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache, in
+    /// the layout of [`spindle_engine::Engine::greedy`].
+    pub fn greedy(&self, prompt: &[u32], steps: usize) -> Result<GreedyRun> {
+        let vocab = self.config.vocab_size;
+        let mut session = self.new_session()?;
+        let prefill_logits = self.forward(&mut session, prompt, LogitsFor::All)?;
+        let mut decode_logits = Vec::with_capacity(steps * vocab);
+        let mut gen_ids = Vec::with_capacity(steps);
+        let mut last = prefill_logits[prefill_logits.len() - vocab..].to_vec();
+        for step in 0..steps {
+            let next = argmax(&last) as u32;
+            gen_ids.push(next);
+            decode_logits.extend_from_slice(&last);
+            if step + 1 < steps {
+                last = self.forward(&mut session, &[next], LogitsFor::Last)?;
+            }
+        }
+        Ok(GreedyRun {
+            prefill_logits,
+            gen_ids,
+            decode_logits,
+        })
+    }
+}
+
+/// Refuses shapes the kernels cannot run, by name.
+fn check_supported(config: &ModelConfig) -> Result<()> {
+    let g = &config.gdn;
+    let a = &config.attention;
+    if g.key_head_dim > gdn::MAX_KEY_HEAD_DIM {
+        return Err(CudaError::Unsupported(format!(
+            "linear_key_head_dim {} exceeds the {} the GDN kernel holds in registers",
+            g.key_head_dim,
+            gdn::MAX_KEY_HEAD_DIM
+        )));
+    }
+    if g.value_head_dim > 1024 || a.head_dim > 256 {
+        return Err(CudaError::Unsupported(format!(
+            "linear_value_head_dim {} (at most 1024) or head_dim {} (at most 256) is too large",
+            g.value_head_dim, a.head_dim
+        )));
+    }
+    if config.vocab_size * config.hidden_size > i32::MAX as usize {
+        return Err(CudaError::Unsupported(format!(
+            "vocab_size {} × hidden_size {} overflows the kernels' 32-bit sizes",
+            config.vocab_size, config.hidden_size
+        )));
+    }
+    Ok(())
+}
