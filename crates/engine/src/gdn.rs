@@ -1,9 +1,10 @@
 //! Gated DeltaNet linear attention (MODEL_MATH §1.5), token by token from the session state.
 
-use spindle_kernels::activation::{sigmoid, softplus};
 use rayon::prelude::*;
-use spindle_kernels::gdn::{causal_conv1d_silu, gdn_step, l2_normalize};
+use spindle_kernels::activation::{sigmoid, softplus};
+use spindle_kernels::gdn::{causal_conv1d_silu, l2_normalize};
 use spindle_kernels::gdn_chunked::{gdn_chunked, ChunkScratch};
+use spindle_kernels::gdn_fused::gdn_step_fused;
 use spindle_kernels::norm::{rms_norm_gated, GateActivation};
 use spindle_model::GdnConfig;
 
@@ -110,7 +111,10 @@ pub fn forward(
     let mut log_alpha = vec![0.0f32; tokens * nv];
     for t in 0..tokens {
         let ut = &u[t * channels..][..channels];
-        let (qt, kt) = (&mut q[t * nk * dk..][..nk * dk], &mut k[t * nk * dk..][..nk * dk]);
+        let (qt, kt) = (
+            &mut q[t * nk * dk..][..nk * dk],
+            &mut k[t * nk * dk..][..nk * dk],
+        );
         qt.copy_from_slice(&ut[..nk * dk]);
         kt.copy_from_slice(&ut[nk * dk..2 * nk * dk]);
         for (qh, kh) in qt.chunks_mut(dk).zip(kt.chunks_mut(dk)) {
@@ -130,7 +134,15 @@ pub fn forward(
             let v = &u[2 * nk * dk + h * dv..][..dv];
             let s = &mut state.recurrent[h * dk * dv..][..dk * dv];
             let oh = &mut o[h * dv..][..dv];
-            gdn_step(s, &q[kh * dk..][..dk], &k[kh * dk..][..dk], v, log_alpha[h].exp(), beta[h], oh);
+            gdn_step_fused(
+                s,
+                &q[kh * dk..][..dk],
+                &k[kh * dk..][..dk],
+                v,
+                log_alpha[h].exp(),
+                beta[h],
+                oh,
+            );
         }
     } else {
         // Prefill: the chunked delta rule per v-head, heads in parallel.
@@ -140,16 +152,36 @@ pub fn forward(
             .enumerate()
             .map(|(h, s)| {
                 let kh = h / rho;
-                let gather = |src: &[f32], width: usize, heads: usize, head: usize, offset: usize| -> Vec<f32> {
-                    (0..tokens).flat_map(|t| src[t * heads * width + offset + head * width..][..width].to_vec()).collect()
+                let gather = |src: &[f32],
+                              width: usize,
+                              heads: usize,
+                              head: usize,
+                              offset: usize|
+                 -> Vec<f32> {
+                    (0..tokens)
+                        .flat_map(|t| {
+                            src[t * heads * width + offset + head * width..][..width].to_vec()
+                        })
+                        .collect()
                 };
                 let qh = gather(&q, dk, nk, kh, 0);
                 let kh_ = gather(&k, dk, nk, kh, 0);
-                let vh: Vec<f32> = (0..tokens).flat_map(|t| u[t * channels + 2 * nk * dk + h * dv..][..dv].to_vec()).collect();
+                let vh: Vec<f32> = (0..tokens)
+                    .flat_map(|t| u[t * channels + 2 * nk * dk + h * dv..][..dv].to_vec())
+                    .collect();
                 let gh: Vec<f32> = (0..tokens).map(|t| log_alpha[t * nv + h]).collect();
                 let bh: Vec<f32> = (0..tokens).map(|t| beta[t * nv + h]).collect();
                 let mut out = vec![0.0f32; tokens * dv];
-                gdn_chunked(&mut ChunkScratch::default(), s, &qh, &kh_, &vh, &gh, &bh, &mut out);
+                gdn_chunked(
+                    &mut ChunkScratch::default(),
+                    s,
+                    &qh,
+                    &kh_,
+                    &vh,
+                    &gh,
+                    &bh,
+                    &mut out,
+                );
                 out
             })
             .collect();

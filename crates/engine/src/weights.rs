@@ -81,7 +81,12 @@ impl Linear {
         for (r, row) in values.chunks_mut(mat.cols).enumerate() {
             mat.row_to_f32(r, row);
         }
-        Linear::Quantized(Arc::new(QuantizedMatrix::quantize(&values, mat.rows, mat.cols, q4)))
+        let quantized = QuantizedMatrix::quantize(&values, mat.rows, mat.cols, q4);
+        if let Linear::Mapped(m) = self {
+            // The bf16 pages are not read again: keep them out of the resident set.
+            m.release_pages();
+        }
+        Linear::Quantized(Arc::new(quantized))
     }
 }
 
@@ -185,8 +190,9 @@ pub struct ModelWeights {
 pub fn load(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<ModelWeights> {
     let names = TensorNames::detect(checkpoint)?;
     let h = config.hidden_size;
-    let embed =
-        Linear::Mapped(checkpoint.matrix(&names.trunk("embed_tokens.weight"), &[config.vocab_size, h])?);
+    let embed = Linear::Mapped(
+        checkpoint.matrix(&names.trunk("embed_tokens.weight"), &[config.vocab_size, h])?,
+    );
     let lm_head = if config.tie_word_embeddings {
         embed.clone()
     } else {
@@ -302,7 +308,9 @@ fn load_gdn(
     let channels = g.conv_channels();
     let projection = if ck.contains(&t("in_proj_qkvz.weight")) {
         GdnProjection::Fused {
-            qkvz: Linear::Mapped(ck.matrix(&t("in_proj_qkvz.weight"), &[2 * nk * dk + 2 * nv * dv, h])?),
+            qkvz: Linear::Mapped(
+                ck.matrix(&t("in_proj_qkvz.weight"), &[2 * nk * dk + 2 * nv * dv, h])?,
+            ),
             ba: Linear::Mapped(ck.matrix(&t("in_proj_ba.weight"), &[2 * nv, h])?),
         }
     } else {
@@ -392,7 +400,10 @@ impl ModelWeights {
         let linear = |l: &Linear| l.size_bytes();
         let vec = |v: &Vec<f32>| v.len() * 4;
         let hyper = |h: &crate::qwen4::HyperWeights| {
-            vec(&h.norm) + linear(&h.mix_down) + linear(&h.mix_up) + h.inject.as_ref().map_or(0, linear)
+            vec(&h.norm)
+                + linear(&h.mix_down)
+                + linear(&h.mix_up)
+                + h.inject.as_ref().map_or(0, linear)
         };
         let mut total = linear(&self.embed) / self.embed.rows() + linear(&self.lm_head);
         total += match &self.head_input {
@@ -407,7 +418,8 @@ impl ModelWeights {
             if let Some(ple) = &layer.ple {
                 let heads = ple.hash.vocab_sizes.len();
                 let row = linear(&ple.table.shards[0]) / ple.table.shards[0].rows();
-                total += heads * row + linear(&ple.key_proj) + linear(&ple.value_proj) + vec(&ple.conv);
+                total +=
+                    heads * row + linear(&ple.key_proj) + linear(&ple.value_proj) + vec(&ple.conv);
             }
             total += match &layer.mixer {
                 MixerWeights::Attention(a) => {
@@ -420,7 +432,9 @@ impl ModelWeights {
                 MixerWeights::Gdn(g) => {
                     let proj = match &g.projection {
                         GdnProjection::Fused { qkvz, ba } => linear(qkvz) + linear(ba),
-                        GdnProjection::Split { qkv, z, b, a } => linear(qkv) + linear(z) + linear(b) + linear(a),
+                        GdnProjection::Split { qkv, z, b, a } => {
+                            linear(qkv) + linear(z) + linear(b) + linear(a)
+                        }
                     };
                     proj + vec(&g.conv) + linear(&g.out_proj)
                 }
@@ -448,7 +462,9 @@ impl ModelWeights {
         let mut out: Vec<&mut Linear> = vec![&mut self.lm_head];
         for layer in &mut self.layers {
             match &mut layer.mixer {
-                MixerWeights::Attention(a) => out.extend([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj]),
+                MixerWeights::Attention(a) => {
+                    out.extend([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj])
+                }
                 MixerWeights::Gdn(g) => {
                     match &mut g.projection {
                         GdnProjection::Fused { qkvz, ba } => out.extend([qkvz, ba]),
@@ -481,7 +497,10 @@ impl ModelWeights {
         let done = std::sync::atomic::AtomicUsize::new(0);
         targets.par_iter_mut().for_each(|linear| {
             **linear = linear.quantized(format);
-            progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, total);
+            progress(
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
+                total,
+            );
         });
     }
 }

@@ -163,3 +163,60 @@ fn both_x86_paths_are_tested_where_the_cpu_has_them() {
         );
     }
 }
+
+#[test]
+fn results_do_not_depend_on_where_the_weights_sit() {
+    // The same bf16 row at every offset within a cache line must give the same bits: outputs
+    // are bit-identical across checkpoint layouts and expert residencies only if the
+    // summation order ignores alignment.
+    let mut r = crate::testutil::rng(21);
+    let cols = 200;
+    let row = crate::testutil::bf16_vec(&mut r, cols);
+    let x = crate::testutil::vec(&mut r, cols, 1.0);
+    for isa in crate::simd::Isa::all_available() {
+        let mut reference = None;
+        for shift in 0..32 {
+            let mut buf = vec![0u16; shift + cols];
+            buf[shift..].copy_from_slice(&row);
+            let w = crate::MatRef::new(crate::Weights::Bf16(&buf[shift..]), 1, cols);
+            let mut y = [0.0f32];
+            matvec_with(isa, &w, &x, &mut y);
+            let bits = y[0].to_bits();
+            assert_eq!(
+                *reference.get_or_insert(bits),
+                bits,
+                "{isa:?} at offset {shift}"
+            );
+        }
+        // The same for q8 and q4 codes at every byte offset.
+        let values = crate::testutil::vec(&mut r, 256, 1.0);
+        let x = crate::testutil::vec(&mut r, 256, 1.0);
+        for q4 in [false, true] {
+            let q = QuantizedMatrix::quantize(&values, 1, 256, q4);
+            let mut reference = None;
+            for shift in 0..64 {
+                let mut buf = vec![0u8; shift + q.qs.len()];
+                buf[shift..].copy_from_slice(&q.qs);
+                let weights = if q4 {
+                    crate::Weights::Q4 {
+                        qs: &buf[shift..],
+                        scales: &q.scales,
+                    }
+                } else {
+                    crate::Weights::Q8 {
+                        qs: bytemuck::cast_slice(&buf[shift..]),
+                        scales: &q.scales,
+                    }
+                };
+                let mut y = [0.0f32];
+                matvec_with(isa, &crate::MatRef::new(weights, 1, 256), &x, &mut y);
+                let bits = y[0].to_bits();
+                assert_eq!(
+                    *reference.get_or_insert(bits),
+                    bits,
+                    "{isa:?} q4={q4} at offset {shift}"
+                );
+            }
+        }
+    }
+}

@@ -71,6 +71,30 @@ impl Storage {
         }
     }
 
+    /// Tells the kernel this process no longer needs the mapped pages wholly inside this
+    /// range (they stay in the page cache and fault back in if read again), so a tensor that
+    /// was converted on load stops counting towards the resident set. No-op for heap copies.
+    pub fn release_pages(&self) {
+        if let Storage::Mapped { map, start, end } = self {
+            const PAGE: usize = 4096;
+            let base = map.as_ptr() as usize;
+            let first = (base + start).next_multiple_of(PAGE) - base;
+            let last = (base + end) / PAGE * PAGE - base;
+            if last > first {
+                // SAFETY: the map is a read-only file mapping (`Mmap`); MADV_DONTNEED drops
+                // our page-table entries and later reads re-fault the same file contents, so
+                // no reference into the map ever observes different bytes.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        first,
+                        last - first,
+                    )
+                };
+            }
+        }
+    }
+
     /// The sub-range `[start, end)` of these bytes, sharing the storage.
     fn slice(&self, start: usize, end: usize) -> Self {
         match self {
@@ -130,6 +154,11 @@ impl Matrix {
                 .storage
                 .slice(first * row_bytes, (first + count) * row_bytes),
         }
+    }
+
+    /// See [`Storage::release_pages`].
+    pub fn release_pages(&self) {
+        self.storage.release_pages();
     }
 
     /// Row `r` converted to f32.

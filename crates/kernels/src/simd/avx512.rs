@@ -32,9 +32,9 @@ macro_rules! dot_f32_body {
         let n = $w.len();
         let (wp, xp) = ($w.as_ptr(), $x.as_ptr());
         let mut acc = [_mm512_setzero_ps(); 4];
-        // Peel up to 15 weights so the wide loads do not straddle cache lines.
-        let head = ((16 - (wp as usize / super::elem_size($w)) % 16) % 16).min(n);
-        let mut i = head;
+        // No alignment peeling: the summation order must not depend on where the
+        // weights sit in memory, so results are bit-identical across layouts and residencies.
+        let mut i = 0;
         // SAFETY: every load reads [i, i+16) with i + 16 <= n for both slices (unaligned loads).
         unsafe {
             while i + 64 <= n {
@@ -51,9 +51,6 @@ macro_rules! dot_f32_body {
         }
         let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
         let mut s = _mm512_reduce_add_ps(sum);
-        for j in 0..head {
-            s += $scalar($w[j]) * $x[j];
-        }
         for j in i..n {
             s += $scalar($w[j]) * $x[j];
         }

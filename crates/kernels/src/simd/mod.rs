@@ -96,9 +96,3 @@ impl Isa {
             .collect()
     }
 }
-
-/// Bytes per element of a slice (the SIMD dots align their loads with it).
-#[inline(always)]
-pub(crate) fn elem_size<T>(_: &[T]) -> usize {
-    std::mem::size_of::<T>()
-}
