@@ -183,7 +183,6 @@ fn chat(args: &RunArgs, model: &Model) -> Result<ExitCode> {
     loop {
         eprint!("> ");
         let mut line = String::new();
-        interrupted.store(false, Ordering::SeqCst);
         if stdin.lock().read_line(&mut line)? == 0 {
             eprintln!();
             return Ok(ExitCode::SUCCESS);
@@ -192,6 +191,8 @@ fn chat(args: &RunArgs, model: &Model) -> Result<ExitCode> {
         if line.is_empty() {
             continue;
         }
+        // A Ctrl-C pressed at the prompt must not cancel the answer to come.
+        interrupted.store(false, Ordering::SeqCst);
         let turn = conversation.turn(
             model,
             line,

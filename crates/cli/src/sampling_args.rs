@@ -19,9 +19,11 @@ pub struct SamplingArgs {
     pub min_p: Option<f32>,
     #[arg(long)]
     pub repetition_penalty: Option<f32>,
-    #[arg(long)]
+    /// OpenAI presence penalty (may be negative).
+    #[arg(long, allow_negative_numbers = true)]
     pub presence_penalty: Option<f32>,
-    #[arg(long)]
+    /// OpenAI frequency penalty (may be negative).
+    #[arg(long, allow_negative_numbers = true)]
     pub frequency_penalty: Option<f32>,
     /// Seed for reproducible sampling.
     #[arg(long)]
