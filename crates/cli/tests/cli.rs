@@ -1,33 +1,11 @@
 //! End-to-end tests of the `spindle` binary on the fixtures.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use safetensors::{Dtype, SafeTensors};
 use spindle_model::Checkpoint;
-
-fn fixtures() -> PathBuf {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures"
-    ));
-    assert!(
-        dir.is_dir(),
-        "fixtures directory {} is missing",
-        dir.display()
-    );
-    dir
-}
-
-fn fixture(name: &str) -> PathBuf {
-    let dir = fixtures().join(name);
-    assert!(
-        dir.join("config.json").is_file(),
-        "fixture {} is missing",
-        dir.display()
-    );
-    dir
-}
+use spindle_testkit::{fixtures, fixture};
 
 fn spindle(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_spindle"))

@@ -2,36 +2,13 @@
 //! fixtures: the config and the tensors disagree, and the message says where.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use spindle_engine::Engine;
-use tempfile::TempDir;
-
-fn fixture(name: &str) -> PathBuf {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures"
-    ))
-    .join(name);
-    assert!(
-        dir.join("config.json").is_file(),
-        "fixture {} is missing",
-        dir.display()
-    );
-    dir
-}
-
-fn copy_fixture(name: &str) -> TempDir {
-    let tmp = tempfile::tempdir().unwrap();
-    for entry in fs::read_dir(fixture(name)).unwrap() {
-        let entry = entry.unwrap();
-        fs::copy(entry.path(), tmp.path().join(entry.file_name())).unwrap();
-    }
-    tmp
-}
+use spindle_testkit::copy_fixture;
 
 fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
     let path = dir.join("config.json");

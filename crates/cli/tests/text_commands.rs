@@ -1,23 +1,14 @@
 //! `spindle run`, `tokenize` and `template` end to end, against the fixtures and the demo.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::{json, Map, Value};
 use spindle_engine::sampling::SamplingParams;
 use spindle_runtime::{demo_dir, Flow, GenerateOptions, Model, Prompt};
+use spindle_testkit::{fixtures};
 
 fn spindle() -> Command {
     Command::new(env!("CARGO_BIN_EXE_spindle"))
-}
-
-fn fixtures() -> PathBuf {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures"
-    ));
-    assert!(dir.is_dir(), "fixtures missing at {}", dir.display());
-    dir
 }
 
 #[test]

@@ -2,37 +2,13 @@
 //! (Shape mismatches against the config need the engine's loader: `crates/cli/tests/load_errors.rs`.)
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
 use serde_json::Value;
 use spindle_model::{Checkpoint, ModelError};
-use tempfile::TempDir;
-
-fn fixture(name: &str) -> PathBuf {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures"
-    ))
-    .join(name);
-    assert!(
-        dir.join("config.json").is_file(),
-        "fixture {} is missing",
-        dir.display()
-    );
-    dir
-}
-
-/// A writable copy of fixture `name`.
-fn copy_fixture(name: &str) -> TempDir {
-    let tmp = tempfile::tempdir().unwrap();
-    for entry in fs::read_dir(fixture(name)).unwrap() {
-        let entry = entry.unwrap();
-        fs::copy(entry.path(), tmp.path().join(entry.file_name())).unwrap();
-    }
-    tmp
-}
+use spindle_testkit::{fixture, copy_fixture};
 
 fn open_err(dir: &Path) -> ModelError {
     match Checkpoint::open(dir) {

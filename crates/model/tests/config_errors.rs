@@ -1,23 +1,11 @@
 //! `ModelConfig` on the released configs in `fixtures/configs/` and on invalid configs made by
 //! editing a fixture's config.json in memory: every refusal names the field at fault.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{json, Value};
 use spindle_model::{Family, FfnKind, MixerKind, ModelConfig, ModelError};
-
-fn fixtures() -> PathBuf {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures"
-    ));
-    assert!(
-        dir.is_dir(),
-        "fixtures directory {} is missing",
-        dir.display()
-    );
-    dir
-}
+use spindle_testkit::{fixtures};
 
 fn read_json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path)

@@ -26,20 +26,7 @@ use proptest::test_runner::TestCaseError;
 use serde_json::Value;
 use spindle_model::{Checkpoint, DType, ModelConfig};
 use tempfile::TempDir;
-
-fn fixture(name: &str) -> PathBuf {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures"
-    ))
-    .join(name);
-    assert!(
-        dir.join("config.json").is_file(),
-        "fixture {} is missing",
-        dir.display()
-    );
-    dir
-}
+use spindle_testkit::{fixture};
 
 /// A writable copy of a fixture in which one safetensors file is replaced per test case.
 struct Scratch {
