@@ -3,14 +3,31 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// The backends this build of spindle can run on.
+/// The backends `spindle run` and `spindle bench` can run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
     Cpu,
 }
 
-/// The devices `--device` accepts, for messages.
+/// The devices `--device` of `run` and `bench` accepts, for messages.
 pub const AVAILABLE: &str = "cpu";
+
+/// Why `cuda[:N]` is refused where it is refused.
+fn cuda_unavailable(name: &str, available: &str) -> String {
+    if cfg!(feature = "cuda") {
+        format!(
+            "device {name:?} is not available for this command: the CUDA backend runs `spindle logits` only so far (available devices: {available})"
+        )
+    } else {
+        format!(
+            "device {name:?} is not available: this spindle was built without the CUDA backend (build with `--features cuda`; available devices: {available})"
+        )
+    }
+}
+
+fn is_cuda(s: &str) -> bool {
+    s == "cuda" || s.starts_with("cuda:")
+}
 
 impl FromStr for Device {
     type Err = String;
@@ -18,9 +35,7 @@ impl FromStr for Device {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "cpu" => Ok(Device::Cpu),
-            cuda if cuda == "cuda" || cuda.starts_with("cuda:") => Err(format!(
-                "device {cuda:?} is not available: the CUDA backend is not built yet (available devices: {AVAILABLE})"
-            )),
+            cuda if is_cuda(cuda) => Err(cuda_unavailable(cuda, AVAILABLE)),
             other => Err(format!("unknown device {other:?} (available devices: {AVAILABLE})")),
         }
     }
@@ -30,6 +45,44 @@ impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Device::Cpu => f.write_str("cpu"),
+        }
+    }
+}
+
+/// The backends `spindle logits` can run on: the CPU, and CUDA GPU N in a build with the
+/// `cuda` feature.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsDevice {
+    Cpu,
+    #[cfg(feature = "cuda")]
+    Cuda(usize),
+}
+
+/// The devices `spindle logits --device` accepts, for messages.
+pub const LOGITS_AVAILABLE: &str = if cfg!(feature = "cuda") {
+    "cpu, cuda, cuda:N"
+} else {
+    "cpu"
+};
+
+impl FromStr for LogitsDevice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cpu" => Ok(LogitsDevice::Cpu),
+            #[cfg(feature = "cuda")]
+            cuda if is_cuda(cuda) => match cuda.strip_prefix("cuda:") {
+                None => Ok(LogitsDevice::Cuda(0)),
+                Some(n) => n.parse().map(LogitsDevice::Cuda).map_err(|_| {
+                    format!("device {cuda:?}: {n:?} is not a CUDA device number (expected e.g. cuda:0)")
+                }),
+            },
+            #[cfg(not(feature = "cuda"))]
+            cuda if is_cuda(cuda) => Err(cuda_unavailable(cuda, LOGITS_AVAILABLE)),
+            other => Err(format!(
+                "unknown device {other:?} (available devices: {LOGITS_AVAILABLE})"
+            )),
         }
     }
 }
@@ -51,5 +104,23 @@ mod tests {
             tpu.contains("unknown device \"tpu\"") && tpu.contains("cpu"),
             "{tpu}"
         );
+    }
+
+    #[test]
+    fn logits_device_takes_cuda_only_when_built_with_it() {
+        assert_eq!("cpu".parse::<LogitsDevice>(), Ok(LogitsDevice::Cpu));
+        assert!("tpu".parse::<LogitsDevice>().is_err());
+        #[cfg(feature = "cuda")]
+        {
+            assert_eq!("cuda".parse::<LogitsDevice>(), Ok(LogitsDevice::Cuda(0)));
+            assert_eq!("cuda:3".parse::<LogitsDevice>(), Ok(LogitsDevice::Cuda(3)));
+            let bad = "cuda:x".parse::<LogitsDevice>().unwrap_err();
+            assert!(bad.contains("\"x\""), "{bad}");
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let err = "cuda:1".parse::<LogitsDevice>().unwrap_err();
+            assert!(err.contains("without the CUDA backend") && err.contains("cuda:1"), "{err}");
+        }
     }
 }

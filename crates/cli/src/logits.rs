@@ -7,10 +7,11 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use spindle_engine::Engine;
+use spindle_engine::{Engine, GreedyRun};
+use spindle_model::ModelConfig;
 
 use crate::compare::compare;
-use crate::device::Device;
+use crate::device::LogitsDevice;
 use crate::tensor_file::{self, Tensor, Values};
 
 #[derive(Debug, Args)]
@@ -42,9 +43,10 @@ pub struct LogitsArgs {
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
 
-    /// Backend to run on (only `cpu` for now; `cuda[:N]` comes with the CUDA backend).
+    /// Backend to run on: `cpu`, or `cuda[:N]` (CUDA GPU N, default 0) in a build with the
+    /// `cuda` feature.
     #[arg(long, default_value = "cpu")]
-    pub device: Device,
+    pub device: LogitsDevice,
 
     #[command(flatten)]
     pub load: crate::load_args::LoadArgs,
@@ -84,7 +86,6 @@ pub fn parse_tokens(text: &str) -> Result<TokenIds, String> {
 }
 
 pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
-    let Device::Cpu = args.device;
     let prompt = match (&args.tokens, &args.tokens_from) {
         (Some(TokenIds(ids)), _) => ids.clone(),
         (None, Some(path)) => prompt_ids_from(path)?,
@@ -102,28 +103,12 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
             args.model.display()
         );
     }
-    let started = Instant::now();
-    let engine = Engine::load_with(&args.model, &args.load.options())
-        .with_context(|| format!("cannot load the model at {}", args.model.display()))?;
-    let config = engine.config();
-    tracing::info!(
-        model = %args.model.display(),
-        family = config.family.model_type(),
-        layers = config.num_layers(),
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "model loaded"
-    );
-
-    let started = Instant::now();
-    let run = engine
-        .greedy(&prompt, args.decode)
-        .with_context(|| format!("cannot run the model at {}", args.model.display()))?;
-    tracing::info!(
-        prompt_tokens = prompt.len(),
-        decode_steps = args.decode,
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "forward done"
-    );
+    let (config, run) = match args.device {
+        LogitsDevice::Cpu => run_cpu(args, &prompt)?,
+        #[cfg(feature = "cuda")]
+        LogitsDevice::Cuda(ordinal) => run_cuda(args, &prompt, ordinal)?,
+    };
+    let config = &config;
 
     let (t, v, g) = (prompt.len(), config.vocab_size, run.gen_ids.len());
     let mut tensors = vec![
@@ -193,6 +178,59 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
         );
         Ok(ExitCode::FAILURE)
     }
+}
+
+/// Loads the model on the CPU and runs the prompt and its greedy continuation.
+fn run_cpu(args: &LogitsArgs, prompt: &[u32]) -> Result<(ModelConfig, GreedyRun)> {
+    let started = Instant::now();
+    let engine = Engine::load_with(&args.model, &args.load.options())
+        .with_context(|| format!("cannot load the model at {}", args.model.display()))?;
+    log_loaded(args, engine.config(), started, "cpu");
+    let started = Instant::now();
+    let run = engine
+        .greedy(prompt, args.decode)
+        .with_context(|| format!("cannot run the model at {}", args.model.display()))?;
+    log_done(args, prompt, started);
+    Ok((engine.config().clone(), run))
+}
+
+/// As [`run_cpu`], on CUDA device `ordinal`.
+#[cfg(feature = "cuda")]
+fn run_cuda(args: &LogitsArgs, prompt: &[u32], ordinal: usize) -> Result<(ModelConfig, GreedyRun)> {
+    if args.load.quant != spindle_model::quant::QuantFormat::Bf16 {
+        bail!("--quant {} is not supported with --device cuda yet: the CUDA backend reads bf16 weights", args.load.quant.name());
+    }
+    let started = Instant::now();
+    let engine = spindle_cuda::CudaEngine::load(&args.model, ordinal).with_context(|| {
+        format!("cannot load the model at {} onto CUDA device {ordinal}", args.model.display())
+    })?;
+    log_loaded(args, engine.config(), started, &engine.device_name());
+    let started = Instant::now();
+    let run = engine
+        .greedy(prompt, args.decode)
+        .with_context(|| format!("cannot run the model at {} on CUDA", args.model.display()))?;
+    log_done(args, prompt, started);
+    Ok((engine.config().clone(), run))
+}
+
+fn log_loaded(args: &LogitsArgs, config: &ModelConfig, started: Instant, device: &str) {
+    tracing::info!(
+        model = %args.model.display(),
+        family = config.family.model_type(),
+        layers = config.num_layers(),
+        device,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "model loaded"
+    );
+}
+
+fn log_done(args: &LogitsArgs, prompt: &[u32], started: Instant) {
+    tracing::info!(
+        prompt_tokens = prompt.len(),
+        decode_steps = args.decode,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "forward done"
+    );
 }
 
 /// The `prompt_ids` tensor (i64, 1-D) of a safetensors file, as token ids.

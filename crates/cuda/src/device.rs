@@ -49,8 +49,9 @@ const KERNELS: [&str; 19] = [
     "ple_conv",
 ];
 
-/// PTX per architecture, compiled at most once per process.
-fn ptx_for(arch: &str) -> Result<String> {
+/// PTX of every kernel for `arch` (e.g. `sm_90`), compiled by NVRTC at most once per process.
+/// Needs only the NVRTC library, no GPU.
+pub fn ptx_for(arch: &str) -> Result<String> {
     static CACHE: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());

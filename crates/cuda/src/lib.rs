@@ -27,7 +27,7 @@ use spindle_kernels::rope::RopeFreqs;
 use spindle_kernels::softmax::argmax;
 use spindle_model::{Checkpoint, ModelConfig};
 
-pub use device::Device;
+pub use device::{ptx_for, Device};
 pub use error::{CudaError, Result};
 pub use session::CudaSession;
 
@@ -179,4 +179,24 @@ fn check_supported(config: &ModelConfig) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a driver, loading fails with an error that names CUDA and the way out; it does
+    /// not panic. (On a GPU machine the fixture tests cover loading.)
+    #[test]
+    fn a_machine_without_cuda_gets_a_clear_error() {
+        // SAFETY: only tries to dlopen the driver library.
+        if unsafe { cudarc::driver::sys::is_culib_present() } {
+            return;
+        }
+        let err = CudaEngine::load(Path::new("no-such-model"), 0)
+            .err()
+            .expect("no driver, so no engine")
+            .to_string();
+        assert!(err.contains("CUDA") && err.contains("--device cpu"), "{err}");
+    }
 }

@@ -1,0 +1,205 @@
+//! The CUDA backend against every fixture's reference logits, and against the CPU engine.
+//! Needs a CUDA GPU: `cargo test --release -p spindle-cuda -- --ignored`. Fixtures are read
+//! from `$SPINDLE_FIXTURES` (default `../shared/fixtures` beside the repository).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use safetensors::{Dtype, SafeTensors};
+use spindle_cuda::CudaEngine;
+use spindle_engine::{Engine, LogitsFor};
+
+/// Bound on max |Δlogit| against the float64 reference.
+const TOLERANCE: f32 = 1e-3;
+
+const FAMILIES: [&str; 5] = [
+    "qwen3_next_moe",
+    "qwen3_5_dense",
+    "qwen3_5_moe",
+    "qwen3_5_moe_fused",
+    "qwen4_exp",
+];
+
+fn fixture(name: &str) -> PathBuf {
+    let root = std::env::var_os("SPINDLE_FIXTURES").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+    });
+    let dir = root.join(name);
+    assert!(dir.exists(), "fixture {} is missing (set SPINDLE_FIXTURES)", dir.display());
+    dir
+}
+
+fn device_ordinal() -> usize {
+    std::env::var("SPINDLE_CUDA_DEVICE").ok().and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+struct Reference(Vec<u8>);
+
+impl Reference {
+    fn load(name: &str) -> Self {
+        let path = fixture(name).join("reference.safetensors");
+        Reference(std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+    }
+
+    fn f32(&self, name: &str) -> Vec<f32> {
+        let st = SafeTensors::deserialize(&self.0).expect("reference parses");
+        let v = st.tensor(name).unwrap_or_else(|_| panic!("reference has no `{name}`"));
+        assert_eq!(v.dtype(), Dtype::F32, "{name} dtype");
+        v.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+    }
+
+    fn ids(&self, name: &str) -> Vec<u32> {
+        let st = SafeTensors::deserialize(&self.0).expect("reference parses");
+        let v = st.tensor(name).unwrap_or_else(|_| panic!("reference has no `{name}`"));
+        assert_eq!(v.dtype(), Dtype::I64, "{name} dtype");
+        v.data().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect()
+    }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) })
+}
+
+fn load(name: &str) -> CudaEngine {
+    CudaEngine::load(&fixture(name), device_ordinal()).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn check_fixture(name: &str) {
+    let reference = Reference::load(name);
+    let engine = load(name);
+    let prompt = reference.ids("prompt_ids");
+    let expected_gen = reference.ids("gen_ids");
+
+    let run = engine.greedy(&prompt, expected_gen.len()).unwrap();
+    let prefill_err = max_abs_diff(&run.prefill_logits, &reference.f32("prefill_logits"));
+    let decode_err = max_abs_diff(&run.decode_logits, &reference.f32("decode_logits"));
+
+    let mut all = prompt.clone();
+    all.extend_from_slice(&expected_gen[..expected_gen.len() - 1]);
+    let mut session = engine.new_session().unwrap();
+    let full = engine.forward(&mut session, &all, LogitsFor::All).unwrap();
+    let full_err = max_abs_diff(&full, &reference.f32("full_logits"));
+    println!(
+        "{name} on {}: prompt {} tokens, {} generated; max|Δ| prefill {prefill_err:.2e}, decode {decode_err:.2e}, full {full_err:.2e}; greedy tokens {}",
+        engine.device_name(),
+        prompt.len(),
+        expected_gen.len(),
+        if run.gen_ids == expected_gen { "identical" } else { "DIFFER" }
+    );
+    assert!(prefill_err < TOLERANCE, "{name}: prefill logits differ by {prefill_err}");
+    assert_eq!(run.gen_ids, expected_gen, "{name}: greedy tokens");
+    assert!(decode_err < TOLERANCE, "{name}: decode logits differ by {decode_err}");
+    assert!(full_err < TOLERANCE, "{name}: full logits differ by {full_err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn qwen3_next_moe_matches_transformers() {
+    check_fixture("qwen3_next_moe");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn qwen3_5_dense_matches_transformers() {
+    check_fixture("qwen3_5_dense");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn qwen3_5_moe_sharded_matches_transformers() {
+    check_fixture("qwen3_5_moe");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn qwen3_5_moe_fused_matches_transformers() {
+    check_fixture("qwen3_5_moe_fused");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn qwen4_exp_matches_transformers() {
+    check_fixture("qwen4_exp");
+}
+
+/// Prefill in uneven pieces (matvec batches of 2..8 tokens, single tokens, a GEMM chunk)
+/// equals prefill at once, for every family.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn prefill_in_pieces_equals_prefill_at_once() {
+    for name in FAMILIES {
+        let prompt = Reference::load(name).ids("prompt_ids");
+        let engine = load(name);
+        let mut whole = engine.new_session().unwrap();
+        let at_once = engine.forward(&mut whole, &prompt, LogitsFor::Last).unwrap();
+        let mut pieces = engine.new_session().unwrap();
+        let mut rest = &prompt[..];
+        let mut last = Vec::new();
+        for size in [3, 1, 8, 2, 5].into_iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (a, b) = rest.split_at(size.min(rest.len()));
+            last = engine.forward(&mut pieces, a, LogitsFor::Last).unwrap();
+            rest = b;
+        }
+        let err = max_abs_diff(&at_once, &last);
+        println!("{name}: pieces vs at once max|Δ| {err:.2e}");
+        assert!(err < 1e-4, "{name}: prefill in pieces differs by {err}");
+    }
+}
+
+/// A longer pseudo-random prompt (KV caches grow past their first allocation, QSA selects
+/// among many blocks) gives the CPU engine's logits.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn long_prompt_matches_cpu_engine() {
+    for name in FAMILIES {
+        let cpu = Engine::load(&fixture(name)).unwrap();
+        let gpu = load(name);
+        let vocab = cpu.config().vocab_size as u64;
+        let mut state = 0x9E3779B97F4A7C15u64;
+        let prompt: Vec<u32> = (0..300)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 33) % vocab) as u32
+            })
+            .collect();
+        let mut cs = cpu.new_session();
+        let want = cpu.forward(&mut cs, &prompt, LogitsFor::All).unwrap();
+        let mut gs = gpu.new_session().unwrap();
+        let got = gpu.forward(&mut gs, &prompt, LogitsFor::All).unwrap();
+        let mut err = max_abs_diff(&got, &want);
+        // Then a few decode steps on both.
+        for step in 0..4u32 {
+            let id = (step * 37 + 11) % vocab as u32;
+            let want = cpu.forward(&mut cs, &[id], LogitsFor::Last).unwrap();
+            let got = gpu.forward(&mut gs, &[id], LogitsFor::Last).unwrap();
+            err = err.max(max_abs_diff(&got, &want));
+        }
+        println!("{name}: 300-token prompt + 4 steps, GPU vs CPU max|Δ| {err:.2e}");
+        assert!(err < 2e-3, "{name}: GPU and CPU differ by {err}");
+    }
+}
+
+/// First decode timing (tiny models: launch-bound, not a benchmark).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn decode_timing() {
+    for name in FAMILIES {
+        let engine = load(name);
+        let prompt = Reference::load(name).ids("prompt_ids");
+        engine.greedy(&prompt, 4).unwrap(); // warm-up
+        let steps = 64;
+        let started = Instant::now();
+        engine.greedy(&prompt, steps).unwrap();
+        let elapsed = started.elapsed().as_secs_f64();
+        println!(
+            "{name}: prefill {} + {steps} greedy steps in {:.1} ms ({:.0} tokens/s incl. prefill)",
+            prompt.len(),
+            elapsed * 1e3,
+            steps as f64 / elapsed
+        );
+    }
+}
