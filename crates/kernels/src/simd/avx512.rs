@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::quant::{GROUP, Q4_GROUP_BYTES};
+use crate::quant::{QuantizedActs, GROUP, Q4_GROUP_BYTES};
 
 /// Sixteen bf16 values at `p` as f32 (the caller guarantees 32 readable bytes).
 #[inline]
@@ -256,5 +256,242 @@ fn tile<const T: usize, const R: usize>(x: &[f32], w: &[f32], at: Span, out: &mu
             let tail: f32 = wr.iter().zip(xt).map(|(a, b)| a * b).sum();
             out[(r0 + r) * tokens + t0 + t] += _mm512_reduce_add_ps(acc[t][r]) + tail;
         }
+    }
+}
+
+/// `f32::round` (nearest, ties away from zero), exactly, lane by lane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn round_away(y: __m512) -> __m512 {
+    let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+    // y − trunc(y) is exact; a fraction of ±0.5 or more rounds away from zero.
+    let frac = _mm512_abs_ps(_mm512_sub_ps(y, t));
+    let away = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, _mm512_set1_ps(0.5));
+    let sign = _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(i32::MIN));
+    let one = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_set1_epi32(0x3F80_0000)));
+    _mm512_mask_add_ps(t, away, t, one)
+}
+
+/// [`crate::quant::quantize_acts_ref`], bit for bit, 32 values per step.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn quantize_acts(
+    x: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    sd: &mut [f32],
+    sums: &mut [i32],
+) {
+    let groups = x.len() / GROUP;
+    assert!(x.len() == groups * GROUP && qs.len() == x.len());
+    assert!(d.len() == groups && sd.len() == groups && sums.len() == groups);
+    for g in 0..groups {
+        // SAFETY: values [32g, 32g + 32) are in bounds of x and qs (asserted above).
+        unsafe {
+            let p = x.as_ptr().add(g * GROUP);
+            let (a, b) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+            let amax = amax.max(0.0);
+            let dg = amax / 127.0;
+            let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let vinv = _mm512_set1_ps(inv);
+            let qa = _mm512_cvtps_epi32(round_away(_mm512_mul_ps(a, vinv)));
+            let qb = _mm512_cvtps_epi32(round_away(_mm512_mul_ps(b, vinv)));
+            let q = qs.as_mut_ptr().add(g * GROUP) as *mut __m128i;
+            _mm_storeu_si128(q, _mm512_cvtepi32_epi8(qa));
+            _mm_storeu_si128(q.add(1), _mm512_cvtepi32_epi8(qb));
+            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+            d[g] = dg;
+            sums[g] = sum;
+            sd[g] = dg * sum as f32;
+        }
+    }
+}
+
+/// Transposes a 16×16 matrix of 32-bit elements held one row per register.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn transpose16(r: &mut [__m512i; 16]) {
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // s[4i + c], 128-bit lane L: rows 4i..4i+4 at column 4L + c.
+    let mut s = [_mm512_setzero_si512(); 16];
+    for i in 0..4 {
+        s[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        s[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        s[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        s[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for c in 0..4 {
+        let a0 = _mm512_shuffle_i32x4::<0x44>(s[c], s[4 + c]);
+        let a1 = _mm512_shuffle_i32x4::<0xEE>(s[c], s[4 + c]);
+        let a2 = _mm512_shuffle_i32x4::<0x44>(s[8 + c], s[12 + c]);
+        let a3 = _mm512_shuffle_i32x4::<0xEE>(s[8 + c], s[12 + c]);
+        r[c] = _mm512_shuffle_i32x4::<0x88>(a0, a2);
+        r[4 + c] = _mm512_shuffle_i32x4::<0xDD>(a0, a2);
+        r[8 + c] = _mm512_shuffle_i32x4::<0x88>(a1, a3);
+        r[12 + c] = _mm512_shuffle_i32x4::<0xDD>(a1, a3);
+    }
+}
+
+/// Rows of an int8 GEMM panel: one register of i32 (then f32) lanes, one lane per row.
+pub(crate) const PANEL_ROWS: usize = 16;
+/// Tokens per register tile of the int8 GEMM (accumulators + 8 weight registers + scales).
+const QT: usize = 8;
+
+/// Up to 16 rows of block-quantized codes (layout in [`crate::quant`]).
+#[derive(Clone, Copy)]
+pub(crate) enum QCodes<'a> {
+    Q8(&'a [i8]),
+    Q4(&'a [u8]),
+}
+
+/// A panel unpacked for [`gemm_q_panel`]: for group `g`, `wp[8g + s]` holds bytes `4s..4s+4`
+/// of the group for each of the 16 rows (as unsigned codes), and `dw[g]` the rows' scales.
+#[derive(Default)]
+pub(crate) struct Panel {
+    wp: Vec<__m512i>,
+    dw: Vec<__m512>,
+}
+
+/// Unpacks `rows ≤ 16` rows of `cols` (codes and f16 `scales [rows, cols/32]`) into `panel`;
+/// missing rows read as zero.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn pack_panel(codes: QCodes, scales: &[u16], rows: usize, cols: usize, panel: &mut Panel) {
+    let groups = cols / GROUP;
+    assert!(rows <= PANEL_ROWS && cols == groups * GROUP && scales.len() == rows * groups);
+    panel.wp.resize(groups * 8, _mm512_setzero_si512());
+    panel.dw.resize(groups, _mm512_setzero_ps());
+    // Codes: 64 bytes of each row per step (4 groups of Q4, 2 of Q8), transposed to 16 dwords
+    // each holding one dword of every row.
+    let (bytes, row_bytes, per_step) = match codes {
+        QCodes::Q8(q) => (q.as_ptr() as *const u8, cols, 2),
+        QCodes::Q4(q) => (q.as_ptr(), cols / 2, 4),
+    };
+    let code_len = match codes {
+        QCodes::Q8(q) => q.len(),
+        QCodes::Q4(q) => q.len(),
+    };
+    assert_eq!(code_len, rows * row_bytes);
+    let (low, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(-128));
+    for g0 in (0..groups).step_by(per_step) {
+        let n = per_step.min(groups - g0);
+        let start = g0 * (row_bytes / groups);
+        let dwords = n * (row_bytes / groups) / 4;
+        let mask: __mmask16 = if dwords >= 16 { 0xFFFF } else { (1u16 << dwords) - 1 };
+        let mut v = [_mm512_setzero_si512(); 16];
+        for (r, vr) in v.iter_mut().enumerate().take(rows) {
+            // SAFETY: the mask keeps the load within row r's bytes [start, start + 4·dwords).
+            *vr = unsafe {
+                _mm512_maskz_loadu_epi32(mask, bytes.add(r * row_bytes + start) as *const i32)
+            };
+        }
+        transpose16(&mut v);
+        match codes {
+            QCodes::Q8(_) => {
+                for (j, &vj) in v.iter().enumerate().take(dwords) {
+                    panel.wp[g0 * 8 + j] = _mm512_xor_si512(vj, flip);
+                }
+            }
+            QCodes::Q4(_) => {
+                for (j, &vj) in v.iter().enumerate().take(dwords) {
+                    let (g, s) = (g0 + j / 4, j % 4);
+                    panel.wp[g * 8 + s] = _mm512_and_si512(vj, low);
+                    panel.wp[g * 8 + 4 + s] = _mm512_and_si512(_mm512_srli_epi16(vj, 4), low);
+                }
+            }
+        }
+    }
+    // Scales: 16 groups of each row per step, converted and transposed.
+    for g0 in (0..groups).step_by(16) {
+        let n = 16.min(groups - g0);
+        let mask: __mmask32 = if n >= 16 { 0xFFFF } else { (1u32 << n) - 1 };
+        let mut v = [_mm512_setzero_si512(); 16];
+        for (r, vr) in v.iter_mut().enumerate().take(rows) {
+            // SAFETY: the mask keeps the load within row r's scales [g0, g0 + n).
+            let h = unsafe {
+                _mm512_maskz_loadu_epi16(mask, scales.as_ptr().add(r * groups + g0) as *const i16)
+            };
+            *vr = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+        }
+        transpose16(&mut v);
+        for (j, &vj) in v.iter().enumerate().take(n) {
+            panel.dw[g0 + j] = _mm512_castsi512_ps(vj);
+        }
+    }
+}
+
+/// `out [tokens, 16]` = the packed panel times every token of `acts`, where `corr [tokens,
+/// cols/32]` = −offset · Σ codes of each token's group (the codes' offset, 128 for Q8 and 8
+/// for Q4, folded out in integers). Each output is Σ_g (isum_g · d_x) · d_w in group order.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn gemm_q_panel(panel: &Panel, acts: &QuantizedActs, corr: &[i32], out: &mut [f32]) {
+    let tokens = acts.tokens();
+    let groups = acts.cols / GROUP;
+    assert!(panel.wp.len() >= groups * 8 && panel.dw.len() >= groups);
+    assert!(corr.len() == tokens * groups && acts.d.len() == tokens * groups);
+    assert_eq!(out.len(), tokens * PANEL_ROWS);
+    let mut t0 = 0;
+    while t0 < tokens {
+        let n = QT.min(tokens - t0);
+        match n {
+            8 => q_tile::<8>(panel, acts, corr, t0, out),
+            7 => q_tile::<7>(panel, acts, corr, t0, out),
+            6 => q_tile::<6>(panel, acts, corr, t0, out),
+            5 => q_tile::<5>(panel, acts, corr, t0, out),
+            4 => q_tile::<4>(panel, acts, corr, t0, out),
+            3 => q_tile::<3>(panel, acts, corr, t0, out),
+            2 => q_tile::<2>(panel, acts, corr, t0, out),
+            _ => q_tile::<1>(panel, acts, corr, t0, out),
+        }
+        t0 += n;
+    }
+}
+
+/// Tokens `t0..t0+T` of [`gemm_q_panel`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn q_tile<const T: usize>(
+    panel: &Panel,
+    acts: &QuantizedActs,
+    corr: &[i32],
+    t0: usize,
+    out: &mut [f32],
+) {
+    let cols = acts.cols;
+    let groups = cols / GROUP;
+    assert!((t0 + T) * cols <= acts.qs.len() && (t0 + T) * PANEL_ROWS <= out.len());
+    assert!(panel.wp.len() >= groups * 8 && panel.dw.len() >= groups);
+    assert!((t0 + T) * groups <= corr.len() && (t0 + T) * groups <= acts.d.len());
+    let mut acc = [_mm512_setzero_ps(); T];
+    let (xq, xd, xc) = (acts.qs.as_ptr(), acts.d.as_ptr(), corr.as_ptr());
+    for g in 0..groups {
+        let w: [__m512i; 8] = std::array::from_fn(|s| panel.wp[g * 8 + s]);
+        let dw = panel.dw[g];
+        for (t, a) in acc.iter_mut().enumerate() {
+            let tok = t0 + t;
+            // SAFETY: token tok < t0 + T and group g < groups are in bounds (asserted above);
+            // the dword reads stay within the group's 32 codes.
+            unsafe {
+                let xp = xq.add(tok * cols + g * GROUP) as *const i32;
+                let mut isum = _mm512_set1_epi32(*xc.add(tok * groups + g));
+                for (s, &ws) in w.iter().enumerate() {
+                    let x = _mm512_set1_epi32(xp.add(s).read_unaligned());
+                    isum = _mm512_dpbusd_epi32(isum, ws, x);
+                }
+                let scaled = _mm512_mul_ps(
+                    _mm512_cvtepi32_ps(isum),
+                    _mm512_set1_ps(*xd.add(tok * groups + g)),
+                );
+                *a = _mm512_fmadd_ps(scaled, dw, *a);
+            }
+        }
+    }
+    for (t, a) in acc.iter().enumerate() {
+        let o = &mut out[(t0 + t) * PANEL_ROWS..(t0 + t + 1) * PANEL_ROWS];
+        // SAFETY: o has 16 elements.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
     }
 }
