@@ -161,6 +161,10 @@ impl CheckpointMatrix for Linear {
                 "a weight matrix was quantized on load; the CUDA backend reads bf16 weights only"
                     .into(),
             )),
+            Linear::Packed(_) => Err(CudaError::Unsupported(
+                "a weight matrix comes from a spindle install; the CUDA backend reads Hugging Face checkpoints only"
+                    .into(),
+            )),
         }
     }
 }
