@@ -46,20 +46,33 @@ pub fn int8_activations(isa: Isa, w: &MatRef, tokens: usize) -> bool {
         && (tokens < gemm_min_tokens_with(isa, w) || int8_gemm(isa))
 }
 
-/// Whether `isa` has the int8 GEMM (AVX-512 VNNI).
-fn int8_gemm(isa: Isa) -> bool {
+/// Whether `isa` has the panel GEMMs (AVX-512: int8 VNNI for Q8/Q4, f32 panels for the rest).
+/// `SPINDLE_GEMM=legacy` turns them off, so that prefill runs the earlier kernels (per-row
+/// dots, then the f32 GEMM on dequantized weights): for A/B measurements and numerics checks.
+fn panel_gemms(isa: Isa) -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let enabled =
+        *ENABLED.get_or_init(|| std::env::var("SPINDLE_GEMM").as_deref() != Ok("legacy"));
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
-        return true;
+        return enabled;
     }
-    let _ = isa;
+    let _ = (isa, enabled);
     false
+}
+
+/// Whether `isa` runs Q8/Q4 prefill through the int8 GEMM.
+fn int8_gemm(isa: Isa) -> bool {
+    panel_gemms(isa)
 }
 /// Measured on a 2-thread Xeon (8192×2048): for f32/bf16 the GEMM beats per-row dots from 4
 /// tokens (99 vs 57 GFLOP/s for f32); for Q8/Q4 the int8 dots win up to 16 tokens (109 vs 92
 /// GFLOP/s) and lose from 64 (100 vs 127).
 const FLOAT_GEMM_MIN_TOKENS: usize = 4;
 const QUANT_GEMM_MIN_TOKENS: usize = 32;
+/// From this many tokens on, f32/bf16/f16 weights go through the f32 panel GEMM (AVX-512)
+/// rather than the 4×4-tile GEMM, whose lack of weight packing wins for fewer tokens.
+const FLOAT_PANEL_MIN_TOKENS: usize = 32;
 /// The int8 GEMM (AVX-512 VNNI) against per-row int8 dots: see `benches/matvec.rs`.
 const INT8_GEMM_MIN_TOKENS: usize = 4;
 /// Below this many multiply-adds a call stays on the calling thread.
@@ -201,6 +214,9 @@ pub fn matmul_with(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]
     if quantized && int8_gemm(isa) && tokens >= gemm_min_tokens_with(isa, w) {
         return gemm_int8(isa, w, x, tokens, y);
     }
+    if panel_gemms(isa) && tokens >= FLOAT_PANEL_MIN_TOKENS {
+        return gemm_f32_panels(isa, w, x, tokens, y);
+    }
     // Each task owns a contiguous block of Yᵀ [rows, tokens]; transposed at the end.
     let mut yt = vec![0.0f32; w.rows * tokens];
     if tokens < gemm_min_tokens_with(isa, w) {
@@ -255,29 +271,60 @@ fn gemm(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, yt: &mut [f32]) {
         });
 }
 
+/// Runs `panel(r0, n, out)` for every panel of 16 rows (`n` ≤ 16 of them from row `r0`),
+/// in parallel, each writing `out [tokens, 16]`; scatters the panels into `y [tokens, rows]`.
+#[cfg(target_arch = "x86_64")]
+fn by_panels(
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    y: &mut [f32],
+    panel: impl Fn(usize, usize, &mut [f32]) + Sync,
+) {
+    use simd::avx512::PANEL_ROWS;
+    let panels = rows.div_ceil(PANEL_ROWS);
+    let mut buf = vec![0.0f32; panels * PANEL_ROWS * tokens];
+    let task = |(p, out): (usize, &mut [f32])| {
+        let r0 = p * PANEL_ROWS;
+        panel(r0, PANEL_ROWS.min(rows - r0), out)
+    };
+    let chunk = PANEL_ROWS * tokens;
+    if rows * cols * tokens < SERIAL_WORK {
+        buf.chunks_mut(chunk).enumerate().for_each(task);
+    } else {
+        buf.par_chunks_mut(chunk).enumerate().for_each(task);
+    }
+    let scatter = |(t, yt): (usize, &mut [f32])| {
+        for (p, ys) in yt.chunks_mut(PANEL_ROWS).enumerate() {
+            let src = &buf[(p * tokens + t) * PANEL_ROWS..];
+            ys.copy_from_slice(&src[..ys.len()]);
+        }
+    };
+    if rows * tokens < SERIAL_WORK {
+        y.chunks_mut(rows).enumerate().for_each(scatter);
+    } else {
+        y.par_chunks_mut(rows).enumerate().for_each(scatter);
+    }
+}
+
 /// Y = X·Wᵀ for Q8/Q4 weights with int8 activations on AVX-512 VNNI: 16-row panels are
 /// unpacked once each and multiplied with every token (`simd::avx512::gemm_q_panel`).
 fn gemm_int8(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use simd::avx512::{gemm_q_panel, pack_panel, Panel, QCodes, PANEL_ROWS};
+        use simd::avx512::{gemm_q_panel, pack_panel, Panel, QCodes};
         thread_local! {
             static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
         }
         assert_eq!(isa, Isa::Avx512);
-        let (rows, cols) = (w.rows, w.cols);
+        let cols = w.cols;
         let acts = quantize_acts(isa, x, cols);
         let offset = match w.weights {
             Weights::Q8 { .. } => 128,
             _ => 8,
         };
         let corr: Vec<i32> = acts.sums.iter().map(|&s| -offset * s).collect();
-        let panels = rows.div_ceil(PANEL_ROWS);
-        // Panel p's outputs, [tokens, 16] each, scattered into y at the end.
-        let mut buf = vec![0.0f32; panels * PANEL_ROWS * tokens];
-        let task = |(p, out): (usize, &mut [f32])| {
-            let r0 = p * PANEL_ROWS;
-            let n = PANEL_ROWS.min(rows - r0);
+        by_panels(w.rows, cols, tokens, y, |r0, n, out| {
             let (a, b) = (r0 * cols, (r0 + n) * cols);
             let (codes, scales) = match w.weights {
                 Weights::Q8 { qs, scales } => (QCodes::Q8(&qs[a..b]), scales),
@@ -293,27 +340,67 @@ fn gemm_int8(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
                     gemm_q_panel(&panel, &acts, &corr, out);
                 }
             });
-        };
-        let chunk = PANEL_ROWS * tokens;
-        if rows * cols * tokens < SERIAL_WORK {
-            buf.chunks_mut(chunk).enumerate().for_each(task);
-        } else {
-            buf.par_chunks_mut(chunk).enumerate().for_each(task);
-        }
-        let scatter = |(t, yt): (usize, &mut [f32])| {
-            for (p, ys) in yt.chunks_mut(PANEL_ROWS).enumerate() {
-                let src = &buf[(p * tokens + t) * PANEL_ROWS..];
-                ys.copy_from_slice(&src[..ys.len()]);
-            }
-        };
-        if rows * tokens < SERIAL_WORK {
-            y.chunks_mut(rows).enumerate().for_each(scatter);
-        } else {
-            y.par_chunks_mut(rows).enumerate().for_each(scatter);
-        }
+        });
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("no int8 GEMM on {isa:?}: {w:?} {x:?} {tokens} {y:?}")
+}
+
+/// Y = X·Wᵀ in f32 on AVX-512 by panels: 16 weight rows transposed into one register per
+/// column (converted to f32 on the way), times blocks of up to 24 tokens packed column-major,
+/// 24 accumulators of 16 rows each (`simd::avx512::gemm_f32_panel`).
+fn gemm_f32_panels(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use simd::avx512::{gemm_f32_panel, pack_f32_panel, FRows, FT};
+        use std::arch::x86_64::__m512;
+        thread_local! {
+            static WP: RefCell<(Vec<__m512>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+        }
+        assert_eq!(isa, Isa::Avx512);
+        let cols = w.cols;
+        // Tokens by blocks of FT, each block [cols][n].
+        let mut xp = vec![0.0f32; tokens * cols];
+        let pack = |(b, dst): (usize, &mut [f32])| {
+            let n = dst.len() / cols;
+            let src = &x[b * FT * cols..][..n * cols];
+            for (t, row) in src.chunks_exact(cols).enumerate() {
+                for (k, &v) in row.iter().enumerate() {
+                    dst[k * n + t] = v;
+                }
+            }
+        };
+        if tokens * cols > 1 << 16 {
+            xp.par_chunks_mut(FT * cols).enumerate().for_each(pack);
+        } else {
+            xp.chunks_mut(FT * cols).enumerate().for_each(pack);
+        }
+        by_panels(w.rows, cols, tokens, y, |r0, n, out| {
+            let (a, b) = (r0 * cols, (r0 + n) * cols);
+            WP.with(|scratch| {
+                let (wp, rows_f32) = &mut *scratch.borrow_mut();
+                let src = match w.weights {
+                    Weights::F32(d) => FRows::F32(&d[a..b]),
+                    Weights::Bf16(d) => FRows::Bf16(&d[a..b]),
+                    Weights::F16(d) => FRows::F16(&d[a..b]),
+                    _ => {
+                        rows_f32.resize(n * cols, 0.0);
+                        for (i, row) in rows_f32.chunks_exact_mut(cols).enumerate() {
+                            w.row_to_f32(r0 + i, row);
+                        }
+                        FRows::F32(rows_f32)
+                    }
+                };
+                // SAFETY: isa is Avx512 and `matmul_with` asserted it is available.
+                unsafe {
+                    pack_f32_panel(src, n, cols, wp);
+                    gemm_f32_panel(wp, &xp, cols, out);
+                }
+            });
+        });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no f32 panel GEMM on {isa:?}: {w:?} {x:?} {tokens} {y:?}")
 }
 
 /// `y [cols_in, rows_in]` = transpose of `a [rows_in, cols_in]`, in cache-sized blocks.

@@ -495,3 +495,98 @@ fn q_tile<const T: usize>(
         unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
     }
 }
+
+/// Most tokens per register tile of the f32 panel GEMM (24 accumulators + the weight vector).
+pub(crate) const FT: usize = 24;
+
+/// Where a float panel's weights come from: up to 16 rows of `cols`, row-major.
+#[derive(Clone, Copy)]
+pub(crate) enum FRows<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+    F16(&'a [u16]),
+}
+
+/// Transposes up to 16 rows of `cols` weights into `wp [cols]` (one register of the 16 rows'
+/// values per column, as f32); missing rows read as zero.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn pack_f32_panel(src: FRows, rows: usize, cols: usize, wp: &mut Vec<__m512>) {
+    let len = match src {
+        FRows::F32(w) => w.len(),
+        FRows::Bf16(w) | FRows::F16(w) => w.len(),
+    };
+    assert!(rows <= PANEL_ROWS && len == rows * cols);
+    wp.resize(cols, _mm512_setzero_ps());
+    for c0 in (0..cols).step_by(16) {
+        let n = 16.min(cols - c0);
+        let mask: __mmask16 = if n >= 16 { 0xFFFF } else { (1u16 << n) - 1 };
+        let mut v = [_mm512_setzero_si512(); 16];
+        for (r, vr) in v.iter_mut().enumerate().take(rows) {
+            let at = r * cols + c0;
+            // SAFETY: the mask keeps every load within row r's columns [c0, c0 + n).
+            let row = unsafe {
+                match src {
+                    FRows::F32(w) => _mm512_maskz_loadu_ps(mask, w.as_ptr().add(at)),
+                    FRows::Bf16(w) => {
+                        let h = _mm512_maskz_loadu_epi16(mask as __mmask32, w.as_ptr().add(at) as *const i16);
+                        let h = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(h));
+                        _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))
+                    }
+                    FRows::F16(w) => {
+                        let h = _mm512_maskz_loadu_epi16(mask as __mmask32, w.as_ptr().add(at) as *const i16);
+                        _mm512_cvtph_ps(_mm512_castsi512_si256(h))
+                    }
+                }
+            };
+            *vr = _mm512_castps_si512(row);
+        }
+        transpose16(&mut v);
+        for (j, &vj) in v.iter().enumerate().take(n) {
+            wp[c0 + j] = _mm512_castsi512_ps(vj);
+        }
+    }
+}
+
+/// `out [tokens, 16]` = a packed panel `wp [cols]` times the tokens packed by blocks of
+/// [`FT`]: block `b` (tokens `FT·b..`, `n` of them) is `xp[FT·b·cols..]` laid out `[cols][n]`.
+/// Each output is Σ_c w·x in column order, one fused multiply-add after another.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn gemm_f32_panel(wp: &[__m512], xp: &[f32], cols: usize, out: &mut [f32]) {
+    let tokens = xp.len() / cols.max(1);
+    assert!(wp.len() >= cols && xp.len() == tokens * cols);
+    assert_eq!(out.len(), tokens * PANEL_ROWS);
+    macro_rules! tiles {
+        ($n:expr, $t0:expr, $($k:literal)*) => {
+            match $n {
+                $($k => f_tile::<$k>(wp, &xp[$t0 * cols..($t0 + $k) * cols], cols, &mut out[$t0 * PANEL_ROWS..($t0 + $k) * PANEL_ROWS]),)*
+                _ => unreachable!(),
+            }
+        };
+    }
+    let mut t0 = 0;
+    while t0 < tokens {
+        let n = FT.min(tokens - t0);
+        tiles!(n, t0, 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24);
+        t0 += n;
+    }
+}
+
+/// One block of `T` tokens of [`gemm_f32_panel`]: `xp [cols][T]`, `out [T, 16]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn f_tile<const T: usize>(wp: &[__m512], xp: &[f32], cols: usize, out: &mut [f32]) {
+    assert!(wp.len() >= cols && xp.len() == cols * T && out.len() == T * PANEL_ROWS);
+    let mut acc = [_mm512_setzero_ps(); T];
+    let x = xp.as_ptr();
+    for (c, &w) in wp[..cols].iter().enumerate() {
+        for (t, a) in acc.iter_mut().enumerate() {
+            // SAFETY: c < cols and t < T index within xp's cols·T values.
+            let xv = unsafe { _mm512_set1_ps(*x.add(c * T + t)) };
+            *a = _mm512_fmadd_ps(w, xv, *a);
+        }
+    }
+    for (t, a) in acc.iter().enumerate() {
+        // SAFETY: out has T·16 values.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(t * PANEL_ROWS), *a) };
+    }
+}
