@@ -362,44 +362,66 @@ pub(crate) struct Panel {
 pub(crate) fn pack_panel(codes: QCodes, scales: &[u16], rows: usize, cols: usize, panel: &mut Panel) {
     let groups = cols / GROUP;
     assert!(rows <= PANEL_ROWS && cols == groups * GROUP && scales.len() == rows * groups);
+    if rows < PANEL_ROWS {
+        // A partial panel: staged as a full one with zero rows, so the hot path is uniform.
+        let mut s = vec![0u16; PANEL_ROWS * groups];
+        s[..scales.len()].copy_from_slice(scales);
+        return match codes {
+            QCodes::Q8(q) => {
+                let mut c = vec![0i8; PANEL_ROWS * cols];
+                c[..q.len()].copy_from_slice(q);
+                pack_panel(QCodes::Q8(&c), &s, PANEL_ROWS, cols, panel)
+            }
+            QCodes::Q4(q) => {
+                let mut c = vec![0u8; PANEL_ROWS * cols / 2];
+                c[..q.len()].copy_from_slice(q);
+                pack_panel(QCodes::Q4(&c), &s, PANEL_ROWS, cols, panel)
+            }
+        };
+    }
     panel.wp.resize(groups * 8, _mm512_setzero_si512());
     panel.dw.resize(groups, _mm512_setzero_ps());
-    // Codes: 64 bytes of each row per step (4 groups of Q4, 2 of Q8), transposed to 16 dwords
-    // each holding one dword of every row.
-    let (bytes, row_bytes, per_step) = match codes {
-        QCodes::Q8(q) => (q.as_ptr() as *const u8, cols, 2),
-        QCodes::Q4(q) => (q.as_ptr(), cols / 2, 4),
-    };
-    let code_len = match codes {
-        QCodes::Q8(q) => q.len(),
-        QCodes::Q4(q) => q.len(),
-    };
-    assert_eq!(code_len, rows * row_bytes);
-    let (low, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(-128));
-    for g0 in (0..groups).step_by(per_step) {
-        let n = per_step.min(groups - g0);
-        let start = g0 * (row_bytes / groups);
-        let dwords = n * (row_bytes / groups) / 4;
-        let mask: __mmask16 = if dwords >= 16 { 0xFFFF } else { (1u16 << dwords) - 1 };
-        let mut v = [_mm512_setzero_si512(); 16];
-        for (r, vr) in v.iter_mut().enumerate().take(rows) {
-            // SAFETY: the mask keeps the load within row r's bytes [start, start + 4·dwords).
-            *vr = unsafe {
-                _mm512_maskz_loadu_epi32(mask, bytes.add(r * row_bytes + start) as *const i32)
-            };
-        }
-        transpose16(&mut v);
-        match codes {
-            QCodes::Q8(_) => {
-                for (j, &vj) in v.iter().enumerate().take(dwords) {
-                    panel.wp[g0 * 8 + j] = _mm512_xor_si512(vj, flip);
+    let wp = &mut panel.wp[..groups * 8];
+    // Codes: 64 bytes of each row per step (4 groups of Q4, 2 of Q8), transposed to 16
+    // registers that each hold one dword of every row.
+    match codes {
+        QCodes::Q8(q) => {
+            assert_eq!(q.len(), PANEL_ROWS * cols);
+            let flip = _mm512_set1_epi8(-128);
+            for g0 in (0..groups).step_by(2) {
+                let n = 2.min(groups - g0);
+                // SAFETY: 16 rows of `cols` bytes; the mask keeps loads within [32g0, 32g0 + 32n).
+                let v = unsafe { load_rows(q.as_ptr() as *const u8, cols, g0 * GROUP, 8 * n) };
+                for (j, &vj) in v.iter().enumerate().take(8 * n) {
+                    wp[g0 * 8 + j] = _mm512_xor_si512(vj, flip);
                 }
             }
-            QCodes::Q4(_) => {
-                for (j, &vj) in v.iter().enumerate().take(dwords) {
-                    let (g, s) = (g0 + j / 4, j % 4);
-                    panel.wp[g * 8 + s] = _mm512_and_si512(vj, low);
-                    panel.wp[g * 8 + 4 + s] = _mm512_and_si512(_mm512_srli_epi16(vj, 4), low);
+        }
+        QCodes::Q4(q) => {
+            assert_eq!(q.len(), PANEL_ROWS * cols / 2);
+            let low = _mm512_set1_epi8(0x0F);
+            let row_bytes = cols / 2;
+            let full = groups / 4 * 4;
+            for g0 in (0..groups).step_by(4) {
+                let n = 4.min(groups - g0);
+                // SAFETY: 16 rows of `cols/2` bytes; the mask keeps loads within
+                // [16g0, 16g0 + 16n).
+                let v = unsafe { load_rows(q.as_ptr(), row_bytes, g0 * Q4_GROUP_BYTES, 4 * n) };
+                let out = &mut wp[g0 * 8..(g0 + n) * 8];
+                if g0 < full {
+                    for gi in 0..4 {
+                        for s in 0..4 {
+                            let vj = v[gi * 4 + s];
+                            out[gi * 8 + s] = _mm512_and_si512(vj, low);
+                            out[gi * 8 + 4 + s] = _mm512_and_si512(_mm512_srli_epi16(vj, 4), low);
+                        }
+                    }
+                } else {
+                    for (j, &vj) in v.iter().enumerate().take(4 * n) {
+                        let (gi, s) = (j / 4, j % 4);
+                        out[gi * 8 + s] = _mm512_and_si512(vj, low);
+                        out[gi * 8 + 4 + s] = _mm512_and_si512(_mm512_srli_epi16(vj, 4), low);
+                    }
                 }
             }
         }
@@ -409,7 +431,7 @@ pub(crate) fn pack_panel(codes: QCodes, scales: &[u16], rows: usize, cols: usize
         let n = 16.min(groups - g0);
         let mask: __mmask32 = if n >= 16 { 0xFFFF } else { (1u32 << n) - 1 };
         let mut v = [_mm512_setzero_si512(); 16];
-        for (r, vr) in v.iter_mut().enumerate().take(rows) {
+        for (r, vr) in v.iter_mut().enumerate() {
             // SAFETY: the mask keeps the load within row r's scales [g0, g0 + n).
             let h = unsafe {
                 _mm512_maskz_loadu_epi16(mask, scales.as_ptr().add(r * groups + g0) as *const i16)
@@ -421,6 +443,23 @@ pub(crate) fn pack_panel(codes: QCodes, scales: &[u16], rows: usize, cols: usize
             panel.dw[g0 + j] = _mm512_castsi512_ps(vj);
         }
     }
+}
+
+/// Dwords `[start/4, start/4 + dwords)` (`dwords ≤ 16`) of 16 rows of `row_bytes` at `p`,
+/// transposed: register j holds dword j of every row.
+///
+/// # Safety
+/// `p` must point to 16 rows of `row_bytes` readable bytes, and `start + 4·dwords ≤ row_bytes`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn load_rows(p: *const u8, row_bytes: usize, start: usize, dwords: usize) -> [__m512i; 16] {
+    let mask: __mmask16 = if dwords >= 16 { 0xFFFF } else { (1u16 << dwords) - 1 };
+    let mut v: [__m512i; 16] = std::array::from_fn(|r| {
+        // SAFETY: the caller's contract; the mask limits the load to `dwords` dwords.
+        unsafe { _mm512_maskz_loadu_epi32(mask, p.add(r * row_bytes + start) as *const i32) }
+    });
+    transpose16(&mut v);
+    v
 }
 
 /// `out [tokens, 16]` = the packed panel times every token of `acts`, where `corr [tokens,
