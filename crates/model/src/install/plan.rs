@@ -7,8 +7,8 @@ use crate::layout::{checkpoint_tensors, ExpertKeys, TensorClass};
 use crate::quant::QuantFormat;
 
 /// Process memory beyond weights and state: the binary, thread stacks, allocator slack and
-/// the forward pass's work buffers (measured: about 40 MB for small models on the CPU backend).
-pub const BASE_OVERHEAD_BYTES: u64 = 48 << 20;
+/// the forward pass's work buffers (measured with `spindle bench`: about 20 MB on the CPU backend).
+pub const BASE_OVERHEAD_BYTES: u64 = 20 << 20;
 
 /// Where the routed experts live while the model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
