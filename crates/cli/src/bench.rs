@@ -60,10 +60,16 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             probe_bytes: args.probe_mib << 20,
         },
     )?;
+    // Expert counters cover the warm-up and the measured runs.
+    let experts = engine.expert_stats();
     if args.json {
         let mut value = serde_json::to_value(&report)?;
         value["model"] = dir.display().to_string().into();
         value["quant"] = args.load.quant.name().into();
+        value["experts"] = format!("{:?}", engine.expert_placement()).into();
+        value["expert_hit_rate"] = experts.hit_rate().into();
+        value["expert_bytes_read"] = experts.bytes_read.into();
+        value["expert_stall_s"] = experts.stall_s.into();
         println!("{value}");
         return Ok(ExitCode::SUCCESS);
     }
@@ -86,5 +92,14 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     );
     println!("prefill/decode ratio {:.1}x", report.prefill_tokens_per_s / report.decode_tokens_per_s);
     println!("peak RSS     {:>10.2} GB", gb(report.peak_rss_bytes as f64));
+    if experts.hits + experts.misses > 0 {
+        println!(
+            "experts      {:?}: hit rate {:.1}%, read {:.2} GB, stalled {:.2} s",
+            engine.expert_placement(),
+            experts.hit_rate() * 100.0,
+            gb(experts.bytes_read as f64),
+            experts.stall_s
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -36,7 +36,9 @@ impl FromStr for Device {
         match s {
             "cpu" => Ok(Device::Cpu),
             cuda if is_cuda(cuda) => Err(cuda_unavailable(cuda, AVAILABLE)),
-            other => Err(format!("unknown device {other:?} (available devices: {AVAILABLE})")),
+            other => Err(format!(
+                "unknown device {other:?} (available devices: {AVAILABLE})"
+            )),
         }
     }
 }
@@ -75,7 +77,9 @@ impl FromStr for LogitsDevice {
             cuda if is_cuda(cuda) => match cuda.strip_prefix("cuda:") {
                 None => Ok(LogitsDevice::Cuda(0)),
                 Some(n) => n.parse().map(LogitsDevice::Cuda).map_err(|_| {
-                    format!("device {cuda:?}: {n:?} is not a CUDA device number (expected e.g. cuda:0)")
+                    format!(
+                        "device {cuda:?}: {n:?} is not a CUDA device number (expected e.g. cuda:0)"
+                    )
                 }),
             },
             #[cfg(not(feature = "cuda"))]
@@ -120,7 +124,10 @@ mod tests {
         #[cfg(not(feature = "cuda"))]
         {
             let err = "cuda:1".parse::<LogitsDevice>().unwrap_err();
-            assert!(err.contains("without the CUDA backend") && err.contains("cuda:1"), "{err}");
+            assert!(
+                err.contains("without the CUDA backend") && err.contains("cuda:1"),
+                "{err}"
+            );
         }
     }
 }

@@ -6,7 +6,10 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::{json, Value};
+use spindle_model::install::plan::{MemoryPlan, Residency};
+use spindle_model::install::{self, Manifest};
 use spindle_model::layout::{parameters_by_class, TensorClass};
+use spindle_model::quant::QuantFormat;
 use spindle_model::{FfnKind, MixerKind, ModelConfig};
 
 #[derive(Debug, Args)]
@@ -18,6 +21,15 @@ pub struct InspectArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+
+    /// Context length (tokens) the memory plan provisions KV cache and state for.
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+
+    /// Weight format to plan for with a Hugging Face checkpoint (an install's own format is
+    /// used for an install).
+    #[arg(long, default_value = "bf16", value_parser = |s: &str| s.parse::<QuantFormat>().map_err(|e| e.to_string()))]
+    pub quant: QuantFormat,
 }
 
 /// Parameters per tensor class (the model crate's layout) and the share one token uses.
@@ -60,15 +72,84 @@ fn active_share(config: &ModelConfig, class: TensorClass, total: u64) -> u64 {
 pub fn run(args: &InspectArgs) -> Result<ExitCode> {
     let config = load_config(&args.path)?;
     let params = ParamCounts::from_config(&config);
+    let quant = if install::is_install(&args.path) {
+        Manifest::read(&args.path.join(install::MANIFEST))?.quant_format()
+    } else {
+        args.quant
+    };
+    let plan = MemoryPlan::new(&config, quant, args.context);
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&to_json(&args.path, &config, &params))?
-        );
+        let mut value = to_json(&args.path, &config, &params);
+        value["memory_plan"] = plan_json(&plan, quant);
+        println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         print_table(&args.path, &config, &params);
+        print_plan(&plan, quant);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn gb(bytes: u64) -> String {
+    format!("{:.3} GB", bytes as f64 / 1e9)
+}
+
+/// Slot counts worth showing: top-k, twice that, and every expert.
+fn slot_examples(plan: &MemoryPlan) -> Vec<usize> {
+    let mut slots = vec![plan.top_k, 2 * plan.top_k, plan.experts_per_layer];
+    slots.retain(|&s| s > 0 && s <= plan.experts_per_layer);
+    slots.dedup();
+    slots
+}
+
+fn print_plan(plan: &MemoryPlan, quant: QuantFormat) {
+    println!();
+    println!("  memory plan ({quant}, one session of {} tokens)", plan.context);
+    for (class, bytes, format) in &plan.classes {
+        println!("  {:<18} {:>12}  {format}", class.name(), gb(*bytes));
+    }
+    println!("  {:<18} {:>12}  at {} tokens", "kv + gdn state", gb(plan.state_bytes), plan.context);
+    println!("  peak RSS");
+    println!("    {:<16} {:>12}", "resident", gb(plan.peak_rss(Residency::Resident)));
+    println!("    {:<16} {:>12}  (at most; the page cache keeps what fits)", "mapped", gb(plan.peak_rss(Residency::Mapped)));
+    for slots in slot_examples(plan) {
+        println!(
+            "    {:<16} {:>12}",
+            format!("streamed, {slots} slots"),
+            gb(plan.peak_rss(Residency::Streamed { slots }))
+        );
+    }
+    if plan.moe_layers > 0 {
+        println!(
+            "    (each slot: {} per MoE layer × {} layers)",
+            gb(plan.record_bytes),
+            plan.moe_layers
+        );
+    }
+}
+
+fn plan_json(plan: &MemoryPlan, quant: QuantFormat) -> Value {
+    let classes: serde_json::Map<String, Value> = plan
+        .classes
+        .iter()
+        .map(|(c, b, f)| (c.name().to_owned(), json!({"bytes": b, "format": f})))
+        .collect();
+    let streamed: Vec<Value> = slot_examples(plan)
+        .into_iter()
+        .map(|slots| json!({"slots": slots, "peak_rss_bytes": plan.peak_rss(Residency::Streamed { slots })}))
+        .collect();
+    json!({
+        "quant": quant.name(),
+        "context": plan.context,
+        "classes": classes,
+        "state_bytes": plan.state_bytes,
+        "expert_record_bytes": plan.record_bytes,
+        "moe_layers": plan.moe_layers,
+        "peak_rss_bytes": {
+            "resident": plan.peak_rss(Residency::Resident),
+            "mapped": plan.peak_rss(Residency::Mapped),
+            "streamed": streamed,
+        },
+    })
 }
 
 /// `DIR/config.json` or the config file itself; the library's error is passed on as is, so

@@ -3,19 +3,54 @@
 use std::sync::Arc;
 
 use clap::Args;
+use spindle_engine::experts::{CachePolicy, ExpertResidency};
 use spindle_engine::LoadOptions;
+use spindle_model::install::Verify;
 use spindle_model::quant::QuantFormat;
 
 #[derive(Debug, Args, Clone)]
 pub struct LoadArgs {
     /// Weight format of the large projections: bf16 (as stored), or q8 / q4 quantized on load
-    /// (int8 / int4, one f16 scale per 32 weights).
+    /// (int8 / int4, one f16 scale per 32 weights). An install keeps the format it was
+    /// converted to.
     #[arg(long, default_value = "bf16", value_parser = parse_quant)]
     pub quant: QuantFormat,
+
+    /// Where the routed experts live: resident (in RAM), mapped (memory-mapped from an
+    /// install; the page cache decides), streamed (a few slots per layer, misses read from an
+    /// install), or auto (resident when the memory plan fits the memory available, else
+    /// streamed).
+    #[arg(long, default_value = "auto", value_parser = parse_residency)]
+    pub experts: ExpertResidency,
+
+    /// Expert slots per MoE layer when streamed (default: as many as memory allows).
+    #[arg(long, value_name = "N")]
+    pub expert_slots: Option<usize>,
+
+    /// Which expert a full slot cache evicts: lru or lfu.
+    #[arg(long, default_value = "lru", value_parser = parse_policy)]
+    pub expert_policy: CachePolicy,
+
+    /// Read streamed experts with O_DIRECT, bypassing the page cache.
+    #[arg(long)]
+    pub direct_io: bool,
+
+    /// Check the SHA-256 of every file of an install before running it (sizes are always
+    /// checked); a success is recorded in the install's verified.json.
+    #[arg(long)]
+    pub verify: bool,
 }
 
 fn parse_quant(s: &str) -> Result<QuantFormat, String> {
     s.parse::<QuantFormat>().map_err(|e| e.to_string())
+}
+
+fn parse_residency(s: &str) -> Result<ExpertResidency, String> {
+    s.parse()
+}
+
+fn parse_policy(s: &str) -> Result<CachePolicy, String> {
+    s.parse()
 }
 
 impl LoadArgs {
@@ -38,6 +73,12 @@ impl LoadArgs {
         LoadOptions {
             quant: self.quant,
             progress: (self.quant != QuantFormat::Bf16).then(|| Arc::new(progress) as Arc<dyn Fn(usize, usize) + Send + Sync>),
+            experts: self.experts,
+            expert_slots: self.expert_slots,
+            expert_policy: self.expert_policy,
+            direct_io: self.direct_io,
+            verify: if self.verify { Verify::Full } else { Verify::Sizes },
+            ..LoadOptions::default()
         }
     }
 }

@@ -202,7 +202,10 @@ fn run_cuda(args: &LogitsArgs, prompt: &[u32], ordinal: usize) -> Result<(ModelC
     }
     let started = Instant::now();
     let engine = spindle_cuda::CudaEngine::load(&args.model, ordinal).with_context(|| {
-        format!("cannot load the model at {} onto CUDA device {ordinal}", args.model.display())
+        format!(
+            "cannot load the model at {} onto CUDA device {ordinal}",
+            args.model.display()
+        )
     })?;
     log_loaded(args, engine.config(), started, &engine.device_name());
     let started = Instant::now();

@@ -3,6 +3,7 @@
 
 mod bench;
 mod compare;
+mod convert;
 mod device;
 mod inspect;
 mod load_args;
@@ -45,6 +46,9 @@ enum Command {
     Template(template::TemplateArgs),
     /// Measure prefill and decode speed against the memory-bandwidth roofline.
     Bench(bench::BenchArgs),
+    /// Convert a Hugging Face checkpoint into an install: quantized weights, routed experts
+    /// packed per layer for streaming, and a manifest with every file's size and SHA-256.
+    Convert(convert::ConvertArgs),
     /// Write a random-weight checkpoint with the shapes of a released model.
     Synth(synth::SynthArgs),
     /// Serve one model over an OpenAI-compatible HTTP API (/v1/chat/completions,
@@ -67,6 +71,7 @@ fn main() -> ExitCode {
         Command::Tokenize(args) => tokenize::run(&args),
         Command::Template(args) => template::run(&args),
         Command::Synth(args) => synth::run(&args),
+        Command::Convert(args) => convert::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Serve(args) => serve::run(&args),
     };

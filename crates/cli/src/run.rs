@@ -96,7 +96,7 @@ fn load(args: &RunArgs) -> Result<Model> {
     model
 }
 
-fn print_stats(c: &Completion) {
+fn print_stats(model: &Model, c: &Completion) {
     eprintln!(
         "\n[prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s | stop: {:?}]",
         c.prompt_tokens,
@@ -105,6 +105,18 @@ fn print_stats(c: &Completion) {
         c.decode_tokens_per_s(),
         c.finish
     );
+    let experts = model.engine.expert_stats();
+    if experts.hits + experts.misses > 0 {
+        eprintln!(
+            "[experts: {:?} | hit rate {:.1}% ({} hits, {} misses) | read {:.1} MB | stalled {:.3} s]",
+            model.engine.expert_placement(),
+            experts.hit_rate() * 100.0,
+            experts.hits,
+            experts.misses,
+            experts.bytes_read as f64 / 1e6,
+            experts.stall_s
+        );
+    }
 }
 
 /// Streams deltas to stdout as they come.
@@ -165,7 +177,7 @@ fn one_shot(args: &RunArgs, model: &Model, text: String) -> Result<ExitCode> {
         &mut stdout_sink(None),
     )?;
     println!();
-    print_stats(&completion);
+    print_stats(model, &completion);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -201,7 +213,7 @@ fn chat(args: &RunArgs, model: &Model) -> Result<ExitCode> {
         )?;
         println!();
         if args.stats {
-            print_stats(&turn.completion);
+            print_stats(model, &turn.completion);
             eprintln!("[context: {} tokens]", conversation.context_tokens());
         }
     }

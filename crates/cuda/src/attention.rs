@@ -113,7 +113,16 @@ pub fn forward(
         ],
     )?;
     let y = dev.zeros::<f32>(tokens * hidden)?;
-    linear(dev, &w.o_proj, out.ptr(), n_h * d, y.ptr(), hidden, tokens, false)?;
+    linear(
+        dev,
+        &w.o_proj,
+        out.ptr(),
+        n_h * d,
+        y.ptr(),
+        hidden,
+        tokens,
+        false,
+    )?;
     Ok(y)
 }
 

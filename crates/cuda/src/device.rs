@@ -77,7 +77,11 @@ pub fn ptx_for(arch: &str) -> Result<String> {
             log,
         }
     })?;
-    tracing::info!(arch, elapsed_ms = started.elapsed().as_millis() as u64, "compiled CUDA kernels");
+    tracing::info!(
+        arch,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "compiled CUDA kernels"
+    );
     let text = ptx.to_src();
     cache.insert(arch.to_owned(), text.clone());
     Ok(text)
@@ -223,7 +227,12 @@ impl Device {
     }
 
     /// Copies `data` into `buf[offset..]`.
-    pub fn write<T: DeviceRepr>(&self, buf: &mut DevBuf<T>, offset: usize, data: &[T]) -> Result<()> {
+    pub fn write<T: DeviceRepr>(
+        &self,
+        buf: &mut DevBuf<T>,
+        offset: usize,
+        data: &[T],
+    ) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }

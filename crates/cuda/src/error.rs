@@ -5,12 +5,16 @@ use spindle_model::ModelError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
-    #[error("CUDA is not available: no CUDA driver library (libcuda.so) was found on this machine; \
-             install the NVIDIA driver or run with --device cpu")]
+    #[error(
+        "CUDA is not available: no CUDA driver library (libcuda.so) was found on this machine; \
+             install the NVIDIA driver or run with --device cpu"
+    )]
     NoDriver,
-    #[error("CUDA is not available: the NVRTC library (libnvrtc.so) that compiles spindle's CUDA \
+    #[error(
+        "CUDA is not available: the NVRTC library (libnvrtc.so) that compiles spindle's CUDA \
              kernels was not found; install the CUDA toolkit's NVRTC or add its lib directory to \
-             LD_LIBRARY_PATH")]
+             LD_LIBRARY_PATH"
+    )]
     NoNvrtc,
     #[error("CUDA device {ordinal} does not exist: this machine has {count} CUDA device(s)")]
     NoSuchDevice { ordinal: usize, count: usize },

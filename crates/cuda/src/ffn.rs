@@ -9,17 +9,40 @@ use crate::linear::{linear, project};
 use crate::weights::{GpuMlp, GpuMoe};
 
 /// `down(silu(gate(x)) ⊙ up(x))` for `[tokens, H]`.
-pub fn mlp(dev: &Device, w: &GpuMlp, x: &DevBuf<f32>, tokens: usize, hidden: usize) -> Result<DevBuf<f32>> {
+pub fn mlp(
+    dev: &Device,
+    w: &GpuMlp,
+    x: &DevBuf<f32>,
+    tokens: usize,
+    hidden: usize,
+) -> Result<DevBuf<f32>> {
     let inter = w.down.cols;
     let gu = project(dev, &w.gate_up, x.ptr(), hidden, tokens)?;
     let act = dev.zeros::<f32>(tokens * inter)?;
     dev.launch_elementwise(
         "swiglu",
         tokens * inter,
-        &[p(gu.ptr()), i(2 * inter), i(0), i(inter), p(act.ptr()), i(tokens), i(inter)],
+        &[
+            p(gu.ptr()),
+            i(2 * inter),
+            i(0),
+            i(inter),
+            p(act.ptr()),
+            i(tokens),
+            i(inter),
+        ],
     )?;
     let y = dev.zeros::<f32>(tokens * hidden)?;
-    linear(dev, &w.down, act.ptr(), inter, y.ptr(), hidden, tokens, false)?;
+    linear(
+        dev,
+        &w.down,
+        act.ptr(),
+        inter,
+        y.ptr(),
+        hidden,
+        tokens,
+        false,
+    )?;
     Ok(y)
 }
 
@@ -31,7 +54,10 @@ pub fn moe(
     x: &DevBuf<f32>,
     tokens: usize,
 ) -> Result<DevBuf<f32>> {
-    let cfg = config.moe.as_ref().expect("validated: MoE layers have a MoE config");
+    let cfg = config
+        .moe
+        .as_ref()
+        .expect("validated: MoE layers have a MoE config");
     let hidden = config.hidden_size;
     let (e_count, k, inter, shared) = (
         cfg.num_experts,
@@ -76,11 +102,26 @@ pub fn moe(
         ],
     )?;
     let y = dev.zeros::<f32>(tokens * hidden)?;
-    linear(dev, &w.shared_down, act_shared.ptr(), shared, y.ptr(), hidden, tokens, false)?;
+    linear(
+        dev,
+        &w.shared_down,
+        act_shared.ptr(),
+        shared,
+        y.ptr(),
+        hidden,
+        tokens,
+        false,
+    )?;
     dev.launch_elementwise(
         "scale_by_sigmoid",
         tokens * hidden,
-        &[p(y.ptr()), p(big.at(e_count + 2 * shared)), i(width), i(tokens), i(hidden)],
+        &[
+            p(y.ptr()),
+            p(big.at(e_count + 2 * shared)),
+            i(width),
+            i(tokens),
+            i(hidden),
+        ],
     )?;
 
     // Routed experts: every (token, expert) pair's SwiGLU, then the weighted down projections.

@@ -28,6 +28,9 @@ struct Shape {
     eps: f32,
 }
 
+/// A hyper-connection block and its projection, kept from `enter` for `exit`.
+type Injection<'w> = Option<(&'w GpuHyper, DevBuf<f32>)>;
+
 /// The sublayer input read from the residual `h` and, for hyper-connections, the block and its
 /// projection that `exit` needs to inject the output back.
 fn enter<'w>(
@@ -36,14 +39,17 @@ fn enter<'w>(
     which: Sublayer,
     h: &DevBuf<f32>,
     s: &Shape,
-) -> Result<(DevBuf<f32>, Option<(&'w GpuHyper, DevBuf<f32>)>)> {
+) -> Result<(DevBuf<f32>, Injection<'w>)> {
     match residual {
         GpuResidual::Norms { input, post } => {
             let w = match which {
                 Sublayer::Mixer => input,
                 Sublayer::Ffn => post,
             };
-            Ok((qwen4::norm_rows(dev, h.ptr(), w, s.tokens, 1, s.hidden, s.eps)?, None))
+            Ok((
+                qwen4::norm_rows(dev, h.ptr(), w, s.tokens, 1, s.hidden, s.eps)?,
+                None,
+            ))
         }
         GpuResidual::Hyper { attn, mlp } => {
             let w = match which {
@@ -58,13 +64,7 @@ fn enter<'w>(
 }
 
 /// Adds the sublayer output `y` back into the residual.
-fn exit(
-    dev: &Device,
-    hyper: Option<(&GpuHyper, DevBuf<f32>)>,
-    h: &DevBuf<f32>,
-    y: &DevBuf<f32>,
-    s: &Shape,
-) -> Result<()> {
+fn exit(dev: &Device, hyper: Injection, h: &DevBuf<f32>, y: &DevBuf<f32>, s: &Shape) -> Result<()> {
     match hyper {
         None => dev.launch_elementwise(
             "add_in_place",

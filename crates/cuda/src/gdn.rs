@@ -24,7 +24,12 @@ pub fn forward(
 ) -> Result<DevBuf<f32>> {
     let g = &config.gdn;
     let hidden = config.hidden_size;
-    let (nk, nv, dk, dv) = (g.num_key_heads, g.num_value_heads, g.key_head_dim, g.value_head_dim);
+    let (nk, nv, dk, dv) = (
+        g.num_key_heads,
+        g.num_value_heads,
+        g.key_head_dim,
+        g.value_head_dim,
+    );
     let channels = g.conv_channels();
     let width = w.in_proj.rows; // C + n_v·d_v + 2·n_v
     let proj = project(dev, &w.in_proj, x.ptr(), hidden, tokens)?;
@@ -79,6 +84,15 @@ pub fn forward(
         ],
     )?;
     let y = dev.zeros::<f32>(tokens * hidden)?;
-    linear(dev, &w.out_proj, o.ptr(), nv * dv, y.ptr(), hidden, tokens, false)?;
+    linear(
+        dev,
+        &w.out_proj,
+        o.ptr(),
+        nv * dv,
+        y.ptr(),
+        hidden,
+        tokens,
+        false,
+    )?;
     Ok(y)
 }

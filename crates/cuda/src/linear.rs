@@ -52,12 +52,18 @@ impl<'d> MatrixBuilder<'d> {
 
     /// Copies rows `[from, from + count)` of `src` to rows `[to, to + count)`.
     pub fn put(&mut self, src: &Matrix, from: usize, count: usize, to: usize) -> Result<&mut Self> {
-        assert_eq!(src.cols, self.m.cols, "fused matrices share their input width");
+        assert_eq!(
+            src.cols, self.m.cols,
+            "fused matrices share their input width"
+        );
         assert!(from + count <= src.rows && to + count <= self.m.rows);
         let words = bf16_words(src)?;
         let cols = self.m.cols;
-        self.dev
-            .write(&mut self.m.buf, to * cols, &words[from * cols..(from + count) * cols])?;
+        self.dev.write(
+            &mut self.m.buf,
+            to * cols,
+            &words[from * cols..(from + count) * cols],
+        )?;
         Ok(self)
     }
 
@@ -130,7 +136,13 @@ pub fn linear(
 }
 
 /// `linear` into a new `[tokens, rows]` buffer.
-pub fn project(dev: &Device, w: &DevMatrix, x: u64, ldx: usize, tokens: usize) -> Result<DevBuf<f32>> {
+pub fn project(
+    dev: &Device,
+    w: &DevMatrix,
+    x: u64,
+    ldx: usize,
+    tokens: usize,
+) -> Result<DevBuf<f32>> {
     let y = dev.zeros::<f32>(tokens * w.rows)?;
     linear(dev, w, x, ldx, y.ptr(), w.rows, tokens, false)?;
     Ok(y)
@@ -146,7 +158,12 @@ impl CheckpointMatrix for Linear {
         match self {
             Linear::Mapped(m) => Ok(m),
             Linear::Quantized(_) => Err(CudaError::Unsupported(
-                "a weight matrix was quantized on load; the CUDA backend reads bf16 weights only".into(),
+                "a weight matrix was quantized on load; the CUDA backend reads bf16 weights only"
+                    .into(),
+            )),
+            Linear::Packed(_) => Err(CudaError::Unsupported(
+                "a weight matrix comes from a spindle install; the CUDA backend reads Hugging Face checkpoints only"
+                    .into(),
             )),
         }
     }

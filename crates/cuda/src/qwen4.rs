@@ -72,14 +72,28 @@ pub fn enter(
     dev.launch_elementwise(
         "silu_scaled",
         tokens * w.lowrank,
-        &[p(mix.ptr()), i(ld), f(1.0 / streams as f32), p(m.ptr()), i(tokens), i(w.lowrank)],
+        &[
+            p(mix.ptr()),
+            i(ld),
+            f(1.0 / streams as f32),
+            p(m.ptr()),
+            i(tokens),
+            i(w.lowrank),
+        ],
     )?;
     let a = project(dev, &w.up, m.ptr(), w.lowrank, tokens)?;
     let x = dev.zeros::<f32>(tokens * hidden)?;
     dev.launch_elementwise(
         "hc_mix",
         tokens * hidden,
-        &[p(a.ptr()), p(normed.ptr()), p(x.ptr()), i(tokens), i(streams), i(hidden)],
+        &[
+            p(a.ptr()),
+            p(normed.ptr()),
+            p(x.ptr()),
+            i(tokens),
+            i(streams),
+            i(hidden),
+        ],
     )?;
     Ok(HyperInput { x, mix })
 }
@@ -112,7 +126,6 @@ pub fn inject(
 
 /// Computes PLE for `ids` and adds it to the streams `hs [T, n·H]` (MODEL_MATH §4.5).
 /// `history` is the n-gram history before these ids; `conv_state` is updated.
-#[allow(clippy::too_many_arguments)]
 pub fn add(
     dev: &Device,
     cpu: &PleWeights,
@@ -136,7 +149,10 @@ pub fn add(
     let mut eng = vec![0.0f32; tokens * ple_dim];
     let table = &cpu.table;
     for (chunk, &row) in eng.chunks_mut(head_dim).zip(&rows) {
-        let (shard, local) = (row as usize / table.shard_rows, row as usize % table.shard_rows);
+        let (shard, local) = (
+            row as usize / table.shard_rows,
+            row as usize % table.shard_rows,
+        );
         table.shards[shard].mat().row_to_f32(local, chunk);
     }
     let eng = dev.upload(&eng)?;
@@ -144,7 +160,18 @@ pub fn add(
     let kv = project(dev, &w.kv_proj, eng.ptr(), ple_dim, tokens)?; // [T, n·H + H]
     let ld = w.kv_proj.rows;
     let keys = dev.zeros::<f32>(tokens * width)?;
-    group_norm(dev, kv.ptr(), ld, keys.ptr(), width, &w.norm_key, tokens, streams, hidden, eps)?;
+    group_norm(
+        dev,
+        kv.ptr(),
+        ld,
+        keys.ptr(),
+        width,
+        &w.norm_key,
+        tokens,
+        streams,
+        hidden,
+        eps,
+    )?;
     let queries = norm_rows(dev, hs.ptr(), &w.norm_query, tokens, streams, hidden, eps)?;
     let gates = dev.zeros::<f32>(tokens * width)?;
     dev.launch(

@@ -76,9 +76,16 @@ pub enum GpuFfn {
     Moe(GpuMoe),
 }
 
+#[allow(clippy::large_enum_variant)] // one per layer
 pub enum GpuResidual {
-    Norms { input: DevBuf<f32>, post: DevBuf<f32> },
-    Hyper { attn: GpuHyper, mlp: GpuHyper },
+    Norms {
+        input: DevBuf<f32>,
+        post: DevBuf<f32>,
+    },
+    Hyper {
+        attn: GpuHyper,
+        mlp: GpuHyper,
+    },
 }
 
 pub struct GpuLayer {
@@ -201,7 +208,12 @@ fn upload_moe(dev: &Device, m: &MoeWeights) -> Result<GpuMoe> {
     Ok(GpuMoe {
         input: DevMatrix::stack(
             dev,
-            &[m.router.m()?, m.shared.gate.m()?, m.shared.up.m()?, m.shared_gate.m()?],
+            &[
+                m.router.m()?,
+                m.shared.gate.m()?,
+                m.shared.up.m()?,
+                m.shared_gate.m()?,
+            ],
         )?,
         shared_down: DevMatrix::upload(dev, m.shared.down.m()?)?,
         experts_gate_up: gate_up.finish().buf,
@@ -215,7 +227,12 @@ fn upload_gdn(
     config: &ModelConfig,
 ) -> Result<GpuGdn> {
     let c = &config.gdn;
-    let (nk, nv, dk, dv) = (c.num_key_heads, c.num_value_heads, c.key_head_dim, c.value_head_dim);
+    let (nk, nv, dk, dv) = (
+        c.num_key_heads,
+        c.num_value_heads,
+        c.key_head_dim,
+        c.value_head_dim,
+    );
     let channels = c.conv_channels();
     let in_proj = match &g.projection {
         GdnProjection::Split { qkv, z, b, a } => {
@@ -233,9 +250,19 @@ fn upload_gdn(
                 m.put(qkvz, src, dk, kg * dk)?;
                 m.put(qkvz, src + dk, dk, nk * dk + kg * dk)?;
                 m.put(qkvz, src + 2 * dk, rho * dv, 2 * nk * dk + kg * rho * dv)?;
-                m.put(qkvz, src + 2 * dk + rho * dv, rho * dv, channels + kg * rho * dv)?;
+                m.put(
+                    qkvz,
+                    src + 2 * dk + rho * dv,
+                    rho * dv,
+                    channels + kg * rho * dv,
+                )?;
                 m.put(ba, kg * 2 * rho, rho, channels + nv * dv + kg * rho)?;
-                m.put(ba, kg * 2 * rho + rho, rho, channels + nv * dv + nv + kg * rho)?;
+                m.put(
+                    ba,
+                    kg * 2 * rho + rho,
+                    rho,
+                    channels + nv * dv + nv + kg * rho,
+                )?;
             }
             m.finish()
         }

@@ -21,16 +21,25 @@ const FAMILIES: [&str; 5] = [
 ];
 
 fn fixture(name: &str) -> PathBuf {
-    let root = std::env::var_os("SPINDLE_FIXTURES").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
-    });
+    let root = std::env::var_os("SPINDLE_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+        });
     let dir = root.join(name);
-    assert!(dir.exists(), "fixture {} is missing (set SPINDLE_FIXTURES)", dir.display());
+    assert!(
+        dir.exists(),
+        "fixture {} is missing (set SPINDLE_FIXTURES)",
+        dir.display()
+    );
     dir
 }
 
 fn device_ordinal() -> usize {
-    std::env::var("SPINDLE_CUDA_DEVICE").ok().and_then(|s| s.parse().ok()).unwrap_or(0)
+    std::env::var("SPINDLE_CUDA_DEVICE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 struct Reference(Vec<u8>);
@@ -43,22 +52,38 @@ impl Reference {
 
     fn f32(&self, name: &str) -> Vec<f32> {
         let st = SafeTensors::deserialize(&self.0).expect("reference parses");
-        let v = st.tensor(name).unwrap_or_else(|_| panic!("reference has no `{name}`"));
+        let v = st
+            .tensor(name)
+            .unwrap_or_else(|_| panic!("reference has no `{name}`"));
         assert_eq!(v.dtype(), Dtype::F32, "{name} dtype");
-        v.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+        v.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
     }
 
     fn ids(&self, name: &str) -> Vec<u32> {
         let st = SafeTensors::deserialize(&self.0).expect("reference parses");
-        let v = st.tensor(name).unwrap_or_else(|_| panic!("reference has no `{name}`"));
+        let v = st
+            .tensor(name)
+            .unwrap_or_else(|_| panic!("reference has no `{name}`"));
         assert_eq!(v.dtype(), Dtype::I64, "{name} dtype");
-        v.data().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect()
+        v.data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect()
     }
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) })
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(
+            0.0,
+            |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+        )
 }
 
 fn load(name: &str) -> CudaEngine {
@@ -87,10 +112,19 @@ fn check_fixture(name: &str) {
         expected_gen.len(),
         if run.gen_ids == expected_gen { "identical" } else { "DIFFER" }
     );
-    assert!(prefill_err < TOLERANCE, "{name}: prefill logits differ by {prefill_err}");
+    assert!(
+        prefill_err < TOLERANCE,
+        "{name}: prefill logits differ by {prefill_err}"
+    );
     assert_eq!(run.gen_ids, expected_gen, "{name}: greedy tokens");
-    assert!(decode_err < TOLERANCE, "{name}: decode logits differ by {decode_err}");
-    assert!(full_err < TOLERANCE, "{name}: full logits differ by {full_err}");
+    assert!(
+        decode_err < TOLERANCE,
+        "{name}: decode logits differ by {decode_err}"
+    );
+    assert!(
+        full_err < TOLERANCE,
+        "{name}: full logits differ by {full_err}"
+    );
 }
 
 #[test]
@@ -132,7 +166,9 @@ fn prefill_in_pieces_equals_prefill_at_once() {
         let prompt = Reference::load(name).ids("prompt_ids");
         let engine = load(name);
         let mut whole = engine.new_session().unwrap();
-        let at_once = engine.forward(&mut whole, &prompt, LogitsFor::Last).unwrap();
+        let at_once = engine
+            .forward(&mut whole, &prompt, LogitsFor::Last)
+            .unwrap();
         let mut pieces = engine.new_session().unwrap();
         let mut rest = &prompt[..];
         let mut last = Vec::new();
@@ -162,7 +198,9 @@ fn long_prompt_matches_cpu_engine() {
         let mut state = 0x9E3779B97F4A7C15u64;
         let prompt: Vec<u32> = (0..300)
             .map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((state >> 33) % vocab) as u32
             })
             .collect();

@@ -5,7 +5,14 @@
 #[ignore = "needs the NVRTC library"]
 fn kernels_compile_for_hopper() {
     let ptx = spindle_cuda::ptx_for("sm_90").unwrap_or_else(|e| panic!("{e}"));
-    for kernel in ["matvec_bf16", "gemm_bf16", "gdn_recurrent", "attn_decode", "moe_route", "ple_conv"] {
+    for kernel in [
+        "matvec_bf16",
+        "gemm_bf16",
+        "gdn_recurrent",
+        "attn_decode",
+        "moe_route",
+        "ple_conv",
+    ] {
         assert!(ptx.contains(kernel), "PTX lacks {kernel}");
     }
 }

@@ -43,8 +43,18 @@ pub fn route(router_logits: &[f32], cfg: &MoeConfig) -> Vec<Route> {
 
 /// The MoE block for `[tokens, H]`: routed experts (tokens grouped per expert so each expert's
 /// weights are read once per call) plus the sigmoid-gated shared expert.
+///
+/// With streamed experts the reads of the routed experts start as soon as routing is known
+/// and overlap the shared expert; when a layer has fewer slots than the call needs experts,
+/// they run in waves of at most `slots`. Outputs are added in expert order either way, so the
+/// result does not depend on residency, slot count or scheduling.
 pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: usize) -> Vec<f32> {
     let routes = route(&w.router.forward(x, tokens), cfg);
+    let users = expert_users(&routes, cfg.num_experts);
+    let ids: Vec<usize> = users.iter().map(|(e, _)| *e).collect();
+    let wave = w.streamed.as_ref().map_or(ids.len(), |s| s.slots()).max(1);
+    let mut pending = w.streamed.as_ref().map(|s| s.begin(&ids[..wave.min(ids.len())]));
+
     let mut out = mlp(&w.shared, x, tokens);
     let shared_gate = w.shared_gate.forward(x, tokens);
     for (t, row) in out.chunks_mut(hidden).enumerate() {
@@ -52,37 +62,50 @@ pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: us
         row.iter_mut().for_each(|v| *v *= g);
     }
 
-    // (expert, [(token, weight)]) for every expert some token chose, in expert order.
-    let mut users: Vec<(usize, Vec<(usize, f32)>)> = Vec::new();
-    for (e, _) in w.experts.iter().enumerate() {
-        let chosen: Vec<(usize, f32)> = routes
-            .iter()
-            .enumerate()
-            .filter_map(|(t, r)| r.experts.iter().position(|&x| x == e).map(|j| (t, r.weights[j])))
+    let mut first = 0;
+    while first < users.len() {
+        let group = &users[first..(first + wave).min(users.len())];
+        let loaded = match (&w.streamed, pending.take()) {
+            (Some(s), Some(slots)) => s.wait(&slots),
+            (Some(s), None) => s.wait(&s.begin(&ids[first..first + group.len()])),
+            (None, _) => Vec::new(),
+        };
+        let expert = |i: usize| match loaded.get(i) {
+            Some(l) => &l.weights,
+            None => &w.experts[group[i].0],
+        };
+        // The selected experts run in parallel; their outputs are added in expert order.
+        let outputs: Vec<Vec<f32>> = (0..group.len())
+            .into_par_iter()
+            .map(|i| {
+                let chosen = &group[i].1;
+                let mut xs = Vec::with_capacity(chosen.len() * hidden);
+                for &(t, _) in chosen {
+                    xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+                }
+                mlp(expert(i), &xs, chosen.len())
+            })
             .collect();
-        if !chosen.is_empty() {
-            users.push((e, chosen));
-        }
-    }
-    // The selected experts run in parallel; their outputs are added in expert order, so the
-    // result does not depend on scheduling.
-    let outputs: Vec<Vec<f32>> = users
-        .par_iter()
-        .map(|(e, chosen)| {
-            let mut xs = Vec::with_capacity(chosen.len() * hidden);
-            for &(t, _) in chosen {
-                xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+        for ((_, chosen), ys) in group.iter().zip(&outputs) {
+            for (i, &(t, weight)) in chosen.iter().enumerate() {
+                let dst = &mut out[t * hidden..(t + 1) * hidden];
+                dst.iter_mut().zip(&ys[i * hidden..(i + 1) * hidden]).for_each(|(o, &y)| *o += weight * y);
             }
-            mlp(&w.experts[*e], &xs, chosen.len())
-        })
-        .collect();
-    for ((_, chosen), ys) in users.iter().zip(&outputs) {
-        for (i, &(t, weight)) in chosen.iter().enumerate() {
-            let dst = &mut out[t * hidden..(t + 1) * hidden];
-            dst.iter_mut().zip(&ys[i * hidden..(i + 1) * hidden]).for_each(|(o, &y)| *o += weight * y);
         }
+        first += group.len();
     }
     out
+}
+
+/// `(expert, [(token, weight)])` for every expert some token chose, in expert order.
+fn expert_users(routes: &[Route], num_experts: usize) -> Vec<(usize, Vec<(usize, f32)>)> {
+    let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); num_experts];
+    for (t, r) in routes.iter().enumerate() {
+        for (&e, &weight) in r.experts.iter().zip(&r.weights) {
+            users[e].push((t, weight));
+        }
+    }
+    users.into_iter().enumerate().filter(|(_, chosen)| !chosen.is_empty()).collect()
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 mod attention;
 pub mod error;
+pub mod experts;
 pub mod ffn;
 mod flow;
 mod gdn;
@@ -12,11 +13,18 @@ pub mod session;
 pub mod weights;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use spindle_kernels::rope::RopeFreqs;
 use spindle_kernels::softmax::argmax;
+use spindle_model::install::plan::{MemoryPlan, Residency};
+use spindle_model::install::{self, Install, Verify};
 use spindle_model::quant::QuantFormat;
-use spindle_model::{Checkpoint, ModelConfig};
+use spindle_model::{Checkpoint, ModelConfig, ModelError};
+
+use experts::load::{ExpertSetup, Placement};
+use experts::pool::ReadPool;
+use experts::{CachePolicy, ExpertCounters, ExpertResidency, ExpertStats, StreamOptions};
 
 pub use error::{EngineError, Result};
 pub use flow::LogitsFor;
@@ -29,7 +37,24 @@ pub struct LoadOptions {
     pub quant: QuantFormat,
     /// Called as projections are re-encoded: (done, total).
     pub progress: Option<std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>>,
+    /// Where the routed experts live (streamed needs an install).
+    pub experts: ExpertResidency,
+    /// Expert slots per MoE layer when streamed (default: as many as memory allows).
+    pub expert_slots: Option<usize>,
+    /// Which expert a full slot cache evicts.
+    pub expert_policy: CachePolicy,
+    /// Read streamed experts with O_DIRECT (bypassing the page cache).
+    pub direct_io: bool,
+    /// Reader threads for streamed experts (0: the default, 4).
+    pub io_threads: usize,
+    /// How much of an install to check when opening it.
+    pub verify: Verify,
+    /// Context length the memory plan provisions for (`auto`); 0 means 4096.
+    pub context: usize,
 }
+
+/// Fraction of the available memory `auto` lets a model plan to use.
+const AUTO_BUDGET_FRACTION: f64 = 0.85;
 
 /// A loaded model, ready to run sessions.
 pub struct Engine {
@@ -38,6 +63,10 @@ pub struct Engine {
     rope: RopeFreqs,
     /// Kept alive for the memory maps the weights point into.
     _checkpoint: Checkpoint,
+    /// The install the model was opened from, if any.
+    install: Option<Install>,
+    placement: Placement,
+    expert_counters: Arc<ExpertCounters>,
 }
 
 impl Engine {
@@ -47,8 +76,19 @@ impl Engine {
         Self::load_with(dir, &LoadOptions::default())
     }
 
-    /// [`Engine::load`] with options (weight format).
+    /// [`Engine::load`] with options (weight format, expert residency). `dir` is a Hugging
+    /// Face checkpoint or an install (a directory with `manifest.json`).
     pub fn load_with(dir: &Path, options: &LoadOptions) -> Result<Self> {
+        if install::is_install(dir) {
+            return Self::load_install(dir, options);
+        }
+        if options.experts == ExpertResidency::Streamed {
+            return Err(ModelError::Unsupported {
+                path: dir.to_owned(),
+                message: "--experts streamed reads experts from an install; run `spindle convert` on this checkpoint first".into(),
+            }
+            .into());
+        }
         let config = ModelConfig::from_dir(dir)?;
         let checkpoint = Checkpoint::open(dir)?;
         let mut weights = weights::load(&checkpoint, &config)?;
@@ -58,12 +98,82 @@ impl Engine {
             }
         });
         let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
+        // A checkpoint's experts are memory-mapped (bf16) or quantized into the heap.
+        let placement = match (options.experts, options.quant) {
+            (ExpertResidency::Mapped, QuantFormat::Bf16) => Placement::Mapped,
+            _ => Placement::Resident,
+        };
         Ok(Engine {
             config,
             weights,
             rope,
             _checkpoint: checkpoint,
+            install: None,
+            placement,
+            expert_counters: Arc::new(ExpertCounters::default()),
         })
+    }
+
+    fn load_install(dir: &Path, options: &LoadOptions) -> Result<Self> {
+        let install = Install::open(dir, options.verify).map_err(ModelError::from)?;
+        let config = ModelConfig::from_dir(dir)?;
+        let quant = install.manifest().quant_format();
+        if options.quant != QuantFormat::Bf16 && options.quant != quant {
+            return Err(ModelError::Unsupported {
+                path: dir.to_owned(),
+                message: format!(
+                    "this install holds {quant} weights; --quant {} applies to Hugging Face checkpoints (convert again to change it)",
+                    options.quant
+                ),
+            }
+            .into());
+        }
+        let checkpoint = Checkpoint::open(dir)?;
+        let context = if options.context == 0 { 4096 } else { options.context };
+        let plan = MemoryPlan::new(&config, quant, context);
+        let placement = choose_placement(options, &plan);
+        tracing::info!("{}: experts {placement:?}", dir.display());
+        let counters = Arc::new(ExpertCounters::default());
+        let pool = matches!(placement, Placement::Streamed(_)).then(|| {
+            Arc::new(ReadPool::new(if options.io_threads == 0 { 4 } else { options.io_threads }))
+        });
+        let setup = ExpertSetup { placement, pool, counters: counters.clone() };
+        let source = weights::Source { ck: &checkpoint, install: Some((&install, &setup)) };
+        let weights = weights::load_from(&source, &config)?;
+        let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
+        Ok(Engine {
+            config,
+            weights,
+            rope,
+            _checkpoint: checkpoint,
+            install: Some(install),
+            placement,
+            expert_counters: counters,
+        })
+    }
+
+    /// The install the model runs from, if it was opened from one.
+    pub fn install(&self) -> Option<&Install> {
+        self.install.as_ref()
+    }
+
+    /// Where the routed experts live (with `auto` resolved).
+    pub fn expert_placement(&self) -> Placement {
+        self.placement
+    }
+
+    /// Expert lookups, misses, bytes read and stall time since load or the last reset.
+    pub fn expert_stats(&self) -> ExpertStats {
+        self.expert_counters.snapshot()
+    }
+
+    pub fn reset_expert_stats(&self) {
+        self.expert_counters.reset()
+    }
+
+    /// The live counters (for a metrics endpoint's hit-rate probe).
+    pub fn expert_counters(&self) -> Arc<ExpertCounters> {
+        self.expert_counters.clone()
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -146,4 +256,26 @@ pub struct GreedyRun {
     pub gen_ids: Vec<u32>,
     /// `[G, V]`: row g holds the logits `gen_ids[g]` was picked from.
     pub decode_logits: Vec<f32>,
+}
+
+/// Resolves `--experts` for an install: `auto` keeps every expert resident when the plan fits
+/// the memory available, else streams with as many slots as fit.
+fn choose_placement(options: &LoadOptions, plan: &MemoryPlan) -> Placement {
+    let budget = spindle_model::install::plan::memory_budget().map(|b| (b as f64 * AUTO_BUDGET_FRACTION) as u64);
+    let streamed = |slots: Option<usize>| {
+        let slots = slots
+            .or_else(|| budget.and_then(|b| plan.slots_within(b)))
+            .unwrap_or(plan.top_k.max(1))
+            .clamp(1, plan.experts_per_layer.max(1));
+        Placement::Streamed(StreamOptions { slots, policy: options.expert_policy, direct_io: options.direct_io })
+    };
+    match options.experts {
+        ExpertResidency::Resident => Placement::Resident,
+        ExpertResidency::Mapped => Placement::Mapped,
+        ExpertResidency::Streamed => streamed(options.expert_slots),
+        ExpertResidency::Auto => match budget {
+            Some(b) if plan.moe_layers > 0 && plan.peak_rss(Residency::Resident) > b => streamed(options.expert_slots),
+            _ => Placement::Resident,
+        },
+    }
 }

@@ -10,7 +10,43 @@ use spindle_model::{
     Checkpoint, DType, ExpertLayout, FfnKind, Matrix, MixerKind, ModelConfig, Result, TensorNames,
 };
 
+use crate::experts::load::{load_layer, ExpertSetup, LayerExperts};
+use crate::experts::packed::PackedMatrix;
+use crate::experts::StreamedExperts;
 use crate::qwen4::{self, HyperWeights, IndexerWeights, PleWeights};
+use spindle_model::install::Install;
+
+/// Where the loader reads tensors: a checkpoint, and for an install also its quantized
+/// resident tensors and its expert files.
+pub struct Source<'a> {
+    pub ck: &'a Checkpoint,
+    pub install: Option<(&'a Install, &'a ExpertSetup)>,
+}
+
+impl Source<'_> {
+    /// Whether tensor `name` exists, as stored or quantized.
+    fn contains(&self, name: &str) -> bool {
+        self.ck.contains(name) || self.install.is_some_and(|(i, _)| matches!(i.quantized(name), Ok(Some(_))))
+    }
+
+    /// The matrix `name` of `shape`: quantized as the install stores it, or as mapped.
+    fn linear(&self, name: &str, shape: &[usize]) -> Result<Linear> {
+        if let Some((install, _)) = self.install {
+            if let Some(q) = install.quantized(name)? {
+                if shape != [q.rows, q.cols] {
+                    return Err(spindle_model::ModelError::ShapeMismatch {
+                        path: q.file.path().to_owned(),
+                        tensor: name.to_owned(),
+                        actual: vec![q.rows, q.cols],
+                        expected: shape.to_vec(),
+                    });
+                }
+                return Ok(Linear::Packed(PackedMatrix::from_resident(&q)));
+            }
+        }
+        Ok(Linear::Mapped(self.ck.matrix(name, shape)?))
+    }
+}
 
 /// A linear layer y = x·Wᵀ with W `[out, in]`: as stored in the checkpoint (memory-mapped)
 /// or quantized on load.
@@ -18,6 +54,8 @@ use crate::qwen4::{self, HyperWeights, IndexerWeights, PleWeights};
 pub enum Linear {
     Mapped(Matrix),
     Quantized(Arc<QuantizedMatrix>),
+    /// Laid out by an install: a quantized resident tensor or an expert record's part.
+    Packed(PackedMatrix),
 }
 
 impl Linear {
@@ -32,6 +70,7 @@ impl Linear {
                 MatRef::new(weights, m.rows, m.cols)
             }
             Linear::Quantized(q) => q.mat(),
+            Linear::Packed(p) => p.mat(),
         }
     }
 
@@ -39,6 +78,7 @@ impl Linear {
         match self {
             Linear::Mapped(m) => m.rows,
             Linear::Quantized(q) => q.rows,
+            Linear::Packed(p) => p.rows,
         }
     }
 
@@ -46,6 +86,7 @@ impl Linear {
         match self {
             Linear::Mapped(m) => m.cols,
             Linear::Quantized(q) => q.cols,
+            Linear::Packed(p) => p.cols,
         }
     }
 
@@ -73,7 +114,7 @@ impl Linear {
             QuantFormat::Q8 => false,
             QuantFormat::Q4 => true,
         };
-        if !format.fits(self.cols()) || matches!(self, Linear::Quantized(_)) {
+        if !format.fits(self.cols()) || matches!(self, Linear::Quantized(_) | Linear::Packed(_)) {
             return self.clone();
         }
         let mat = self.mat();
@@ -136,7 +177,10 @@ pub struct MlpWeights {
 pub struct MoeWeights {
     /// `[E, H]` router.
     pub router: Linear,
+    /// Every expert, addressable (resident or mapped); empty when `streamed` holds them.
     pub experts: Vec<MlpWeights>,
+    /// The experts behind a slot cache, read from an install as routing asks for them.
+    pub streamed: Option<StreamedExperts>,
     pub shared: MlpWeights,
     /// `[1, H]` sigmoid gate of the shared expert.
     pub shared_gate: Linear,
@@ -188,18 +232,26 @@ pub struct ModelWeights {
 
 /// Reads and shape-checks every tensor the forward pass needs.
 pub fn load(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<ModelWeights> {
+    load_from(&Source { ck: checkpoint, install: None }, config)
+}
+
+/// [`load`] from a checkpoint or an install.
+pub fn load_from(src: &Source, config: &ModelConfig) -> Result<ModelWeights> {
+    let checkpoint = src.ck;
     let names = TensorNames::detect(checkpoint)?;
     let h = config.hidden_size;
     let embed = Linear::Mapped(
         checkpoint.matrix(&names.trunk("embed_tokens.weight"), &[config.vocab_size, h])?,
     );
-    let lm_head = if config.tie_word_embeddings {
+    // An install stores a tied head apart when it quantized it.
+    let stored_head = src.install.is_some() && src.contains("lm_head.weight");
+    let lm_head = if config.tie_word_embeddings && !stored_head {
         embed.clone()
     } else {
-        Linear::Mapped(checkpoint.matrix("lm_head.weight", &[config.vocab_size, h])?)
+        src.linear("lm_head.weight", &[config.vocab_size, h])?
     };
     let layers = (0..config.num_layers())
-        .map(|i| load_layer(checkpoint, &names, config, i))
+        .map(|i| load_layer_weights(src, &names, config, i))
         .collect::<Result<Vec<_>>>()?;
     let head_input = match &config.hyper {
         Some(hc) => HeadInput::HyperMixer(qwen4::load_hyper(
@@ -219,17 +271,18 @@ pub fn load(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<ModelWeight
     })
 }
 
-fn load_layer(
-    ck: &Checkpoint,
+fn load_layer_weights(
+    src: &Source,
     names: &TensorNames,
     config: &ModelConfig,
     i: usize,
 ) -> Result<LayerWeights> {
+    let ck = src.ck;
     let h = config.hidden_size;
     let spec = config.layers[i];
     let mixer = match spec.mixer {
-        MixerKind::FullAttention => MixerWeights::Attention(load_attention(ck, names, config, i)?),
-        MixerKind::LinearAttention => MixerWeights::Gdn(load_gdn(ck, names, config, i)?),
+        MixerKind::FullAttention => MixerWeights::Attention(load_attention(src, names, config, i)?),
+        MixerKind::LinearAttention => MixerWeights::Gdn(load_gdn(src, names, config, i)?),
     };
     let ffn = match spec.ffn {
         FfnKind::Dense => {
@@ -237,13 +290,13 @@ fn load_layer(
                 .intermediate_size
                 .expect("validated: dense layers have intermediate_size");
             FfnWeights::Dense(load_mlp(
-                ck,
+                src,
                 &|s| names.layer(i, &format!("mlp.{s}")),
                 h,
                 inter,
             )?)
         }
-        FfnKind::Moe => FfnWeights::Moe(load_moe(ck, names, config, i)?),
+        FfnKind::Moe => FfnWeights::Moe(load_moe(src, names, config, i)?),
     };
     let residual = match &config.hyper {
         Some(hc) => Residual::Hyper {
@@ -268,19 +321,20 @@ fn load_layer(
 }
 
 fn load_attention(
-    ck: &Checkpoint,
+    src: &Source,
     names: &TensorNames,
     config: &ModelConfig,
     i: usize,
 ) -> Result<AttentionWeights> {
+    let ck = src.ck;
     let a = &config.attention;
     let h = config.hidden_size;
     let t = |s: &str| names.layer(i, &format!("self_attn.{s}"));
     Ok(AttentionWeights {
-        q_proj: Linear::Mapped(ck.matrix(&t("q_proj.weight"), &[a.num_heads * a.head_dim * 2, h])?),
-        k_proj: Linear::Mapped(ck.matrix(&t("k_proj.weight"), &[a.num_kv_heads * a.head_dim, h])?),
-        v_proj: Linear::Mapped(ck.matrix(&t("v_proj.weight"), &[a.num_kv_heads * a.head_dim, h])?),
-        o_proj: Linear::Mapped(ck.matrix(&t("o_proj.weight"), &[h, a.num_heads * a.head_dim])?),
+        q_proj: src.linear(&t("q_proj.weight"), &[a.num_heads * a.head_dim * 2, h])?,
+        k_proj: src.linear(&t("k_proj.weight"), &[a.num_kv_heads * a.head_dim, h])?,
+        v_proj: src.linear(&t("v_proj.weight"), &[a.num_kv_heads * a.head_dim, h])?,
+        o_proj: src.linear(&t("o_proj.weight"), &[h, a.num_heads * a.head_dim])?,
         q_norm: ck.f32_values(&t("q_norm.weight"), &[a.head_dim])?,
         k_norm: ck.f32_values(&t("k_norm.weight"), &[a.head_dim])?,
         indexer: match &config.qsa {
@@ -291,11 +345,12 @@ fn load_attention(
 }
 
 fn load_gdn(
-    ck: &Checkpoint,
+    src: &Source,
     names: &TensorNames,
     config: &ModelConfig,
     i: usize,
 ) -> Result<GdnWeights> {
+    let ck = src.ck;
     let g = &config.gdn;
     let h = config.hidden_size;
     let t = |s: &str| names.layer(i, &format!("linear_attn.{s}"));
@@ -306,19 +361,17 @@ fn load_gdn(
         g.value_head_dim,
     );
     let channels = g.conv_channels();
-    let projection = if ck.contains(&t("in_proj_qkvz.weight")) {
+    let projection = if src.contains(&t("in_proj_qkvz.weight")) {
         GdnProjection::Fused {
-            qkvz: Linear::Mapped(
-                ck.matrix(&t("in_proj_qkvz.weight"), &[2 * nk * dk + 2 * nv * dv, h])?,
-            ),
-            ba: Linear::Mapped(ck.matrix(&t("in_proj_ba.weight"), &[2 * nv, h])?),
+            qkvz: src.linear(&t("in_proj_qkvz.weight"), &[2 * nk * dk + 2 * nv * dv, h])?,
+            ba: src.linear(&t("in_proj_ba.weight"), &[2 * nv, h])?,
         }
     } else {
         GdnProjection::Split {
-            qkv: Linear::Mapped(ck.matrix(&t("in_proj_qkv.weight"), &[channels, h])?),
-            z: Linear::Mapped(ck.matrix(&t("in_proj_z.weight"), &[nv * dv, h])?),
-            b: Linear::Mapped(ck.matrix(&t("in_proj_b.weight"), &[nv, h])?),
-            a: Linear::Mapped(ck.matrix(&t("in_proj_a.weight"), &[nv, h])?),
+            qkv: src.linear(&t("in_proj_qkv.weight"), &[channels, h])?,
+            z: src.linear(&t("in_proj_z.weight"), &[nv * dv, h])?,
+            b: src.linear(&t("in_proj_b.weight"), &[nv, h])?,
+            a: src.linear(&t("in_proj_a.weight"), &[nv, h])?,
         }
     };
     Ok(GdnWeights {
@@ -327,29 +380,30 @@ fn load_gdn(
         a_log: ck.f32_values(&t("A_log"), &[nv])?,
         dt_bias: ck.f32_values(&t("dt_bias"), &[nv])?,
         norm: ck.f32_values(&t("norm.weight"), &[dv])?,
-        out_proj: Linear::Mapped(ck.matrix(&t("out_proj.weight"), &[h, nv * dv])?),
+        out_proj: src.linear(&t("out_proj.weight"), &[h, nv * dv])?,
     })
 }
 
 fn load_mlp(
-    ck: &Checkpoint,
+    src: &Source,
     name: &dyn Fn(&str) -> String,
     h: usize,
     inter: usize,
 ) -> Result<MlpWeights> {
     Ok(MlpWeights {
-        gate: Linear::Mapped(ck.matrix(&name("gate_proj.weight"), &[inter, h])?),
-        up: Linear::Mapped(ck.matrix(&name("up_proj.weight"), &[inter, h])?),
-        down: Linear::Mapped(ck.matrix(&name("down_proj.weight"), &[h, inter])?),
+        gate: src.linear(&name("gate_proj.weight"), &[inter, h])?,
+        up: src.linear(&name("up_proj.weight"), &[inter, h])?,
+        down: src.linear(&name("down_proj.weight"), &[h, inter])?,
     })
 }
 
 fn load_moe(
-    ck: &Checkpoint,
+    src: &Source,
     names: &TensorNames,
     config: &ModelConfig,
     i: usize,
 ) -> Result<MoeWeights> {
+    let ck = src.ck;
     let moe = config
         .moe
         .as_ref()
@@ -357,9 +411,19 @@ fn load_moe(
     let h = config.hidden_size;
     let (e_count, inter) = (moe.num_experts, moe.expert_intermediate);
     let t = |s: &str| names.layer(i, &format!("mlp.{s}"));
-    let experts = match names.expert_layout(ck, i)? {
+    let mut streamed = None;
+    let experts = if let Some((install, setup)) = src.install {
+        match load_layer(install, i, setup)? {
+            LayerExperts::InMemory(experts) => experts,
+            LayerExperts::Streamed(s) => {
+                streamed = Some(s);
+                Vec::new()
+            }
+        }
+    } else {
+        match names.expert_layout(ck, i)? {
         ExpertLayout::PerExpert => (0..e_count)
-            .map(|e| load_mlp(ck, &|s| t(&format!("experts.{e}.{s}")), h, inter))
+            .map(|e| load_mlp(src, &|s| t(&format!("experts.{e}.{s}")), h, inter))
             .collect::<Result<Vec<_>>>()?,
         ExpertLayout::Fused => {
             let gate_up = ck.matrix(&t("experts.gate_up_proj"), &[e_count, 2 * inter, h])?;
@@ -372,17 +436,19 @@ fn load_moe(
                 })
                 .collect()
         }
+    }
     };
     Ok(MoeWeights {
-        router: Linear::Mapped(ck.matrix(&t("gate.weight"), &[e_count, h])?),
+        router: src.linear(&t("gate.weight"), &[e_count, h])?,
         experts,
+        streamed,
         shared: load_mlp(
-            ck,
+            src,
             &|s| t(&format!("shared_expert.{s}")),
             h,
             moe.shared_intermediate,
         )?,
-        shared_gate: Linear::Mapped(ck.matrix(&t("shared_expert_gate.weight"), &[1, h])?),
+        shared_gate: src.linear(&t("shared_expert_gate.weight"), &[1, h])?,
     })
 }
 
@@ -442,11 +508,11 @@ impl ModelWeights {
             total += match &layer.ffn {
                 FfnWeights::Dense(m) => m.size_bytes(),
                 FfnWeights::Moe(m) => {
-                    let experts: usize = m.experts.iter().map(MlpWeights::size_bytes).sum();
-                    linear(&m.router)
-                        + m.shared.size_bytes()
-                        + linear(&m.shared_gate)
-                        + experts * top_k / m.experts.len().max(1)
+                    let routed = match &m.streamed {
+                        Some(s) => s.bytes_per_expert() * top_k,
+                        None => m.experts.iter().map(MlpWeights::size_bytes).sum::<usize>() * top_k / m.experts.len().max(1),
+                    };
+                    linear(&m.router) + m.shared.size_bytes() + linear(&m.shared_gate) + routed
                 }
             };
         }

@@ -32,6 +32,32 @@ fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
     samples.into_iter().fold(f64::INFINITY, f64::min)
 }
 
+/// CPU seconds this process has used (all threads; /proc/self/stat, 10 ms ticks).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Like [`time`], also returning the mean CPU seconds per call (all threads): on a loaded
+/// machine that shows the work a call costs when the wall clock shows the competition.
+fn time_cpu(budget: Duration, mut f: impl FnMut()) -> (f64, f64) {
+    f();
+    let (cpu0, mut calls) = (cpu_seconds(), 0usize);
+    let mut best = f64::INFINITY;
+    let start = Instant::now();
+    while start.elapsed() < budget || calls < 5 {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+        calls += 1;
+    }
+    (best, (cpu_seconds() - cpu0) / calls as f64)
+}
+
 /// One matrix in every format, as owned storage.
 struct Formats {
     f32s: Vec<f32>,
@@ -146,6 +172,49 @@ fn bandwidth(filter: &str) {
     );
 }
 
+/// The matmuls of a prompt: the A3B expert shapes (gate/up 512×2048, down 2048×512) at the
+/// token counts an expert sees in a 512-token prompt (8-32, top-8 of 256), and a dense
+/// 2048×2048 projection at 64-512 tokens, on the best path. GFLOP/s counts 2·rows·cols·tokens
+/// (for q8/q4 these are integer multiply-adds plus the scale arithmetic: "GOPS"); the last
+/// column divides by the CPU time used instead (both threads: the 2-thread peak is twice the
+/// 1-thread figure), which is steadier than the wall clock while other work runs.
+fn prefill_shapes(filter: &str) {
+    let shapes: [(usize, usize, &[usize]); 3] = [
+        (512, 2048, &[2, 4, 8, 16, 32, 64]),
+        (2048, 512, &[8, 16, 32]),
+        (2048, 2048, &[64, 512]),
+    ];
+    let isa = Isa::best();
+    for (rows, cols, token_counts) in shapes {
+        let mut mats: Option<Formats> = None;
+        for &tokens in token_counts {
+            for name in ["f32", "bf16", "q8", "q4"] {
+                let line = format!("prefill {rows}x{cols} t={tokens} {name:>4} {isa:?}");
+                if !line.contains(filter) {
+                    continue;
+                }
+                let m = mats.get_or_insert_with(|| Formats::new(rows, cols, 99));
+                let w = m.mat(name, rows, cols);
+                let x: Vec<f32> = (0..tokens * cols)
+                    .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                    .collect();
+                let mut y = vec![0.0f32; rows * tokens];
+                let (secs, cpu) = time_cpu(Duration::from_millis(1000), || {
+                    matmul_with(isa, &w, &x, tokens, &mut y);
+                    black_box(&y);
+                });
+                let flops = 2.0 * (rows * cols * tokens) as f64;
+                println!(
+                    "{line:<38} {:8.3} ms {:6.1} GFLOP/s  {:6.1} GFLOP per CPU-s",
+                    secs * 1e3,
+                    flops / secs / 1e9,
+                    flops / cpu / 1e9
+                );
+            }
+        }
+    }
+}
+
 fn main() {
     let filter = std::env::args()
         .skip(1)
@@ -157,8 +226,15 @@ fn main() {
         Isa::best()
     );
     bandwidth(&filter);
+    prefill_shapes(&filter);
     let isas = Isa::all_available();
     for (rows, cols) in [(2048usize, 2048usize), (8192, 2048)] {
+        let wanted = ["matvec", "matmul"]
+            .iter()
+            .any(|k| format!("{k} {rows}x{cols}").contains(&filter) || filter.contains(k));
+        if !wanted {
+            continue;
+        }
         // Enough distinct copies that the working set leaves the caches (measured with bf16).
         let copies = (COLD_BYTES / (rows * cols * 2)).max(2);
         let mats: Vec<Formats> = (0..copies)

@@ -24,18 +24,57 @@ use crate::weights::{MatRef, Weights};
 const ROWS_PER_TASK: usize = 16;
 /// Rows per parallel task (and per dequantized f32 tile) in the GEMM.
 const GEMM_ROWS_PER_TASK: usize = 64;
-/// From this many tokens on, matmul runs the blocked GEMM rather than per-row dots.
+/// From this many tokens on, matmul runs a blocked GEMM rather than per-row dots (on the
+/// active SIMD path).
 pub fn gemm_min_tokens(w: &MatRef) -> usize {
+    gemm_min_tokens_with(Isa::active(), w)
+}
+
+/// [`gemm_min_tokens`] on an explicit SIMD path.
+pub fn gemm_min_tokens_with(isa: Isa, w: &MatRef) -> usize {
     match w.weights {
+        Weights::Q8 { .. } | Weights::Q4 { .. } if int8_gemm(isa) => INT8_GEMM_MIN_TOKENS,
         Weights::Q8 { .. } | Weights::Q4 { .. } => QUANT_GEMM_MIN_TOKENS,
         _ => FLOAT_GEMM_MIN_TOKENS,
     }
+}
+
+/// Whether matmul of `tokens` on `isa` sees the activations as int8 ([`QuantizedActs`]):
+/// always for Q8/Q4 weights, except in the f32 GEMM of the paths without the int8 GEMM.
+pub fn int8_activations(isa: Isa, w: &MatRef, tokens: usize) -> bool {
+    matches!(w.weights, Weights::Q8 { .. } | Weights::Q4 { .. })
+        && (tokens < gemm_min_tokens_with(isa, w) || int8_gemm(isa))
+}
+
+/// Whether `isa` has the panel GEMMs (AVX-512: int8 VNNI for Q8/Q4, f32 panels for the rest).
+/// `SPINDLE_GEMM=legacy` turns them off, so that prefill runs the earlier kernels (per-row
+/// dots, then the f32 GEMM on dequantized weights): for A/B measurements and numerics checks.
+fn panel_gemms(isa: Isa) -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let enabled =
+        *ENABLED.get_or_init(|| std::env::var("SPINDLE_GEMM").as_deref() != Ok("legacy"));
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        return enabled;
+    }
+    let _ = (isa, enabled);
+    false
+}
+
+/// Whether `isa` runs Q8/Q4 prefill through the int8 GEMM.
+fn int8_gemm(isa: Isa) -> bool {
+    panel_gemms(isa)
 }
 /// Measured on a 2-thread Xeon (8192×2048): for f32/bf16 the GEMM beats per-row dots from 4
 /// tokens (99 vs 57 GFLOP/s for f32); for Q8/Q4 the int8 dots win up to 16 tokens (109 vs 92
 /// GFLOP/s) and lose from 64 (100 vs 127).
 const FLOAT_GEMM_MIN_TOKENS: usize = 4;
 const QUANT_GEMM_MIN_TOKENS: usize = 32;
+/// From this many tokens on, f32/bf16/f16 weights go through the f32 panel GEMM (AVX-512)
+/// rather than the 4×4-tile GEMM, whose lack of weight packing wins for fewer tokens.
+const FLOAT_PANEL_MIN_TOKENS: usize = 32;
+/// The int8 GEMM (AVX-512 VNNI) against per-row int8 dots: see `benches/matvec.rs`.
+const INT8_GEMM_MIN_TOKENS: usize = 4;
 /// Below this many multiply-adds a call stays on the calling thread.
 const SERIAL_WORK: usize = 1 << 15;
 
@@ -64,14 +103,46 @@ enum Acts<'x> {
 }
 
 impl<'x> Acts<'x> {
-    fn new(w: &MatRef, x: &'x [f32]) -> Self {
+    fn new(isa: Isa, w: &MatRef, x: &'x [f32]) -> Self {
         match w.weights {
-            Weights::Q8 { .. } | Weights::Q4 { .. } => {
-                Acts::Int8(QuantizedActs::quantize(x, w.cols))
-            }
+            Weights::Q8 { .. } | Weights::Q4 { .. } => Acts::Int8(quantize_acts(isa, x, w.cols)),
             _ => Acts::F32(x),
         }
     }
+}
+
+/// `x [tokens, cols]` quantized per group of 32, bit-identical to [`QuantizedActs::quantize`];
+/// tokens in parallel when there are many.
+pub fn quantize_acts(isa: Isa, x: &[f32], cols: usize) -> QuantizedActs {
+    let mut acts = QuantizedActs::zeroed(x.len(), cols);
+    type Part<'a> = (
+        ((&'a [f32], &'a mut [i8]), (&'a mut [f32], &'a mut [f32])),
+        &'a mut [i32],
+    );
+    let task = |(((x, qs), (d, sd)), sums): Part| {
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 {
+            // SAFETY: callers pass an `isa` the CPU runs (asserted in the `*_with` entries).
+            return unsafe { simd::avx512::quantize_acts(x, qs, d, sd, sums) };
+        }
+        crate::quant::quantize_acts_ref(x, qs, d, sd, sums)
+    };
+    // 64 tokens' worth of 2048 columns per task.
+    let chunk = (1usize << 17) / cols.max(1) * cols;
+    let chunk = chunk.max(cols);
+    let gchunk = chunk / GROUP;
+    let parts = x
+        .chunks(chunk)
+        .zip(acts.qs.chunks_mut(chunk))
+        .zip(acts.d.chunks_mut(gchunk).zip(acts.sd.chunks_mut(gchunk)))
+        .zip(acts.sums.chunks_mut(gchunk));
+    if x.len() > chunk {
+        let parts: Vec<_> = parts.collect();
+        parts.into_par_iter().for_each(task);
+    } else {
+        parts.for_each(task);
+    }
+    acts
 }
 
 /// Weight row `r` dotted with token `t`.
@@ -112,7 +183,7 @@ pub fn matvec_with(isa: Isa, w: &MatRef, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), w.cols, "matvec input length");
     assert_eq!(y.len(), w.rows, "matvec output length");
     assert!(isa.available(), "this CPU cannot run the {isa:?} kernels");
-    let acts = Acts::new(w, x);
+    let acts = Acts::new(isa, w, x);
     let task = |(chunk, ys): (usize, &mut [f32])| {
         let first = chunk * ROWS_PER_TASK;
         for (i, out) in ys.iter_mut().enumerate() {
@@ -139,10 +210,17 @@ pub fn matmul_with(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]
         return matvec_with(isa, w, x, y);
     }
     assert!(isa.available(), "this CPU cannot run the {isa:?} kernels");
+    let quantized = matches!(w.weights, Weights::Q8 { .. } | Weights::Q4 { .. });
+    if quantized && int8_gemm(isa) && tokens >= gemm_min_tokens_with(isa, w) {
+        return gemm_int8(isa, w, x, tokens, y);
+    }
+    if panel_gemms(isa) && tokens >= FLOAT_PANEL_MIN_TOKENS {
+        return gemm_f32_panels(isa, w, x, tokens, y);
+    }
     // Each task owns a contiguous block of Yᵀ [rows, tokens]; transposed at the end.
     let mut yt = vec![0.0f32; w.rows * tokens];
-    if tokens < gemm_min_tokens(w) {
-        let acts = Acts::new(w, x);
+    if tokens < gemm_min_tokens_with(isa, w) {
+        let acts = Acts::new(isa, w, x);
         let task = |(chunk, out): (usize, &mut [f32])| {
             let first = chunk * ROWS_PER_TASK;
             for (i, row_out) in out.chunks_mut(tokens).enumerate() {
@@ -193,6 +271,138 @@ fn gemm(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, yt: &mut [f32]) {
         });
 }
 
+/// Runs `panel(r0, n, out)` for every panel of 16 rows (`n` ≤ 16 of them from row `r0`),
+/// in parallel, each writing `out [tokens, 16]`; scatters the panels into `y [tokens, rows]`.
+#[cfg(target_arch = "x86_64")]
+fn by_panels(
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    y: &mut [f32],
+    panel: impl Fn(usize, usize, &mut [f32]) + Sync,
+) {
+    use simd::avx512::PANEL_ROWS;
+    let panels = rows.div_ceil(PANEL_ROWS);
+    let mut buf = vec![0.0f32; panels * PANEL_ROWS * tokens];
+    let task = |(p, out): (usize, &mut [f32])| {
+        let r0 = p * PANEL_ROWS;
+        panel(r0, PANEL_ROWS.min(rows - r0), out)
+    };
+    let chunk = PANEL_ROWS * tokens;
+    if rows * cols * tokens < SERIAL_WORK {
+        buf.chunks_mut(chunk).enumerate().for_each(task);
+    } else {
+        buf.par_chunks_mut(chunk).enumerate().for_each(task);
+    }
+    let scatter = |(t, yt): (usize, &mut [f32])| {
+        for (p, ys) in yt.chunks_mut(PANEL_ROWS).enumerate() {
+            let src = &buf[(p * tokens + t) * PANEL_ROWS..];
+            ys.copy_from_slice(&src[..ys.len()]);
+        }
+    };
+    if rows * tokens < SERIAL_WORK {
+        y.chunks_mut(rows).enumerate().for_each(scatter);
+    } else {
+        y.par_chunks_mut(rows).enumerate().for_each(scatter);
+    }
+}
+
+/// Y = X·Wᵀ for Q8/Q4 weights with int8 activations on AVX-512 VNNI: 16-row panels are
+/// unpacked once each and multiplied with every token (`simd::avx512::gemm_q_panel`).
+fn gemm_int8(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use simd::avx512::{gemm_q_panel, pack_panel, Panel, QCodes};
+        thread_local! {
+            static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
+        }
+        assert_eq!(isa, Isa::Avx512);
+        let cols = w.cols;
+        let acts = quantize_acts(isa, x, cols);
+        let offset = match w.weights {
+            Weights::Q8 { .. } => 128,
+            _ => 8,
+        };
+        let corr: Vec<i32> = acts.sums.iter().map(|&s| -offset * s).collect();
+        by_panels(w.rows, cols, tokens, y, |r0, n, out| {
+            let (a, b) = (r0 * cols, (r0 + n) * cols);
+            let (codes, scales) = match w.weights {
+                Weights::Q8 { qs, scales } => (QCodes::Q8(&qs[a..b]), scales),
+                Weights::Q4 { qs, scales } => (QCodes::Q4(&qs[a / 2..b / 2]), scales),
+                _ => unreachable!("gemm_int8 takes Q8/Q4 weights"),
+            };
+            let scales = &scales[a / GROUP..b / GROUP];
+            PANEL.with(|panel| {
+                let mut panel = panel.borrow_mut();
+                // SAFETY: isa is Avx512 and `matmul_with` asserted it is available.
+                unsafe {
+                    pack_panel(codes, scales, n, cols, &mut panel);
+                    gemm_q_panel(&panel, &acts, &corr, out);
+                }
+            });
+        });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no int8 GEMM on {isa:?}: {w:?} {x:?} {tokens} {y:?}")
+}
+
+/// Y = X·Wᵀ in f32 on AVX-512 by panels: 16 weight rows transposed into one register per
+/// column (converted to f32 on the way), times blocks of up to 24 tokens packed column-major,
+/// 24 accumulators of 16 rows each (`simd::avx512::gemm_f32_panel`).
+fn gemm_f32_panels(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use simd::avx512::{gemm_f32_panel, pack_f32_panel, FRows, FT};
+        use std::arch::x86_64::__m512;
+        thread_local! {
+            static WP: RefCell<(Vec<__m512>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+        }
+        assert_eq!(isa, Isa::Avx512);
+        let cols = w.cols;
+        // Tokens by blocks of FT, each block [cols][n].
+        let mut xp = vec![0.0f32; tokens * cols];
+        let pack = |(b, dst): (usize, &mut [f32])| {
+            let n = dst.len() / cols;
+            let src = &x[b * FT * cols..][..n * cols];
+            for (t, row) in src.chunks_exact(cols).enumerate() {
+                for (k, &v) in row.iter().enumerate() {
+                    dst[k * n + t] = v;
+                }
+            }
+        };
+        if tokens * cols > 1 << 16 {
+            xp.par_chunks_mut(FT * cols).enumerate().for_each(pack);
+        } else {
+            xp.chunks_mut(FT * cols).enumerate().for_each(pack);
+        }
+        by_panels(w.rows, cols, tokens, y, |r0, n, out| {
+            let (a, b) = (r0 * cols, (r0 + n) * cols);
+            WP.with(|scratch| {
+                let (wp, rows_f32) = &mut *scratch.borrow_mut();
+                let src = match w.weights {
+                    Weights::F32(d) => FRows::F32(&d[a..b]),
+                    Weights::Bf16(d) => FRows::Bf16(&d[a..b]),
+                    Weights::F16(d) => FRows::F16(&d[a..b]),
+                    _ => {
+                        rows_f32.resize(n * cols, 0.0);
+                        for (i, row) in rows_f32.chunks_exact_mut(cols).enumerate() {
+                            w.row_to_f32(r0 + i, row);
+                        }
+                        FRows::F32(rows_f32)
+                    }
+                };
+                // SAFETY: isa is Avx512 and `matmul_with` asserted it is available.
+                unsafe {
+                    pack_f32_panel(src, n, cols, wp);
+                    gemm_f32_panel(wp, &xp, cols, out);
+                }
+            });
+        });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no f32 panel GEMM on {isa:?}: {w:?} {x:?} {tokens} {y:?}")
+}
+
 /// `y [cols_in, rows_in]` = transpose of `a [rows_in, cols_in]`, in cache-sized blocks.
 fn transpose(a: &[f32], rows_in: usize, cols_in: usize, y: &mut [f32]) {
     const B: usize = 32;
@@ -222,7 +432,7 @@ pub fn matmul_ref(w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
 
 /// Scalar reference for Q8/Q4 with the activations quantized exactly as the fast path does.
 pub fn matmul_quantized_ref(w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
-    let acts = Acts::new(w, x);
+    let acts = Acts::Int8(QuantizedActs::quantize(x, w.cols));
     for r in 0..w.rows {
         for t in 0..tokens {
             y[t * w.rows + r] = row_dot(Isa::Scalar, w, r, &acts, t);

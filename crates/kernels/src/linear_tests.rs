@@ -78,7 +78,7 @@ fn every_path_matches_the_reference_for_every_format_and_batch() {
         for owned in formats(&mut rng, rows, cols) {
             let w = owned.mat(rows, cols);
             let quantized = owned.quant.is_some();
-            for tokens in [1, 2, 5, 16, 33] {
+            for tokens in [1, 2, 3, 4, 5, 8, 9, 16, 33] {
                 let x = vec(&mut rng, tokens * cols, 1.0);
                 let mut exact = vec![0.0; tokens * rows];
                 matmul_ref(&w, &x, tokens, &mut exact);
@@ -86,14 +86,15 @@ fn every_path_matches_the_reference_for_every_format_and_batch() {
                 if quantized {
                     matmul_quantized_ref(&w, &x, tokens, &mut int8);
                 }
-                // Integer dots see int8 activations; the GEMM sees them in f32.
-                let reference = if quantized && tokens < gemm_min_tokens(&w) {
-                    &int8
-                } else {
-                    &exact
-                };
                 let scale = w_scale(&exact);
                 for &isa in &isas {
+                    // Integer dots and the int8 GEMM see int8 activations; the f32 GEMM sees
+                    // them in f32.
+                    let reference = if int8_activations(isa, &w, tokens) {
+                        &int8
+                    } else {
+                        &exact
+                    };
                     let mut y = vec![f32::NAN; tokens * rows];
                     matmul_with(isa, &w, &x, tokens, &mut y);
                     let err = max_abs_diff(&y, reference);
@@ -216,6 +217,86 @@ fn results_do_not_depend_on_where_the_weights_sit() {
                     bits,
                     "{isa:?} q4={q4} at offset {shift}"
                 );
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_activation_quantizer_matches_the_reference_bit_for_bit() {
+    let mut r = rng(31);
+    let cols = 96;
+    let mut x = vec(&mut r, 5 * cols, 3.0);
+    // Exact ties (k + 0.5 after scaling by 127/amax = 1 for the group with amax 127), zeros,
+    // and an all-zero group.
+    for (i, v) in x[..GROUP].iter_mut().enumerate() {
+        *v = if i == 0 { 127.0 } else { i as f32 - 15.5 };
+    }
+    x[GROUP..2 * GROUP].iter_mut().for_each(|v| *v = 0.0);
+    x[2 * GROUP] = -0.0;
+    let reference = QuantizedActs::quantize(&x, cols);
+    for isa in Isa::all_available() {
+        let fast = quantize_acts(isa, &x, cols);
+        assert_eq!(fast.qs, reference.qs, "{isa:?}");
+        assert_eq!(fast.sums, reference.sums, "{isa:?}");
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast.d), bits(&reference.d), "{isa:?}");
+        assert_eq!(bits(&fast.sd), bits(&reference.sd), "{isa:?}");
+    }
+}
+
+#[test]
+fn gemm_results_do_not_depend_on_where_the_weights_sit_or_on_the_batch() {
+    // Every path and format at several token counts: shifting the weights by any byte offset
+    // gives the same bits, and a token's outputs do not depend on the other tokens.
+    let mut r = rng(41);
+    let (rows, cols) = (37, 160);
+    let values = vec(&mut r, rows * cols, 1.0);
+    let x = vec(&mut r, 40 * cols, 1.0);
+    for q4 in [false, true] {
+        let q = QuantizedMatrix::quantize(&values, rows, cols, q4);
+        for isa in Isa::all_available() {
+            for tokens in [2, 4, 9, 17, 40] {
+                let x = &x[..tokens * cols];
+                let mut reference: Option<Vec<u32>> = None;
+                for shift in [0, 1, 3, 17, 63] {
+                    let mut buf = vec![0u8; shift + q.qs.len()];
+                    buf[shift..].copy_from_slice(&q.qs);
+                    let weights = if q4 {
+                        Weights::Q4 {
+                            qs: &buf[shift..],
+                            scales: &q.scales,
+                        }
+                    } else {
+                        Weights::Q8 {
+                            qs: bytemuck::cast_slice(&buf[shift..]),
+                            scales: &q.scales,
+                        }
+                    };
+                    let w = MatRef::new(weights, rows, cols);
+                    let mut y = vec![0.0f32; tokens * rows];
+                    matmul_with(isa, &w, x, tokens, &mut y);
+                    let bits: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+                    let want = reference.get_or_insert_with(|| bits.clone());
+                    assert_eq!(*want, bits, "{isa:?} q4={q4} tokens={tokens} offset {shift}");
+                }
+                // The last token alone, through the same path, gives the same bits when the
+                // path sees it in the same form (the int8 GEMM quantizes per token).
+                if int8_gemm(isa) && tokens >= gemm_min_tokens_with(isa, &q.mat()) {
+                    let last = &x[(tokens - 1) * cols..];
+                    let mut batch = vec![0.0f32; tokens * rows];
+                    matmul_with(isa, &q.mat(), x, tokens, &mut batch);
+                    let mut pad = last.to_vec();
+                    pad.extend_from_slice(&x[..(gemm_min_tokens_with(isa, &q.mat()) - 1) * cols]);
+                    let n = pad.len() / cols;
+                    let mut alone = vec![0.0f32; n * rows];
+                    matmul_with(isa, &q.mat(), &pad, n, &mut alone);
+                    assert_eq!(
+                        &batch[(tokens - 1) * rows..],
+                        &alone[..rows],
+                        "{isa:?} q4={q4} tokens={tokens}"
+                    );
+                }
             }
         }
     }

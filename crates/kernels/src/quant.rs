@@ -169,44 +169,70 @@ impl QuantizedMatrix {
 }
 
 /// Tokens quantized to int8 per group of 32 for the integer dot products.
-/// For `tokens` rows of `cols`: `qs [tokens, cols]`, `d [tokens, cols/32]` (scales) and
-/// `sd [tokens, cols/32]` = `d · Σ qs` over the group.
+/// For `tokens` rows of `cols`: `qs [tokens, cols]`, `d [tokens, cols/32]` (scales),
+/// `sums [tokens, cols/32]` = `Σ qs` over the group and `sd` = `d · sums`.
 #[derive(Clone, Debug, Default)]
 pub struct QuantizedActs {
     pub cols: usize,
     pub qs: Vec<i8>,
     pub d: Vec<f32>,
     pub sd: Vec<f32>,
+    pub sums: Vec<i32>,
+}
+
+/// Reference quantizer of whole groups: `x` → codes `qs`, and per group the scale `d`, the
+/// scaled sum `sd` and the code sum `sums`. The SIMD quantizers must give the same bits.
+pub fn quantize_acts_ref(
+    x: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    sd: &mut [f32],
+    sums: &mut [i32],
+) {
+    let blocks = x.chunks_exact(GROUP).zip(qs.chunks_exact_mut(GROUP));
+    let per_group = d.iter_mut().zip(sd.iter_mut()).zip(sums.iter_mut());
+    for ((xb, qb), ((d, sd), s)) in blocks.zip(per_group) {
+        let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        *d = amax / 127.0;
+        let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in qb.iter_mut().zip(xb) {
+            *q = (v * inv).round() as i8;
+            sum += *q as i32;
+        }
+        *s = sum;
+        *sd = *d * sum as f32;
+    }
 }
 
 impl QuantizedActs {
     /// Reference quantizer: `x` is `[tokens, cols]`, `cols % 32 == 0`.
     pub fn quantize(x: &[f32], cols: usize) -> Self {
+        let mut acts = Self::zeroed(x.len(), cols);
+        quantize_acts_ref(x, &mut acts.qs, &mut acts.d, &mut acts.sd, &mut acts.sums);
+        acts
+    }
+
+    /// Storage for `len` activations of rows of `cols`, all zero.
+    pub(crate) fn zeroed(len: usize, cols: usize) -> Self {
         assert_eq!(
             cols % GROUP,
             0,
             "quantized activations need a multiple of {GROUP} columns"
         );
-        let groups = x.len() / GROUP;
-        let mut acts = QuantizedActs {
+        let groups = len / GROUP;
+        QuantizedActs {
             cols,
-            qs: vec![0; x.len()],
+            qs: vec![0; len],
             d: vec![0.0; groups],
             sd: vec![0.0; groups],
-        };
-        let blocks = x.chunks_exact(GROUP).zip(acts.qs.chunks_exact_mut(GROUP));
-        for (((xb, qb), d), sd) in blocks.zip(&mut acts.d).zip(&mut acts.sd) {
-            let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            *d = amax / 127.0;
-            let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, &v) in qb.iter_mut().zip(xb) {
-                *q = (v * inv).round() as i8;
-                sum += *q as i32;
-            }
-            *sd = *d * sum as f32;
+            sums: vec![0; groups],
         }
-        acts
+    }
+
+    /// Tokens in this batch.
+    pub fn tokens(&self) -> usize {
+        self.qs.len() / self.cols.max(1)
     }
 
     /// Token `t`'s codes, scales and scaled sums.

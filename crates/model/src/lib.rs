@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod install;
 pub mod layout;
 pub mod names;
 pub mod ngram;
