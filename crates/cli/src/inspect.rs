@@ -89,8 +89,14 @@ pub fn run(args: &InspectArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Bytes in GB, MB or KB, whichever reads best.
 fn gb(bytes: u64) -> String {
-    format!("{:.3} GB", bytes as f64 / 1e9)
+    let b = bytes as f64;
+    match bytes {
+        0..=999_999 => format!("{:.1} KB", b / 1e3),
+        1_000_000..=999_999_999 => format!("{:.1} MB", b / 1e6),
+        _ => format!("{:.2} GB", b / 1e9),
+    }
 }
 
 /// Slot counts worth showing: top-k, twice that, and every expert.

@@ -31,9 +31,11 @@ pub struct LoadArgs {
     #[arg(long, default_value = "lru", value_parser = parse_policy)]
     pub expert_policy: CachePolicy,
 
-    /// Read streamed experts with O_DIRECT, bypassing the page cache.
+    /// Read streamed experts through the page cache instead of with O_DIRECT. O_DIRECT is the
+    /// default: on the A3B shape under a 2 GiB memory cap it decoded 12.7 tok/s against 5.5
+    /// buffered (the page cache competes with the slots for the capped memory).
     #[arg(long)]
-    pub direct_io: bool,
+    pub buffered_io: bool,
 
     /// Check the SHA-256 of every file of an install before running it (sizes are always
     /// checked); a success is recorded in the install's verified.json.
@@ -76,7 +78,7 @@ impl LoadArgs {
             experts: self.experts,
             expert_slots: self.expert_slots,
             expert_policy: self.expert_policy,
-            direct_io: self.direct_io,
+            direct_io: !self.buffered_io,
             verify: if self.verify { Verify::Full } else { Verify::Sizes },
             ..LoadOptions::default()
         }

@@ -172,12 +172,21 @@ pub fn mem_available() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// The memory limit of this process's cgroup (v2 `memory.max`), when one is set.
+/// The memory limit of this process's cgroup: v2 `memory.max`, or v1
+/// `memory.limit_in_bytes`, when one is set.
 pub fn cgroup_limit() -> Option<u64> {
     let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let max = std::fs::read_to_string(format!("/sys/fs/cgroup{}/memory.max", path.trim())).ok()?;
-    max.trim().parse().ok()
+    let limit = |file: String| std::fs::read_to_string(file).ok()?.trim().parse::<u64>().ok();
+    let v1 = cgroup.lines().find_map(|l| {
+        let (_, rest) = l.split_once(':')?;
+        let (controllers, path) = rest.split_once(':')?;
+        controllers.split(',').any(|c| c == "memory").then(|| path.trim().to_owned())
+    });
+    let v2 = cgroup.lines().find_map(|l| l.strip_prefix("0::")).map(|p| p.trim().to_owned());
+    v1.and_then(|p| limit(format!("/sys/fs/cgroup/memory{p}/memory.limit_in_bytes")))
+        .or_else(|| v2.and_then(|p| limit(format!("/sys/fs/cgroup{p}/memory.max"))))
+        // An unlimited v1 group reports a number near 2^63.
+        .filter(|&l| l < 1 << 60)
 }
 
 /// Memory this process may use: MemAvailable, or the cgroup limit when lower.

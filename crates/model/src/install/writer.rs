@@ -233,6 +233,11 @@ fn write_resident(root: &Path, tensors: &[Resident], tick: &mut dyn FnMut(u64) -
                 out.write(&scales)?;
             }
         }
+        // The checkpoint pages just read are not needed again: keep them out of the RSS.
+        match t {
+            Resident::Copy { source: Source::Float(m), .. } | Resident::Quantized { matrix: m, .. } => m.release_pages(),
+            Resident::Copy { .. } => {}
+        }
         tick(t.source_bytes())?;
     }
     out.finish()
@@ -389,6 +394,7 @@ fn write_install(src: &Path, root: &Path, quant: QuantFormat, progress: &mut dyn
         let mut out = HashedFile::create(root, &layout.file)?;
         for parts in &experts {
             out.write(&expert_record(parts, &layout)?)?;
+            parts.iter().for_each(Matrix::release_pages);
             tick(parts.iter().map(|m| m.size_bytes() as u64).sum())?;
         }
         files.push(out.finish()?);
