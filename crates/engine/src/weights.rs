@@ -180,7 +180,7 @@ pub struct MoeWeights {
     /// Every expert, addressable (resident or mapped); empty when `streamed` holds them.
     pub experts: Vec<MlpWeights>,
     /// The experts behind a slot cache, read from an install as routing asks for them.
-    pub streamed: Option<StreamedExperts>,
+    pub streamed: Option<Box<StreamedExperts>>,
     pub shared: MlpWeights,
     /// `[1, H]` sigmoid gate of the shared expert.
     pub shared_gate: Linear,
@@ -416,7 +416,7 @@ fn load_moe(
         match load_layer(install, i, setup)? {
             LayerExperts::InMemory(experts) => experts,
             LayerExperts::Streamed(s) => {
-                streamed = Some(s);
+                streamed = Some(Box::new(s));
                 Vec::new()
             }
         }

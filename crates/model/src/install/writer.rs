@@ -192,7 +192,7 @@ fn resident_tensors(ck: &Checkpoint, config: &ModelConfig, names: &TensorNames, 
         });
     }
     // A tied LM head is quantized on load from the embedding; an install stores it so.
-    if config.tie_word_embeddings && quant != QuantFormat::Bf16 && config.hidden_size % crate::quant::GROUP == 0 {
+    if config.tie_word_embeddings && quant != QuantFormat::Bf16 && quant.fits(config.hidden_size) {
         let embed = ck.matrix(&names.trunk("embed_tokens.weight"), &[config.vocab_size, config.hidden_size])?;
         out.push(Resident::Quantized { name: "lm_head.weight".into(), matrix: embed, format: quant });
     }
@@ -214,9 +214,7 @@ fn write_resident(root: &Path, tensors: &[Resident], tick: &mut dyn FnMut(u64) -
         }
     }
     let mut header = Value::Object(meta).to_string().into_bytes();
-    while header.len() % 8 != 0 {
-        header.push(b' ');
-    }
+    header.resize(header.len().div_ceil(8) * 8, b' ');
     let mut out = HashedFile::create(root, RESIDENT_FILE)?;
     out.write(&(header.len() as u64).to_le_bytes())?;
     out.write(&header)?;
