@@ -50,7 +50,8 @@ pub struct BenchArgs {
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     let Device::Cpu = args.device;
     let dir = model_dir::resolve(args.model.as_ref())?;
-    let engine = Engine::load_with(&dir, &args.load.options()).with_context(|| format!("loading {}", dir.display()))?;
+    let engine = Engine::load_with(&dir, &args.load.options())
+        .with_context(|| format!("loading {}", dir.display()))?;
     let report = bench::run(
         &engine,
         &BenchOptions {
@@ -74,23 +75,45 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let gb = |b: f64| b / 1e9;
-    println!("model        {} ({}, {} threads)", dir.display(), args.load.quant.name(), report.threads);
+    println!(
+        "model        {} ({}, {} threads)",
+        dir.display(),
+        args.load.quant.name(),
+        report.threads
+    );
     println!(
         "prefill      {:>10.1} tok/s  (median of {}, min {:.1}, max {:.1}; {} tokens)",
-        report.prefill_tokens_per_s, report.runs, report.prefill.min, report.prefill.max, report.prompt_tokens
+        report.prefill_tokens_per_s,
+        report.runs,
+        report.prefill.min,
+        report.prefill.max,
+        report.prompt_tokens
     );
     println!(
         "decode       {:>10.2} tok/s  (median of {}, min {:.2}, max {:.2}; {} tokens)",
-        report.decode_tokens_per_s, report.runs, report.decode.min, report.decode.max, report.gen_tokens
+        report.decode_tokens_per_s,
+        report.runs,
+        report.decode.min,
+        report.decode.max,
+        report.gen_tokens
     );
-    println!("weights/tok  {:>10.3} GB", gb(report.weight_bytes_per_token as f64));
-    println!("bandwidth    {:>10.2} GB/s (read probe, same run)", gb(report.measured_bandwidth_bytes_per_s));
+    println!(
+        "weights/tok  {:>10.3} GB",
+        gb(report.weight_bytes_per_token as f64)
+    );
+    println!(
+        "bandwidth    {:>10.2} GB/s (read probe, same run)",
+        gb(report.measured_bandwidth_bytes_per_s)
+    );
     println!(
         "roofline     {:>10.2} tok/s  → decode at {:.1}% of it",
         report.measured_bandwidth_bytes_per_s / report.weight_bytes_per_token as f64,
         report.decode_roofline_fraction * 100.0
     );
-    println!("prefill/decode ratio {:.1}x", report.prefill_tokens_per_s / report.decode_tokens_per_s);
+    println!(
+        "prefill/decode ratio {:.1}x",
+        report.prefill_tokens_per_s / report.decode_tokens_per_s
+    );
     println!("peak RSS     {:>10.2} GB", gb(report.peak_rss_bytes as f64));
     if experts.hits + experts.misses > 0 {
         println!(

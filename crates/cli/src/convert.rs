@@ -43,7 +43,13 @@ pub fn run(args: &ConvertArgs) -> Result<ExitCode> {
         bar.set_message(format!("{}/{} tensors", p.tensors_done, p.tensors_total));
         true
     })
-    .with_context(|| format!("converting {} to {}", args.src.display(), args.dst.display()))?;
+    .with_context(|| {
+        format!(
+            "converting {} to {}",
+            args.src.display(),
+            args.dst.display()
+        )
+    })?;
     bar.finish_and_clear();
     let bytes: u64 = manifest.files.iter().map(|f| f.size).sum();
     eprintln!(

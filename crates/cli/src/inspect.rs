@@ -109,14 +109,30 @@ fn slot_examples(plan: &MemoryPlan) -> Vec<usize> {
 
 fn print_plan(plan: &MemoryPlan, quant: QuantFormat) {
     println!();
-    println!("  memory plan ({quant}, one session of {} tokens)", plan.context);
+    println!(
+        "  memory plan ({quant}, one session of {} tokens)",
+        plan.context
+    );
     for (class, bytes, format) in &plan.classes {
         println!("  {:<18} {:>12}  {format}", class.name(), gb(*bytes));
     }
-    println!("  {:<18} {:>12}  at {} tokens", "kv + gdn state", gb(plan.state_bytes), plan.context);
+    println!(
+        "  {:<18} {:>12}  at {} tokens",
+        "kv + gdn state",
+        gb(plan.state_bytes),
+        plan.context
+    );
     println!("  peak RSS");
-    println!("    {:<16} {:>12}", "resident", gb(plan.peak_rss(Residency::Resident)));
-    println!("    {:<16} {:>12}  (at most; the page cache keeps what fits)", "mapped", gb(plan.peak_rss(Residency::Mapped)));
+    println!(
+        "    {:<16} {:>12}",
+        "resident",
+        gb(plan.peak_rss(Residency::Resident))
+    );
+    println!(
+        "    {:<16} {:>12}  (at most; the page cache keeps what fits)",
+        "mapped",
+        gb(plan.peak_rss(Residency::Mapped))
+    );
     for slots in slot_examples(plan) {
         println!(
             "    {:<16} {:>12}",

@@ -60,9 +60,11 @@ impl LoadArgs {
     pub fn options(&self) -> LoadOptions {
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
-            indicatif::ProgressStyle::with_template("quantizing to {msg} [{bar:30}] {pos}/{len} matrices")
-                .expect("valid template")
-                .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template(
+                "quantizing to {msg} [{bar:30}] {pos}/{len} matrices",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
         );
         bar.set_message(self.quant.name());
         let progress = move |done: usize, total: usize| {
@@ -74,12 +76,17 @@ impl LoadArgs {
         };
         LoadOptions {
             quant: self.quant,
-            progress: (self.quant != QuantFormat::Bf16).then(|| Arc::new(progress) as Arc<dyn Fn(usize, usize) + Send + Sync>),
+            progress: (self.quant != QuantFormat::Bf16)
+                .then(|| Arc::new(progress) as Arc<dyn Fn(usize, usize) + Send + Sync>),
             experts: self.experts,
             expert_slots: self.expert_slots,
             expert_policy: self.expert_policy,
             direct_io: !self.buffered_io,
-            verify: if self.verify { Verify::Full } else { Verify::Sizes },
+            verify: if self.verify {
+                Verify::Full
+            } else {
+                Verify::Sizes
+            },
             ..LoadOptions::default()
         }
     }

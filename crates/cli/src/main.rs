@@ -11,9 +11,9 @@ mod logits;
 mod model_dir;
 mod run;
 mod sampling_args;
+mod serve;
 mod synth;
 mod template;
-mod serve;
 mod tensor_file;
 mod tokenize;
 

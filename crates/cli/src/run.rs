@@ -91,7 +91,8 @@ fn load(args: &RunArgs) -> Result<Model> {
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_message(format!("loading {}", dir.display()));
     spinner.enable_steady_tick(Duration::from_millis(100));
-    let model = Model::load_with(&dir, &args.load.options()).with_context(|| format!("loading {}", dir.display()));
+    let model = Model::load_with(&dir, &args.load.options())
+        .with_context(|| format!("loading {}", dir.display()));
     spinner.finish_and_clear();
     model
 }

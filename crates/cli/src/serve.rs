@@ -14,6 +14,9 @@ pub struct ServeArgs {
     /// embedded demo model (random weights) is served.
     #[arg(long)]
     model: Option<PathBuf>,
+
+    #[command(flatten)]
+    load: crate::load_args::LoadArgs,
     /// Address to listen on. The default serves this machine only; use 0.0.0.0 to listen on
     /// every interface (then set --api-key).
     #[arg(long, default_value = "127.0.0.1")]
@@ -47,7 +50,11 @@ pub struct ServeArgs {
 pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let grace = Duration::try_from_secs_f64(args.shutdown_grace)
         .context("--shutdown-grace must be a non-negative number of seconds")?;
-    let (model, id) = open_model(args.model.as_deref(), args.model_id.clone())?;
+    let (model, id) = open_model(
+        args.model.as_deref(),
+        args.model_id.clone(),
+        &args.load.options(),
+    )?;
     let config = ServerConfig {
         api_key: args
             .api_key

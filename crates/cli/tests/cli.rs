@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 
 use safetensors::{Dtype, SafeTensors};
 use spindle_model::Checkpoint;
-use spindle_testkit::{fixtures, fixture};
+use spindle_testkit::{fixture, fixtures};
 
 fn spindle(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_spindle"))

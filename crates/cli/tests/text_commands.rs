@@ -5,7 +5,7 @@ use std::process::Command;
 use serde_json::{json, Map, Value};
 use spindle_engine::sampling::SamplingParams;
 use spindle_runtime::{demo_dir, Flow, GenerateOptions, Model, Prompt};
-use spindle_testkit::{fixtures};
+use spindle_testkit::fixtures;
 
 fn spindle() -> Command {
     Command::new(env!("CARGO_BIN_EXE_spindle"))

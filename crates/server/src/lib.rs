@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), spindle_server::ServerError> {
-//! let (model, id) = spindle_server::open_model(None, None)?;
+//! let (model, id) = spindle_server::open_model(None, None, &Default::default())?;
 //! let server = spindle_server::Server::new(model, spindle_server::ServerConfig::new(id))?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await.unwrap();
 //! server.serve(listener, async { let _ = tokio::signal::ctrl_c().await; }).await
@@ -31,7 +31,7 @@ use spindle_runtime::{demo_dir, Model, DEMO_MODEL_ID};
 use tokio::net::TcpListener;
 
 pub use error::{ApiError, ServerError};
-pub use metrics::{AllResident, ExpertCacheProbe};
+pub use metrics::{AllResident, EngineExperts, ExpertCacheProbe};
 pub use spindle_runtime;
 
 use metrics::Metrics;
@@ -68,11 +68,13 @@ impl ServerConfig {
     }
 }
 
-/// Opens the model to serve: `dir`, or the embedded demo checkpoint when `None`. The id is
-/// `model_id`, else the directory's name (`spindle-demo` for the demo).
+/// Opens the model to serve: `dir`, or the embedded demo checkpoint when `None`, loaded with
+/// `options` (weight format, expert residency). The id is `model_id`, else the directory's
+/// name (`spindle-demo` for the demo).
 pub fn open_model(
     dir: Option<&Path>,
     model_id: Option<String>,
+    options: &spindle_engine::LoadOptions,
 ) -> Result<(Arc<Model>, String), ServerError> {
     let (dir, default_id) = match dir {
         Some(dir) => {
@@ -88,7 +90,7 @@ pub fn open_model(
         Some(id) if !id.is_empty() => id,
         _ => return Err(ServerError::NoModelId { path: dir }),
     };
-    let model = Model::load(&dir)?;
+    let model = Model::load_with(&dir, options)?;
     Ok((Arc::new(model), id))
 }
 
@@ -99,8 +101,10 @@ pub struct Server {
 }
 
 impl Server {
+    /// A server whose `/metrics` reports the model's own expert-cache hit rate.
     pub fn new(model: Arc<Model>, config: ServerConfig) -> Result<Self, ServerError> {
-        Self::with_expert_probe(model, config, Arc::new(AllResident))
+        let probe = Arc::new(metrics::EngineExperts(model.engine.expert_counters()));
+        Self::with_expert_probe(model, config, probe)
     }
 
     /// Like [`Server::new`], with the source of `spindle_expert_cache_hit_rate`.

@@ -26,6 +26,16 @@ impl ExpertCacheProbe for AllResident {
     }
 }
 
+/// The engine's own expert counters: slot-cache hits over lookups for streamed experts (1.0
+/// before any lookup, and always for resident or mapped experts, which never miss).
+pub struct EngineExperts(pub std::sync::Arc<spindle_engine::experts::ExpertCounters>);
+
+impl ExpertCacheProbe for EngineExperts {
+    fn hit_rate(&self) -> f64 {
+        self.0.snapshot().hit_rate()
+    }
+}
+
 #[derive(Default)]
 pub struct Metrics {
     /// (endpoint, HTTP status) -> requests answered.

@@ -12,7 +12,9 @@ static MODEL: OnceLock<(Arc<Model>, String)> = OnceLock::new();
 
 fn demo() -> (Arc<Model>, String) {
     MODEL
-        .get_or_init(|| open_model(None, None).expect("the embedded demo model opens"))
+        .get_or_init(|| {
+            open_model(None, None, &Default::default()).expect("the embedded demo model opens")
+        })
         .clone()
 }
 
