@@ -91,6 +91,26 @@ impl FromStr for LogitsDevice {
     }
 }
 
+/// The backends `spindle bench` can run on: as `spindle logits`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchDevice {
+    Cpu,
+    #[cfg(feature = "cuda")]
+    Cuda(usize),
+}
+
+impl FromStr for BenchDevice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s.parse::<LogitsDevice>()? {
+            LogitsDevice::Cpu => BenchDevice::Cpu,
+            #[cfg(feature = "cuda")]
+            LogitsDevice::Cuda(n) => BenchDevice::Cuda(n),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +128,16 @@ mod tests {
             tpu.contains("unknown device \"tpu\"") && tpu.contains("cpu"),
             "{tpu}"
         );
+    }
+
+    #[test]
+    fn bench_device_parses_as_logits_device() {
+        assert_eq!("cpu".parse::<BenchDevice>(), Ok(BenchDevice::Cpu));
+        assert!("tpu".parse::<BenchDevice>().is_err());
+        #[cfg(feature = "cuda")]
+        assert_eq!("cuda:2".parse::<BenchDevice>(), Ok(BenchDevice::Cuda(2)));
+        #[cfg(not(feature = "cuda"))]
+        assert!("cuda".parse::<BenchDevice>().is_err());
     }
 
     #[test]

@@ -197,11 +197,8 @@ fn run_cpu(args: &LogitsArgs, prompt: &[u32]) -> Result<(ModelConfig, GreedyRun)
 /// As [`run_cpu`], on CUDA device `ordinal`.
 #[cfg(feature = "cuda")]
 fn run_cuda(args: &LogitsArgs, prompt: &[u32], ordinal: usize) -> Result<(ModelConfig, GreedyRun)> {
-    if args.load.quant != spindle_model::quant::QuantFormat::Bf16 {
-        bail!("--quant {} is not supported with --device cuda yet: the CUDA backend reads bf16 weights", args.load.quant.name());
-    }
     let started = Instant::now();
-    let engine = spindle_cuda::CudaEngine::load(&args.model, ordinal).with_context(|| {
+    let engine = spindle_cuda::CudaEngine::load_with(&args.model, ordinal, args.load.quant, None).with_context(|| {
         format!(
             "cannot load the model at {} onto CUDA device {ordinal}",
             args.model.display()

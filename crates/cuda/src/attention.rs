@@ -26,7 +26,7 @@ pub struct AttentionCtx<'a> {
 }
 
 /// Grows the cache to hold at least `needed` tokens, keeping its contents.
-fn reserve(dev: &Device, cache: &mut KvCache, needed: usize, row: usize) -> Result<()> {
+pub fn reserve(dev: &Device, cache: &mut KvCache, needed: usize, row: usize) -> Result<()> {
     if needed <= cache.capacity {
         return Ok(());
     }
@@ -38,6 +38,7 @@ fn reserve(dev: &Device, cache: &mut KvCache, needed: usize, row: usize) -> Resu
     cache.keys = keys;
     cache.values = values;
     cache.capacity = capacity;
+    cache.generation += 1;
     Ok(())
 }
 
@@ -51,6 +52,7 @@ pub fn forward(
     x: &DevBuf<f32>,
     tokens: usize,
     start: usize,
+    start_dev: u64,
 ) -> Result<DevBuf<f32>> {
     let a = &ctx.config.attention;
     let hidden = ctx.config.hidden_size;
@@ -60,8 +62,8 @@ pub fn forward(
 
     let qkv = project(dev, &w.qkv, x.ptr(), hidden, tokens)?;
     reserve(dev, cache, start + tokens, n_kv * d)?;
-    let q = dev.zeros::<f32>(tokens * n_h * d)?;
-    let gate = dev.zeros::<f32>(tokens * n_h * d)?;
+    let q = dev.scratch::<f32>(tokens * n_h * d)?;
+    let gate = dev.scratch::<f32>(tokens * n_h * d)?;
     dev.launch(
         "attn_prep",
         (tokens as u32, (n_h + n_kv) as u32, 1),
@@ -82,11 +84,12 @@ pub fn forward(
             i(n_kv),
             i(d),
             i(start),
+            p(start_dev),
             f(ctx.eps),
         ],
     )?;
 
-    let out = dev.zeros::<f32>(tokens * n_h * d)?;
+    let out = dev.scratch::<f32>(tokens * n_h * d)?;
     let (sel, counts, stride) = match &selection {
         Some((sel, counts, stride)) => (sel.ptr(), counts.ptr(), *stride),
         None => (0, 0, 0),
@@ -109,10 +112,11 @@ pub fn forward(
             i(n_kv),
             i(d),
             i(start),
+            p(start_dev),
             f(1.0 / (d as f32).sqrt()),
         ],
     )?;
-    let y = dev.zeros::<f32>(tokens * hidden)?;
+    let y = dev.scratch::<f32>(tokens * hidden)?;
     linear(
         dev,
         &w.o_proj,

@@ -27,18 +27,28 @@ const SOURCES: [&str; 7] = [
 ];
 
 /// Every `extern "C" __global__` function the sources define.
-const KERNELS: [&str; 19] = [
+const KERNELS: [&str; 29] = [
     "matvec_bf16",
+    "matvec_q8",
+    "matvec_q4",
     "gemm_bf16",
+    "gemm_q8",
+    "gemm_q4",
     "embed_bf16",
     "rms_norm_zc",
     "add_in_place",
     "swiglu",
     "silu_scaled",
     "scale_by_sigmoid",
+    "read_probe",
+    "argmax_f32",
     "moe_route",
-    "moe_gate_up",
-    "moe_down",
+    "moe_gate_up_bf16",
+    "moe_gate_up_q8",
+    "moe_gate_up_q4",
+    "moe_down_bf16",
+    "moe_down_q8",
+    "moe_down_q4",
     "gdn_conv",
     "gdn_recurrent",
     "attn_prep",
@@ -87,9 +97,10 @@ pub fn ptx_for(arch: &str) -> Result<String> {
     Ok(text)
 }
 
-/// A device allocation of `len` elements and its raw address.
+/// A device allocation of `len` elements and its raw address, or a view into a session's
+/// workspace (no allocation of its own: nothing is freed when it drops).
 pub struct DevBuf<T> {
-    slice: CudaSlice<T>,
+    slice: Option<CudaSlice<T>>,
     ptr: u64,
     len: usize,
 }
@@ -113,6 +124,23 @@ impl<T> DevBuf<T> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Whether this buffer owns an allocation (rather than viewing a workspace).
+    pub fn is_owned(&self) -> bool {
+        self.slice.is_some()
+    }
+}
+
+/// A bump allocator over a session's workspace: `scratch` buffers of one forward pass are
+/// carved out of it in order, so a decode step allocates nothing and its addresses are the
+/// same every step (what a captured CUDA graph needs).
+#[derive(Clone, Copy, Debug)]
+struct Arena {
+    base: u64,
+    capacity: usize,
+    used: usize,
+    /// Requests that did not fit (served by real allocations instead).
+    overflowed: bool,
 }
 
 /// A kernel argument: a device address, an `int` or a `float`.
@@ -138,6 +166,7 @@ pub fn f(v: f32) -> Arg {
 
 /// One CUDA device: context, the stream every operation runs on, and the loaded kernels.
 pub struct Device {
+    arena: Mutex<Option<Arena>>,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     kernels: HashMap<&'static str, CudaFunction>,
@@ -185,6 +214,7 @@ impl Device {
         }
         tracing::info!(ordinal, name = %name, arch = %arch, "CUDA device ready");
         Ok(Device {
+            arena: Mutex::new(None),
             ctx,
             stream,
             kernels,
@@ -206,7 +236,8 @@ impl Device {
         &self.ctx
     }
 
-    /// `len` zeroed elements (at least one, so every buffer has an address).
+    /// `len` zeroed elements (at least one, so every buffer has an address): a real allocation,
+    /// for weights and sequence state.
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<DevBuf<T>> {
         let slice = self
             .stream
@@ -216,7 +247,59 @@ impl Device {
             let (ptr, _sync) = slice.device_ptr(&self.stream);
             ptr
         };
-        Ok(DevBuf { slice, ptr, len })
+        Ok(DevBuf {
+            slice: Some(slice),
+            ptr,
+            len,
+        })
+    }
+
+    /// `len` elements of scratch for the current forward pass, NOT zeroed when a workspace is
+    /// active (every caller overwrites what it allocates); otherwise a zeroed allocation.
+    pub fn scratch<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<DevBuf<T>> {
+        let bytes = (len.max(1) * std::mem::size_of::<T>()).next_multiple_of(256);
+        {
+            let mut guard = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(arena) = guard.as_mut() {
+                if arena.used + bytes <= arena.capacity {
+                    let ptr = arena.base + arena.used as u64;
+                    arena.used += bytes;
+                    return Ok(DevBuf {
+                        slice: None,
+                        ptr,
+                        len,
+                    });
+                }
+                if !arena.overflowed {
+                    tracing::warn!(
+                        capacity = arena.capacity,
+                        used = arena.used,
+                        bytes,
+                        "CUDA workspace full: falling back to allocations"
+                    );
+                }
+                arena.overflowed = true;
+            }
+        }
+        self.zeros(len)
+    }
+
+    /// Makes `workspace` the arena `scratch` carves from (until [`Device::end_workspace`]).
+    pub fn begin_workspace(&self, workspace: &DevBuf<u8>) {
+        *self.arena.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arena {
+            base: workspace.ptr(),
+            capacity: workspace.len(),
+            used: 0,
+            overflowed: false,
+        });
+    }
+
+    /// Stops carving from the workspace; returns (bytes used, whether a request overflowed).
+    pub fn end_workspace(&self) -> (usize, bool) {
+        match self.arena.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(a) => (a.used, a.overflowed),
+            None => (0, false),
+        }
     }
 
     /// A new buffer holding `data`.
@@ -236,9 +319,21 @@ impl Device {
         if data.is_empty() {
             return Ok(());
         }
-        let mut view = buf.slice.slice_mut(offset..offset + data.len());
-        self.stream
-            .memcpy_htod(data, &mut view)
+        assert!(
+            offset + data.len() <= buf.len.max(1),
+            "write past the end of a device buffer"
+        );
+        self.write_raw(buf.at(offset), data)
+    }
+
+    /// Copies `data` to device address `dst` (ordered on the stream).
+    pub fn write_raw<T: DeviceRepr>(&self, dst: u64, data: &[T]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `dst` addresses at least `data.len()` elements of a live buffer; a pageable
+        // source is staged by the driver before the call returns.
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, data, self.stream.cu_stream()) }
             .during("copying to the device")
     }
 
@@ -249,12 +344,27 @@ impl Device {
         offset: usize,
         len: usize,
     ) -> Result<Vec<T>> {
+        assert!(
+            offset + len <= buf.len.max(1),
+            "read past the end of a device buffer"
+        );
+        self.download_raw(buf.at(offset), len)
+    }
+
+    /// Copies `len` elements at device address `src` to the host (waits for the stream).
+    pub fn download_raw<T: DeviceRepr + Default + Clone>(
+        &self,
+        src: u64,
+        len: usize,
+    ) -> Result<Vec<T>> {
         let mut out = vec![T::default(); len];
         if len > 0 {
-            let view = buf.slice.slice(offset..offset + len);
-            self.stream
-                .memcpy_dtoh(&view, &mut out)
-                .during("copying from the device")?;
+            // SAFETY: `src` addresses `len` elements of a live buffer; `out` outlives the
+            // copy because the stream is synchronised below before returning.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(&mut out, src, self.stream.cu_stream())
+            }
+            .during("copying from the device")?;
         }
         self.sync()?;
         Ok(out)
@@ -265,11 +375,20 @@ impl Device {
         if len == 0 {
             return Ok(());
         }
-        let from = src.slice.slice(0..len);
-        let mut to = dst.slice.slice_mut(0..len);
-        self.stream
-            .memcpy_dtod(&from, &mut to)
-            .during("copying on the device")
+        assert!(
+            len <= src.len && len <= dst.len,
+            "copy past the end of a device buffer"
+        );
+        self.copy_raw(src.ptr(), dst.ptr(), len * std::mem::size_of::<T>())
+    }
+
+    /// Copies `bytes` bytes between device addresses.
+    pub fn copy_raw(&self, src: u64, dst: u64, bytes: usize) -> Result<()> {
+        // SAFETY: both ranges lie in live buffers.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())
+        }
+        .during("copying on the device")
     }
 
     pub fn sync(&self) -> Result<()> {

@@ -5,7 +5,7 @@ use spindle_model::ModelConfig;
 
 use crate::device::{i, p, threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::linear::{linear, project};
+use crate::linear::{linear, project, WFormat};
 use crate::weights::{GpuMlp, GpuMoe};
 
 /// `down(silu(gate(x)) ⊙ up(x))` for `[tokens, H]`.
@@ -18,7 +18,7 @@ pub fn mlp(
 ) -> Result<DevBuf<f32>> {
     let inter = w.down.cols;
     let gu = project(dev, &w.gate_up, x.ptr(), hidden, tokens)?;
-    let act = dev.zeros::<f32>(tokens * inter)?;
+    let act = dev.scratch::<f32>(tokens * inter)?;
     dev.launch_elementwise(
         "swiglu",
         tokens * inter,
@@ -32,7 +32,7 @@ pub fn mlp(
             i(inter),
         ],
     )?;
-    let y = dev.zeros::<f32>(tokens * hidden)?;
+    let y = dev.scratch::<f32>(tokens * hidden)?;
     linear(
         dev,
         &w.down,
@@ -68,8 +68,8 @@ pub fn moe(
     let width = w.input.rows; // E + 2·I_s + 1
     let big = project(dev, &w.input, x.ptr(), hidden, tokens)?;
 
-    let idx = dev.zeros::<i32>(tokens * k)?;
-    let wt = dev.zeros::<f32>(tokens * k)?;
+    let idx = dev.scratch::<i32>(tokens * k)?;
+    let wt = dev.scratch::<f32>(tokens * k)?;
     dev.launch(
         "moe_route",
         (tokens as u32, 1, 1),
@@ -87,7 +87,7 @@ pub fn moe(
     )?;
 
     // Shared expert, scaled by sigmoid(shared_expert_gate(x)).
-    let act_shared = dev.zeros::<f32>(tokens * shared)?;
+    let act_shared = dev.scratch::<f32>(tokens * shared)?;
     dev.launch_elementwise(
         "swiglu",
         tokens * shared,
@@ -101,7 +101,7 @@ pub fn moe(
             i(shared),
         ],
     )?;
-    let y = dev.zeros::<f32>(tokens * hidden)?;
+    let y = dev.scratch::<f32>(tokens * hidden)?;
     linear(
         dev,
         &w.shared_down,
@@ -125,14 +125,26 @@ pub fn moe(
     )?;
 
     // Routed experts: every (token, expert) pair's SwiGLU, then the weighted down projections.
-    let act = dev.zeros::<f32>(tokens * k * inter)?;
+    let act = dev.scratch::<f32>(tokens * k * inter)?;
+    let (gu, down) = (&w.experts_gate_up, &w.experts_down);
+    let gate_up_kernel = match gu.fmt {
+        WFormat::Bf16 => "moe_gate_up_bf16",
+        WFormat::Q8 => "moe_gate_up_q8",
+        WFormat::Q4 => "moe_gate_up_q4",
+    };
+    let down_kernel = match down.fmt {
+        WFormat::Bf16 => "moe_down_bf16",
+        WFormat::Q8 => "moe_down_q8",
+        WFormat::Q4 => "moe_down_q4",
+    };
     dev.launch(
-        "moe_gate_up",
+        gate_up_kernel,
         (inter.div_ceil(8) as u32, (tokens * k) as u32, 1),
         256,
         0,
         &[
-            p(w.experts_gate_up.ptr()),
+            p(gu.codes.ptr()),
+            p(gu.scales.ptr()),
             p(x.ptr()),
             i(hidden),
             p(idx.ptr()),
@@ -140,16 +152,17 @@ pub fn moe(
             i(k),
             i(inter),
             i(hidden),
-            i((hidden % 8 == 0) as usize),
+            i((gu.vec_ok() && x.ptr() % 16 == 0 && hidden % 4 == 0) as usize),
         ],
     )?;
     dev.launch(
-        "moe_down",
+        down_kernel,
         (hidden.div_ceil(8) as u32, tokens as u32, 1),
         256,
         0,
         &[
-            p(w.experts_down.ptr()),
+            p(down.codes.ptr()),
+            p(down.scales.ptr()),
             p(act.ptr()),
             p(idx.ptr()),
             p(wt.ptr()),
@@ -157,7 +170,7 @@ pub fn moe(
             i(k),
             i(inter),
             i(hidden),
-            i((inter % 8 == 0) as usize),
+            i((down.vec_ok() && act.ptr() % 16 == 0 && inter % 4 == 0) as usize),
         ],
     )?;
     Ok(y)

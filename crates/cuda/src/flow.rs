@@ -7,10 +7,10 @@ use spindle_engine::LogitsFor;
 
 use crate::attention::{self, AttentionCtx};
 use crate::device::{i, p, DevBuf, Device};
-use crate::error::Result;
-use crate::linear::project;
+use crate::error::{DriverContext, Result};
+use crate::linear::{project, MATVEC_MAX_TOKENS};
 use crate::qwen4::{self, HyperInput};
-use crate::session::{CudaSession, LayerState};
+use crate::session::{CudaSession, DecodeGraph, LayerState};
 use crate::weights::{GpuFfn, GpuHeadInput, GpuHyper, GpuMixer, GpuResidual};
 use crate::{ffn, gdn, CudaEngine};
 
@@ -75,34 +75,203 @@ fn exit(dev: &Device, hyper: Injection, h: &DevBuf<f32>, y: &DevBuf<f32>, s: &Sh
     }
 }
 
-/// Runs `ids` (validated, at most the engine's chunk) through the model from the session's state.
+/// Where `session.step_io` keeps the position (after the ids of a small batch) and the
+/// device argmax.
+pub const STEP_POSITION: usize = 8;
+pub const STEP_NEXT: usize = 9;
+
+/// Ends the workspace arena when dropped (also on errors).
+struct Workspace<'d>(&'d Device);
+
+impl<'d> Workspace<'d> {
+    fn begin(dev: &'d Device, session: &CudaSession) -> Self {
+        dev.begin_workspace(&session.workspace);
+        Workspace(dev)
+    }
+}
+
+impl Drop for Workspace<'_> {
+    fn drop(&mut self) {
+        self.0.end_workspace();
+    }
+}
+
+/// The logits of one forward pass on the device: `rows × V` f32 at `ptr`, alive until the
+/// session's next forward pass (`_owned` holds them when they are not in the workspace).
+pub(crate) struct Logits {
+    pub ptr: u64,
+    pub rows: usize,
+    _owned: Option<DevBuf<f32>>,
+}
+
+/// Runs `ids` (validated, at most the engine's chunk) through the model from the session's
+/// state and returns the logits the caller wants, on the device.
+pub(crate) fn forward_device(
+    e: &CudaEngine,
+    session: &mut CudaSession,
+    ids: &[u32],
+    want: LogitsFor,
+) -> Result<Logits> {
+    if ids.len() == 1 && e.graphs && !session.graph_failed {
+        match decode_graph(e, session, ids[0]) {
+            Ok(ptr) => {
+                session.position += 1;
+                return Ok(Logits {
+                    ptr,
+                    rows: 1,
+                    _owned: None,
+                });
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "CUDA graph capture failed: decoding without graphs");
+                session.graph_failed = true;
+                session.graph = None;
+            }
+        }
+    }
+    let dev = &e.dev;
+    let start = session.position;
+    let small = ids.len() <= MATVEC_MAX_TOKENS;
+    let ids_i32: Vec<i32> = ids.iter().map(|&id| id as i32).collect();
+    let (ids_dev, _ids_buf) = if small {
+        debug_assert!(ids.len() <= STEP_POSITION && session.step_io.len() > STEP_NEXT);
+        dev.write_raw(session.step_io.ptr(), &ids_i32)?;
+        (session.step_io.ptr(), None)
+    } else {
+        let buf = dev.upload(&ids_i32)?;
+        (buf.ptr(), Some(buf))
+    };
+    let _arena = small.then(|| Workspace::begin(dev, session));
+    let (logits, rows) = body(e, session, ids, ids.len(), ids_dev, start, 0, want)?;
+    if let Some(ple) = session.ple.as_mut() {
+        qwen4::advance_history(&mut ple.history, ids);
+    }
+    session.position += ids.len();
+    let ptr = logits.ptr();
+    let owned = logits.is_owned().then_some(logits);
+    Ok(Logits {
+        ptr,
+        rows,
+        _owned: owned,
+    })
+}
+
+/// As [`forward_device`], with the logits copied to the host (the one copy of the step).
 pub(crate) fn forward(
     e: &CudaEngine,
     session: &mut CudaSession,
     ids: &[u32],
     want: LogitsFor,
 ) -> Result<Vec<f32>> {
+    let logits = forward_device(e, session, ids, want)?;
+    e.dev
+        .download_raw(logits.ptr, logits.rows * e.gpu.lm_head().rows)
+}
+
+/// Grows every KV cache to hold `needed` tokens.
+pub(crate) fn ensure_capacity(
+    e: &CudaEngine,
+    session: &mut CudaSession,
+    needed: usize,
+) -> Result<()> {
+    let a = &e.config.attention;
+    for layer in &mut session.layers {
+        if let LayerState::Attention(cache) = layer {
+            attention::reserve(&e.dev, cache, needed, a.num_kv_heads * a.head_dim)?;
+        }
+    }
+    Ok(())
+}
+
+/// One decode step through the captured graph (captured first when there is none, or the KV
+/// caches moved since). Returns the address of the logits row.
+fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u64> {
+    let dev = &e.dev;
+    let pos = session.position;
+    ensure_capacity(e, session, pos + 1)?;
+    let mut io = [0i32; STEP_POSITION + 1];
+    io[0] = id as i32;
+    io[STEP_POSITION] = pos as i32;
+    dev.write_raw(session.step_io.ptr(), &io)?;
+    let generation = session.cache_generation();
+    if session
+        .graph
+        .as_ref()
+        .is_none_or(|g| g.generation != generation)
+    {
+        session.graph = None;
+        let started = std::time::Instant::now();
+        let stream = dev.stream().clone();
+        let ids_dev = session.step_io.ptr();
+        let start_dev = session.step_io.at(STEP_POSITION);
+        dev.begin_workspace(&session.workspace);
+        stream
+            .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .inspect_err(|_| {
+                dev.end_workspace();
+            })
+            .during("beginning a CUDA graph capture")?;
+        let result = body(e, session, &[], 1, ids_dev, pos, start_dev, LogitsFor::Last);
+        let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        let (_, overflowed) = dev.end_workspace();
+        let (logits, _) = result?;
+        let graph = graph
+            .during("ending a CUDA graph capture")?
+            .ok_or_else(|| {
+                crate::error::CudaError::Unsupported("the captured CUDA graph is empty".into())
+            })?;
+        if overflowed || logits.is_owned() {
+            return Err(crate::error::CudaError::Unsupported(
+                "the decode step did not fit the session workspace".into(),
+            ));
+        }
+        tracing::debug!(
+            position = pos,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "captured the decode step as a CUDA graph"
+        );
+        session.graph = Some(DecodeGraph {
+            graph,
+            logits: logits.ptr(),
+            generation,
+        });
+    }
+    let g = session.graph.as_ref().expect("captured above");
+    g.graph.launch().during("launching the decode graph")?;
+    Ok(g.logits)
+}
+
+/// The layers and the head for `tokens` tokens whose ids are at device address `ids_dev`,
+/// from position `start` — or, when `start_dev` is not 0, from the position stored there (a
+/// captured graph). `ids` (host) is needed only by PLE. Returns the logits and their rows.
+fn body(
+    e: &CudaEngine,
+    session: &mut CudaSession,
+    ids: &[u32],
+    tokens: usize,
+    ids_dev: u64,
+    start: usize,
+    start_dev: u64,
+    want: LogitsFor,
+) -> Result<(DevBuf<f32>, usize)> {
     let dev = &e.dev;
     let config = &e.config;
     let s = Shape {
         hidden: config.hidden_size,
         streams: config.hyper.as_ref().map_or(1, |h| h.streams),
-        tokens: ids.len(),
+        tokens,
         eps: config.rms_norm_eps as f32,
     };
     let width = s.streams * s.hidden;
-    let start = session.position;
 
     // The embedding, replicated into every stream.
-    let ids_i32: Vec<i32> = ids.iter().map(|&id| id as i32).collect();
-    let ids_dev = dev.upload(&ids_i32)?;
-    let h = dev.zeros::<f32>(s.tokens * width)?;
+    let h = dev.scratch::<f32>(s.tokens * width)?;
     dev.launch_elementwise(
         "embed_bf16",
         s.tokens * width,
         &[
-            p(e.gpu.embed.buf.ptr()),
-            p(ids_dev.ptr()),
+            p(e.gpu.embed.bf16_ptr()?),
+            p(ids_dev),
             p(h.ptr()),
             i(s.tokens),
             i(s.hidden),
@@ -139,7 +308,7 @@ pub(crate) fn forward(
                     cpu: &cpu.mixer,
                     eps: s.eps,
                 };
-                attention::forward(dev, &ctx, w, cache, &x, s.tokens, start)?
+                attention::forward(dev, &ctx, w, cache, &x, s.tokens, start, start_dev)?
             }
             (GpuMixer::Gdn(w), LayerState::Gdn(state)) => {
                 gdn::forward(dev, config, w, state, &x, s.tokens, s.eps)?
@@ -155,10 +324,6 @@ pub(crate) fn forward(
         };
         exit(dev, hyper, &h, &y, &s)?;
     }
-    if let Some(ple) = session.ple.as_mut() {
-        qwen4::advance_history(&mut ple.history, ids);
-    }
-    session.position += s.tokens;
 
     let (rows, count) = match want {
         LogitsFor::All => (h.ptr(), s.tokens),
@@ -172,5 +337,5 @@ pub(crate) fn forward(
     };
     let lm_head = e.gpu.lm_head();
     let logits = project(dev, lm_head, head_in.ptr(), s.hidden, count)?;
-    dev.download(&logits, 0, count * lm_head.rows)
+    Ok((logits, count))
 }

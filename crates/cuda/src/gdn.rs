@@ -34,7 +34,7 @@ pub fn forward(
     let width = w.in_proj.rows; // C + n_v·d_v + 2·n_v
     let proj = project(dev, &w.in_proj, x.ptr(), hidden, tokens)?;
 
-    let u = dev.zeros::<f32>(tokens * channels)?;
+    let u = dev.scratch::<f32>(tokens * channels)?;
     dev.launch(
         "gdn_conv",
         (channels.div_ceil(128) as u32, 1, 1),
@@ -52,7 +52,7 @@ pub fn forward(
         ],
     )?;
 
-    let o = dev.zeros::<f32>(tokens * nv * dv)?;
+    let o = dev.scratch::<f32>(tokens * nv * dv)?;
     let z_off = channels;
     let b_off = channels + nv * dv;
     let a_off = b_off + nv;
@@ -83,7 +83,7 @@ pub fn forward(
             i((config.gdn_gate == GdnGate::Sigmoid) as usize),
         ],
     )?;
-    let y = dev.zeros::<f32>(tokens * hidden)?;
+    let y = dev.scratch::<f32>(tokens * hidden)?;
     linear(
         dev,
         &w.out_proj,

@@ -5,14 +5,19 @@
 //! architecture, so building this crate needs no CUDA toolkit, and a machine without a driver
 //! gets a clear error from [`CudaEngine::load`] instead of a crash.
 //!
-//! Host round-trips that remain: QSA block selection (qwen4_exp) runs on the CPU from the
-//! attention input, and PLE n-gram rows are gathered from the host-resident table.
+//! Weights can be quantized on load (`--quant q8|q4`) by the CPU engine's own quantizer, so
+//! the codes on the GPU are the CPU's. A decode step allocates nothing (a per-session
+//! workspace) and, for every family but qwen4_exp, is captured once as a CUDA graph and
+//! replayed per token. Host round-trips that remain (qwen4_exp only, which therefore decodes
+//! without a graph): QSA block selection runs on the CPU from the attention input, and PLE
+//! n-gram rows are gathered from the host-resident table.
 
 // `is_multiple_of` needs Rust 1.87 (the workspace supports 1.85); kernel launchers mirror
 // their CUDA signatures, so they take many arguments.
 #![allow(clippy::manual_is_multiple_of, clippy::too_many_arguments)]
 
 mod attention;
+pub mod bench;
 mod device;
 mod error;
 mod ffn;
@@ -29,6 +34,7 @@ use spindle_engine::weights::ModelWeights;
 use spindle_engine::{EngineError, GreedyRun, LogitsFor};
 use spindle_kernels::rope::RopeFreqs;
 use spindle_kernels::softmax::argmax;
+use spindle_model::quant::QuantFormat;
 use spindle_model::{Checkpoint, ModelConfig};
 
 pub use device::{ptx_for, Device};
@@ -49,19 +55,48 @@ pub struct CudaEngine {
     rope: RopeFreqs,
     /// RoPE inverse frequencies (f64) on the device.
     inv_freq: device::DevBuf<f64>,
+    /// Decode steps are captured as CUDA graphs (no host work inside a step).
+    graphs: bool,
+    /// Bytes of a session's workspace.
+    workspace_bytes: usize,
+    quant: QuantFormat,
     /// Kept alive for the memory maps `cpu` points into.
     _checkpoint: Checkpoint,
 }
 
 impl CudaEngine {
     /// Opens CUDA device `ordinal`, reads and validates the checkpoint in `dir` and uploads its
-    /// weights.
+    /// weights (bf16, as stored).
     pub fn load(dir: &Path, ordinal: usize) -> Result<Self> {
+        Self::load_with(dir, ordinal, QuantFormat::Bf16, None)
+    }
+
+    /// As [`CudaEngine::load`], with the large projections quantized on load to `quant` by the
+    /// CPU engine's quantizer (the same matrices, the same codes as `Engine::load_with`), and,
+    /// when `max_layers` is given, only the first layers kept (benchmarks of a truncated model).
+    pub fn load_with(
+        dir: &Path,
+        ordinal: usize,
+        quant: QuantFormat,
+        max_layers: Option<usize>,
+    ) -> Result<Self> {
         let dev = Device::open(ordinal)?;
-        let config = ModelConfig::from_dir(dir)?;
+        let mut config = ModelConfig::from_dir(dir)?;
+        if let Some(n) = max_layers {
+            config.layers.truncate(n.max(1));
+        }
         check_supported(&config)?;
         let checkpoint = Checkpoint::open(dir)?;
-        let cpu = spindle_engine::weights::load(&checkpoint, &config)?;
+        let mut cpu = spindle_engine::weights::load(&checkpoint, &config)?;
+        if quant != QuantFormat::Bf16 {
+            let started = std::time::Instant::now();
+            cpu.quantize(quant, &|_, _| {});
+            tracing::info!(
+                quant = quant.name(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "quantized on load"
+            );
+        }
         let started = std::time::Instant::now();
         let gpu = weights::upload(&dev, &cpu, &config)?;
         tracing::info!(
@@ -79,6 +114,10 @@ impl CudaEngine {
             })
             .collect();
         let inv_freq = dev.upload(&inv_freq)?;
+        let graphs = config.qsa.is_none()
+            && config.ple.is_none()
+            && std::env::var_os("SPINDLE_CUDA_NO_GRAPHS").is_none();
+        let workspace_bytes = gpu.scratch_bytes(&config, linear::MATVEC_MAX_TOKENS);
         Ok(CudaEngine {
             dev,
             config,
@@ -86,8 +125,26 @@ impl CudaEngine {
             cpu,
             rope,
             inv_freq,
+            graphs,
+            workspace_bytes,
+            quant,
             _checkpoint: checkpoint,
         })
+    }
+
+    /// The weight format of the large projections.
+    pub fn quant(&self) -> QuantFormat {
+        self.quant
+    }
+
+    /// Weight bytes one decode step reads (routed experts counted top_k / E).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        self.gpu.bytes_per_token(&self.config)
+    }
+
+    /// Whether decode steps replay a captured CUDA graph.
+    pub fn uses_graphs(&self) -> bool {
+        self.graphs
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -100,17 +157,70 @@ impl CudaEngine {
     }
 
     pub fn new_session(&self) -> Result<CudaSession> {
-        CudaSession::new(&self.dev, &self.config)
+        CudaSession::new(&self.dev, &self.config, self.workspace_bytes)
     }
 
-    /// Feeds `ids` to the session and returns logits `[rows, V]` (row-major) for the positions
-    /// `want` asks for, as [`spindle_engine::Engine::forward`] does.
-    pub fn forward(
-        &self,
-        session: &mut CudaSession,
-        ids: &[u32],
-        want: LogitsFor,
-    ) -> Result<Vec<f32>> {
+    /// A session whose KV caches already hold `tokens` tokens (a decode graph stays valid
+    /// until the context passes them).
+    pub fn new_session_with_capacity(&self, tokens: usize) -> Result<CudaSession> {
+        let mut session = self.new_session()?;
+        flow::ensure_capacity(self, &mut session, tokens)?;
+        Ok(session)
+    }
+
+    /// Feeds one token and returns the greedy next token, chosen on the device (4 bytes come
+    /// back instead of the logits row).
+    pub fn decode_argmax(&self, session: &mut CudaSession, id: u32) -> Result<u32> {
+        self.check_ids(session, &[id])?;
+        let logits = flow::forward_device(self, session, &[id], LogitsFor::Last)?;
+        let next = session.step_io.at(flow::STEP_NEXT);
+        self.dev.launch(
+            "argmax_f32",
+            (1, 1, 1),
+            1024,
+            0,
+            &[
+                device::p(logits.ptr),
+                device::i(self.config.vocab_size),
+                device::p(next),
+            ],
+        )?;
+        Ok(self.dev.download_raw::<i32>(next, 1)?[0] as u32)
+    }
+
+    /// Waits for the device.
+    pub fn sync(&self) -> Result<()> {
+        self.dev.sync()
+    }
+
+    /// Read bandwidth of device memory in bytes/s: the best of several passes of a read kernel
+    /// over a fresh `bytes`-byte buffer.
+    pub fn measure_bandwidth(&self, bytes: usize) -> Result<f64> {
+        let buf = self.dev.zeros::<u8>(bytes)?;
+        let out = self.dev.zeros::<u32>(1)?;
+        let words = bytes / 16;
+        let mut best = 0.0f64;
+        for _ in 0..6 {
+            self.dev.sync()?;
+            let started = std::time::Instant::now();
+            self.dev.launch(
+                "read_probe",
+                (132 * 8, 1, 1),
+                512,
+                0,
+                &[
+                    device::p(buf.ptr()),
+                    device::p(words as u64),
+                    device::p(out.ptr()),
+                ],
+            )?;
+            self.dev.sync()?;
+            best = best.max((words * 16) as f64 / started.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    }
+
+    fn check_ids(&self, session: &CudaSession, ids: &[u32]) -> Result<()> {
         if ids.is_empty() {
             return Err(EngineError::EmptyInput.into());
         }
@@ -135,6 +245,18 @@ impl CudaEngine {
             }
             .into());
         }
+        Ok(())
+    }
+
+    /// Feeds `ids` to the session and returns logits `[rows, V]` (row-major) for the positions
+    /// `want` asks for, as [`spindle_engine::Engine::forward`] does.
+    pub fn forward(
+        &self,
+        session: &mut CudaSession,
+        ids: &[u32],
+        want: LogitsFor,
+    ) -> Result<Vec<f32>> {
+        self.check_ids(session, ids)?;
         let chunks: Vec<&[u32]> = ids.chunks(MAX_CHUNK).collect();
         let mut logits = Vec::new();
         for (n, chunk) in chunks.iter().enumerate() {
@@ -142,7 +264,7 @@ impl CudaEngine {
             match want {
                 LogitsFor::All => logits.extend(flow::forward(self, session, chunk, want)?),
                 LogitsFor::Last if last => logits = flow::forward(self, session, chunk, want)?,
-                LogitsFor::Last => drop(flow::forward(self, session, chunk, want)?),
+                LogitsFor::Last => drop(flow::forward_device(self, session, chunk, want)?),
             }
         }
         Ok(logits)

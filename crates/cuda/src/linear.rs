@@ -1,100 +1,260 @@
-//! bf16 weight matrices in VRAM and y = x·Wᵀ on the device: a warp-per-row matvec for decode
-//! and small batches, a tiled GEMM for prefill.
+//! Weight matrices in VRAM (bf16, or Q8/Q4 codes with f16 scales in the CPU layouts of
+//! `spindle_kernels::quant`) and y = x·Wᵀ on the device: a warp-per-row matvec for decode and
+//! small batches, a tiled GEMM for prefill.
 
 use spindle_engine::weights::Linear;
-use spindle_model::{DType, Matrix};
+use spindle_kernels::quant::QuantizedMatrix;
+use spindle_model::DType;
 
 use crate::device::{i, p, DevBuf, Device};
 use crate::error::{CudaError, Result};
 
 /// Up to this many tokens a linear layer runs the matvec kernel (the weights are read once
 /// for all of them); more run the GEMM.
-const MATVEC_MAX_TOKENS: usize = 8;
+pub const MATVEC_MAX_TOKENS: usize = 8;
 
-/// A row-major `[rows, cols]` bf16 matrix on the device.
-pub struct DevMatrix {
-    pub buf: DevBuf<u16>,
+/// How a device matrix stores its weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WFormat {
+    /// bf16 words, row-major.
+    Bf16,
+    /// i8 codes `[rows, cols]` and f16 scales `[rows, cols/32]`: w = scale·code.
+    Q8,
+    /// Packed nibbles `[rows, cols/2]` (llama.cpp Q4_0 order within a group of 32) and f16
+    /// scales `[rows, cols/32]`: w = scale·(nibble − 8).
+    Q4,
+}
+
+impl WFormat {
+    /// Bytes of codes per row.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            WFormat::Bf16 => cols * 2,
+            WFormat::Q8 => cols,
+            WFormat::Q4 => cols / 2,
+        }
+    }
+
+    /// f16 scales per row.
+    pub fn row_scales(self, cols: usize) -> usize {
+        match self {
+            WFormat::Bf16 => 0,
+            WFormat::Q8 | WFormat::Q4 => cols / 32,
+        }
+    }
+
+    /// Bytes per row, codes and scales.
+    pub fn row_size(self, cols: usize) -> usize {
+        self.row_bytes(cols) + 2 * self.row_scales(cols)
+    }
+
+    /// The kernel-name suffix.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            WFormat::Bf16 => "bf16",
+            WFormat::Q8 => "q8",
+            WFormat::Q4 => "q4",
+        }
+    }
+
+    /// Values per 16-byte chunk of codes (the vector kernels' unit).
+    fn chunk_values(self) -> usize {
+        match self {
+            WFormat::Bf16 => 8,
+            WFormat::Q8 => 16,
+            WFormat::Q4 => 32,
+        }
+    }
+}
+
+/// A row-major `[rows, cols]` matrix in one format on the device.
+pub struct DevPart {
+    pub fmt: WFormat,
+    pub codes: DevBuf<u8>,
+    /// Empty for bf16.
+    pub scales: DevBuf<u16>,
     pub rows: usize,
     pub cols: usize,
 }
 
-/// The bf16 elements of a checkpoint matrix, or an error naming its dtype.
-pub fn bf16_words(m: &Matrix) -> Result<&[u16]> {
-    if m.dtype != DType::Bf16 {
-        return Err(CudaError::Unsupported(format!(
-            "a [{}, {}] weight matrix is {}; the CUDA backend reads bf16 weights only",
-            m.rows,
-            m.cols,
-            m.dtype.name()
-        )));
-    }
-    Ok(bytemuck::cast_slice(m.bytes()))
-}
-
-/// Builds one device matrix out of row ranges of checkpoint matrices (to fuse projections
-/// that read the same input).
-pub struct MatrixBuilder<'d> {
-    dev: &'d Device,
-    m: DevMatrix,
-}
-
-impl<'d> MatrixBuilder<'d> {
-    pub fn new(dev: &'d Device, rows: usize, cols: usize) -> Result<Self> {
-        Ok(MatrixBuilder {
-            dev,
-            m: DevMatrix {
-                buf: dev.zeros(rows * cols)?,
-                rows,
-                cols,
-            },
+impl DevPart {
+    pub fn new(dev: &Device, fmt: WFormat, rows: usize, cols: usize) -> Result<Self> {
+        Ok(DevPart {
+            fmt,
+            codes: dev.zeros(rows * fmt.row_bytes(cols))?,
+            scales: dev.zeros(rows * fmt.row_scales(cols))?,
+            rows,
+            cols,
         })
     }
 
+    pub fn size_bytes(&self) -> usize {
+        self.rows * self.fmt.row_size(self.cols)
+    }
+
+    /// Whether the 16-byte vector path can read rows of this matrix.
+    pub fn vec_ok(&self) -> bool {
+        self.cols % self.fmt.chunk_values() == 0 && self.codes.ptr() % 16 == 0
+    }
+
     /// Copies rows `[from, from + count)` of `src` to rows `[to, to + count)`.
-    pub fn put(&mut self, src: &Matrix, from: usize, count: usize, to: usize) -> Result<&mut Self> {
+    pub fn put(
+        &mut self,
+        dev: &Device,
+        src: &Source,
+        from: usize,
+        count: usize,
+        to: usize,
+    ) -> Result<()> {
+        if src.fmt != self.fmt {
+            return Err(CudaError::Unsupported(format!(
+                "fusing a {} matrix into a {} one",
+                src.fmt.suffix(),
+                self.fmt.suffix()
+            )));
+        }
         assert_eq!(
-            src.cols, self.m.cols,
+            src.cols, self.cols,
             "fused matrices share their input width"
         );
-        assert!(from + count <= src.rows && to + count <= self.m.rows);
-        let words = bf16_words(src)?;
-        let cols = self.m.cols;
-        self.dev.write(
-            &mut self.m.buf,
-            to * cols,
-            &words[from * cols..(from + count) * cols],
+        assert!(from + count <= src.rows && to + count <= self.rows);
+        let rb = self.fmt.row_bytes(self.cols);
+        dev.write(
+            &mut self.codes,
+            to * rb,
+            &src.codes[from * rb..(from + count) * rb],
         )?;
-        Ok(self)
-    }
-
-    /// Copies all of `src` to rows `[to, to + src.rows)`.
-    pub fn put_all(&mut self, src: &Matrix, to: usize) -> Result<&mut Self> {
-        self.put(src, 0, src.rows, to)
-    }
-
-    pub fn finish(self) -> DevMatrix {
-        self.m
+        let rs = self.fmt.row_scales(self.cols);
+        if rs > 0 {
+            dev.write(
+                &mut self.scales,
+                to * rs,
+                &src.scales[from * rs..(from + count) * rs],
+            )?;
+        }
+        Ok(())
     }
 }
 
-impl DevMatrix {
-    /// Uploads one checkpoint matrix as is.
-    pub fn upload(dev: &Device, m: &Matrix) -> Result<Self> {
-        let mut b = MatrixBuilder::new(dev, m.rows, m.cols)?;
-        b.put_all(m, 0)?;
-        Ok(b.finish())
+/// The host bytes of a CPU engine matrix: bf16 as mapped, or Q8/Q4 as quantized on load.
+pub struct Source<'a> {
+    pub fmt: WFormat,
+    pub codes: &'a [u8],
+    pub scales: &'a [u16],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl<'a> Source<'a> {
+    pub fn of(linear: &'a Linear) -> Result<Self> {
+        match linear {
+            Linear::Mapped(m) => {
+                if m.dtype != DType::Bf16 {
+                    return Err(CudaError::Unsupported(format!(
+                        "a [{}, {}] weight matrix is {}; the CUDA backend reads bf16 checkpoints only",
+                        m.rows,
+                        m.cols,
+                        m.dtype.name()
+                    )));
+                }
+                Ok(Source {
+                    fmt: WFormat::Bf16,
+                    codes: m.bytes(),
+                    scales: &[],
+                    rows: m.rows,
+                    cols: m.cols,
+                })
+            }
+            Linear::Quantized(q) => Ok(Self::quantized(q)),
+            Linear::Packed(_) => Err(CudaError::Unsupported(
+                "a weight matrix comes from a spindle install; the CUDA backend reads Hugging Face checkpoints only"
+                    .into(),
+            )),
+        }
     }
 
-    /// Uploads the vertical concatenation of `parts`.
-    pub fn stack(dev: &Device, parts: &[&Matrix]) -> Result<Self> {
-        let rows = parts.iter().map(|m| m.rows).sum();
-        let mut b = MatrixBuilder::new(dev, rows, parts[0].cols)?;
-        let mut at = 0;
-        for m in parts {
-            b.put_all(m, at)?;
-            at += m.rows;
+    fn quantized(q: &'a QuantizedMatrix) -> Self {
+        Source {
+            fmt: if q.is_q4 { WFormat::Q4 } else { WFormat::Q8 },
+            codes: &q.qs,
+            scales: &q.scales,
+            rows: q.rows,
+            cols: q.cols,
         }
-        Ok(b.finish())
+    }
+}
+
+/// A `[rows, cols]` weight matrix made of row blocks, each in one format (projections that
+/// read the same input are fused; the CPU may have quantized some of them and not others).
+pub struct DevMatrix {
+    /// (first row, block).
+    pub parts: Vec<(usize, DevPart)>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl DevMatrix {
+    /// Uploads one CPU engine matrix as is.
+    pub fn upload(dev: &Device, m: &Linear) -> Result<Self> {
+        Self::stack(dev, &[m])
+    }
+
+    /// Uploads the vertical concatenation of `parts` (consecutive parts of one format share
+    /// one block).
+    pub fn stack(dev: &Device, parts: &[&Linear]) -> Result<Self> {
+        let sources = parts
+            .iter()
+            .map(|m| Source::of(m))
+            .collect::<Result<Vec<_>>>()?;
+        let cols = sources[0].cols;
+        let mut out = Vec::new();
+        let mut at = 0;
+        let mut k = 0;
+        while k < sources.len() {
+            let fmt = sources[k].fmt;
+            let mut end = k;
+            while end < sources.len() && sources[end].fmt == fmt {
+                end += 1;
+            }
+            let rows: usize = sources[k..end].iter().map(|s| s.rows).sum();
+            let mut part = DevPart::new(dev, fmt, rows, cols)?;
+            let mut to = 0;
+            for s in &sources[k..end] {
+                part.put(dev, s, 0, s.rows, to)?;
+                to += s.rows;
+            }
+            out.push((at, part));
+            at += rows;
+            k = end;
+        }
+        Ok(DevMatrix {
+            parts: out,
+            rows: at,
+            cols,
+        })
+    }
+
+    /// One block, for a matrix assembled row range by row range.
+    pub fn single(part: DevPart) -> Self {
+        DevMatrix {
+            rows: part.rows,
+            cols: part.cols,
+            parts: vec![(0, part)],
+        }
+    }
+
+    /// The bf16 words of a one-block bf16 matrix (the embedding table).
+    pub fn bf16_ptr(&self) -> Result<u64> {
+        match self.parts.as_slice() {
+            [(0, part)] if part.fmt == WFormat::Bf16 => Ok(part.codes.ptr()),
+            _ => Err(CudaError::Unsupported(
+                "the embedding table must be bf16".into(),
+            )),
+        }
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.parts.iter().map(|(_, p)| p.size_bytes()).sum()
     }
 }
 
@@ -109,11 +269,37 @@ pub fn linear(
     tokens: usize,
     accumulate: bool,
 ) -> Result<()> {
-    if tokens == 0 {
+    for (row0, part) in &w.parts {
+        linear_part(
+            dev,
+            part,
+            x,
+            ldx,
+            y + (*row0 * 4) as u64,
+            ldy,
+            tokens,
+            accumulate,
+        )?;
+    }
+    Ok(())
+}
+
+fn linear_part(
+    dev: &Device,
+    w: &DevPart,
+    x: u64,
+    ldx: usize,
+    y: u64,
+    ldy: usize,
+    tokens: usize,
+    accumulate: bool,
+) -> Result<()> {
+    if tokens == 0 || w.rows == 0 {
         return Ok(());
     }
     let common = [
-        p(w.buf.ptr()),
+        p(w.codes.ptr()),
+        p(w.scales.ptr()),
         p(x),
         p(y),
         i(w.rows),
@@ -124,18 +310,34 @@ pub fn linear(
         i(accumulate as usize),
     ];
     if tokens <= MATVEC_MAX_TOKENS {
-        let vec = w.cols % 8 == 0 && ldx % 4 == 0 && x % 16 == 0 && w.buf.ptr() % 16 == 0;
+        let vec = w.vec_ok() && ldx % 4 == 0 && x % 16 == 0;
         let mut args = common.to_vec();
         args.push(i(vec as usize));
         let blocks = w.rows.div_ceil(8) as u32;
-        dev.launch("matvec_bf16", (blocks, 1, 1), 256, 0, &args)
+        dev.launch(matvec_kernel(w.fmt), (blocks, 1, 1), 256, 0, &args)
     } else {
         let grid = (w.rows.div_ceil(64) as u32, tokens.div_ceil(64) as u32, 1);
-        dev.launch("gemm_bf16", grid, 256, 0, &common)
+        dev.launch(gemm_kernel(w.fmt), grid, 256, 0, &common)
     }
 }
 
-/// `linear` into a new `[tokens, rows]` buffer.
+fn matvec_kernel(fmt: WFormat) -> &'static str {
+    match fmt {
+        WFormat::Bf16 => "matvec_bf16",
+        WFormat::Q8 => "matvec_q8",
+        WFormat::Q4 => "matvec_q4",
+    }
+}
+
+fn gemm_kernel(fmt: WFormat) -> &'static str {
+    match fmt {
+        WFormat::Bf16 => "gemm_bf16",
+        WFormat::Q8 => "gemm_q8",
+        WFormat::Q4 => "gemm_q4",
+    }
+}
+
+/// `linear` into a new `[tokens, rows]` scratch buffer.
 pub fn project(
     dev: &Device,
     w: &DevMatrix,
@@ -143,28 +345,7 @@ pub fn project(
     ldx: usize,
     tokens: usize,
 ) -> Result<DevBuf<f32>> {
-    let y = dev.zeros::<f32>(tokens * w.rows)?;
+    let y = dev.scratch::<f32>(tokens * w.rows)?;
     linear(dev, w, x, ldx, y.ptr(), w.rows, tokens, false)?;
     Ok(y)
-}
-
-/// The checkpoint matrix behind a CPU engine layer.
-pub trait CheckpointMatrix {
-    fn m(&self) -> Result<&Matrix>;
-}
-
-impl CheckpointMatrix for Linear {
-    fn m(&self) -> Result<&Matrix> {
-        match self {
-            Linear::Mapped(m) => Ok(m),
-            Linear::Quantized(_) => Err(CudaError::Unsupported(
-                "a weight matrix was quantized on load; the CUDA backend reads bf16 weights only"
-                    .into(),
-            )),
-            Linear::Packed(_) => Err(CudaError::Unsupported(
-                "a weight matrix comes from a spindle install; the CUDA backend reads Hugging Face checkpoints only"
-                    .into(),
-            )),
-        }
-    }
 }

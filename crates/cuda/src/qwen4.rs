@@ -49,7 +49,7 @@ pub fn norm_rows(
     eps: f32,
 ) -> Result<DevBuf<f32>> {
     let width = groups * group;
-    let y = dev.zeros::<f32>(tokens * width)?;
+    let y = dev.scratch::<f32>(tokens * width)?;
     group_norm(dev, x, width, y.ptr(), width, w, tokens, groups, group, eps)?;
     Ok(y)
 }
@@ -68,7 +68,7 @@ pub fn enter(
     let normed = norm_rows(dev, hs, &w.norm, tokens, streams, hidden, eps)?;
     let ld = w.down_inject.rows;
     let mix = project(dev, &w.down_inject, normed.ptr(), width, tokens)?;
-    let m = dev.zeros::<f32>(tokens * w.lowrank)?;
+    let m = dev.scratch::<f32>(tokens * w.lowrank)?;
     dev.launch_elementwise(
         "silu_scaled",
         tokens * w.lowrank,
@@ -82,7 +82,7 @@ pub fn enter(
         ],
     )?;
     let a = project(dev, &w.up, m.ptr(), w.lowrank, tokens)?;
-    let x = dev.zeros::<f32>(tokens * hidden)?;
+    let x = dev.scratch::<f32>(tokens * hidden)?;
     dev.launch_elementwise(
         "hc_mix",
         tokens * hidden,
@@ -159,7 +159,7 @@ pub fn add(
 
     let kv = project(dev, &w.kv_proj, eng.ptr(), ple_dim, tokens)?; // [T, n·H + H]
     let ld = w.kv_proj.rows;
-    let keys = dev.zeros::<f32>(tokens * width)?;
+    let keys = dev.scratch::<f32>(tokens * width)?;
     group_norm(
         dev,
         kv.ptr(),
@@ -173,7 +173,7 @@ pub fn add(
         eps,
     )?;
     let queries = norm_rows(dev, hs.ptr(), &w.norm_query, tokens, streams, hidden, eps)?;
-    let gates = dev.zeros::<f32>(tokens * width)?;
+    let gates = dev.scratch::<f32>(tokens * width)?;
     dev.launch(
         "ple_gates",
         (tokens as u32, streams as u32, 1),

@@ -13,6 +13,8 @@ pub struct KvCache {
     pub values: DevBuf<f32>,
     /// Token rows allocated.
     pub capacity: usize,
+    /// Bumped whenever the cache is reallocated (a captured graph holds its addresses).
+    pub generation: u64,
     /// qwen4_exp: raw indexer keys and pooled block keys, on the host.
     pub indexer: IndexerCache,
 }
@@ -34,16 +36,47 @@ pub struct PleState {
     pub conv: Vec<DevBuf<f32>>,
 }
 
+/// A captured decode step: replayed per token with the token id and position read from
+/// `CudaSession::step_io`.
+pub struct DecodeGraph {
+    pub graph: cudarc::driver::CudaGraph,
+    /// The logits row `[V]` the graph writes (in the workspace).
+    pub logits: u64,
+    /// The sum of the KV caches' generations when captured.
+    pub generation: u64,
+}
+
 /// The state of one sequence on one device.
 pub struct CudaSession {
     /// Number of tokens already processed (the next token's position).
     pub position: usize,
     pub layers: Vec<LayerState>,
     pub ple: Option<PleState>,
+    /// Scratch for forward passes of at most `linear::MATVEC_MAX_TOKENS` tokens (decode).
+    pub workspace: DevBuf<u8>,
+    /// The decode step's i32 slots, read by the graph: ids `[0, 8)` (a small batch's),
+    /// position at `flow::STEP_POSITION`, the device argmax at `flow::STEP_NEXT`.
+    pub step_io: DevBuf<i32>,
+    pub graph: Option<DecodeGraph>,
+    /// Graph capture failed once: decode runs eagerly from then on.
+    pub graph_failed: bool,
 }
 
 impl CudaSession {
-    pub(crate) fn new(dev: &Device, config: &ModelConfig) -> Result<Self> {
+    /// The sum of the KV caches' generations (changes when any cache is reallocated).
+    pub fn cache_generation(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Attention(c) => c.generation,
+                LayerState::Gdn(_) => 0,
+            })
+            .sum()
+    }
+}
+
+impl CudaSession {
+    pub(crate) fn new(dev: &Device, config: &ModelConfig, workspace_bytes: usize) -> Result<Self> {
         let g = &config.gdn;
         let layers = config
             .layers
@@ -54,6 +87,7 @@ impl CudaSession {
                         keys: dev.zeros(0)?,
                         values: dev.zeros(0)?,
                         capacity: 0,
+                        generation: 0,
                         indexer: IndexerCache::default(),
                     }),
                     MixerKind::LinearAttention => LayerState::Gdn(GdnState {
@@ -81,6 +115,10 @@ impl CudaSession {
             position: 0,
             layers,
             ple,
+            workspace: dev.zeros(workspace_bytes)?,
+            step_io: dev.zeros(16)?,
+            graph: None,
+            graph_failed: false,
         })
     }
 }

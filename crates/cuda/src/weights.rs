@@ -11,7 +11,9 @@ use spindle_model::ModelConfig;
 
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
-use crate::linear::{CheckpointMatrix, DevMatrix, MatrixBuilder};
+use spindle_engine::weights::Linear;
+
+use crate::linear::{DevMatrix, DevPart, Source};
 
 /// Gated attention: `qkv` = [q_proj (n_h·2d) | k_proj | v_proj] rows.
 pub struct GpuAttention {
@@ -44,8 +46,10 @@ pub struct GpuMlp {
 pub struct GpuMoe {
     pub input: DevMatrix,
     pub shared_down: DevMatrix,
-    pub experts_gate_up: DevBuf<u16>,
-    pub experts_down: DevBuf<u16>,
+    /// `[E·2I, H]`.
+    pub experts_gate_up: DevPart,
+    /// `[E·H, I]`.
+    pub experts_down: DevPart,
 }
 
 /// A hyper-connection block: `down_inject` = [input_mix_weight_down (lowrank) |
@@ -112,6 +116,74 @@ impl GpuModel {
     pub fn lm_head(&self) -> &DevMatrix {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
+
+    /// Weight bytes one decode step reads: every matrix (codes and scales), the routed experts
+    /// in proportion top_k / E, and one embedding row.
+    pub fn bytes_per_token(&self, config: &ModelConfig) -> usize {
+        let top_k = config.moe.as_ref().map_or(0, |m| m.top_k);
+        let hyper = |h: &GpuHyper| h.down_inject.size_bytes() + h.up.size_bytes();
+        let mut total = self.lm_head().size_bytes() + config.hidden_size * 2;
+        if let GpuHeadInput::HyperMixer(h) = &self.head_input {
+            total += hyper(h);
+        }
+        for layer in &self.layers {
+            if let GpuResidual::Hyper { attn, mlp } = &layer.residual {
+                total += hyper(attn) + hyper(mlp);
+            }
+            if let Some(ple) = &layer.ple {
+                total += ple.kv_proj.size_bytes();
+            }
+            total += match &layer.mixer {
+                GpuMixer::Attention(a) => a.qkv.size_bytes() + a.o_proj.size_bytes(),
+                GpuMixer::Gdn(g) => g.in_proj.size_bytes() + g.out_proj.size_bytes(),
+            };
+            total += match &layer.ffn {
+                GpuFfn::Dense(m) => m.gate_up.size_bytes() + m.down.size_bytes(),
+                GpuFfn::Moe(m) => {
+                    let experts = config.moe.as_ref().map_or(1, |c| c.num_experts).max(1);
+                    m.input.size_bytes()
+                        + m.shared_down.size_bytes()
+                        + (m.experts_gate_up.size_bytes() + m.experts_down.size_bytes()) * top_k
+                            / experts
+                }
+            };
+        }
+        total
+    }
+
+    /// A generous bound on the scratch bytes one forward pass of `tokens` tokens carves from
+    /// a session workspace (every intermediate of every layer, 256-byte aligned).
+    pub fn scratch_bytes(&self, config: &ModelConfig, tokens: usize) -> usize {
+        let width = config.hyper.as_ref().map_or(1, |h| h.streams) * config.hidden_size;
+        let top_k = config.moe.as_ref().map_or(0, |m| m.top_k);
+        let a = &config.attention;
+        let g = &config.gdn;
+        let mut floats = 0;
+        for layer in &self.layers {
+            let mut rows = 8 * width;
+            if let GpuResidual::Hyper { attn, mlp } = &layer.residual {
+                rows += 2 * (attn.down_inject.rows + mlp.down_inject.rows + attn.lowrank);
+            }
+            if let Some(ple) = &layer.ple {
+                rows += ple.kv_proj.rows + 2 * width;
+            }
+            rows += match &layer.mixer {
+                GpuMixer::Attention(w) => w.qkv.rows + 3 * a.num_heads * a.head_dim,
+                GpuMixer::Gdn(w) => {
+                    w.in_proj.rows + g.conv_channels() + g.num_value_heads * g.value_head_dim
+                }
+            };
+            rows += match &layer.ffn {
+                GpuFfn::Dense(m) => m.gate_up.rows + m.down.cols,
+                GpuFfn::Moe(m) => {
+                    m.input.rows + m.shared_down.cols + top_k * (m.experts_down.cols + 2)
+                }
+            };
+            floats += rows;
+        }
+        floats += 4 * width + self.lm_head().rows;
+        tokens * floats * 4 + 256 * 64 * (self.layers.len() + 2)
+    }
 }
 
 pub fn upload(dev: &Device, w: &ModelWeights, config: &ModelConfig) -> Result<GpuModel> {
@@ -132,7 +204,7 @@ pub fn upload(dev: &Device, w: &ModelWeights, config: &ModelConfig) -> Result<Gp
                 },
                 ple: match &layer.ple {
                     Some(ple) => Some(GpuPle {
-                        kv_proj: DevMatrix::stack(dev, &[ple.key_proj.m()?, ple.value_proj.m()?])?,
+                        kv_proj: DevMatrix::stack(dev, &[&ple.key_proj, &ple.value_proj])?,
                         norm_key: dev.upload(&ple.norm_key)?,
                         norm_query: dev.upload(&ple.norm_query)?,
                         norm_conv: dev.upload(&ple.norm_conv)?,
@@ -142,8 +214,8 @@ pub fn upload(dev: &Device, w: &ModelWeights, config: &ModelConfig) -> Result<Gp
                 },
                 mixer: match &layer.mixer {
                     MixerWeights::Attention(a) => GpuMixer::Attention(GpuAttention {
-                        qkv: DevMatrix::stack(dev, &[a.q_proj.m()?, a.k_proj.m()?, a.v_proj.m()?])?,
-                        o_proj: DevMatrix::upload(dev, a.o_proj.m()?)?,
+                        qkv: DevMatrix::stack(dev, &[&a.q_proj, &a.k_proj, &a.v_proj])?,
+                        o_proj: DevMatrix::upload(dev, &a.o_proj)?,
                         q_norm: dev.upload(&a.q_norm)?,
                         k_norm: dev.upload(&a.k_norm)?,
                     }),
@@ -160,11 +232,11 @@ pub fn upload(dev: &Device, w: &ModelWeights, config: &ModelConfig) -> Result<Gp
         HeadInput::Norm(n) => GpuHeadInput::Norm(dev.upload(n)?),
         HeadInput::HyperMixer(h) => GpuHeadInput::HyperMixer(upload_hyper(dev, h)?),
     };
-    let embed = DevMatrix::upload(dev, w.embed.m()?)?;
-    let lm_head = if config.tie_word_embeddings {
+    let embed = DevMatrix::upload(dev, &w.embed)?;
+    let lm_head = if config.tie_word_embeddings && matches!(w.lm_head, Linear::Mapped(_)) {
         None
     } else {
-        Some(DevMatrix::upload(dev, w.lm_head.m()?)?)
+        Some(DevMatrix::upload(dev, &w.lm_head)?)
     };
     dev.sync()?;
     Ok(GpuModel {
@@ -177,47 +249,49 @@ pub fn upload(dev: &Device, w: &ModelWeights, config: &ModelConfig) -> Result<Gp
 
 fn upload_hyper(dev: &Device, h: &HyperWeights) -> Result<GpuHyper> {
     let down_inject = match &h.inject {
-        Some(inject) => DevMatrix::stack(dev, &[h.mix_down.m()?, inject.m()?])?,
-        None => DevMatrix::upload(dev, h.mix_down.m()?)?,
+        Some(inject) => DevMatrix::stack(dev, &[&h.mix_down, inject])?,
+        None => DevMatrix::upload(dev, &h.mix_down)?,
     };
     Ok(GpuHyper {
         norm: dev.upload(&h.norm)?,
         down_inject,
-        up: DevMatrix::upload(dev, h.mix_up.m()?)?,
+        up: DevMatrix::upload(dev, &h.mix_up)?,
         lowrank: h.mix_down.rows(),
     })
 }
 
 fn upload_mlp(dev: &Device, m: &MlpWeights) -> Result<GpuMlp> {
     Ok(GpuMlp {
-        gate_up: DevMatrix::stack(dev, &[m.gate.m()?, m.up.m()?])?,
-        down: DevMatrix::upload(dev, m.down.m()?)?,
+        gate_up: DevMatrix::stack(dev, &[&m.gate, &m.up])?,
+        down: DevMatrix::upload(dev, &m.down)?,
     })
 }
 
 fn upload_moe(dev: &Device, m: &MoeWeights) -> Result<GpuMoe> {
     let e_count = m.experts.len();
     let (inter, hidden) = (m.experts[0].gate.rows(), m.experts[0].gate.cols());
-    let mut gate_up = MatrixBuilder::new(dev, e_count * 2 * inter, hidden)?;
-    let mut down = MatrixBuilder::new(dev, e_count * hidden, inter)?;
+    let fmt = Source::of(&m.experts[0].gate)?.fmt;
+    let mut gate_up = DevPart::new(dev, fmt, e_count * 2 * inter, hidden)?;
+    let mut down = DevPart::new(dev, fmt, e_count * hidden, inter)?;
     for (e, expert) in m.experts.iter().enumerate() {
-        gate_up.put_all(expert.gate.m()?, e * 2 * inter)?;
-        gate_up.put_all(expert.up.m()?, e * 2 * inter + inter)?;
-        down.put_all(expert.down.m()?, e * hidden)?;
+        gate_up.put(dev, &Source::of(&expert.gate)?, 0, inter, e * 2 * inter)?;
+        gate_up.put(
+            dev,
+            &Source::of(&expert.up)?,
+            0,
+            inter,
+            e * 2 * inter + inter,
+        )?;
+        down.put(dev, &Source::of(&expert.down)?, 0, hidden, e * hidden)?;
     }
     Ok(GpuMoe {
         input: DevMatrix::stack(
             dev,
-            &[
-                m.router.m()?,
-                m.shared.gate.m()?,
-                m.shared.up.m()?,
-                m.shared_gate.m()?,
-            ],
+            &[&m.router, &m.shared.gate, &m.shared.up, &m.shared_gate],
         )?,
-        shared_down: DevMatrix::upload(dev, m.shared.down.m()?)?,
-        experts_gate_up: gate_up.finish().buf,
-        experts_down: down.finish().buf,
+        shared_down: DevMatrix::upload(dev, &m.shared.down)?,
+        experts_gate_up: gate_up,
+        experts_down: down,
     })
 }
 
@@ -235,36 +309,42 @@ fn upload_gdn(
     );
     let channels = c.conv_channels();
     let in_proj = match &g.projection {
-        GdnProjection::Split { qkv, z, b, a } => {
-            DevMatrix::stack(dev, &[qkv.m()?, z.m()?, b.m()?, a.m()?])?
-        }
+        GdnProjection::Split { qkv, z, b, a } => DevMatrix::stack(dev, &[qkv, z, b, a])?,
         GdnProjection::Fused { qkvz, ba } => {
             // Per key group g: [q (d_k) | k (d_k) | v (ρ·d_v) | z (ρ·d_v)] and [b (ρ) | a (ρ)].
             let rho = nv / nk;
             let width = 2 * dk + 2 * rho * dv;
             let rows = channels + nv * dv + 2 * nv;
-            let mut m = MatrixBuilder::new(dev, rows, qkvz.cols())?;
-            let (qkvz, ba) = (qkvz.m()?, ba.m()?);
+            let (qkvz, ba) = (Source::of(qkvz)?, Source::of(ba)?);
+            let mut m = DevPart::new(dev, qkvz.fmt, rows, qkvz.cols)?;
             for kg in 0..nk {
                 let src = kg * width;
-                m.put(qkvz, src, dk, kg * dk)?;
-                m.put(qkvz, src + dk, dk, nk * dk + kg * dk)?;
-                m.put(qkvz, src + 2 * dk, rho * dv, 2 * nk * dk + kg * rho * dv)?;
+                m.put(dev, &qkvz, src, dk, kg * dk)?;
+                m.put(dev, &qkvz, src + dk, dk, nk * dk + kg * dk)?;
                 m.put(
-                    qkvz,
+                    dev,
+                    &qkvz,
+                    src + 2 * dk,
+                    rho * dv,
+                    2 * nk * dk + kg * rho * dv,
+                )?;
+                m.put(
+                    dev,
+                    &qkvz,
                     src + 2 * dk + rho * dv,
                     rho * dv,
                     channels + kg * rho * dv,
                 )?;
-                m.put(ba, kg * 2 * rho, rho, channels + nv * dv + kg * rho)?;
+                m.put(dev, &ba, kg * 2 * rho, rho, channels + nv * dv + kg * rho)?;
                 m.put(
-                    ba,
+                    dev,
+                    &ba,
                     kg * 2 * rho + rho,
                     rho,
                     channels + nv * dv + nv + kg * rho,
                 )?;
             }
-            m.finish()
+            DevMatrix::single(m)
         }
     };
     Ok(GpuGdn {
@@ -273,6 +353,6 @@ fn upload_gdn(
         a_log: dev.upload(&g.a_log)?,
         dt_bias: dev.upload(&g.dt_bias)?,
         norm: dev.upload(&g.norm)?,
-        out_proj: DevMatrix::upload(dev, g.out_proj.m()?)?,
+        out_proj: DevMatrix::upload(dev, &g.out_proj)?,
     })
 }

@@ -241,3 +241,125 @@ fn decode_timing() {
         );
     }
 }
+
+/// The reference prompt and generated ids of a fixture, teacher-forced: prefill logits of the
+/// prompt, then one decode step per generated id (all but the last).
+fn teacher_forced_gpu(engine: &CudaEngine, prompt: &[u32], gen: &[u32]) -> Vec<f32> {
+    let mut session = engine.new_session().unwrap();
+    let mut out = engine
+        .forward(&mut session, prompt, LogitsFor::All)
+        .unwrap();
+    for &id in &gen[..gen.len() - 1] {
+        out.extend(
+            engine
+                .forward(&mut session, &[id], LogitsFor::Last)
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// Q8 and Q4 weights, quantized on load by the CPU engine's quantizer (the same codes): GPU
+/// logits (f32 activations) against the CPU engine's at the same format (int8 activations),
+/// teacher-forced over prompt and generation; and against the bf16 reference, for scale.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantized_weights_match_cpu_engine() {
+    use spindle_engine::LoadOptions;
+    use spindle_model::quant::QuantFormat;
+    let mut results = Vec::new();
+    for name in FAMILIES {
+        let reference = Reference::load(name);
+        let prompt = reference.ids("prompt_ids");
+        let gen = reference.ids("gen_ids");
+        let mut all = prompt.clone();
+        all.extend_from_slice(&gen[..gen.len() - 1]);
+        let full_ref = reference.f32("full_logits");
+        for quant in [QuantFormat::Q8, QuantFormat::Q4] {
+            let options = LoadOptions {
+                quant,
+                ..Default::default()
+            };
+            let cpu = Engine::load_with(&fixture(name), &options).unwrap();
+            let mut cs = cpu.new_session();
+            let want = cpu.forward(&mut cs, &all, LogitsFor::All).unwrap();
+            let gpu = CudaEngine::load_with(&fixture(name), device_ordinal(), quant, None)
+                .unwrap_or_else(|e| panic!("{name} {quant}: {e}"));
+            let got = teacher_forced_gpu(&gpu, &prompt, &gen);
+            let err = max_abs_diff(&got, &want);
+            let mean = mean_abs_diff(&got, &want);
+            let vs_ref = max_abs_diff(&got, &full_ref);
+            let cpu_vs_ref = max_abs_diff(&want, &full_ref);
+            let greedy = gpu.greedy(&prompt, gen.len()).unwrap();
+            let cpu_greedy = cpu.greedy(&prompt, gen.len()).unwrap();
+            println!(
+                "{name} {quant}: GPU vs CPU ({quant}) max|Δ| {err:.2e} mean|Δ| {mean:.2e}; vs bf16 reference: GPU {vs_ref:.2e} (mean {:.2e}), CPU {cpu_vs_ref:.2e} (mean {:.2e}); greedy tokens GPU vs CPU {}",
+                mean_abs_diff(&got, &full_ref),
+                mean_abs_diff(&want, &full_ref),
+                if greedy.gen_ids == cpu_greedy.gen_ids { "identical" } else { "DIFFER" }
+            );
+            results.push((name, quant, mean, mean_abs_diff(&want, &full_ref)));
+        }
+    }
+    // The CPU quantizes activations to int8 per group of 32, the GPU keeps them f32, and on
+    // these tiny models (hidden 64) that difference alone moves logits by up to ~2.7 (MoE
+    // routing flips move whole expert outputs), so no tight max bound holds. What must hold:
+    // GPU and CPU stay close on average, and for Q4 the GPU is far closer to the CPU than
+    // either is to the bf16 model (the same codes are decoded). Bounds from the H200 run of
+    // 2026-11-30 (NOTES.md): mean |GPU−CPU| ≤ 0.080 (q8), ≤ 0.051 (q4, ≤ 0.16× of the q4 error);
+    // this exact assertion was written after that run.
+    for (name, quant, mean, cpu_err) in results {
+        assert!(
+            mean < 0.1,
+            "{name} {quant}: GPU and CPU differ by {mean} on average"
+        );
+        if quant == QuantFormat::Q4 {
+            assert!(
+                mean < 0.25 * cpu_err,
+                "{name} {quant}: GPU−CPU mean {mean} is not small against the Q4 error {cpu_err}"
+            );
+        }
+    }
+}
+
+fn mean_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len().max(1) as f32
+}
+
+/// Decode through the captured CUDA graph (re-captured when the KV cache grows past 256
+/// and 512 tokens) equals decode without graphs.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_decode_equals_eager_decode() {
+    for name in FAMILIES {
+        let graphs = load(name);
+        // SAFETY: the tests of this binary run on one thread (--test-threads=1).
+        unsafe { std::env::set_var("SPINDLE_CUDA_NO_GRAPHS", "1") };
+        let eager = load(name);
+        unsafe { std::env::remove_var("SPINDLE_CUDA_NO_GRAPHS") };
+        let prompt = Reference::load(name).ids("prompt_ids");
+        let vocab = graphs.config().vocab_size as u32;
+        let mut a = graphs.new_session().unwrap();
+        let mut b = eager.new_session().unwrap();
+        graphs.forward(&mut a, &prompt, LogitsFor::Last).unwrap();
+        eager.forward(&mut b, &prompt, LogitsFor::Last).unwrap();
+        let mut err = 0.0f32;
+        let mut same_argmax = true;
+        for step in 0..600u32 {
+            let id = (step * 7919 + 3) % vocab;
+            let x = graphs.forward(&mut a, &[id], LogitsFor::Last).unwrap();
+            let y = eager.forward(&mut b, &[id], LogitsFor::Last).unwrap();
+            err = err.max(max_abs_diff(&x, &y));
+        }
+        let next_a = graphs.decode_argmax(&mut a, 5).unwrap();
+        let last_b = eager.forward(&mut b, &[5], LogitsFor::Last).unwrap();
+        same_argmax &= next_a == spindle_kernels::softmax::argmax(&last_b) as u32;
+        println!(
+            "{name}: 600 decode steps, graphs {} vs eager max|Δ| {err:.2e}; device argmax {}",
+            graphs.uses_graphs(),
+            if same_argmax { "matches" } else { "DIFFERS" }
+        );
+        assert!(err < 1e-5, "{name}: graph decode differs by {err}");
+        assert!(same_argmax, "{name}: device argmax differs");
+    }
+}

@@ -7,7 +7,14 @@ fn kernels_compile_for_hopper() {
     let ptx = spindle_cuda::ptx_for("sm_90").unwrap_or_else(|e| panic!("{e}"));
     for kernel in [
         "matvec_bf16",
+        "matvec_q8",
+        "matvec_q4",
         "gemm_bf16",
+        "gemm_q4",
+        "moe_gate_up_q4",
+        "moe_down_q8",
+        "read_probe",
+        "argmax_f32",
         "gdn_recurrent",
         "attn_decode",
         "moe_route",

@@ -215,6 +215,56 @@ fn prefill_shapes(filter: &str) {
     }
 }
 
+/// Expert matmuls as a prompt runs them: 512×2048 at 16 tokens (and 2-4, the batch sizes
+/// where per-row dots and the GEMM meet), cycling through 96 distinct matrices (more than the
+/// L3 holds in every format), so the weights come from DRAM.
+fn prefill_cold_experts(filter: &str) {
+    let (rows, cols, copies) = (512usize, 2048usize, 96usize);
+    let isa = Isa::best();
+    let mut mats: Vec<Formats> = Vec::new();
+    for (tokens, name) in [
+        (2, "q4"),
+        (3, "q4"),
+        (4, "q4"),
+        (16, "bf16"),
+        (16, "q8"),
+        (16, "q4"),
+    ] {
+        let line = format!("prefill cold experts {rows}x{cols} t={tokens} {name:>4} {isa:?}");
+        if !line.contains(filter) {
+            continue;
+        }
+        if mats.is_empty() {
+            mats = (0..copies)
+                .map(|i| Formats::new(rows, cols, 1000 + i as u64))
+                .collect();
+        }
+        let x: Vec<f32> = (0..tokens * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let mut y = vec![0.0f32; rows * tokens];
+        let mut i = 0;
+        let (secs, cpu) = time_cpu(Duration::from_millis(1000), || {
+            matmul_with(
+                isa,
+                &mats[i % copies].mat(name, rows, cols),
+                &x,
+                tokens,
+                &mut y,
+            );
+            black_box(&y);
+            i += 1;
+        });
+        let flops = 2.0 * (rows * cols * tokens) as f64;
+        println!(
+            "{line:<38} {:8.3} ms {:6.1} GFLOP/s  {:6.1} GFLOP per CPU-s",
+            secs * 1e3,
+            flops / secs / 1e9,
+            flops / cpu / 1e9
+        );
+    }
+}
+
 fn main() {
     let filter = std::env::args()
         .skip(1)
@@ -227,6 +277,7 @@ fn main() {
     );
     bandwidth(&filter);
     prefill_shapes(&filter);
+    prefill_cold_experts(&filter);
     let isas = Isa::all_available();
     for (rows, cols) in [(2048usize, 2048usize), (8192, 2048)] {
         let wanted = ["matvec", "matmul"]

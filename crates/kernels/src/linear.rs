@@ -4,9 +4,21 @@
 //! - One token, or a few (< [`gemm_min_tokens`]): each weight row is read once and dotted with
 //!   every token while it sits in L1. Q8/Q4 rows are dotted in integers with the tokens
 //!   quantized to int8 per group of 32 ([`QuantizedActs`]), as llama.cpp does.
-//! - More tokens (prefill): a blocked GEMM. Each task takes a block of rows, dequantizes it once
-//!   into f32 scratch and runs a register-tiled kernel (4 tokens × 4 rows on AVX-512, in
-//!   passes of 1024 columns that stay in L1) over all tokens.
+//! - More tokens (prefill), on AVX-512: panel GEMMs. Each task takes a panel of 16 weight
+//!   rows, transposes it once so that one register holds a column of the 16 rows, and
+//!   multiplies it with every token, 16 rows per accumulator register:
+//!   - Q8/Q4 from 4 tokens: int8 `vpdpbusd` on the codes with the tokens quantized per group
+//!     of 32 (the same activations the per-row dots see), 8 tokens per register tile;
+//!   - f32/bf16/f16 from 32 tokens: f32 FMAs, 24 tokens per register tile, one fused
+//!     multiply-add after another along the row (between 4 and 32 tokens float weights keep
+//!     the 4×4-tile GEMM below, which needs no transposition).
+//!
+//!   `SPINDLE_GEMM=legacy` turns the panel GEMMs off.
+//! - More tokens elsewhere (AVX2, scalar, or legacy): a blocked GEMM. Each task takes a block of
+//!   rows, dequantizes it once into f32 scratch and runs a register-tiled kernel (4 tokens × 4
+//!   rows on AVX-512, in passes of 1024 columns that stay in L1) over all tokens.
+//!
+//! No path peels for alignment: results are bit-identical wherever the weights sit.
 //!
 //! Rows are split across rayon threads; the SIMD path is [`Isa::active`] unless a `*_with`
 //! function names one.
@@ -51,8 +63,7 @@ pub fn int8_activations(isa: Isa, w: &MatRef, tokens: usize) -> bool {
 /// dots, then the f32 GEMM on dequantized weights): for A/B measurements and numerics checks.
 fn panel_gemms(isa: Isa) -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let enabled =
-        *ENABLED.get_or_init(|| std::env::var("SPINDLE_GEMM").as_deref() != Ok("legacy"));
+    let enabled = *ENABLED.get_or_init(|| std::env::var("SPINDLE_GEMM").as_deref() != Ok("legacy"));
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         return enabled;
@@ -73,7 +84,9 @@ const QUANT_GEMM_MIN_TOKENS: usize = 32;
 /// From this many tokens on, f32/bf16/f16 weights go through the f32 panel GEMM (AVX-512)
 /// rather than the 4×4-tile GEMM, whose lack of weight packing wins for fewer tokens.
 const FLOAT_PANEL_MIN_TOKENS: usize = 32;
-/// The int8 GEMM (AVX-512 VNNI) against per-row int8 dots: see `benches/matvec.rs`.
+/// The int8 GEMM (AVX-512 VNNI) against per-row int8 dots (`benches/matvec.rs`, 512×2048 q4):
+/// at 2 tokens with the weights in DRAM the dots win (65 vs 38 GOP per CPU-second), at 4 they
+/// tie cold and the GEMM wins in cache (~180 vs ~95).
 const INT8_GEMM_MIN_TOKENS: usize = 4;
 /// Below this many multiply-adds a call stays on the calling thread.
 const SERIAL_WORK: usize = 1 << 15;

@@ -19,8 +19,10 @@ extern "C" __global__ void attn_prep(const float* __restrict__ qkv, int ld, cons
                                      const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
                                      int rot, float* __restrict__ q_out, float* __restrict__ gate_out,
                                      float* __restrict__ k_cache, float* __restrict__ v_cache,
-                                     int n_h, int n_kv, int d, int start, float eps) {
+                                     int n_h, int n_kv, int d, int start, const int* __restrict__ startp,
+                                     float eps) {
     extern __shared__ float sh[];  // [d]
+    if (startp) start = *startp;  // graph replay: the position lives in device memory
     __shared__ float red[33];
     int t = blockIdx.x, head = blockIdx.y, j = threadIdx.x;
     const float* row = qkv + (size_t)t * ld;
@@ -55,8 +57,9 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, const float*
                                        const float* __restrict__ k_cache, const float* __restrict__ v_cache,
                                        const int* __restrict__ sel, const int* __restrict__ sel_count,
                                        int sel_stride, float* __restrict__ out, int n_h, int n_kv, int d,
-                                       int start, float scale) {
+                                       int start, const int* __restrict__ startp, float scale) {
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    if (startp) start = *startp;
     __shared__ float wacc[ATT_WARPS][ATT_MAX_PER_LANE * 32];
     int t = blockIdx.x, h = blockIdx.y;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

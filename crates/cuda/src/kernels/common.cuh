@@ -72,3 +72,118 @@ __device__ __forceinline__ float lane_dot(const bf16_t* w, const float* x, int n
     }
     return acc;
 }
+
+// ---- Weight formats (MODEL: spindle_kernels::quant layouts) ----
+// FMT 0: bf16 words. FMT 1 (Q8): i8 codes [rows, cols], f16 scale per 32. FMT 2 (Q4): packed
+// nibbles [rows, cols/2], in group g byte j = weight 32g+j (low nibble) and 32g+16+j (high),
+// w = scale·(nibble − 8). A 16-byte chunk of codes holds CHUNK_VALS<FMT> weights.
+
+__device__ __forceinline__ float f16_to_f32(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+template <int FMT> struct WF;
+template <> struct WF<0> {
+    static constexpr int VALS = 8;
+    __device__ static size_t row_bytes(int cols) { return (size_t)cols * 2; }
+};
+template <> struct WF<1> {
+    static constexpr int VALS = 16;
+    __device__ static size_t row_bytes(int cols) { return (size_t)cols; }
+};
+template <> struct WF<2> {
+    static constexpr int VALS = 32;
+    __device__ static size_t row_bytes(int cols) { return (size_t)cols / 2; }
+};
+
+// The weights of 16-byte chunk `ch` of a row (codes `w`, that row's scales `s`), as f32.
+template <int FMT>
+__device__ __forceinline__ void load_chunk(const unsigned char* w, const unsigned short* s, int ch, float* out);
+
+template <>
+__device__ __forceinline__ void load_chunk<0>(const unsigned char* w, const unsigned short* s, int ch, float* out) {
+    unpack8(*(const uint4*)(w + (size_t)ch * 16), out);
+}
+
+template <>
+__device__ __forceinline__ void load_chunk<1>(const unsigned char* w, const unsigned short* s, int ch, float* out) {
+    uint4 v = *(const uint4*)(w + (size_t)ch * 16);
+    float d = f16_to_f32(s[ch >> 1]);
+    unsigned int words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int b = 0; b < 4; b++) out[4 * i + b] = d * (float)(signed char)((words[i] >> (8 * b)) & 0xff);
+    }
+}
+
+template <>
+__device__ __forceinline__ void load_chunk<2>(const unsigned char* w, const unsigned short* s, int ch, float* out) {
+    uint4 v = *(const uint4*)(w + (size_t)ch * 16);
+    float d = f16_to_f32(s[ch]);
+    unsigned int words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            unsigned int byte = (words[i] >> (8 * b)) & 0xff;
+            out[4 * i + b] = d * (float)((int)(byte & 15) - 8);
+            out[16 + 4 * i + b] = d * (float)((int)(byte >> 4) - 8);
+        }
+    }
+}
+
+// Weight c of a row, one at a time (unaligned fallbacks and the GEMM's tile loads).
+template <int FMT>
+__device__ __forceinline__ float load_one(const unsigned char* w, const unsigned short* s, int c);
+
+template <>
+__device__ __forceinline__ float load_one<0>(const unsigned char* w, const unsigned short* s, int c) {
+    return bf16_to_f32(((const bf16_t*)w)[c]);
+}
+
+template <>
+__device__ __forceinline__ float load_one<1>(const unsigned char* w, const unsigned short* s, int c) {
+    return f16_to_f32(s[c >> 5]) * (float)(signed char)w[c];
+}
+
+template <>
+__device__ __forceinline__ float load_one<2>(const unsigned char* w, const unsigned short* s, int c) {
+    int g = c >> 5, j = c & 31;
+    unsigned int byte = w[g * 16 + (j & 15)];
+    unsigned int nib = j < 16 ? (byte & 15) : (byte >> 4);
+    return f16_to_f32(s[g]) * (float)((int)nib - 8);
+}
+
+// Σ wf[i]·x[i] over one chunk (x 16-byte aligned).
+template <int V>
+__device__ __forceinline__ float dot_chunk(const float* wf, const float* x) {
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < V / 4; i++) {
+        float4 xv = ((const float4*)x)[i];
+        a += wf[4 * i] * xv.x + wf[4 * i + 1] * xv.y + wf[4 * i + 2] * xv.z + wf[4 * i + 3] * xv.w;
+    }
+    return a;
+}
+
+// One lane's part of the dot product of weight row (w, s) with x over n columns.
+template <int FMT>
+__device__ __forceinline__ float row_dot(const unsigned char* w, const unsigned short* s, const float* x, int n,
+                                         int lane, int vec) {
+    const int V = WF<FMT>::VALS;
+    float acc = 0.0f;
+    if (vec) {
+        int chunks = n / V;
+        for (int ch = lane; ch < chunks; ch += 32) {
+            float wf[V];
+            load_chunk<FMT>(w, s, ch, wf);
+            acc += dot_chunk<V>(wf, x + (size_t)ch * V);
+        }
+    } else {
+        for (int c = lane; c < n; c += 32) acc += load_one<FMT>(w, s, c) * x[c];
+    }
+    return acc;
+}

@@ -67,37 +67,70 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int ld, i
 }
 
 // act[p, i] = silu(gate_e[i]·x_t) · (up_e[i]·x_t) for pair p = t·k + j, e = idx[p].
-// `gu` is [E, 2I, H] (gate rows, then up rows). One warp per (i, p).
-extern "C" __global__ void moe_gate_up(const bf16_t* __restrict__ gu, const float* __restrict__ x,
-                                       int ldx, const int* __restrict__ idx, float* __restrict__ act,
-                                       int k, int I, int H, int vec) {
+// `gu` is [E·2I, H] (per expert gate rows, then up rows) in format FMT. One warp per (i, p).
+template <int FMT>
+__device__ __forceinline__ void moe_gate_up_impl(const unsigned char* __restrict__ gu, const unsigned short* __restrict__ gs,
+                                                 const float* __restrict__ x, int ldx, const int* __restrict__ idx,
+                                                 float* __restrict__ act, int k, int I, int H, int vec) {
     int lane = threadIdx.x & 31;
     int i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int p = blockIdx.y;
     if (i >= I) return;
     int t = p / k, e = idx[p];
-    const bf16_t* base = gu + (size_t)e * 2 * I * H;
+    size_t rb = WF<FMT>::row_bytes(H), rs = H >> 5;
+    size_t g_row = (size_t)e * 2 * I + i, u_row = g_row + I;
     const float* xt = x + (size_t)t * ldx;
-    float g = warp_sum(lane_dot(base + (size_t)i * H, xt, H, lane, vec));
-    float u = warp_sum(lane_dot(base + (size_t)(I + i) * H, xt, H, lane, vec));
+    float g = warp_sum(row_dot<FMT>(gu + g_row * rb, gs + g_row * rs, xt, H, lane, vec));
+    float u = warp_sum(row_dot<FMT>(gu + u_row * rb, gs + u_row * rs, xt, H, lane, vec));
     if (lane == 0) act[(size_t)p * I + i] = silu_f(g) * u;
 }
 
-// y[t, r] += Σ_j wt[t·k + j] · down_{idx[t·k+j]}[r]·act[t·k + j]. `down` is [E, H, I].
-// One warp per (r, t).
-extern "C" __global__ void moe_down(const bf16_t* __restrict__ down, const float* __restrict__ act,
-                                    const int* __restrict__ idx, const float* __restrict__ wt,
-                                    float* __restrict__ y, int k, int I, int H, int vec) {
+// y[t, r] += Σ_j wt[t·k + j] · down_{idx[t·k+j]}[r]·act[t·k + j]. `down` is [E·H, I] in format
+// FMT. One warp per (r, t); with `vec` the lanes share the k·I/V chunks of all k rows.
+template <int FMT>
+__device__ __forceinline__ void moe_down_impl(const unsigned char* __restrict__ down, const unsigned short* __restrict__ ds,
+                                              const float* __restrict__ act, const int* __restrict__ idx,
+                                              const float* __restrict__ wt, float* __restrict__ y, int k, int I,
+                                              int H, int vec) {
+    const int V = WF<FMT>::VALS;
     int lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int t = blockIdx.y;
     if (r >= H) return;
+    size_t rb = WF<FMT>::row_bytes(I), rs = I >> 5;
     float total = 0.0f;
-    for (int j = 0; j < k; j++) {
-        int p = t * k + j;
-        const bf16_t* w = down + ((size_t)idx[p] * H + r) * I;
-        float s = warp_sum(lane_dot(w, act + (size_t)p * I, I, lane, vec));
-        total += wt[p] * s;
+    if (vec) {
+        int per_row = I / V;
+        for (int item = lane; item < k * per_row; item += 32) {
+            int j = item / per_row, ch = item - j * per_row;
+            int p = t * k + j;
+            size_t row = (size_t)idx[p] * H + r;
+            float wf[V];
+            load_chunk<FMT>(down + row * rb, ds + row * rs, ch, wf);
+            total += wt[p] * dot_chunk<V>(wf, act + (size_t)p * I + (size_t)ch * V);
+        }
+        total = warp_sum(total);
+    } else {
+        for (int j = 0; j < k; j++) {
+            int p = t * k + j;
+            size_t row = (size_t)idx[p] * H + r;
+            float s = warp_sum(row_dot<FMT>(down + row * rb, ds + row * rs, act + (size_t)p * I, I, lane, 0));
+            total += wt[p] * s;
+        }
     }
     if (lane == 0) y[(size_t)t * H + r] += total;
 }
+
+#define GATE_UP_ARGS                                                                                           \
+    const unsigned char *__restrict__ gu, const unsigned short *__restrict__ gs, const float *__restrict__ x, \
+        int ldx, const int *__restrict__ idx, float *__restrict__ act, int k, int I, int H, int vec
+extern "C" __global__ void moe_gate_up_bf16(GATE_UP_ARGS) { moe_gate_up_impl<0>(gu, gs, x, ldx, idx, act, k, I, H, vec); }
+extern "C" __global__ void moe_gate_up_q8(GATE_UP_ARGS) { moe_gate_up_impl<1>(gu, gs, x, ldx, idx, act, k, I, H, vec); }
+extern "C" __global__ void moe_gate_up_q4(GATE_UP_ARGS) { moe_gate_up_impl<2>(gu, gs, x, ldx, idx, act, k, I, H, vec); }
+
+#define DOWN_ARGS                                                                                                \
+    const unsigned char *__restrict__ down, const unsigned short *__restrict__ ds, const float *__restrict__ act, \
+        const int *__restrict__ idx, const float *__restrict__ wt, float *__restrict__ y, int k, int I, int H, int vec
+extern "C" __global__ void moe_down_bf16(DOWN_ARGS) { moe_down_impl<0>(down, ds, act, idx, wt, y, k, I, H, vec); }
+extern "C" __global__ void moe_down_q8(DOWN_ARGS) { moe_down_impl<1>(down, ds, act, idx, wt, y, k, I, H, vec); }
+extern "C" __global__ void moe_down_q4(DOWN_ARGS) { moe_down_impl<2>(down, ds, act, idx, wt, y, k, I, H, vec); }

@@ -359,7 +359,13 @@ pub(crate) struct Panel {
 /// Unpacks `rows ≤ 16` rows of `cols` (codes and f16 `scales [rows, cols/32]`) into `panel`;
 /// missing rows read as zero.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn pack_panel(codes: QCodes, scales: &[u16], rows: usize, cols: usize, panel: &mut Panel) {
+pub(crate) fn pack_panel(
+    codes: QCodes,
+    scales: &[u16],
+    rows: usize,
+    cols: usize,
+    panel: &mut Panel,
+) {
     let groups = cols / GROUP;
     assert!(rows <= PANEL_ROWS && cols == groups * GROUP && scales.len() == rows * groups);
     if rows < PANEL_ROWS {
@@ -453,7 +459,11 @@ pub(crate) fn pack_panel(codes: QCodes, scales: &[u16], rows: usize, cols: usize
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn load_rows(p: *const u8, row_bytes: usize, start: usize, dwords: usize) -> [__m512i; 16] {
-    let mask: __mmask16 = if dwords >= 16 { 0xFFFF } else { (1u16 << dwords) - 1 };
+    let mask: __mmask16 = if dwords >= 16 {
+        0xFFFF
+    } else {
+        (1u16 << dwords) - 1
+    };
     let mut v: [__m512i; 16] = std::array::from_fn(|r| {
         // SAFETY: the caller's contract; the mask limits the load to `dwords` dwords.
         unsafe { _mm512_maskz_loadu_epi32(mask, p.add(r * row_bytes + start) as *const i32) }
@@ -567,12 +577,18 @@ pub(crate) fn pack_f32_panel(src: FRows, rows: usize, cols: usize, wp: &mut Vec<
                 match src {
                     FRows::F32(w) => _mm512_maskz_loadu_ps(mask, w.as_ptr().add(at)),
                     FRows::Bf16(w) => {
-                        let h = _mm512_maskz_loadu_epi16(mask as __mmask32, w.as_ptr().add(at) as *const i16);
+                        let h = _mm512_maskz_loadu_epi16(
+                            mask as __mmask32,
+                            w.as_ptr().add(at) as *const i16,
+                        );
                         let h = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(h));
                         _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))
                     }
                     FRows::F16(w) => {
-                        let h = _mm512_maskz_loadu_epi16(mask as __mmask32, w.as_ptr().add(at) as *const i16);
+                        let h = _mm512_maskz_loadu_epi16(
+                            mask as __mmask32,
+                            w.as_ptr().add(at) as *const i16,
+                        );
                         _mm512_cvtph_ps(_mm512_castsi512_si256(h))
                     }
                 }

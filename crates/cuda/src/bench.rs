@@ -1,0 +1,170 @@
+//! `spindle bench --device cuda`: prefill and batch-1 decode speed on the GPU, next to the
+//! device's read bandwidth measured in the same run, so decode is reported as a fraction of
+//! its roofline (weight bytes read per token / bandwidth).
+
+use std::time::Instant;
+
+use spindle_engine::LogitsFor;
+use spindle_kernels::softmax::argmax;
+
+use crate::{CudaEngine, Result};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub prompt_tokens: usize,
+    pub gen_tokens: usize,
+    /// Measured repetitions (after one warm-up).
+    pub runs: usize,
+    /// Bytes of the buffer the bandwidth probe reads.
+    pub probe_bytes: usize,
+    /// Context lengths decode is measured after (the first is the headline figure).
+    pub contexts: Vec<usize>,
+}
+
+/// Median and spread of one quantity over the runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Stat {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Stat {
+    fn of(mut values: Vec<f64>) -> Stat {
+        values.sort_by(f64::total_cmp);
+        Stat {
+            median: values[values.len() / 2],
+            min: values[0],
+            max: values[values.len() - 1],
+        }
+    }
+}
+
+/// Decode speed after `context` tokens.
+#[derive(Clone, Debug)]
+pub struct DecodeAt {
+    pub context: usize,
+    pub tokens_per_s: Stat,
+}
+
+#[derive(Clone, Debug)]
+pub struct BenchReport {
+    pub device: String,
+    pub prompt_tokens: usize,
+    pub gen_tokens: usize,
+    pub runs: usize,
+    pub graphs: bool,
+    pub prefill: Stat,
+    pub decode: Vec<DecodeAt>,
+    pub weight_bytes_per_token: usize,
+    pub measured_bandwidth_bytes_per_s: f64,
+    pub peak_rss_bytes: u64,
+}
+
+impl BenchReport {
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        self.prefill.median
+    }
+
+    /// Decode at the first context measured.
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        self.decode.first().map_or(0.0, |d| d.tokens_per_s.median)
+    }
+
+    /// Tokens/s if every decode step only read its weights at the measured bandwidth.
+    pub fn roofline_tokens_per_s(&self) -> f64 {
+        self.measured_bandwidth_bytes_per_s / self.weight_bytes_per_token.max(1) as f64
+    }
+
+    pub fn decode_roofline_fraction(&self) -> f64 {
+        self.decode_tokens_per_s() / self.roofline_tokens_per_s()
+    }
+}
+
+/// Peak resident set size of this process (VmHWM), in bytes; 0 where /proc is unavailable.
+pub fn peak_rss_bytes() -> u64 {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return 0;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A deterministic prompt of ordinary token ids (below the special tokens), as the CPU bench.
+fn prompt_ids(engine: &CudaEngine, n: usize) -> Vec<u32> {
+    let vocab = engine.config().vocab_size as u64;
+    let span = vocab.saturating_sub(512).max(1);
+    (0..n as u64)
+        .map(|i| ((i * 7919 + 17) % span) as u32)
+        .collect()
+}
+
+/// Seconds of one prefill of `prompt` in a fresh session (logits of the last token included).
+fn prefill_once(engine: &CudaEngine, prompt: &[u32]) -> Result<f64> {
+    let mut session = engine.new_session_with_capacity(prompt.len() + 1)?;
+    engine.sync()?;
+    let started = Instant::now();
+    engine.forward(&mut session, prompt, LogitsFor::Last)?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+pub fn run(engine: &CudaEngine, options: &BenchOptions) -> Result<BenchReport> {
+    let bandwidth = engine.measure_bandwidth(options.probe_bytes)?;
+    let runs = options.runs.max(1);
+    let gen = options.gen_tokens.max(1);
+
+    let prompt = prompt_ids(engine, options.prompt_tokens.max(1));
+    prefill_once(engine, &prompt)?; // warm-up
+    let mut prefill = Vec::new();
+    for _ in 0..runs {
+        prefill.push(prompt.len() as f64 / prefill_once(engine, &prompt)?);
+    }
+    tracing::info!(
+        tokens_per_s = Stat::of(prefill.clone()).median,
+        "prefill measured"
+    );
+
+    let mut decode = Vec::new();
+    for &context in &options.contexts {
+        let context = context.max(1);
+        let ids = prompt_ids(engine, context);
+        let mut session = engine.new_session_with_capacity(context + (runs + 1) * gen + 8)?;
+        let logits = engine.forward(&mut session, &ids, LogitsFor::Last)?;
+        let mut next = argmax(&logits) as u32;
+        // Warm-up (captures the decode graph).
+        for _ in 0..gen.min(8) {
+            next = engine.decode_argmax(&mut session, next)?;
+        }
+        let mut speeds = Vec::new();
+        for _ in 0..runs {
+            engine.sync()?;
+            let started = Instant::now();
+            for _ in 0..gen {
+                next = engine.decode_argmax(&mut session, next)?;
+            }
+            speeds.push(gen as f64 / started.elapsed().as_secs_f64());
+        }
+        let stat = Stat::of(speeds);
+        tracing::info!(context, tokens_per_s = stat.median, "decode measured");
+        decode.push(DecodeAt {
+            context,
+            tokens_per_s: stat,
+        });
+    }
+    Ok(BenchReport {
+        device: engine.device_name(),
+        prompt_tokens: prompt.len(),
+        gen_tokens: gen,
+        runs,
+        graphs: engine.uses_graphs(),
+        prefill: Stat::of(prefill),
+        decode,
+        weight_bytes_per_token: engine.weight_bytes_per_token(),
+        measured_bandwidth_bytes_per_s: bandwidth,
+        peak_rss_bytes: peak_rss_bytes(),
+    })
+}
