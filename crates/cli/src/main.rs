@@ -56,7 +56,20 @@ enum Command {
     Serve(serve::ServeArgs),
 }
 
+/// Keeps large buffers in the allocator between forward passes. glibc returns any allocation
+/// above 128 KiB to the kernel on free, so every decode step paid page faults and zeroing for
+/// its activation and logits buffers; with the thresholds raised they are reused.
+fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes glibc malloc tunables; it is called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
 fn main() -> ExitCode {
+    tune_allocator();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -197,16 +197,19 @@ pub fn matvec_with(isa: Isa, w: &MatRef, x: &[f32], y: &mut [f32]) {
     assert_eq!(y.len(), w.rows, "matvec output length");
     assert!(isa.available(), "this CPU cannot run the {isa:?} kernels");
     let acts = Acts::new(isa, w, x);
+    // About four tasks per thread: enough to balance, few enough that scheduling stays small
+    // next to the row dots (a decode step runs hundreds of these matvecs).
+    let rows_per_task = (w.rows / (4 * rayon::current_num_threads())).max(ROWS_PER_TASK);
     let task = |(chunk, ys): (usize, &mut [f32])| {
-        let first = chunk * ROWS_PER_TASK;
+        let first = chunk * rows_per_task;
         for (i, out) in ys.iter_mut().enumerate() {
             *out = row_dot(isa, w, first + i, &acts, 0);
         }
     };
     if w.rows * w.cols < SERIAL_WORK {
-        y.chunks_mut(ROWS_PER_TASK).enumerate().for_each(task);
+        y.chunks_mut(rows_per_task).enumerate().for_each(task);
     } else {
-        y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(task);
+        y.par_chunks_mut(rows_per_task).enumerate().for_each(task);
     }
 }
 
