@@ -244,13 +244,22 @@ mod cuda {
                 d.tokens_per_s.median / report.roofline_tokens_per_s() * 100.0
             );
         }
-        println!("weights/tok  {:>10.3} GB", gb(report.weight_bytes_per_token as f64));
+        println!(
+            "weights/tok  {:>10.3} GB",
+            gb(report.weight_bytes_per_token as f64)
+        );
         println!(
             "bandwidth    {:>10.2} GB/s (device read kernel, same run)",
             gb(report.measured_bandwidth_bytes_per_s)
         );
-        println!("roofline     {:>10.2} tok/s", report.roofline_tokens_per_s());
-        println!("peak RSS     {:>10.2} GB (host)", gb(report.peak_rss_bytes as f64));
+        println!(
+            "roofline     {:>10.2} tok/s",
+            report.roofline_tokens_per_s()
+        );
+        println!(
+            "peak RSS     {:>10.2} GB (host)",
+            gb(report.peak_rss_bytes as f64)
+        );
         Ok(ExitCode::SUCCESS)
     }
 }

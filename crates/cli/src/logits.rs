@@ -198,7 +198,8 @@ fn run_cpu(args: &LogitsArgs, prompt: &[u32]) -> Result<(ModelConfig, GreedyRun)
 #[cfg(feature = "cuda")]
 fn run_cuda(args: &LogitsArgs, prompt: &[u32], ordinal: usize) -> Result<(ModelConfig, GreedyRun)> {
     let started = Instant::now();
-    let engine = spindle_cuda::CudaEngine::load_with(&args.model, ordinal, args.load.quant, None).with_context(|| {
+    let engine = spindle_cuda::CudaEngine::load_with(&args.model, ordinal, args.load.quant, None)
+        .with_context(|| {
         format!(
             "cannot load the model at {} onto CUDA device {ordinal}",
             args.model.display()

@@ -53,7 +53,10 @@ pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: us
     let users = expert_users(&routes, cfg.num_experts);
     let ids: Vec<usize> = users.iter().map(|(e, _)| *e).collect();
     let wave = w.streamed.as_ref().map_or(ids.len(), |s| s.slots()).max(1);
-    let mut pending = w.streamed.as_ref().map(|s| s.begin(&ids[..wave.min(ids.len())]));
+    let mut pending = w
+        .streamed
+        .as_ref()
+        .map(|s| s.begin(&ids[..wave.min(ids.len())]));
 
     let mut out = mlp(&w.shared, x, tokens);
     let shared_gate = w.shared_gate.forward(x, tokens);
@@ -89,7 +92,9 @@ pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: us
         for ((_, chosen), ys) in group.iter().zip(&outputs) {
             for (i, &(t, weight)) in chosen.iter().enumerate() {
                 let dst = &mut out[t * hidden..(t + 1) * hidden];
-                dst.iter_mut().zip(&ys[i * hidden..(i + 1) * hidden]).for_each(|(o, &y)| *o += weight * y);
+                dst.iter_mut()
+                    .zip(&ys[i * hidden..(i + 1) * hidden])
+                    .for_each(|(o, &y)| *o += weight * y);
             }
         }
         first += group.len();
@@ -105,7 +110,11 @@ fn expert_users(routes: &[Route], num_experts: usize) -> Vec<(usize, Vec<(usize,
             users[e].push((t, weight));
         }
     }
-    users.into_iter().enumerate().filter(|(_, chosen)| !chosen.is_empty()).collect()
+    users
+        .into_iter()
+        .enumerate()
+        .filter(|(_, chosen)| !chosen.is_empty())
+        .collect()
 }
 
 #[cfg(test)]

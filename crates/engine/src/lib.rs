@@ -129,16 +129,31 @@ impl Engine {
             .into());
         }
         let checkpoint = Checkpoint::open(dir)?;
-        let context = if options.context == 0 { 4096 } else { options.context };
+        let context = if options.context == 0 {
+            4096
+        } else {
+            options.context
+        };
         let plan = MemoryPlan::new(&config, quant, context);
         let placement = choose_placement(options, &plan);
         tracing::info!("{}: experts {placement:?}", dir.display());
         let counters = Arc::new(ExpertCounters::default());
         let pool = matches!(placement, Placement::Streamed(_)).then(|| {
-            Arc::new(ReadPool::new(if options.io_threads == 0 { 4 } else { options.io_threads }))
+            Arc::new(ReadPool::new(if options.io_threads == 0 {
+                4
+            } else {
+                options.io_threads
+            }))
         });
-        let setup = ExpertSetup { placement, pool, counters: counters.clone() };
-        let source = weights::Source { ck: &checkpoint, install: Some((&install, &setup)) };
+        let setup = ExpertSetup {
+            placement,
+            pool,
+            counters: counters.clone(),
+        };
+        let source = weights::Source {
+            ck: &checkpoint,
+            install: Some((&install, &setup)),
+        };
         let weights = weights::load_from(&source, &config)?;
         let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
         Ok(Engine {
@@ -182,7 +197,8 @@ impl Engine {
 
     /// Average bytes of weights one decode step reads (see [`weights::ModelWeights::bytes_per_token`]).
     pub fn weight_bytes_per_token(&self) -> usize {
-        self.weights.bytes_per_token(self.config.moe.as_ref().map_or(0, |m| m.top_k))
+        self.weights
+            .bytes_per_token(self.config.moe.as_ref().map_or(0, |m| m.top_k))
     }
 
     pub fn new_session(&self) -> Session {
@@ -261,20 +277,27 @@ pub struct GreedyRun {
 /// Resolves `--experts` for an install: `auto` keeps every expert resident when the plan fits
 /// the memory available, else streams with as many slots as fit.
 fn choose_placement(options: &LoadOptions, plan: &MemoryPlan) -> Placement {
-    let budget = spindle_model::install::plan::memory_budget().map(|b| (b as f64 * AUTO_BUDGET_FRACTION) as u64);
+    let budget = spindle_model::install::plan::memory_budget()
+        .map(|b| (b as f64 * AUTO_BUDGET_FRACTION) as u64);
     let streamed = |slots: Option<usize>| {
         let slots = slots
             .or_else(|| budget.and_then(|b| plan.slots_within(b)))
             .unwrap_or(plan.top_k.max(1))
             .clamp(1, plan.experts_per_layer.max(1));
-        Placement::Streamed(StreamOptions { slots, policy: options.expert_policy, direct_io: options.direct_io })
+        Placement::Streamed(StreamOptions {
+            slots,
+            policy: options.expert_policy,
+            direct_io: options.direct_io,
+        })
     };
     match options.experts {
         ExpertResidency::Resident => Placement::Resident,
         ExpertResidency::Mapped => Placement::Mapped,
         ExpertResidency::Streamed => streamed(options.expert_slots),
         ExpertResidency::Auto => match budget {
-            Some(b) if plan.moe_layers > 0 && plan.peak_rss(Residency::Resident) > b => streamed(options.expert_slots),
+            Some(b) if plan.moe_layers > 0 && plan.peak_rss(Residency::Resident) > b => {
+                streamed(options.expert_slots)
+            }
             _ => Placement::Resident,
         },
     }

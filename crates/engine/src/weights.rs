@@ -26,7 +26,10 @@ pub struct Source<'a> {
 impl Source<'_> {
     /// Whether tensor `name` exists, as stored or quantized.
     fn contains(&self, name: &str) -> bool {
-        self.ck.contains(name) || self.install.is_some_and(|(i, _)| matches!(i.quantized(name), Ok(Some(_))))
+        self.ck.contains(name)
+            || self
+                .install
+                .is_some_and(|(i, _)| matches!(i.quantized(name), Ok(Some(_))))
     }
 
     /// The matrix `name` of `shape`: quantized as the install stores it, or as mapped.
@@ -232,7 +235,13 @@ pub struct ModelWeights {
 
 /// Reads and shape-checks every tensor the forward pass needs.
 pub fn load(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<ModelWeights> {
-    load_from(&Source { ck: checkpoint, install: None }, config)
+    load_from(
+        &Source {
+            ck: checkpoint,
+            install: None,
+        },
+        config,
+    )
 }
 
 /// [`load`] from a checkpoint or an install.
@@ -422,21 +431,21 @@ fn load_moe(
         }
     } else {
         match names.expert_layout(ck, i)? {
-        ExpertLayout::PerExpert => (0..e_count)
-            .map(|e| load_mlp(src, &|s| t(&format!("experts.{e}.{s}")), h, inter))
-            .collect::<Result<Vec<_>>>()?,
-        ExpertLayout::Fused => {
-            let gate_up = ck.matrix(&t("experts.gate_up_proj"), &[e_count, 2 * inter, h])?;
-            let down = ck.matrix(&t("experts.down_proj"), &[e_count, h, inter])?;
-            (0..e_count)
-                .map(|e| MlpWeights {
-                    gate: Linear::Mapped(gate_up.rows_slice(e * 2 * inter, inter)),
-                    up: Linear::Mapped(gate_up.rows_slice(e * 2 * inter + inter, inter)),
-                    down: Linear::Mapped(down.rows_slice(e * h, h)),
-                })
-                .collect()
+            ExpertLayout::PerExpert => (0..e_count)
+                .map(|e| load_mlp(src, &|s| t(&format!("experts.{e}.{s}")), h, inter))
+                .collect::<Result<Vec<_>>>()?,
+            ExpertLayout::Fused => {
+                let gate_up = ck.matrix(&t("experts.gate_up_proj"), &[e_count, 2 * inter, h])?;
+                let down = ck.matrix(&t("experts.down_proj"), &[e_count, h, inter])?;
+                (0..e_count)
+                    .map(|e| MlpWeights {
+                        gate: Linear::Mapped(gate_up.rows_slice(e * 2 * inter, inter)),
+                        up: Linear::Mapped(gate_up.rows_slice(e * 2 * inter + inter, inter)),
+                        down: Linear::Mapped(down.rows_slice(e * h, h)),
+                    })
+                    .collect()
+            }
         }
-    }
     };
     Ok(MoeWeights {
         router: src.linear(&t("gate.weight"), &[e_count, h])?,
@@ -510,7 +519,10 @@ impl ModelWeights {
                 FfnWeights::Moe(m) => {
                     let routed = match &m.streamed {
                         Some(s) => s.bytes_per_expert() * top_k,
-                        None => m.experts.iter().map(MlpWeights::size_bytes).sum::<usize>() * top_k / m.experts.len().max(1),
+                        None => {
+                            m.experts.iter().map(MlpWeights::size_bytes).sum::<usize>() * top_k
+                                / m.experts.len().max(1)
+                        }
                     };
                     linear(&m.router) + m.shared.size_bytes() + linear(&m.shared_gate) + routed
                 }

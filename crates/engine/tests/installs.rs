@@ -12,14 +12,20 @@ use spindle_engine::{Engine, GreedyRun, LoadOptions};
 use spindle_model::install::{self, Verify};
 use spindle_model::quant::QuantFormat;
 
-const MOE_FIXTURES: &[&str] = &["qwen3_next_moe", "qwen3_5_moe", "qwen3_5_moe_fused", "qwen4_exp"];
+const MOE_FIXTURES: &[&str] = &[
+    "qwen3_next_moe",
+    "qwen3_5_moe",
+    "qwen3_5_moe_fused",
+    "qwen4_exp",
+];
 
 /// A temporary directory removed on drop.
 struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("spindle-installs-{tag}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("spindle-installs-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)
@@ -33,15 +39,21 @@ impl Drop for TempDir {
 }
 
 fn convert(name: &str, quant: QuantFormat, dst: &Path) {
-    install::convert(&fixture(name), dst, quant, &mut |_| true).unwrap_or_else(|e| panic!("{name} {quant}: {e}"));
+    install::convert(&fixture(name), dst, quant, &mut |_| true)
+        .unwrap_or_else(|e| panic!("{name} {quant}: {e}"));
 }
 
 fn options(experts: ExpertResidency, slots: Option<usize>) -> LoadOptions {
-    LoadOptions { experts, expert_slots: slots, ..Default::default() }
+    LoadOptions {
+        experts,
+        expert_slots: slots,
+        ..Default::default()
+    }
 }
 
 fn greedy(dir: &Path, options: &LoadOptions, prompt: &[u32], steps: usize) -> (GreedyRun, Engine) {
-    let engine = Engine::load_with(dir, options).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let engine =
+        Engine::load_with(dir, options).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     (engine.greedy(prompt, steps).unwrap(), engine)
 }
 
@@ -51,8 +63,14 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 fn assert_identical(a: &GreedyRun, b: &GreedyRun, what: &str) {
     assert_eq!(a.gen_ids, b.gen_ids, "{what}: greedy tokens");
-    assert!(bits(&a.prefill_logits) == bits(&b.prefill_logits), "{what}: prefill logits differ");
-    assert!(bits(&a.decode_logits) == bits(&b.decode_logits), "{what}: decode logits differ");
+    assert!(
+        bits(&a.prefill_logits) == bits(&b.prefill_logits),
+        "{what}: prefill logits differ"
+    );
+    assert!(
+        bits(&a.decode_logits) == bits(&b.decode_logits),
+        "{what}: decode logits differ"
+    );
 }
 
 #[test]
@@ -65,26 +83,54 @@ fn every_residency_and_slot_count_gives_identical_outputs() {
         for quant in [QuantFormat::Bf16, QuantFormat::Q8] {
             let dst = tmp.0.join(format!("{name}-{quant}"));
             convert(name, quant, &dst);
-            let (base, _) = greedy(&dst, &options(ExpertResidency::Resident, None), &prompt, steps);
+            let (base, _) = greedy(
+                &dst,
+                &options(ExpertResidency::Resident, None),
+                &prompt,
+                steps,
+            );
 
             // Loading the checkpoint and quantizing on load gives the same bytes, so the same
             // outputs, as the install.
-            let on_load = LoadOptions { quant, ..Default::default() };
+            let on_load = LoadOptions {
+                quant,
+                ..Default::default()
+            };
             let (hf, _) = greedy(&fixture(name), &on_load, &prompt, steps);
-            assert_identical(&base, &hf, &format!("{name} {quant}: install vs checkpoint"));
+            assert_identical(
+                &base,
+                &hf,
+                &format!("{name} {quant}: install vs checkpoint"),
+            );
 
-            let all = spindle_model::ModelConfig::from_dir(&dst).unwrap().moe.unwrap().num_experts;
+            let all = spindle_model::ModelConfig::from_dir(&dst)
+                .unwrap()
+                .moe
+                .unwrap()
+                .num_experts;
             let mut runs = vec![("mapped".to_string(), options(ExpertResidency::Mapped, None))];
             for slots in [1, 2, all] {
-                runs.push((format!("streamed/{slots}"), options(ExpertResidency::Streamed, Some(slots))));
+                runs.push((
+                    format!("streamed/{slots}"),
+                    options(ExpertResidency::Streamed, Some(slots)),
+                ));
             }
-            runs.push(("streamed/2/lfu".into(), LoadOptions { expert_policy: CachePolicy::Lfu, ..options(ExpertResidency::Streamed, Some(2)) }));
+            runs.push((
+                "streamed/2/lfu".into(),
+                LoadOptions {
+                    expert_policy: CachePolicy::Lfu,
+                    ..options(ExpertResidency::Streamed, Some(2))
+                },
+            ));
             for (label, opts) in runs {
                 let (run, engine) = greedy(&dst, &opts, &prompt, steps);
                 assert_identical(&base, &run, &format!("{name} {quant} {label}"));
                 if label.starts_with("streamed") {
                     let stats = engine.expert_stats();
-                    assert!(stats.misses > 0 && stats.bytes_read > 0, "{name} {label}: {stats:?}");
+                    assert!(
+                        stats.misses > 0 && stats.bytes_read > 0,
+                        "{name} {label}: {stats:?}"
+                    );
                     if label == "streamed/1" {
                         assert!(stats.hit_rate() < 1.0);
                     }
@@ -101,7 +147,9 @@ fn the_quantizer_restated_for_convert_matches_the_kernels() {
     let mut state = 0x1234_5678u64;
     let values: Vec<f32> = (0..rows * cols)
         .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.3
         })
         .collect();
@@ -110,13 +158,23 @@ fn the_quantizer_restated_for_convert_matches_the_kernels() {
         install::quantize::quantize_rows(format, &values, cols, &mut codes, &mut scales);
         let reference = QuantizedMatrix::quantize(&values, rows, cols, q4);
         assert_eq!(codes, reference.qs, "{format} codes");
-        let ref_scales: Vec<u8> = reference.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+        let ref_scales: Vec<u8> = reference
+            .scales
+            .iter()
+            .flat_map(|s| s.to_le_bytes())
+            .collect();
         assert_eq!(scales, ref_scales, "{format} scales");
     }
 }
 
 fn load_err(dir: &Path, verify: Verify) -> String {
-    match Engine::load_with(dir, &LoadOptions { verify, ..Default::default() }) {
+    match Engine::load_with(
+        dir,
+        &LoadOptions {
+            verify,
+            ..Default::default()
+        },
+    ) {
         Ok(_) => panic!("{} loaded", dir.display()),
         Err(e) => e.to_string(),
     }
@@ -134,14 +192,25 @@ fn damaged_installs_are_refused_by_file_name() {
     let dir = fresh("missing");
     std::fs::remove_file(dir.join("experts/layer-002.bin")).unwrap();
     let err = load_err(&dir, Verify::Sizes);
-    assert!(err.contains("layer-002.bin") && err.contains("missing"), "{err}");
+    assert!(
+        err.contains("layer-002.bin") && err.contains("missing"),
+        "{err}"
+    );
 
     let dir = fresh("truncated");
     let path = dir.join("model.safetensors");
     let len = std::fs::metadata(&path).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 100).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len - 100)
+        .unwrap();
     let err = load_err(&dir, Verify::Sizes);
-    assert!(err.contains("model.safetensors") && err.contains("truncated"), "{err}");
+    assert!(
+        err.contains("model.safetensors") && err.contains("truncated"),
+        "{err}"
+    );
 
     let dir = fresh("altered");
     let path = dir.join("experts/layer-001.bin");
@@ -149,13 +218,30 @@ fn damaged_installs_are_refused_by_file_name() {
     bytes[100] ^= 0x40;
     std::fs::write(&path, &bytes).unwrap();
     let err = load_err(&dir, Verify::Full);
-    assert!(err.contains("layer-001.bin") && err.contains("SHA-256"), "{err}");
+    assert!(
+        err.contains("layer-001.bin") && err.contains("SHA-256"),
+        "{err}"
+    );
 
     // An intact install verifies, and leaves a receipt that `Once` trusts.
     let dir = fresh("intact");
-    Engine::load_with(&dir, &LoadOptions { verify: Verify::Full, ..Default::default() }).unwrap();
+    Engine::load_with(
+        &dir,
+        &LoadOptions {
+            verify: Verify::Full,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert!(dir.join(install::RECEIPT).exists());
-    Engine::load_with(&dir, &LoadOptions { verify: Verify::Once, ..Default::default() }).unwrap();
+    Engine::load_with(
+        &dir,
+        &LoadOptions {
+            verify: Verify::Once,
+            ..Default::default()
+        },
+    )
+    .unwrap();
 }
 
 #[test]
@@ -163,24 +249,44 @@ fn a_cancelled_convert_leaves_nothing() {
     let tmp = TempDir::new("cancel");
     let dst = tmp.0.join("install");
     let mut calls = 0;
-    let err = install::convert(&fixture("qwen3_next_moe"), &dst, QuantFormat::Q4, &mut |p| {
-        calls += 1;
-        p.tensors_done < p.tensors_total / 2
-    })
+    let err = install::convert(
+        &fixture("qwen3_next_moe"),
+        &dst,
+        QuantFormat::Q4,
+        &mut |p| {
+            calls += 1;
+            p.tensors_done < p.tensors_total / 2
+        },
+    )
     .unwrap_err();
-    assert!(matches!(err, install::InstallError::Cancelled { .. }), "{err}");
+    assert!(
+        matches!(err, install::InstallError::Cancelled { .. }),
+        "{err}"
+    );
     assert!(calls > 2);
     assert!(!dst.exists(), "a cancelled convert left {}", dst.display());
-    assert!(!tmp.0.join("install.partial").exists(), "the partial directory remains");
+    assert!(
+        !tmp.0.join("install.partial").exists(),
+        "the partial directory remains"
+    );
     // A convert onto an existing directory is refused.
     std::fs::create_dir_all(&dst).unwrap();
-    let err = install::convert(&fixture("qwen3_next_moe"), &dst, QuantFormat::Q4, &mut |_| true).unwrap_err();
+    let err = install::convert(
+        &fixture("qwen3_next_moe"),
+        &dst,
+        QuantFormat::Q4,
+        &mut |_| true,
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("already exists"), "{err}");
 }
 
 #[test]
 fn streaming_a_checkpoint_asks_for_a_convert() {
-    let err = match Engine::load_with(&fixture("qwen3_5_moe"), &options(ExpertResidency::Streamed, Some(2))) {
+    let err = match Engine::load_with(
+        &fixture("qwen3_5_moe"),
+        &options(ExpertResidency::Streamed, Some(2)),
+    ) {
         Ok(_) => panic!("streamed a checkpoint"),
         Err(e) => e.to_string(),
     };

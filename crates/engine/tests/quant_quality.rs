@@ -9,7 +9,12 @@ use spindle_model::quant::QuantFormat;
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
     let max = row.iter().cloned().fold(f32::MIN, f32::max) as f64;
-    let z: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln() + max;
+    let z: f64 = row
+        .iter()
+        .map(|&x| (x as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+        + max;
     row.iter().map(|&x| x as f64 - z).collect()
 }
 
@@ -19,7 +24,14 @@ fn quality(name: &str, format: QuantFormat) -> (f64, f64, f64) {
     let mut ids = reference.ids("prompt_ids");
     ids.extend(reference.ids("gen_ids"));
     let logits = |quant| {
-        let engine = Engine::load_with(&fixture(name), &LoadOptions { quant, ..Default::default() }).unwrap();
+        let engine = Engine::load_with(
+            &fixture(name),
+            &LoadOptions {
+                quant,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let mut session = engine.new_session();
         engine.forward(&mut session, &ids, LogitsFor::All).unwrap()
     };
@@ -31,7 +43,13 @@ fn quality(name: &str, format: QuantFormat) -> (f64, f64, f64) {
         let kl: f64 = lb.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum();
         sum += kl;
         max = max.max(kl);
-        let argmax = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+        let argmax = |v: &[f32]| {
+            v.iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .unwrap()
+                .0
+        };
         agree += (argmax(b) == argmax(q)) as usize;
     }
     let rows = ids.len() as f64;
@@ -42,15 +60,28 @@ fn quality(name: &str, format: QuantFormat) -> (f64, f64, f64) {
 fn q8_and_q4_stay_close_to_bf16() {
     println!("| fixture | q8 mean KL | q8 max KL | q8 top-1 | q4 mean KL | q4 max KL | q4 top-1 |");
     println!("|---|---|---|---|---|---|---|");
-    for name in ["qwen3_next_moe", "qwen3_5_dense", "qwen3_5_moe", "qwen4_exp"] {
+    for name in [
+        "qwen3_next_moe",
+        "qwen3_5_dense",
+        "qwen3_5_moe",
+        "qwen4_exp",
+    ] {
         let (k8, m8, a8) = quality(name, QuantFormat::Q8);
         let (k4, m4, a4) = quality(name, QuantFormat::Q4);
-        println!("| {name} | {k8:.2e} | {m8:.2e} | {:.1}% | {k4:.2e} | {m4:.2e} | {:.1}% |", a8 * 100.0, a4 * 100.0);
+        println!(
+            "| {name} | {k8:.2e} | {m8:.2e} | {:.1}% | {k4:.2e} | {m4:.2e} | {:.1}% |",
+            a8 * 100.0,
+            a4 * 100.0
+        );
         // On the MoE fixtures the q8 error (~0.6% per projection) flips some top-2-of-8
         // routing decisions between near-tied experts of these random routers, and each flip
         // moves the logits a lot: mean KL ~1e-2 there, against ~1e-4 without routed experts.
         let has_router = ["qwen3_next_moe", "qwen3_5_moe"].contains(&name);
-        let (kl_bound, agree_bound) = if has_router { (3e-2, 0.75) } else { (1e-3, 0.9) };
+        let (kl_bound, agree_bound) = if has_router {
+            (3e-2, 0.75)
+        } else {
+            (1e-3, 0.9)
+        };
         assert!(k8 < kl_bound, "{name}: q8 mean KL {k8}");
         assert!(a8 >= agree_bound, "{name}: q8 top-1 agreement {a8}");
         // q4 is coarser; bound it loosely so a broken kernel (KL ~ 1) still fails.

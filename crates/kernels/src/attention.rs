@@ -59,7 +59,12 @@ mod tests {
     /// The same attention written in f64 with an explicit softmax.
     fn attend_ref(q: &[f32], k: &[f32], v: &[f32], d: usize, n: usize, scale: f32) -> Vec<f32> {
         let s: Vec<f64> = (0..n)
-            .map(|t| (0..d).map(|i| q[i] as f64 * k[t * d + i] as f64).sum::<f64>() * scale as f64)
+            .map(|t| {
+                (0..d)
+                    .map(|i| q[i] as f64 * k[t * d + i] as f64)
+                    .sum::<f64>()
+                    * scale as f64
+            })
             .collect();
         let m = s.iter().cloned().fold(f64::MIN, f64::max);
         let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
@@ -76,14 +81,24 @@ mod tests {
         let k = vec(&mut r, n * heads * d, 1.0);
         let v = vec(&mut r, n * heads * d, 1.0);
         let q = vec(&mut r, d, 2.0);
-        let keys = HeadCache { data: &k, heads, head_dim: d };
-        let values = HeadCache { data: &v, heads, head_dim: d };
+        let keys = HeadCache {
+            data: &k,
+            heads,
+            head_dim: d,
+        };
+        let values = HeadCache {
+            data: &v,
+            heads,
+            head_dim: d,
+        };
         let mut scores = Vec::new();
         let mut out = vec![0.0; d];
         for head in 0..heads {
             attend(&q, keys, values, head, 0..n, 0.25, &mut scores, &mut out);
             let pick = |x: &[f32]| -> Vec<f32> {
-                (0..n).flat_map(|t| x[(t * heads + head) * d..][..d].to_vec()).collect()
+                (0..n)
+                    .flat_map(|t| x[(t * heads + head) * d..][..d].to_vec())
+                    .collect()
             };
             let expect = attend_ref(&q, &pick(&k), &pick(&v), d, n, 0.25);
             assert!(max_abs_diff(&out, &expect) < 1e-5);

@@ -45,7 +45,15 @@ pub fn l2_normalize(x: &mut [f32], eps: f32, scale: f32) {
 /// One delta-rule step for one v-head, state `S` `[d_k, d_v]` in f32:
 /// `S ← α·S;  e = β·(v − Sᵀk);  S ← S + k ⊗ e;  o = Sᵀq` (read-out after the update).
 /// `q` and `k` are already L2-normalised (q also scaled by d_k^−½).
-pub fn gdn_step(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], alpha: f32, beta: f32, out: &mut [f32]) {
+pub fn gdn_step(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    alpha: f32,
+    beta: f32,
+    out: &mut [f32],
+) {
     let d_v = v.len();
     // e = β(v − Sᵀk) computed on the decayed state: Sᵀk after decay = α·(Sᵀk).
     let mut sk = vec![0.0f32; d_v];
@@ -53,7 +61,11 @@ pub fn gdn_step(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], alpha: f32, 
         let row = &state[i * d_v..(i + 1) * d_v];
         sk.iter_mut().zip(row).for_each(|(a, &s)| *a += s * ki);
     }
-    let e: Vec<f32> = v.iter().zip(&sk).map(|(&vj, &sj)| beta * (vj - alpha * sj)).collect();
+    let e: Vec<f32> = v
+        .iter()
+        .zip(&sk)
+        .map(|(&vj, &sj)| beta * (vj - alpha * sj))
+        .collect();
     out.fill(0.0);
     for (i, (&ki, &qi)) in k.iter().zip(q).enumerate() {
         let row = &mut state[i * d_v..(i + 1) * d_v];
@@ -65,14 +77,24 @@ pub fn gdn_step(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], alpha: f32, 
 }
 
 /// Scalar reference of [`gdn_step`], written exactly as the four lines of the math.
-pub fn gdn_step_ref(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], alpha: f32, beta: f32, out: &mut [f32]) {
+pub fn gdn_step_ref(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    alpha: f32,
+    beta: f32,
+    out: &mut [f32],
+) {
     let (d_k, d_v) = (k.len(), v.len());
     for s in state.iter_mut() {
         *s *= alpha;
     }
     let mut e = vec![0.0f64; d_v];
     for j in 0..d_v {
-        let sk: f64 = (0..d_k).map(|i| state[i * d_v + j] as f64 * k[i] as f64).sum();
+        let sk: f64 = (0..d_k)
+            .map(|i| state[i * d_v + j] as f64 * k[i] as f64)
+            .sum();
         e[j] = beta as f64 * (v[j] as f64 - sk);
     }
     for i in 0..d_k {
@@ -81,7 +103,9 @@ pub fn gdn_step_ref(state: &mut [f32], q: &[f32], k: &[f32], v: &[f32], alpha: f
         }
     }
     for j in 0..d_v {
-        out[j] = (0..d_k).map(|i| state[i * d_v + j] as f64 * q[i] as f64).sum::<f64>() as f32;
+        out[j] = (0..d_k)
+            .map(|i| state[i * d_v + j] as f64 * q[i] as f64)
+            .sum::<f64>() as f32;
     }
 }
 
@@ -124,7 +148,14 @@ mod tests {
         let mut state = vec![0.0; (kernel - 1) * channels];
         let mut out = vec![0.0; tokens * channels];
         for (t, xt) in x.chunks(channels).enumerate() {
-            causal_conv1d_silu(&mut state, xt, &w, channels, kernel, &mut out[t * channels..(t + 1) * channels]);
+            causal_conv1d_silu(
+                &mut state,
+                xt,
+                &w,
+                channels,
+                kernel,
+                &mut out[t * channels..(t + 1) * channels],
+            );
         }
         assert_eq!(out, out_all);
         assert_eq!(state, state_all);

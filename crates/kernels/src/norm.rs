@@ -28,7 +28,11 @@ pub fn rms_norm_zc_in_place(x: &mut [f32], w: &[f32], eps: f32) {
 /// Grouped zero-centred RMSNorm: each group of `group` values is normalised on its own, then
 /// the whole vector is multiplied by (1 + w) (Qwen4-Exp hyper-connections).
 pub fn group_rms_norm_zc(x: &[f32], w: &[f32], group: usize, eps: f32, out: &mut [f32]) {
-    for ((xg, wg), og) in x.chunks(group).zip(w.chunks(group)).zip(out.chunks_mut(group)) {
+    for ((xg, wg), og) in x
+        .chunks(group)
+        .zip(w.chunks(group))
+        .zip(out.chunks_mut(group))
+    {
         rms_norm_zc(xg, wg, eps, og);
     }
 }

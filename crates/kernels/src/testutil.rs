@@ -8,7 +8,9 @@ pub fn rng(seed: u64) -> StdRng {
 }
 
 pub fn vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-1.0..1.0f32) * scale).collect()
+    (0..n)
+        .map(|_| rng.random_range(-1.0..1.0f32) * scale)
+        .collect()
 }
 
 pub fn bf16_vec(rng: &mut StdRng, n: usize) -> Vec<u16> {
@@ -19,5 +21,8 @@ pub fn bf16_vec(rng: &mut StdRng, n: usize) -> Vec<u16> {
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }

@@ -8,7 +8,7 @@ use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
 use serde_json::Value;
 use spindle_model::{Checkpoint, ModelError};
-use spindle_testkit::{fixture, copy_fixture};
+use spindle_testkit::{copy_fixture, fixture};
 
 fn open_err(dir: &Path) -> ModelError {
     match Checkpoint::open(dir) {

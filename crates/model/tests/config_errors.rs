@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 use spindle_model::{Family, FfnKind, MixerKind, ModelConfig, ModelError};
-use spindle_testkit::{fixtures};
+use spindle_testkit::fixtures;
 
 fn read_json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path)

@@ -25,8 +25,8 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use serde_json::Value;
 use spindle_model::{Checkpoint, DType, ModelConfig};
+use spindle_testkit::fixture;
 use tempfile::TempDir;
-use spindle_testkit::{fixture};
 
 /// A writable copy of a fixture in which one safetensors file is replaced per test case.
 struct Scratch {

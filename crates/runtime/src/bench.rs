@@ -58,7 +58,10 @@ pub struct BenchReport {
 /// Read bandwidth: the best of several parallel passes summing a buffer, bytes per second.
 pub fn measure_read_bandwidth(bytes: usize) -> f64 {
     let words = bytes / 8;
-    let buffer: Vec<u64> = (0..words as u64).into_par_iter().map(|i| i.wrapping_mul(0x9E37_79B9)).collect();
+    let buffer: Vec<u64> = (0..words as u64)
+        .into_par_iter()
+        .map(|i| i.wrapping_mul(0x9E37_79B9))
+        .collect();
     let chunk = (words / (rayon::current_num_threads() * 8)).max(1 << 12);
     let mut best = 0.0f64;
     for _ in 0..5 {
@@ -85,7 +88,9 @@ pub fn measure_read_bandwidth(bytes: usize) -> f64 {
 
 /// Peak resident set size of this process (VmHWM), in bytes; 0 where /proc is unavailable.
 pub fn peak_rss_bytes() -> u64 {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return 0 };
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return 0;
+    };
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
@@ -97,7 +102,9 @@ pub fn peak_rss_bytes() -> u64 {
 fn prompt_ids(engine: &Engine, n: usize) -> Vec<u32> {
     let vocab = engine.config().vocab_size as u64;
     let span = vocab.saturating_sub(512).max(1);
-    (0..n as u64).map(|i| ((i * 7919 + 17) % span) as u32).collect()
+    (0..n as u64)
+        .map(|i| ((i * 7919 + 17) % span) as u32)
+        .collect()
 }
 
 /// One prefill of `prompt` and `gen` greedy decode steps; returns (prefill s, decode s).

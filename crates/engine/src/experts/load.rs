@@ -36,17 +36,31 @@ pub enum LayerExperts {
 
 /// The routed experts of MoE layer `layer` of `install`.
 pub fn load_layer(install: &Install, layer: usize, setup: &ExpertSetup) -> Result<LayerExperts> {
-    let layout = install.expert_layer(layer).ok_or_else(|| ModelError::Index {
-        path: install.path_of(spindle_model::install::MANIFEST),
-        message: format!("layer {layer} is a MoE layer but the manifest lists no expert file for it"),
-    })?;
+    let layout = install
+        .expert_layer(layer)
+        .ok_or_else(|| ModelError::Index {
+            path: install.path_of(spindle_model::install::MANIFEST),
+            message: format!(
+                "layer {layer} is a MoE layer but the manifest lists no expert file for it"
+            ),
+        })?;
     let path = install.path_of(&layout.file);
-    let io_err = |error| ModelError::Io { path: path.clone(), error };
+    let io_err = |error| ModelError::Io {
+        path: path.clone(),
+        error,
+    };
     let stride = layout.stride as usize;
     let owner = match setup.placement {
         Placement::Streamed(options) => {
             let pool = setup.pool.clone().expect("streaming sets up a read pool");
-            let streamed = StreamedExperts::open(path.clone(), layout.clone(), options, pool, setup.counters.clone()).map_err(io_err)?;
+            let streamed = StreamedExperts::open(
+                path.clone(),
+                layout.clone(),
+                options,
+                pool,
+                setup.counters.clone(),
+            )
+            .map_err(io_err)?;
             return Ok(LayerExperts::Streamed(streamed));
         }
         Placement::Mapped => {
@@ -61,5 +75,9 @@ pub fn load_layer(install: &Install, layer: usize, setup: &ExpertSetup) -> Resul
             Owner::Heap(Arc::new(buf))
         }
     };
-    Ok(LayerExperts::InMemory((0..layout.experts).map(|e| expert_at(&owner, e * stride, &layout.parts)).collect()))
+    Ok(LayerExperts::InMemory(
+        (0..layout.experts)
+            .map(|e| expert_at(&owner, e * stride, &layout.parts))
+            .collect(),
+    ))
 }

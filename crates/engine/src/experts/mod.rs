@@ -50,7 +50,9 @@ impl std::str::FromStr for ExpertResidency {
             "mapped" => Ok(ExpertResidency::Mapped),
             "streamed" => Ok(ExpertResidency::Streamed),
             "auto" => Ok(ExpertResidency::Auto),
-            _ => Err(format!("unknown expert residency {s:?}: expected resident, mapped, streamed or auto")),
+            _ => Err(format!(
+                "unknown expert residency {s:?}: expected resident, mapped, streamed or auto"
+            )),
         }
     }
 }

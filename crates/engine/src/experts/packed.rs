@@ -63,7 +63,11 @@ pub struct PackedMatrix {
 
 impl std::fmt::Debug for PackedMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PackedMatrix({:?} [{}, {}])", self.format, self.rows, self.cols)
+        write!(
+            f,
+            "PackedMatrix({:?} [{}, {}])",
+            self.format, self.rows, self.cols
+        )
     }
 }
 
@@ -76,8 +80,14 @@ impl PackedMatrix {
             PackedFormat::Bf16 => Weights::Bf16(bytemuck::cast_slice(codes)),
             PackedFormat::F16 => Weights::F16(bytemuck::cast_slice(codes)),
             PackedFormat::F32 => Weights::F32(bytemuck::cast_slice(codes)),
-            PackedFormat::Q8 => Weights::Q8 { qs: bytemuck::cast_slice(codes), scales: scales() },
-            PackedFormat::Q4 => Weights::Q4 { qs: codes, scales: scales() },
+            PackedFormat::Q8 => Weights::Q8 {
+                qs: bytemuck::cast_slice(codes),
+                scales: scales(),
+            },
+            PackedFormat::Q4 => Weights::Q4 {
+                qs: codes,
+                scales: scales(),
+            },
         };
         MatRef::new(weights, self.rows, self.cols)
     }
@@ -106,7 +116,8 @@ impl PackedMatrix {
     fn from_part(owner: &Owner, base: usize, part: &PartLayout) -> Self {
         let at = |offset: u64, len: u64| base + offset as usize..base + (offset + len) as usize;
         PackedMatrix {
-            format: PackedFormat::parse(&part.format).expect("validated when the manifest was read"),
+            format: PackedFormat::parse(&part.format)
+                .expect("validated when the manifest was read"),
             rows: part.rows,
             cols: part.cols,
             owner: owner.clone(),
@@ -119,5 +130,9 @@ impl PackedMatrix {
 /// The expert whose record starts at byte `base` of `owner` (parts: gate, up, down).
 pub fn expert_at(owner: &Owner, base: usize, parts: &[PartLayout]) -> MlpWeights {
     let linear = |i: usize| Linear::Packed(PackedMatrix::from_part(owner, base, &parts[i]));
-    MlpWeights { gate: linear(0), up: linear(1), down: linear(2) }
+    MlpWeights {
+        gate: linear(0),
+        up: linear(1),
+        down: linear(2),
+    }
 }

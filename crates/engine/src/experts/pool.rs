@@ -37,13 +37,21 @@ impl ReadPool {
                     .expect("the OS can start a reader thread")
             })
             .collect();
-        ReadPool { sender: Mutex::new(Some(sender)), threads }
+        ReadPool {
+            sender: Mutex::new(Some(sender)),
+            threads,
+        }
     }
 
     /// Reads `buf.len()` bytes of `file` at `offset` into `buf` on a reader thread, then calls
     /// `done` there with the filled buffer or the error.
     pub fn read(&self, file: Arc<File>, offset: u64, buf: AlignedBuf, done: Done) {
-        let job = Job { file, offset, buf, done };
+        let job = Job {
+            file,
+            offset,
+            buf,
+            done,
+        };
         let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(Err(e)) = sender.as_ref().map(|s| s.send(job)) {
             // Every reader has exited (only while dropping): read on this thread.
@@ -53,7 +61,12 @@ impl ReadPool {
 }
 
 fn run(job: Job) {
-    let Job { file, offset, mut buf, done } = job;
+    let Job {
+        file,
+        offset,
+        mut buf,
+        done,
+    } = job;
     let result = file.read_exact_at(buf.as_mut_slice(), offset).map(|()| buf);
     done(result);
 }

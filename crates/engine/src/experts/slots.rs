@@ -35,7 +35,13 @@ pub struct SlotCache<V> {
 
 impl<V> SlotCache<V> {
     pub fn new(capacity: usize, experts: usize, policy: CachePolicy) -> Self {
-        SlotCache { capacity: capacity.max(1), policy, entries: HashMap::new(), uses: vec![0; experts], clock: 0 }
+        SlotCache {
+            capacity: capacity.max(1),
+            policy,
+            entries: HashMap::new(),
+            uses: vec![0; experts],
+            clock: 0,
+        }
     }
 
     pub fn capacity(&self) -> usize {

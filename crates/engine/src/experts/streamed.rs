@@ -39,7 +39,10 @@ impl Slot {
     }
 
     fn is_ready(&self) -> bool {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 
     fn wait(&self) -> Result<Arc<LoadedExpert>, String> {
@@ -83,18 +86,34 @@ impl StreamedExperts {
         use std::os::unix::fs::OpenOptionsExt;
         let direct = options
             .direct_io
-            .then(|| std::fs::OpenOptions::new().read(true).custom_flags(O_DIRECT).open(&path).ok())
+            .then(|| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(O_DIRECT)
+                    .open(&path)
+                    .ok()
+            })
             .flatten();
         let file = match direct {
             Some(f) => f,
             None => File::open(&path)?,
         };
         let cache = SlotCache::new(options.slots, layout.experts, options.policy);
-        Ok(StreamedExperts { layout, path, file: Arc::new(file), cache: Mutex::new(cache), pool, counters })
+        Ok(StreamedExperts {
+            layout,
+            path,
+            file: Arc::new(file),
+            cache: Mutex::new(cache),
+            pool,
+            counters,
+        })
     }
 
     pub fn slots(&self) -> usize {
-        self.cache.lock().unwrap_or_else(|e| e.into_inner()).capacity()
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .capacity()
     }
 
     pub fn num_experts(&self) -> usize {
@@ -103,7 +122,11 @@ impl StreamedExperts {
 
     /// Bytes of one expert's weights (the record without padding).
     pub fn bytes_per_expert(&self) -> usize {
-        self.layout.parts.iter().map(|p| (p.codes_bytes + p.scales_bytes) as usize).sum()
+        self.layout
+            .parts
+            .iter()
+            .map(|p| (p.codes_bytes + p.scales_bytes) as usize)
+            .sum()
     }
 
     /// Starts loading every expert of `experts` that is not held (at most the slot count at
@@ -143,9 +166,14 @@ impl StreamedExperts {
                     Ok(buf) => {
                         counters.bytes_read.fetch_add(stride, Ordering::Relaxed);
                         let owner = Owner::Heap(Arc::new(buf));
-                        Ok(Arc::new(LoadedExpert { weights: expert_at(&owner, 0, &parts) }))
+                        Ok(Arc::new(LoadedExpert {
+                            weights: expert_at(&owner, 0, &parts),
+                        }))
                     }
-                    Err(e) => Err(format!("reading expert {expert} from {}: {e}", path.display())),
+                    Err(e) => Err(format!(
+                        "reading expert {expert} from {}: {e}",
+                        path.display()
+                    )),
                 };
                 slot.fill(loaded);
             }),
@@ -164,7 +192,9 @@ impl StreamedExperts {
             })
             .collect();
         if let Some(start) = start {
-            self.counters.stall_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.counters
+                .stall_ns
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         loaded
     }
@@ -186,5 +216,7 @@ fn recycle(slot: Arc<Slot>, len: usize) -> AlignedBuf {
             Owner::Mapped(_) => None,
         }
     });
-    reused.filter(|b| b.len() == len).unwrap_or_else(|| AlignedBuf::zeroed(len))
+    reused
+        .filter(|b| b.len() == len)
+        .unwrap_or_else(|| AlignedBuf::zeroed(len))
 }

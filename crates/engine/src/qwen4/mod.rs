@@ -128,7 +128,8 @@ pub fn load_ple(
         let shards = (0..ple.split_parts)
             .map(|k| {
                 let name = t(&format!("ple_embedding.ngram_embedding.shard_{k}.weight"));
-                ck.matrix(&name, &[shard_rows, head_dim]).map(Linear::Mapped)
+                ck.matrix(&name, &[shard_rows, head_dim])
+                    .map(Linear::Mapped)
             })
             .collect::<Result<Vec<_>>>()?;
         NgramTable { shards, shard_rows }

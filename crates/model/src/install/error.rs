@@ -71,7 +71,9 @@ impl From<InstallError> for ModelError {
                     | InstallError::Manifest { path, .. }
                     | InstallError::Exists { path }
                     | InstallError::Cancelled { path } => path,
-                    InstallError::Io { .. } | InstallError::Model(_) => unreachable!("handled above"),
+                    InstallError::Io { .. } | InstallError::Model(_) => {
+                        unreachable!("handled above")
+                    }
                 };
                 let prefix = format!("{}: ", path.display());
                 let message = message.strip_prefix(&prefix).unwrap_or(&message).to_owned();

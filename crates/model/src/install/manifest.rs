@@ -101,9 +101,12 @@ pub fn part_bytes(format: &str, rows: usize, cols: usize) -> Option<(u64, u64)> 
         "f32" => 4,
         _ => {
             let q: QuantFormat = format.parse().ok()?;
-            return q
-                .fits(cols)
-                .then(|| (q.code_bytes(rows, cols) as u64, q.scale_bytes(rows, cols) as u64));
+            return q.fits(cols).then(|| {
+                (
+                    q.code_bytes(rows, cols) as u64,
+                    q.scale_bytes(rows, cols) as u64,
+                )
+            });
         }
     };
     Some(((rows * cols * element) as u64, 0))
@@ -119,7 +122,10 @@ impl Manifest {
         let manifest: Manifest =
             serde_json::from_str(&text).map_err(|e| bad(format!("not a valid manifest: {e}")))?;
         if manifest.format != FORMAT {
-            return Err(bad(format!("format is {:?}, expected {FORMAT:?}", manifest.format)));
+            return Err(bad(format!(
+                "format is {:?}, expected {FORMAT:?}",
+                manifest.format
+            )));
         }
         if manifest.format_version != FORMAT_VERSION {
             return Err(bad(format!(
@@ -128,7 +134,10 @@ impl Manifest {
             )));
         }
         if manifest.quant.parse::<QuantFormat>().is_err() {
-            return Err(bad(format!("quant {:?} is not bf16, q8 or q4", manifest.quant)));
+            return Err(bad(format!(
+                "quant {:?} is not bf16, q8 or q4",
+                manifest.quant
+            )));
         }
         for layer in &manifest.experts {
             if layer.stride % super::PAGE != 0 || layer.parts.len() != 3 {
@@ -141,7 +150,8 @@ impl Manifest {
             }
             for part in &layer.parts {
                 let sizes = part_bytes(&part.format, part.rows, part.cols);
-                let end = (part.scales_offset + part.scales_bytes).max(part.codes_offset + part.codes_bytes);
+                let end = (part.scales_offset + part.scales_bytes)
+                    .max(part.codes_offset + part.codes_bytes);
                 if sizes != Some((part.codes_bytes, part.scales_bytes))
                     || end > layer.stride
                     || part.codes_offset % 64 != 0
@@ -156,7 +166,10 @@ impl Manifest {
         }
         for f in &manifest.files {
             if f.path.starts_with('/') || f.path.split('/').any(|c| c == ".." || c.is_empty()) {
-                return Err(bad(format!("file path {:?} must be relative and inside the install", f.path)));
+                return Err(bad(format!(
+                    "file path {:?} must be relative and inside the install",
+                    f.path
+                )));
             }
         }
         Ok(manifest)

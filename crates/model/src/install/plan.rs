@@ -43,7 +43,8 @@ impl MemoryPlan {
     /// The plan for `config` with the large projections in `quant` (the routed experts too),
     /// one session of `context` tokens.
     pub fn new(config: &ModelConfig, quant: QuantFormat, context: usize) -> Self {
-        let mut classes: std::collections::BTreeMap<TensorClass, (u64, String)> = Default::default();
+        let mut classes: std::collections::BTreeMap<TensorClass, (u64, String)> =
+            Default::default();
         for t in checkpoint_tensors(config, ExpertKeys::Fused) {
             let cols = *t.shape.last().unwrap_or(&1);
             let rows = t.elements() / cols.max(1);
@@ -56,7 +57,10 @@ impl MemoryPlan {
                 crate::layout::SpecDtype::Bf16 => 2,
             };
             let (bytes, format) = if quantized {
-                (quant.matrix_bytes(rows, cols).unwrap_or(0) as u64, quant.name())
+                (
+                    quant.matrix_bytes(rows, cols).unwrap_or(0) as u64,
+                    quant.name(),
+                )
             } else {
                 ((t.elements() * element) as u64, "bf16")
             };
@@ -71,32 +75,53 @@ impl MemoryPlan {
         }
         if config.tie_word_embeddings && quant != QuantFormat::Bf16 {
             // The tied head is quantized apart from the embedding.
-            let head = quant.matrix_bytes(config.vocab_size, config.hidden_size).unwrap_or(0) as u64;
+            let head = quant
+                .matrix_bytes(config.vocab_size, config.hidden_size)
+                .unwrap_or(0) as u64;
             classes.insert(TensorClass::LmHead, (head, quant.name().into()));
         }
         let bytes_of = |c: TensorClass| classes.get(&c).map_or(0, |e| e.0);
         let total: u64 = classes.values().map(|e| e.0).sum();
-        let mut dense_bytes = total - bytes_of(TensorClass::RoutedExperts) - bytes_of(TensorClass::NgramTable);
+        let mut dense_bytes =
+            total - bytes_of(TensorClass::RoutedExperts) - bytes_of(TensorClass::NgramTable);
         if !(config.tie_word_embeddings && quant == QuantFormat::Bf16) {
             dense_bytes -= bytes_of(TensorClass::Embedding);
         }
 
-        let (moe_layers, experts_per_layer, top_k, bytes_per_expert, record_bytes) = match &config.moe {
-            Some(m) => {
-                let layers = config.layers.iter().filter(|l| l.ffn == crate::FfnKind::Moe).count();
-                let (i, h) = (m.expert_intermediate, config.hidden_size);
-                let part = |rows: usize, cols: usize| {
-                    let f = if quant.fits(cols) { quant } else { QuantFormat::Bf16 };
-                    (f.code_bytes(rows, cols) as u64, f.scale_bytes(rows, cols) as u64)
-                };
-                let parts = [part(i, h), part(i, h), part(h, i)];
-                let raw: u64 = parts.iter().map(|(c, s)| c + s).sum();
-                let align = |x: u64| x.div_ceil(64) * 64;
-                let record: u64 = parts.iter().map(|(c, s)| align(*c) + align(*s)).sum();
-                (layers, m.num_experts, m.top_k, raw, record.div_ceil(super::PAGE) * super::PAGE)
-            }
-            None => (0, 0, 0, 0, 0),
-        };
+        let (moe_layers, experts_per_layer, top_k, bytes_per_expert, record_bytes) =
+            match &config.moe {
+                Some(m) => {
+                    let layers = config
+                        .layers
+                        .iter()
+                        .filter(|l| l.ffn == crate::FfnKind::Moe)
+                        .count();
+                    let (i, h) = (m.expert_intermediate, config.hidden_size);
+                    let part = |rows: usize, cols: usize| {
+                        let f = if quant.fits(cols) {
+                            quant
+                        } else {
+                            QuantFormat::Bf16
+                        };
+                        (
+                            f.code_bytes(rows, cols) as u64,
+                            f.scale_bytes(rows, cols) as u64,
+                        )
+                    };
+                    let parts = [part(i, h), part(i, h), part(h, i)];
+                    let raw: u64 = parts.iter().map(|(c, s)| c + s).sum();
+                    let align = |x: u64| x.div_ceil(64) * 64;
+                    let record: u64 = parts.iter().map(|(c, s)| align(*c) + align(*s)).sum();
+                    (
+                        layers,
+                        m.num_experts,
+                        m.top_k,
+                        raw,
+                        record.div_ceil(super::PAGE) * super::PAGE,
+                    )
+                }
+                None => (0, 0, 0, 0, 0),
+            };
         let expert_bytes = bytes_of(TensorClass::RoutedExperts);
         MemoryPlan {
             classes: classes.into_iter().map(|(c, (b, f))| (c, b, f)).collect(),
@@ -154,7 +179,9 @@ pub fn state_bytes(config: &ModelConfig, context: usize) -> u64 {
                 ((2 * a.num_kv_heads * a.head_dim + indexer) * context * 4) as u64
             }
             MixerKind::LinearAttention => {
-                (((g.conv_kernel - 1) * g.conv_channels() + g.num_value_heads * g.key_head_dim * g.value_head_dim) * 4) as u64
+                (((g.conv_kernel - 1) * g.conv_channels()
+                    + g.num_value_heads * g.key_head_dim * g.value_head_dim)
+                    * 4) as u64
             }
         };
     }
@@ -168,7 +195,14 @@ pub fn state_bytes(config: &ModelConfig, context: usize) -> u64 {
 /// MemAvailable from /proc/meminfo, in bytes.
 pub fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kb: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
     Some(kb * 1024)
 }
 
@@ -176,13 +210,25 @@ pub fn mem_available() -> Option<u64> {
 /// `memory.limit_in_bytes`, when one is set.
 pub fn cgroup_limit() -> Option<u64> {
     let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let limit = |file: String| std::fs::read_to_string(file).ok()?.trim().parse::<u64>().ok();
+    let limit = |file: String| {
+        std::fs::read_to_string(file)
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()
+    };
     let v1 = cgroup.lines().find_map(|l| {
         let (_, rest) = l.split_once(':')?;
         let (controllers, path) = rest.split_once(':')?;
-        controllers.split(',').any(|c| c == "memory").then(|| path.trim().to_owned())
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then(|| path.trim().to_owned())
     });
-    let v2 = cgroup.lines().find_map(|l| l.strip_prefix("0::")).map(|p| p.trim().to_owned());
+    let v2 = cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim().to_owned());
     v1.and_then(|p| limit(format!("/sys/fs/cgroup/memory{p}/memory.limit_in_bytes")))
         .or_else(|| v2.and_then(|p| limit(format!("/sys/fs/cgroup{p}/memory.max"))))
         // An unlimited v1 group reports a number near 2^63.

@@ -17,7 +17,11 @@ fn f16_to_f32(bits: u16) -> f32 {
 
 /// One row to Q8: `codes` has `src.len()` bytes (i8), `scales` `src.len()/32`.
 pub fn q8_row(src: &[f32], codes: &mut [u8], scales: &mut [u16]) {
-    for ((w, q), s) in src.chunks_exact(GROUP).zip(codes.chunks_exact_mut(GROUP)).zip(scales.iter_mut()) {
+    for ((w, q), s) in src
+        .chunks_exact(GROUP)
+        .zip(codes.chunks_exact_mut(GROUP))
+        .zip(scales.iter_mut())
+    {
         let amax = w.iter().fold(0.0f32, |a, v| a.max(v.abs()));
         *s = f16_bits(amax / 127.0);
         let d = f16_to_f32(*s);
@@ -31,8 +35,14 @@ pub fn q8_row(src: &[f32], codes: &mut [u8], scales: &mut [u16]) {
 /// One row to Q4: `codes` has `src.len()/2` bytes, `scales` `src.len()/32`.
 pub fn q4_row(src: &[f32], codes: &mut [u8], scales: &mut [u16]) {
     const HALF: usize = GROUP / 2;
-    for ((w, q), s) in src.chunks_exact(GROUP).zip(codes.chunks_exact_mut(HALF)).zip(scales.iter_mut()) {
-        let extreme = w.iter().fold(0.0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+    for ((w, q), s) in src
+        .chunks_exact(GROUP)
+        .zip(codes.chunks_exact_mut(HALF))
+        .zip(scales.iter_mut())
+    {
+        let extreme = w
+            .iter()
+            .fold(0.0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
         *s = f16_bits(extreme / -8.0);
         let d = f16_to_f32(*s);
         let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -45,7 +55,13 @@ pub fn q4_row(src: &[f32], codes: &mut [u8], scales: &mut [u16]) {
 
 /// Quantizes `rows` rows of `values` (row-major, `cols` wide) in `format` (q8 or q4), appending
 /// codes and little-endian f16 scales.
-pub fn quantize_rows(format: QuantFormat, values: &[f32], cols: usize, codes: &mut Vec<u8>, scales: &mut Vec<u8>) {
+pub fn quantize_rows(
+    format: QuantFormat,
+    values: &[f32],
+    cols: usize,
+    codes: &mut Vec<u8>,
+    scales: &mut Vec<u8>,
+) {
     use rayon::prelude::*;
     let rows = values.len() / cols;
     let code_cols = format.code_bytes(1, cols);

@@ -41,7 +41,10 @@ impl MappedFile {
         // SAFETY: the file is opened read-only and spindle never writes through the map; an
         // install changed while in use is outside the contract (as for any mmap loader).
         let map = unsafe { Mmap::map(&file) }.map_err(InstallError::io(path))?;
-        Ok(Arc::new(MappedFile { path: path.to_owned(), map }))
+        Ok(Arc::new(MappedFile {
+            path: path.to_owned(),
+            map,
+        }))
     }
 
     pub fn bytes(&self) -> &[u8] {
@@ -91,10 +94,11 @@ impl Install {
         check_files(dir, &manifest, verify)?;
         let path = dir.join(&manifest.resident.file);
         let resident = MappedFile::open(&path)?;
-        let parsed = SafeTensors::deserialize(resident.bytes()).map_err(|e| InstallError::Manifest {
-            path: path.clone(),
-            message: format!("not a valid safetensors file: {e}"),
-        })?;
+        let parsed =
+            SafeTensors::deserialize(resident.bytes()).map_err(|e| InstallError::Manifest {
+                path: path.clone(),
+                message: format!("not a valid safetensors file: {e}"),
+            })?;
         let base = resident.bytes().as_ptr() as usize;
         let entries = parsed
             .tensors()
@@ -109,7 +113,12 @@ impl Install {
                 (name, entry)
             })
             .collect();
-        Ok(Install { dir: dir.to_owned(), manifest, resident, entries })
+        Ok(Install {
+            dir: dir.to_owned(),
+            manifest,
+            resident,
+            entries,
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -131,16 +140,26 @@ impl Install {
             path: self.resident.path().to_owned(),
             message: format!("tensor `{name}`: {message}"),
         };
-        let scales = self.entries.get(&scales_name).ok_or_else(|| bad(format!("{codes_name} has no {scales_name}")))?;
+        let scales = self
+            .entries
+            .get(&scales_name)
+            .ok_or_else(|| bad(format!("{codes_name} has no {scales_name}")))?;
         let (format, cols) = match (codes.dtype, codes.shape.as_slice()) {
             (Dtype::I8, &[_, c]) => (QuantFormat::Q8, c),
             (Dtype::U8, &[_, c]) => (QuantFormat::Q4, c * 2),
-            (d, s) => return Err(bad(format!("codes are {d:?} {s:?}, expected I8 or U8 [rows, cols]"))),
+            (d, s) => {
+                return Err(bad(format!(
+                    "codes are {d:?} {s:?}, expected I8 or U8 [rows, cols]"
+                )))
+            }
         };
         let rows = codes.shape[0];
         let expected = [rows, cols / crate::quant::GROUP];
         if scales.dtype != Dtype::F16 || scales.shape != expected || scales.range.start % 2 != 0 {
-            return Err(bad(format!("scales are {:?} {:?}, expected F16 {expected:?}", scales.dtype, scales.shape)));
+            return Err(bad(format!(
+                "scales are {:?} {:?}, expected F16 {expected:?}",
+                scales.dtype, scales.shape
+            )));
         }
         Ok(Some(QuantTensor {
             format,
@@ -163,7 +182,11 @@ impl Install {
 
     /// Total bytes of the routed-expert files.
     pub fn expert_bytes(&self) -> u64 {
-        self.manifest.experts.iter().map(|l| l.stride * l.experts as u64).sum()
+        self.manifest
+            .experts
+            .iter()
+            .map(|l| l.stride * l.experts as u64)
+            .sum()
     }
 
     /// Bytes of the resident file.
@@ -185,16 +208,24 @@ fn check_files(dir: &Path, manifest: &Manifest, verify: Verify) -> Result<()> {
         let path = dir.join(&f.path);
         let meta = match std::fs::metadata(&path) {
             Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(InstallError::Missing { path }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(InstallError::Missing { path })
+            }
             Err(error) => return Err(InstallError::Io { path, error }),
         };
         if meta.len() != f.size {
-            return Err(InstallError::Size { path, actual: meta.len(), expected: f.size });
+            return Err(InstallError::Size {
+                path,
+                actual: meta.len(),
+                expected: f.size,
+            });
         }
-        stamps.push(json!({"path": f.path, "size": f.size, "mtime_ns": mtime_ns(&meta).to_string()}));
+        stamps
+            .push(json!({"path": f.path, "size": f.size, "mtime_ns": mtime_ns(&meta).to_string()}));
     }
     let manifest_path = dir.join(MANIFEST);
-    let manifest_hash = sha256::file_hex(&manifest_path).map_err(InstallError::io(&manifest_path))?;
+    let manifest_hash =
+        sha256::file_hex(&manifest_path).map_err(InstallError::io(&manifest_path))?;
     let receipt = json!({"manifest_sha256": manifest_hash, "files": stamps});
     let receipt_path = dir.join(RECEIPT);
     let trusted = verify == Verify::Once
@@ -209,7 +240,11 @@ fn check_files(dir: &Path, manifest: &Manifest, verify: Verify) -> Result<()> {
         let path = dir.join(&f.path);
         let actual = sha256::file_hex(&path).map_err(InstallError::io(&path))?;
         if actual != f.sha256 {
-            return Err(InstallError::Checksum { path, actual, expected: f.sha256.clone() });
+            return Err(InstallError::Checksum {
+                path,
+                actual,
+                expected: f.sha256.clone(),
+            });
         }
     }
     // A read-only install cannot hold a receipt; the next open verifies again.

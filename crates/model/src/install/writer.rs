@@ -13,10 +13,16 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use super::error::{InstallError, Result};
-use super::manifest::{part_bytes, ExpertLayerLayout, FileEntry, Manifest, PartLayout, ResidentSection, FORMAT, FORMAT_VERSION};
+use super::manifest::{
+    part_bytes, ExpertLayerLayout, FileEntry, Manifest, PartLayout, ResidentSection, FORMAT,
+    FORMAT_VERSION,
+};
 use super::quantize::quantize_rows;
 use super::sha256::Sha256;
-use super::{classify, quantizable, AUX_FILES, CODES_SUFFIX, EXPERT_DIR, MANIFEST, RESIDENT_FILE, SCALES_SUFFIX};
+use super::{
+    classify, quantizable, AUX_FILES, CODES_SUFFIX, EXPERT_DIR, MANIFEST, RESIDENT_FILE,
+    SCALES_SUFFIX,
+};
 use crate::layout::TensorClass;
 use crate::quant::QuantFormat;
 use crate::tensor::{decode_f32, DType, Matrix};
@@ -58,7 +64,9 @@ impl HashedFile {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        self.out.write_all(bytes).map_err(InstallError::io(&self.path))?;
+        self.out
+            .write_all(bytes)
+            .map_err(InstallError::io(&self.path))?;
         self.hasher.update(bytes);
         self.size += bytes.len() as u64;
         Ok(())
@@ -86,15 +94,26 @@ pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 fn sync_dir(path: &Path) -> Result<()> {
-    File::open(path).and_then(|d| d.sync_all()).map_err(InstallError::io(path))
+    File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(InstallError::io(path))
 }
 
 /// How one resident tensor is written.
 enum Resident {
     /// The checkpoint's bytes, as stored.
-    Copy { name: String, dtype: &'static str, shape: Vec<usize>, source: Source },
+    Copy {
+        name: String,
+        dtype: &'static str,
+        shape: Vec<usize>,
+        source: Source,
+    },
     /// `NAME.qs` + `NAME.scales`, quantized from `matrix`.
-    Quantized { name: String, matrix: Matrix, format: QuantFormat },
+    Quantized {
+        name: String,
+        matrix: Matrix,
+        format: QuantFormat,
+    },
 }
 
 enum Source {
@@ -105,30 +124,56 @@ enum Source {
 impl Resident {
     fn source_bytes(&self) -> u64 {
         match self {
-            Resident::Copy { source: Source::Float(m), .. } | Resident::Quantized { matrix: m, .. } => m.size_bytes() as u64,
-            Resident::Copy { source: Source::I64(b), .. } => b.len() as u64,
+            Resident::Copy {
+                source: Source::Float(m),
+                ..
+            }
+            | Resident::Quantized { matrix: m, .. } => m.size_bytes() as u64,
+            Resident::Copy {
+                source: Source::I64(b),
+                ..
+            } => b.len() as u64,
         }
     }
 
     /// `(name, dtype, shape, bytes)` of the safetensors entries this tensor becomes.
     fn entries(&self) -> Vec<(String, &'static str, Vec<usize>, usize)> {
         match self {
-            Resident::Copy { name, dtype, shape, source } => {
+            Resident::Copy {
+                name,
+                dtype,
+                shape,
+                source,
+            } => {
                 let bytes = match source {
                     Source::Float(m) => m.size_bytes(),
                     Source::I64(b) => b.len(),
                 };
                 vec![(name.clone(), *dtype, shape.clone(), bytes)]
             }
-            Resident::Quantized { name, matrix: m, format } => {
+            Resident::Quantized {
+                name,
+                matrix: m,
+                format,
+            } => {
                 let (codes_dtype, code_cols) = match format {
                     QuantFormat::Q8 => ("I8", m.cols),
                     _ => ("U8", m.cols / 2),
                 };
                 let groups = m.cols / crate::quant::GROUP;
                 vec![
-                    (format!("{name}{CODES_SUFFIX}"), codes_dtype, vec![m.rows, code_cols], m.rows * code_cols),
-                    (format!("{name}{SCALES_SUFFIX}"), "F16", vec![m.rows, groups], m.rows * groups * 2),
+                    (
+                        format!("{name}{CODES_SUFFIX}"),
+                        codes_dtype,
+                        vec![m.rows, code_cols],
+                        m.rows * code_cols,
+                    ),
+                    (
+                        format!("{name}{SCALES_SUFFIX}"),
+                        "F16",
+                        vec![m.rows, groups],
+                        m.rows * groups * 2,
+                    ),
                 ]
             }
         }
@@ -169,11 +214,22 @@ fn write_quantized(out: &mut HashedFile, m: &Matrix, format: QuantFormat) -> Res
     Ok(scales)
 }
 
-fn resident_tensors(ck: &Checkpoint, config: &ModelConfig, names: &TensorNames, quant: QuantFormat) -> Result<Vec<Resident>> {
-    let expert_prefixes: Vec<String> = moe_layers(config).map(|i| names.layer(i, "mlp.experts.")).collect();
+fn resident_tensors(
+    ck: &Checkpoint,
+    config: &ModelConfig,
+    names: &TensorNames,
+    quant: QuantFormat,
+) -> Result<Vec<Resident>> {
+    let expert_prefixes: Vec<String> = moe_layers(config)
+        .map(|i| names.layer(i, "mlp.experts."))
+        .collect();
     let mut all: Vec<&str> = ck
         .names()
-        .filter(|n| !n.starts_with("mtp.") && !n.contains("visual.") && !expert_prefixes.iter().any(|p| n.starts_with(p.as_str())))
+        .filter(|n| {
+            !n.starts_with("mtp.")
+                && !n.contains("visual.")
+                && !expert_prefixes.iter().any(|p| n.starts_with(p.as_str()))
+        })
         .collect();
     all.sort();
     let mut out = Vec::new();
@@ -181,35 +237,78 @@ fn resident_tensors(ck: &Checkpoint, config: &ModelConfig, names: &TensorNames, 
         let shape = ck.shape(name).expect("listed names exist").to_vec();
         let source = match ck.matrix(name, &shape) {
             Ok(m) => Source::Float(m),
-            Err(_) => Source::I64(ck.i64_values(name, &shape)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            Err(_) => Source::I64(
+                ck.i64_values(name, &shape)?
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+            ),
         };
         out.push(match source {
-            Source::Float(m) if quant != QuantFormat::Bf16 && shape.len() == 2 && quantizable(name) && quant.fits(m.cols) => {
-                Resident::Quantized { name: name.to_owned(), matrix: m, format: quant }
+            Source::Float(m)
+                if quant != QuantFormat::Bf16
+                    && shape.len() == 2
+                    && quantizable(name)
+                    && quant.fits(m.cols) =>
+            {
+                Resident::Quantized {
+                    name: name.to_owned(),
+                    matrix: m,
+                    format: quant,
+                }
             }
-            Source::Float(m) => Resident::Copy { name: name.to_owned(), dtype: st_dtype(m.dtype), shape, source: Source::Float(m) },
-            i64 => Resident::Copy { name: name.to_owned(), dtype: "I64", shape, source: i64 },
+            Source::Float(m) => Resident::Copy {
+                name: name.to_owned(),
+                dtype: st_dtype(m.dtype),
+                shape,
+                source: Source::Float(m),
+            },
+            i64 => Resident::Copy {
+                name: name.to_owned(),
+                dtype: "I64",
+                shape,
+                source: i64,
+            },
         });
     }
     // A tied LM head is quantized on load from the embedding; an install stores it so.
     if config.tie_word_embeddings && quant != QuantFormat::Bf16 && quant.fits(config.hidden_size) {
-        let embed = ck.matrix(&names.trunk("embed_tokens.weight"), &[config.vocab_size, config.hidden_size])?;
-        out.push(Resident::Quantized { name: "lm_head.weight".into(), matrix: embed, format: quant });
+        let embed = ck.matrix(
+            &names.trunk("embed_tokens.weight"),
+            &[config.vocab_size, config.hidden_size],
+        )?;
+        out.push(Resident::Quantized {
+            name: "lm_head.weight".into(),
+            matrix: embed,
+            format: quant,
+        });
     }
     Ok(out)
 }
 
 fn moe_layers(config: &ModelConfig) -> impl Iterator<Item = usize> + '_ {
-    config.layers.iter().enumerate().filter(|(_, l)| l.ffn == FfnKind::Moe).map(|(i, _)| i)
+    config
+        .layers
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.ffn == FfnKind::Moe)
+        .map(|(i, _)| i)
 }
 
-fn write_resident(root: &Path, tensors: &[Resident], tick: &mut dyn FnMut(u64) -> Result<()>) -> Result<FileEntry> {
+fn write_resident(
+    root: &Path,
+    tensors: &[Resident],
+    tick: &mut dyn FnMut(u64) -> Result<()>,
+) -> Result<FileEntry> {
     let mut meta = Map::new();
     meta.insert("__metadata__".into(), json!({"format": "spindle-install"}));
     let mut offset = 0usize;
     for t in tensors {
         for (name, dtype, shape, bytes) in t.entries() {
-            meta.insert(name, json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + bytes]}));
+            meta.insert(
+                name,
+                json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + bytes]}),
+            );
             offset += bytes;
         }
     }
@@ -220,12 +319,18 @@ fn write_resident(root: &Path, tensors: &[Resident], tick: &mut dyn FnMut(u64) -
     out.write(&header)?;
     for t in tensors {
         match t {
-            Resident::Copy { source: Source::Float(m), .. } => {
+            Resident::Copy {
+                source: Source::Float(m),
+                ..
+            } => {
                 for chunk in m.bytes().chunks(BLOCK_BYTES) {
                     out.write(chunk)?;
                 }
             }
-            Resident::Copy { source: Source::I64(b), .. } => out.write(b)?,
+            Resident::Copy {
+                source: Source::I64(b),
+                ..
+            } => out.write(b)?,
             Resident::Quantized { matrix, format, .. } => {
                 let scales = write_quantized(&mut out, matrix, *format)?;
                 out.write(&scales)?;
@@ -233,7 +338,11 @@ fn write_resident(root: &Path, tensors: &[Resident], tick: &mut dyn FnMut(u64) -
         }
         // The checkpoint pages just read are not needed again: keep them out of the RSS.
         match t {
-            Resident::Copy { source: Source::Float(m), .. } | Resident::Quantized { matrix: m, .. } => m.release_pages(),
+            Resident::Copy {
+                source: Source::Float(m),
+                ..
+            }
+            | Resident::Quantized { matrix: m, .. } => m.release_pages(),
             Resident::Copy { .. } => {}
         }
         tick(t.source_bytes())?;
@@ -242,8 +351,16 @@ fn write_resident(root: &Path, tensors: &[Resident], tick: &mut dyn FnMut(u64) -
 }
 
 /// The gate, up and down matrices of every expert of MoE layer `i`.
-fn layer_experts(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: usize) -> Result<Vec<[Matrix; 3]>> {
-    let moe = config.moe.as_ref().expect("validated: MoE layers have a MoE config");
+fn layer_experts(
+    ck: &Checkpoint,
+    names: &TensorNames,
+    config: &ModelConfig,
+    i: usize,
+) -> Result<Vec<[Matrix; 3]>> {
+    let moe = config
+        .moe
+        .as_ref()
+        .expect("validated: MoE layers have a MoE config");
     let (e_count, inter, h) = (moe.num_experts, moe.expert_intermediate, config.hidden_size);
     let t = |s: &str| names.layer(i, &format!("mlp.experts.{s}"));
     Ok(match names.expert_layout(ck, i)? {
@@ -260,7 +377,13 @@ fn layer_experts(ck: &Checkpoint, names: &TensorNames, config: &ModelConfig, i: 
             let gate_up = ck.matrix(&t("gate_up_proj"), &[e_count, 2 * inter, h])?;
             let down = ck.matrix(&t("down_proj"), &[e_count, h, inter])?;
             (0..e_count)
-                .map(|e| [gate_up.rows_slice(e * 2 * inter, inter), gate_up.rows_slice(e * 2 * inter + inter, inter), down.rows_slice(e * h, h)])
+                .map(|e| {
+                    [
+                        gate_up.rows_slice(e * 2 * inter, inter),
+                        gate_up.rows_slice(e * 2 * inter + inter, inter),
+                        down.rows_slice(e * h, h),
+                    ]
+                })
                 .collect()
         }
     })
@@ -297,24 +420,51 @@ fn expert_layout_of(i: usize, experts: &[[Matrix; 3]], quant: QuantFormat) -> Ex
         .map(|(&name, m)| {
             // Matrices whose rows are not whole groups, and every matrix at bf16, keep the
             // checkpoint's element type.
-            let format = if quant != QuantFormat::Bf16 && quant.fits(m.cols) { quant.name() } else { m.dtype.name() };
-            let (codes_bytes, scales_bytes) = part_bytes(format, m.rows, m.cols).expect("formats chosen to fit");
+            let format = if quant != QuantFormat::Bf16 && quant.fits(m.cols) {
+                quant.name()
+            } else {
+                m.dtype.name()
+            };
+            let (codes_bytes, scales_bytes) =
+                part_bytes(format, m.rows, m.cols).expect("formats chosen to fit");
             let codes_offset = offset;
             let scales_offset = align(codes_offset + codes_bytes);
             offset = align(scales_offset + scales_bytes);
-            PartLayout { name: name.into(), format: format.into(), rows: m.rows, cols: m.cols, codes_offset, codes_bytes, scales_offset, scales_bytes }
+            PartLayout {
+                name: name.into(),
+                format: format.into(),
+                rows: m.rows,
+                cols: m.cols,
+                codes_offset,
+                codes_bytes,
+                scales_offset,
+                scales_bytes,
+            }
         })
         .collect();
     let stride = offset.div_ceil(super::PAGE) * super::PAGE;
-    ExpertLayerLayout { layer: i, file: format!("{EXPERT_DIR}/layer-{i:03}.bin"), experts: experts.len(), stride, parts }
+    ExpertLayerLayout {
+        layer: i,
+        file: format!("{EXPERT_DIR}/layer-{i:03}.bin"),
+        experts: experts.len(),
+        stride,
+        parts,
+    }
 }
 
 /// Converts the checkpoint at `src` into an install at `dst` (which must not exist), storing
 /// the large projections in `quant`. `progress` is called after every tensor and expert; when
 /// it returns false the convert stops, removes what it wrote and returns `Cancelled`.
-pub fn convert(src: &Path, dst: &Path, quant: QuantFormat, progress: &mut dyn FnMut(&Progress) -> bool) -> Result<Manifest> {
+pub fn convert(
+    src: &Path,
+    dst: &Path,
+    quant: QuantFormat,
+    progress: &mut dyn FnMut(&Progress) -> bool,
+) -> Result<Manifest> {
     if dst.exists() {
-        return Err(InstallError::Exists { path: dst.to_owned() });
+        return Err(InstallError::Exists {
+            path: dst.to_owned(),
+        });
     }
     let file_name = dst.file_name().ok_or_else(|| InstallError::Manifest {
         path: dst.to_owned(),
@@ -338,32 +488,53 @@ pub fn convert(src: &Path, dst: &Path, quant: QuantFormat, progress: &mut dyn Fn
         let _ = std::fs::remove_dir_all(&tmp);
     }
     result.map_err(|e| match e {
-        InstallError::Cancelled { .. } => InstallError::Cancelled { path: dst.to_owned() },
+        InstallError::Cancelled { .. } => InstallError::Cancelled {
+            path: dst.to_owned(),
+        },
         other => other,
     })
 }
 
-fn write_install(src: &Path, root: &Path, quant: QuantFormat, progress: &mut dyn FnMut(&Progress) -> bool) -> Result<Manifest> {
+fn write_install(
+    src: &Path,
+    root: &Path,
+    quant: QuantFormat,
+    progress: &mut dyn FnMut(&Progress) -> bool,
+) -> Result<Manifest> {
     let config = ModelConfig::from_dir(src)?;
     let ck = Checkpoint::open(src)?;
     let names = TensorNames::detect(&ck)?;
     let config_path = src.join("config.json");
-    let config_json: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).map_err(InstallError::io(&config_path))?)
-        .map_err(|e| InstallError::Model(crate::ModelError::Json { path: config_path.clone(), error: e }))?;
+    let config_json: Value = serde_json::from_str(
+        &std::fs::read_to_string(&config_path).map_err(InstallError::io(&config_path))?,
+    )
+    .map_err(|e| {
+        InstallError::Model(crate::ModelError::Json {
+            path: config_path.clone(),
+            error: e,
+        })
+    })?;
 
     let resident = resident_tensors(&ck, &config, &names, quant)?;
     let layers: Vec<usize> = moe_layers(&config).collect();
     let mut state = Progress {
-        tensors_total: resident.len() + layers.len() * config.moe.as_ref().map_or(0, |m| m.num_experts),
+        tensors_total: resident.len()
+            + layers.len() * config.moe.as_ref().map_or(0, |m| m.num_experts),
         bytes_total: resident.iter().map(Resident::source_bytes).sum(),
         ..Progress::default()
     };
     // Expert bytes (read per layer below) join the total up front.
     for &i in &layers {
-        state.bytes_total += layer_experts(&ck, &names, &config, i)?.iter().flatten().map(|m| m.size_bytes() as u64).sum::<u64>();
+        state.bytes_total += layer_experts(&ck, &names, &config, i)?
+            .iter()
+            .flatten()
+            .map(|m| m.size_bytes() as u64)
+            .sum::<u64>();
     }
     if !progress(&state) {
-        return Err(InstallError::Cancelled { path: root.to_owned() });
+        return Err(InstallError::Cancelled {
+            path: root.to_owned(),
+        });
     }
     let mut tick = |bytes: u64| -> Result<()> {
         state.tensors_done += 1;
@@ -371,7 +542,9 @@ fn write_install(src: &Path, root: &Path, quant: QuantFormat, progress: &mut dyn
         if progress(&state) {
             Ok(())
         } else {
-            Err(InstallError::Cancelled { path: root.to_owned() })
+            Err(InstallError::Cancelled {
+                path: root.to_owned(),
+            })
         }
     };
 
@@ -418,7 +591,11 @@ fn write_install(src: &Path, root: &Path, quant: QuantFormat, progress: &mut dyn
         quant: quant.name().into(),
         classes,
         config: config_json,
-        resident: ResidentSection { file: RESIDENT_FILE.into(), codes_suffix: CODES_SUFFIX.into(), scales_suffix: SCALES_SUFFIX.into() },
+        resident: ResidentSection {
+            file: RESIDENT_FILE.into(),
+            codes_suffix: CODES_SUFFIX.into(),
+            scales_suffix: SCALES_SUFFIX.into(),
+        },
         experts: expert_layouts,
         files,
     };
@@ -427,7 +604,11 @@ fn write_install(src: &Path, root: &Path, quant: QuantFormat, progress: &mut dyn
 }
 
 /// Records `format` for `class`; a class holding several formats lists them joined by `+`.
-fn merge_class(classes: &mut std::collections::BTreeMap<String, String>, class: TensorClass, format: &str) {
+fn merge_class(
+    classes: &mut std::collections::BTreeMap<String, String>,
+    class: TensorClass,
+    format: &str,
+) {
     let entry = classes.entry(class.name().to_owned()).or_default();
     if !entry.split('+').any(|f| f == format) {
         if !entry.is_empty() {
