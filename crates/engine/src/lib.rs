@@ -7,6 +7,7 @@ pub mod experts;
 pub mod ffn;
 mod flow;
 mod gdn;
+pub mod measure;
 pub mod qwen4;
 pub mod sampling;
 pub mod session;

@@ -86,25 +86,10 @@ pub fn measure_read_bandwidth(bytes: usize) -> f64 {
     best
 }
 
-/// Peak resident set size of this process (VmHWM), in bytes; 0 where /proc is unavailable.
-pub fn peak_rss_bytes() -> u64 {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return 0;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
+pub use spindle_engine::measure::peak_rss_bytes;
 
-/// A deterministic prompt of ordinary token ids (below the special tokens).
 fn prompt_ids(engine: &Engine, n: usize) -> Vec<u32> {
-    let vocab = engine.config().vocab_size as u64;
-    let span = vocab.saturating_sub(512).max(1);
-    (0..n as u64)
-        .map(|i| ((i * 7919 + 17) % span) as u32)
-        .collect()
+    spindle_engine::measure::synthetic_prompt(engine.config().vocab_size, n)
 }
 
 /// One prefill of `prompt` and `gen` greedy decode steps; returns (prefill s, decode s).
