@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use spindle_model::layout::{checkpoint_tensors, ExpertKeys};
-use spindle_model::synth::{shape_config, truncate_layers, write_checkpoint, SHAPES};
+use spindle_model::synth::{shape_config, truncate_layers, write_checkpoint_with, SHAPES};
 use spindle_model::ModelConfig;
 
 #[derive(Debug, Args)]
@@ -32,6 +32,12 @@ pub struct SynthArgs {
     /// Seed of the random weights.
     #[arg(long, default_value_t = 0x5eed)]
     pub seed: u64,
+
+    /// Write the routed experts as zeros in sparse files (no disk space): a full-size
+    /// checkpoint on a small disk, to `spindle convert` into an install for streaming
+    /// benchmarks (the install stores and reads every expert byte; outputs are meaningless).
+    #[arg(long)]
+    pub zero_experts: bool,
 
     /// Largest safetensors shard, in GiB.
     #[arg(long, default_value_t = 4.0)]
@@ -75,9 +81,14 @@ pub fn run(args: &SynthArgs) -> Result<ExitCode> {
     let tmp = args.out.with_extension("partial");
     let _ = std::fs::remove_dir_all(&tmp);
     let shard_bytes = (args.shard_gib * (1u64 << 30) as f64) as usize;
-    write_checkpoint(&tmp, &config, args.seed, shard_bytes, &mut |done| {
-        bar.set_position(done)
-    })?;
+    write_checkpoint_with(
+        &tmp,
+        &config,
+        args.seed,
+        shard_bytes,
+        args.zero_experts,
+        &mut |done| bar.set_position(done),
+    )?;
     std::fs::rename(&tmp, &args.out)
         .with_context(|| format!("renaming {} to {}", tmp.display(), args.out.display()))?;
     bar.finish_and_clear();

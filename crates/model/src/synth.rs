@@ -190,6 +190,20 @@ pub fn write_checkpoint(
     shard_bytes: usize,
     progress: &mut dyn FnMut(u64),
 ) -> Result<()> {
+    write_checkpoint_with(dir, config_json, seed, shard_bytes, false, progress)
+}
+
+/// [`write_checkpoint`], optionally writing the routed experts as zeros in sparse files (holes
+/// take no disk space), so a checkpoint far larger than the disk can be converted to an install
+/// for streaming benchmarks: the install still holds and reads every expert byte.
+pub fn write_checkpoint_with(
+    dir: &Path,
+    config_json: &Value,
+    seed: u64,
+    shard_bytes: usize,
+    zero_experts: bool,
+    progress: &mut dyn FnMut(u64),
+) -> Result<()> {
     let config_path = dir.join("config.json");
     let config = ModelConfig::from_json_str(&config_json.to_string(), &config_path)?;
     std::fs::create_dir_all(dir).map_err(|error| ModelError::Io {
@@ -235,6 +249,13 @@ pub fn write_checkpoint(
             .collect();
         let mut writer = SafetensorsWriter::create(&dir.join(&file), headers)?;
         for t in shard {
+            if zero_experts && t.class == crate::layout::TensorClass::RoutedExperts {
+                total += (t.elements() * 2) as u64;
+                writer.write_zeros()?;
+                weight_map.insert(t.name.clone(), json!(file));
+                progress(total);
+                continue;
+            }
             let bytes = match t.dtype {
                 SpecDtype::I64 => ngram_buffer(&config, t),
                 _ => random_bf16(t, seed),
@@ -320,6 +341,39 @@ mod tests {
             dir.join("model.safetensors.index.json").exists(),
             "small shards force an index"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod zero_expert_tests {
+    use super::*;
+
+    #[test]
+    fn zero_experts_are_holes_that_read_as_zeros() {
+        let dir = std::env::temp_dir().join(format!("spindle-synth-zero-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut c = demo_config(4096);
+        c["moe_intermediate_size"] = json!(1024);
+        write_checkpoint_with(&dir, &c, 1, usize::MAX, true, &mut |_| {}).unwrap();
+        let ck = crate::Checkpoint::open(&dir).unwrap();
+        let name = "model.layers.0.mlp.experts.gate_up_proj";
+        let m = ck.matrix(name, &[8, 2048, 128]).unwrap();
+        assert!(
+            m.to_f32().iter().all(|&v| v == 0.0),
+            "experts read as zeros"
+        );
+        let router = ck
+            .matrix("model.layers.0.mlp.gate.weight", &[8, 128])
+            .unwrap();
+        assert!(
+            router.to_f32().iter().any(|&v| v != 0.0),
+            "other tensors stay random"
+        );
+        // The file is as long as the header says but occupies less disk than its length.
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(dir.join("model.safetensors")).unwrap();
+        assert!(meta.blocks() * 512 < meta.len(), "experts should be holes");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

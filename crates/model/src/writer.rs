@@ -3,7 +3,7 @@
 //! tensor. Files are written under a temporary name and renamed when complete.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
@@ -96,6 +96,17 @@ impl SafetensorsWriter {
         Ok(())
     }
 
+    /// Writes the next tensor as zeros by leaving a hole in the file: on file systems with
+    /// sparse files it takes no disk space (reads return zeros).
+    pub fn write_zeros(&mut self) -> Result<()> {
+        let len = self.headers[self.next].byte_len() as i64;
+        self.out
+            .seek(SeekFrom::Current(len))
+            .map_err(io_err(&self.tmp))?;
+        self.next += 1;
+        Ok(())
+    }
+
     /// Writes part of the current tensor; `done` marks its last part.
     pub fn write_part(&mut self, bytes: &[u8], done: bool) -> Result<()> {
         self.out.write_all(bytes).map_err(io_err(&self.tmp))?;
@@ -112,10 +123,13 @@ impl SafetensorsWriter {
             self.headers.len(),
             "not every tensor was written"
         );
-        let file = self
+        let mut file = self
             .out
             .into_inner()
             .map_err(|e| io_err(&self.tmp)(e.into_error()))?;
+        // A trailing hole (zeros written last) must still count towards the length.
+        let end = file.stream_position().map_err(io_err(&self.tmp))?;
+        file.set_len(end).map_err(io_err(&self.tmp))?;
         file.sync_all().map_err(io_err(&self.tmp))?;
         std::fs::rename(&self.tmp, &self.path).map_err(io_err(&self.path))?;
         Ok(())
