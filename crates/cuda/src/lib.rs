@@ -33,7 +33,6 @@ use std::path::Path;
 use spindle_engine::weights::ModelWeights;
 use spindle_engine::{EngineError, GreedyRun, LogitsFor};
 use spindle_kernels::rope::RopeFreqs;
-use spindle_kernels::softmax::argmax;
 use spindle_model::quant::QuantFormat;
 use spindle_model::{Checkpoint, ModelConfig};
 
@@ -273,24 +272,9 @@ impl CudaEngine {
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache, in
     /// the layout of [`spindle_engine::Engine::greedy`].
     pub fn greedy(&self, prompt: &[u32], steps: usize) -> Result<GreedyRun> {
-        let vocab = self.config.vocab_size;
         let mut session = self.new_session()?;
-        let prefill_logits = self.forward(&mut session, prompt, LogitsFor::All)?;
-        let mut decode_logits = Vec::with_capacity(steps * vocab);
-        let mut gen_ids = Vec::with_capacity(steps);
-        let mut last = prefill_logits[prefill_logits.len() - vocab..].to_vec();
-        for step in 0..steps {
-            let next = argmax(&last) as u32;
-            gen_ids.push(next);
-            decode_logits.extend_from_slice(&last);
-            if step + 1 < steps {
-                last = self.forward(&mut session, &[next], LogitsFor::Last)?;
-            }
-        }
-        Ok(GreedyRun {
-            prefill_logits,
-            gen_ids,
-            decode_logits,
+        GreedyRun::collect(self.config.vocab_size, prompt, steps, |ids, want| {
+            self.forward(&mut session, ids, want)
         })
     }
 }

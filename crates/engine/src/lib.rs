@@ -243,9 +243,23 @@ impl Engine {
 
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache.
     pub fn greedy(&self, prompt: &[u32], steps: usize) -> Result<GreedyRun> {
-        let vocab = self.config.vocab_size;
         let mut session = self.new_session();
-        let prefill_logits = self.forward(&mut session, prompt, LogitsFor::All)?;
+        GreedyRun::collect(self.config.vocab_size, prompt, steps, |ids, want| {
+            self.forward(&mut session, ids, want)
+        })
+    }
+}
+
+impl GreedyRun {
+    /// Prefill of `prompt`, then `steps` greedy tokens fed back one at a time through
+    /// `forward(ids, want)` (a session's forward pass on any backend).
+    pub fn collect<E>(
+        vocab: usize,
+        prompt: &[u32],
+        steps: usize,
+        mut forward: impl FnMut(&[u32], LogitsFor) -> std::result::Result<Vec<f32>, E>,
+    ) -> std::result::Result<GreedyRun, E> {
+        let prefill_logits = forward(prompt, LogitsFor::All)?;
         let mut decode_logits = Vec::with_capacity(steps * vocab);
         let mut gen_ids = Vec::with_capacity(steps);
         let mut last = prefill_logits[prefill_logits.len() - vocab..].to_vec();
@@ -254,7 +268,7 @@ impl Engine {
             gen_ids.push(next);
             decode_logits.extend_from_slice(&last);
             if step + 1 < steps {
-                last = self.forward(&mut session, &[next], LogitsFor::Last)?;
+                last = forward(&[next], LogitsFor::Last)?;
             }
         }
         Ok(GreedyRun {
