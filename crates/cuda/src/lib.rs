@@ -31,7 +31,7 @@ mod weights;
 use std::path::Path;
 
 use spindle_engine::weights::ModelWeights;
-use spindle_engine::{EngineError, GreedyRun, LogitsFor};
+use spindle_engine::{GreedyRun, LogitsFor};
 use spindle_kernels::rope::RopeFreqs;
 use spindle_model::quant::QuantFormat;
 use spindle_model::{Checkpoint, ModelConfig};
@@ -220,31 +220,7 @@ impl CudaEngine {
     }
 
     fn check_ids(&self, session: &CudaSession, ids: &[u32]) -> Result<()> {
-        if ids.is_empty() {
-            return Err(EngineError::EmptyInput.into());
-        }
-        let vocab_size = self.config.vocab_size;
-        if let Some((i, &id)) = ids
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= vocab_size)
-        {
-            return Err(EngineError::InvalidToken {
-                id,
-                position: session.position + i,
-                vocab_size,
-            }
-            .into());
-        }
-        let requested = session.position + ids.len();
-        if requested > self.config.max_position_embeddings {
-            return Err(EngineError::ContextOverflow {
-                requested,
-                limit: self.config.max_position_embeddings,
-            }
-            .into());
-        }
-        Ok(())
+        spindle_engine::check_input(&self.config, session.position, ids).map_err(Into::into)
     }
 
     /// Feeds `ids` to the session and returns logits `[rows, V]` (row-major) for the positions

@@ -209,28 +209,7 @@ impl Engine {
     /// Feeds `ids` to the session and returns logits `[rows, V]` (row-major) for the positions
     /// `want` asks for. A prompt is one call (prefill); decoding is one call per token.
     pub fn forward(&self, session: &mut Session, ids: &[u32], want: LogitsFor) -> Result<Vec<f32>> {
-        if ids.is_empty() {
-            return Err(EngineError::EmptyInput);
-        }
-        let vocab_size = self.config.vocab_size;
-        if let Some((i, &id)) = ids
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= vocab_size)
-        {
-            return Err(EngineError::InvalidToken {
-                id,
-                position: session.position + i,
-                vocab_size,
-            });
-        }
-        let requested = session.position + ids.len();
-        if requested > self.config.max_position_embeddings {
-            return Err(EngineError::ContextOverflow {
-                requested,
-                limit: self.config.max_position_embeddings,
-            });
-        }
+        check_input(&self.config, session.position, ids)?;
         Ok(flow::forward(
             &self.config,
             &self.weights,
@@ -248,6 +227,34 @@ impl Engine {
             self.forward(&mut session, ids, want)
         })
     }
+}
+
+/// Refuses an empty input, a token outside the vocabulary and a sequence longer than the
+/// context: the checks every backend makes before a forward pass from `position`.
+pub fn check_input(config: &ModelConfig, position: usize, ids: &[u32]) -> Result<()> {
+    if ids.is_empty() {
+        return Err(EngineError::EmptyInput);
+    }
+    let vocab_size = config.vocab_size;
+    if let Some((i, &id)) = ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= vocab_size)
+    {
+        return Err(EngineError::InvalidToken {
+            id,
+            position: position + i,
+            vocab_size,
+        });
+    }
+    let requested = position + ids.len();
+    if requested > config.max_position_embeddings {
+        return Err(EngineError::ContextOverflow {
+            requested,
+            limit: config.max_position_embeddings,
+        });
+    }
+    Ok(())
 }
 
 impl GreedyRun {
