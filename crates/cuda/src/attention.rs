@@ -10,7 +10,7 @@ use spindle_model::ModelConfig;
 
 use crate::device::{f, i, p, threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::linear::{linear, project};
+use crate::linear::{Io, MATVEC_MAX_TOKENS};
 use crate::session::KvCache;
 use crate::weights::GpuAttention;
 
@@ -25,11 +25,21 @@ pub struct AttentionCtx<'a> {
     pub eps: f32,
 }
 
-/// Grows the cache to hold at least `needed` tokens, keeping its contents.
-pub fn reserve(dev: &Device, cache: &mut KvCache, needed: usize, row: usize) -> Result<()> {
+/// Keys per flash-decoding split (`ATT_SPLIT` in attention.cu).
+const SPLIT: usize = 32;
+
+/// Grows the cache to hold at least `needed` tokens, keeping its contents (and the
+/// flash-decoding partials sized for that capacity).
+pub fn reserve(
+    dev: &Device,
+    cache: &mut KvCache,
+    needed: usize,
+    a: &spindle_model::AttentionConfig,
+) -> Result<()> {
     if needed <= cache.capacity {
         return Ok(());
     }
+    let row = a.num_kv_heads * a.head_dim;
     let capacity = needed.max(cache.capacity * 2).max(256);
     let mut keys = dev.zeros(capacity * row)?;
     let mut values = dev.zeros(capacity * row)?;
@@ -37,31 +47,39 @@ pub fn reserve(dev: &Device, cache: &mut KvCache, needed: usize, row: usize) -> 
     dev.copy(&cache.values, &mut values, cache.capacity * row)?;
     cache.keys = keys;
     cache.values = values;
+    cache.partials =
+        dev.zeros(MATVEC_MAX_TOKENS * a.num_heads * capacity.div_ceil(SPLIT) * (a.head_dim + 2))?;
     cache.capacity = capacity;
     cache.generation += 1;
     Ok(())
 }
 
-/// Runs `tokens` tokens at positions `start..` through one attention layer. `x` is the
-/// normed input `[tokens, H]`; returns `[tokens, H]`.
+/// Runs `tokens` tokens at positions `start..` through one attention layer (input and output
+/// as `io`; QSA selection needs the split form, which qwen4_exp's hyper-connections give).
 pub fn forward(
     dev: &Device,
     ctx: &AttentionCtx,
     w: &GpuAttention,
     cache: &mut KvCache,
-    x: &DevBuf<f32>,
+    io: Io,
     tokens: usize,
     start: usize,
     start_dev: u64,
-) -> Result<DevBuf<f32>> {
+) -> Result<Option<DevBuf<f32>>> {
     let a = &ctx.config.attention;
     let hidden = ctx.config.hidden_size;
     let (n_h, n_kv, d) = (a.num_heads, a.num_kv_heads, a.head_dim);
 
-    let selection = select(dev, ctx, cache, x, tokens, start)?;
+    let selection = match io {
+        Io::Split(x) => select(dev, ctx, cache, x, tokens, start)?,
+        Io::Fused { .. } => {
+            debug_assert!(ctx.config.qsa.is_none(), "QSA layers run split");
+            None
+        }
+    };
 
-    let qkv = project(dev, &w.qkv, x.ptr(), hidden, tokens)?;
-    reserve(dev, cache, start + tokens, n_kv * d)?;
+    let qkv = io.project(dev, &w.qkv, hidden, tokens)?;
+    reserve(dev, cache, start + tokens, a)?;
     let q = dev.scratch::<f32>(tokens * n_h * d)?;
     let gate = dev.scratch::<f32>(tokens * n_h * d)?;
     dev.launch(
@@ -90,6 +108,54 @@ pub fn forward(
     )?;
 
     let out = dev.scratch::<f32>(tokens * n_h * d)?;
+    let flash = selection.is_none()
+        && tokens <= MATVEC_MAX_TOKENS
+        && d % 4 == 0
+        && d <= 256
+        && n_h % n_kv == 0;
+    let split_shared = 4 * (n_h / n_kv * d + SPLIT * (d + 4) + n_h / n_kv * SPLIT);
+    let splits = cache.capacity.div_ceil(SPLIT);
+    if flash
+        && split_shared <= dev.shared_limit("attn_split")
+        && 4 * splits <= dev.shared_limit("attn_combine")
+    {
+        dev.launch(
+            "attn_split",
+            (n_kv as u32, splits as u32, tokens as u32),
+            256,
+            split_shared as u32,
+            &[
+                p(q.ptr()),
+                p(cache.keys.ptr()),
+                p(cache.values.ptr()),
+                p(cache.partials.ptr()),
+                i(splits),
+                i(n_h),
+                i(n_kv),
+                i(d),
+                i(start),
+                p(start_dev),
+                f(1.0 / (d as f32).sqrt()),
+            ],
+        )?;
+        dev.launch(
+            "attn_combine",
+            (n_h as u32, tokens as u32, 1),
+            256,
+            (4 * splits) as u32,
+            &[
+                p(cache.partials.ptr()),
+                i(splits),
+                p(gate.ptr()),
+                p(out.ptr()),
+                i(n_h),
+                i(d),
+                i(start),
+                p(start_dev),
+            ],
+        )?;
+        return io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens);
+    }
     let (sel, counts, stride) = match &selection {
         Some((sel, counts, stride)) => (sel.ptr(), counts.ptr(), *stride),
         None => (0, 0, 0),
@@ -116,18 +182,7 @@ pub fn forward(
             f(1.0 / (d as f32).sqrt()),
         ],
     )?;
-    let y = dev.scratch::<f32>(tokens * hidden)?;
-    linear(
-        dev,
-        &w.o_proj,
-        out.ptr(),
-        n_h * d,
-        y.ptr(),
-        hidden,
-        tokens,
-        false,
-    )?;
-    Ok(y)
+    io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens)
 }
 
 /// Selected positions per token `[tokens, stride]` (i32), their counts, and the stride; `None`

@@ -124,6 +124,7 @@ pub fn run(engine: &CudaEngine, options: &BenchOptions) -> Result<BenchReport> {
         for _ in 0..gen.min(8) {
             next = engine.decode_argmax(&mut session, next)?;
         }
+        engine.dev.profile_report()?; // drop what the prompt and warm-up recorded
         let mut speeds = Vec::new();
         for _ in 0..runs {
             engine.sync()?;
@@ -135,6 +136,7 @@ pub fn run(engine: &CudaEngine, options: &BenchOptions) -> Result<BenchReport> {
         }
         let stat = Stat::of(speeds);
         tracing::info!(context, tokens_per_s = stat.median, "decode measured");
+        print_profile(engine, context, runs * gen)?;
         decode.push(DecodeAt {
             context,
             tokens_per_s: stat,
@@ -152,4 +154,31 @@ pub fn run(engine: &CudaEngine, options: &BenchOptions) -> Result<BenchReport> {
         measured_bandwidth_bytes_per_s: bandwidth,
         peak_rss_bytes: peak_rss_bytes(),
     })
+}
+
+/// With `SPINDLE_CUDA_PROFILE=1`: the kernel time of one decode step at `context`, by kernel
+/// and grid (on stderr; the timed steps ran without graphs, one event pair per launch).
+fn print_profile(engine: &CudaEngine, context: usize, steps: usize) -> Result<()> {
+    let lines = engine.dev.profile_report()?;
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let total: f64 = lines.iter().map(|l| l.total_us).sum();
+    let launches: usize = lines.iter().map(|l| l.calls).sum();
+    eprintln!(
+        "kernel time per decode step at context {context}: {:.1} us in {} launches",
+        total / steps as f64,
+        launches / steps
+    );
+    for l in &lines {
+        eprintln!(
+            "  {:>9.1} us {:>5.1}% {:>5}x {:<20} grid {:?}",
+            l.total_us / steps as f64,
+            100.0 * l.total_us / total,
+            l.calls / steps,
+            l.name,
+            l.grid
+        );
+    }
+    Ok(())
 }

@@ -9,16 +9,18 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    ValidAsZeroBits,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use crate::error::{CudaError, DriverContext, Result};
 
 /// The CUDA C sources, concatenated into one program.
-const SOURCES: [&str; 7] = [
+const SOURCES: [&str; 8] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/linear.cu"),
+    include_str!("kernels/decode.cu"),
     include_str!("kernels/elementwise.cu"),
     include_str!("kernels/moe.cu"),
     include_str!("kernels/gdn.cu"),
@@ -27,7 +29,7 @@ const SOURCES: [&str; 7] = [
 ];
 
 /// Every `extern "C" __global__` function the sources define.
-const KERNELS: [&str; 29] = [
+const KERNELS: [&str; 48] = [
     "matvec_bf16",
     "matvec_q8",
     "matvec_q4",
@@ -57,6 +59,25 @@ const KERNELS: [&str; 29] = [
     "hc_inject",
     "ple_gates",
     "ple_conv",
+    "dmv_bf16_t1",
+    "dmv_q8_t1",
+    "dmv_q4_t1",
+    "dmv_bf16_t8",
+    "dmv_q8_t8",
+    "dmv_q4_t8",
+    "dmoe_gate_up_bf16",
+    "dmoe_gate_up_q8",
+    "dmoe_gate_up_q4",
+    "dmoe_down_bf16",
+    "dmoe_down_q8",
+    "dmoe_down_q4",
+    "dmoe_route",
+    "argmax_multi",
+    "attn_split",
+    "attn_combine",
+    "gdn_step_r1",
+    "gdn_step_r2",
+    "gdn_step_r4",
 ];
 
 /// PTX of every kernel for `arch` (e.g. `sm_90`), compiled by NVRTC at most once per process.
@@ -164,14 +185,37 @@ pub fn f(v: f32) -> Arg {
     Arg::Float(v)
 }
 
+/// Per-kernel timing (`SPINDLE_CUDA_PROFILE=1`): an event pair around every launch, summed
+/// by kernel and grid when [`Device::profile_report`] is asked for. Graphs are off meanwhile.
+#[derive(Default)]
+struct Profile {
+    records: Vec<(&'static str, (u32, u32, u32), CudaEvent, CudaEvent)>,
+}
+
+/// One line of [`Device::profile_report`].
+#[derive(Clone, Debug)]
+pub struct KernelTime {
+    pub name: &'static str,
+    pub grid: (u32, u32, u32),
+    pub calls: usize,
+    pub total_us: f64,
+}
+
 /// One CUDA device: context, the stream every operation runs on, and the loaded kernels.
 pub struct Device {
     arena: Mutex<Option<Arena>>,
+    profile: Option<Mutex<Profile>>,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     kernels: HashMap<&'static str, CudaFunction>,
     name: String,
     arch: String,
+    /// Streaming multiprocessors.
+    sms: u32,
+    /// The most dynamic shared memory one block may have (opted in for every kernel).
+    max_shared: usize,
+    /// Resident blocks per multiprocessor, by (kernel, threads, dynamic shared bytes).
+    occupancy: Mutex<HashMap<(&'static str, u32, usize), u32>>,
 }
 
 impl Device {
@@ -205,22 +249,89 @@ impl Device {
         let module = ctx
             .load_module(Ptx::from_src(ptx))
             .during("loading the compiled kernels")?;
+        use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+        let sms = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .during("reading the multiprocessor count")? as u32;
+        let max_shared = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .during("reading the shared memory limit")? as usize;
         let mut kernels = HashMap::new();
         for name in KERNELS {
             let func = module
                 .load_function(name)
                 .during(&format!("looking up kernel {name}"))?;
+            // Opt in to all the shared memory a block can have (the decode kernels stage
+            // their inputs there); the launch still asks only for what it needs.
+            let static_bytes = func
+                .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+                .during(&format!("reading kernel {name}'s shared memory"))?
+                as usize;
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                max_shared.saturating_sub(static_bytes) as i32,
+            )
+            .during(&format!("raising kernel {name}'s shared memory limit"))?;
             kernels.insert(name, func);
         }
         tracing::info!(ordinal, name = %name, arch = %arch, "CUDA device ready");
+        let profile = std::env::var_os("SPINDLE_CUDA_PROFILE")
+            .is_some_and(|v| v != "0")
+            .then(|| Mutex::new(Profile::default()));
         Ok(Device {
             arena: Mutex::new(None),
+            profile,
             ctx,
             stream,
             kernels,
             name,
             arch,
+            sms,
+            max_shared,
+            occupancy: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The dynamic shared memory kernel `name` may ask for per block.
+    pub fn shared_limit(&self, name: &'static str) -> usize {
+        let func = self.function(name);
+        let static_bytes = func
+            .get_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            )
+            .unwrap_or(0) as usize;
+        self.max_shared.saturating_sub(static_bytes)
+    }
+
+    /// Blocks for a grid-stride kernel with `wanted` blocks of work: no more than fit on the
+    /// GPU at once (extra blocks would only repeat the input staging).
+    pub fn resident_grid(
+        &self,
+        name: &'static str,
+        threads: u32,
+        shared_bytes: usize,
+        wanted: usize,
+    ) -> Result<u32> {
+        let mut cache = self.occupancy.lock().unwrap_or_else(|e| e.into_inner());
+        let per_sm = match cache.get(&(name, threads, shared_bytes)) {
+            Some(&n) => n,
+            None => {
+                let n = self
+                    .function(name)
+                    .occupancy_max_active_blocks_per_multiprocessor(threads, shared_bytes, None)
+                    .during(&format!("reading kernel {name}'s occupancy"))?
+                    .max(1);
+                cache.insert((name, threads, shared_bytes), n);
+                n
+            }
+        };
+        Ok((wanted.max(1) as u64).min(per_sm as u64 * self.sms as u64) as u32)
+    }
+
+    fn function(&self, name: &'static str) -> &CudaFunction {
+        self.kernels
+            .get(name)
+            .unwrap_or_else(|| panic!("kernel {name} is not in KERNELS"))
     }
 
     /// e.g. "NVIDIA H200 (sm_90)".
@@ -404,10 +515,7 @@ impl Device {
         shared_bytes: u32,
         args: &[Arg],
     ) -> Result<()> {
-        let func = self
-            .kernels
-            .get(name)
-            .unwrap_or_else(|| panic!("kernel {name} is not in KERNELS"));
+        let func = self.function(name);
         // Each argument in an 8-byte slot; 4-byte values sit in the low half (little endian).
         let mut slots: Vec<u64> = args
             .iter()
@@ -421,6 +529,14 @@ impl Device {
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
+        let timing = |what| {
+            let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            self.stream.record_event(flags).during(what)
+        };
+        let start = match &self.profile {
+            Some(_) => Some(timing("recording a profiling event")?),
+            None => None,
+        };
         // SAFETY: the argument list matches the kernel's signature (each call site mirrors the
         // CUDA declaration), and every address points into a live buffer of the right size.
         unsafe {
@@ -433,7 +549,44 @@ impl Device {
                 &mut params,
             )
         }
-        .during(&format!("launching kernel {name}"))
+        .during(&format!("launching kernel {name}"))?;
+        if let (Some(profile), Some(start)) = (&self.profile, start) {
+            let end = timing("recording a profiling event")?;
+            let mut profile = profile.lock().unwrap_or_else(|e| e.into_inner());
+            profile.records.push((name, grid, start, end));
+        }
+        Ok(())
+    }
+
+    /// Whether launches are being timed (`SPINDLE_CUDA_PROFILE=1`).
+    pub fn profiling(&self) -> bool {
+        self.profile.is_some()
+    }
+
+    /// The kernel time recorded since the last report, by kernel and grid, largest first;
+    /// empty when not profiling.
+    pub fn profile_report(&self) -> Result<Vec<KernelTime>> {
+        let Some(profile) = &self.profile else {
+            return Ok(Vec::new());
+        };
+        self.sync()?;
+        let records =
+            std::mem::take(&mut profile.lock().unwrap_or_else(|e| e.into_inner()).records);
+        let mut by_kernel: HashMap<(&'static str, (u32, u32, u32)), KernelTime> = HashMap::new();
+        for (name, grid, start, end) in records {
+            let ms = start.elapsed_ms(&end).during("reading a profiling event")?;
+            let line = by_kernel.entry((name, grid)).or_insert(KernelTime {
+                name,
+                grid,
+                calls: 0,
+                total_us: 0.0,
+            });
+            line.calls += 1;
+            line.total_us += ms as f64 * 1e3;
+        }
+        let mut lines: Vec<KernelTime> = by_kernel.into_values().collect();
+        lines.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+        Ok(lines)
     }
 
     /// A grid-stride elementwise launch over `n` elements.

@@ -5,18 +5,34 @@ use spindle_model::ModelConfig;
 
 use crate::device::{i, p, threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::linear::{linear, project, WFormat};
+use crate::linear::{
+    decode_linear, linear, project, staged_bytes, DecodeIn, DecodeOut, DevPart, Io, WFormat,
+    MATVEC_MAX_TOKENS,
+};
 use crate::weights::{GpuMlp, GpuMoe};
 
-/// `down(silu(gate(x)) ⊙ up(x))` for `[tokens, H]`.
+/// `down(silu(gate(x)) ⊙ up(x))` for `[tokens, H]` (input and output as `io`).
 pub fn mlp(
     dev: &Device,
     w: &GpuMlp,
-    x: &DevBuf<f32>,
+    io: Io,
     tokens: usize,
     hidden: usize,
-) -> Result<DevBuf<f32>> {
+) -> Result<Option<DevBuf<f32>>> {
     let inter = w.down.cols;
+    let x = match io {
+        Io::Split(x) if tokens > MATVEC_MAX_TOKENS => x,
+        _ => {
+            let act = dev.scratch::<f32>(tokens * inter)?;
+            let out = DecodeOut::SwiGlu {
+                y: act.ptr(),
+                ldy: inter,
+            };
+            let input = io.input(hidden, 0);
+            decode_linear(dev, &w.gate_up, 0..2 * inter, input, tokens, out)?;
+            return io.finish(dev, &w.down, act.ptr(), inter, hidden, tokens);
+        }
+    };
     let gu = project(dev, &w.gate_up, x.ptr(), hidden, tokens)?;
     let act = dev.scratch::<f32>(tokens * inter)?;
     dev.launch_elementwise(
@@ -43,11 +59,287 @@ pub fn mlp(
         tokens,
         false,
     )?;
-    Ok(y)
+    Ok(Some(y))
 }
 
-/// The MoE block for `[tokens, H]`: sigmoid-gated shared expert plus the weighted top-k experts.
+/// The MoE block for `[tokens, H]`: sigmoid-gated shared expert plus the weighted top-k
+/// experts (input and output as `io`).
 pub fn moe(
+    dev: &Device,
+    config: &ModelConfig,
+    w: &GpuMoe,
+    io: Io,
+    tokens: usize,
+) -> Result<Option<DevBuf<f32>>> {
+    if tokens <= MATVEC_MAX_TOKENS {
+        if let Some(plan) = DecodePlan::new(dev, config, w, tokens) {
+            return moe_decode(dev, config, w, io, tokens, &plan);
+        }
+    }
+    let x = match io {
+        Io::Split(x) => moe_general(dev, config, w, x, tokens)?,
+        Io::Fused { .. } => {
+            let x = io.materialize(dev, config.hidden_size, tokens)?;
+            moe_general(dev, config, w, &x, tokens)?
+        }
+    };
+    io.give(dev, x)
+}
+
+/// How the decode kernels run one MoE block: the routed experts' format, and whether the
+/// shared expert rides along in the same launches (same format) or runs on its own.
+struct DecodePlan {
+    fmt: WFormat,
+    /// The shared gate|up rows' block and first row in it, when it shares `fmt`.
+    shared_gate_up: Option<(usize, usize)>,
+    shared_down: bool,
+    gate_up_shared_bytes: usize,
+    down_shared_bytes: usize,
+}
+
+impl DecodePlan {
+    fn new(dev: &Device, config: &ModelConfig, w: &GpuMoe, tokens: usize) -> Option<Self> {
+        let cfg = config.moe.as_ref()?;
+        let (hidden, k, inter, shared) = (
+            config.hidden_size,
+            cfg.top_k,
+            cfg.expert_intermediate,
+            cfg.shared_intermediate,
+        );
+        let (gu, down) = (&w.experts_gate_up, &w.experts_down);
+        let fmt = gu.fmt;
+        let unit = match fmt {
+            WFormat::Bf16 => 8,
+            WFormat::Q8 | WFormat::Q4 => 32,
+        };
+        if down.fmt != fmt
+            || hidden % unit != 0
+            || inter % unit != 0
+            || !gu.vec_ok()
+            || !down.vec_ok()
+        {
+            return None;
+        }
+        let e_count = cfg.num_experts;
+        let rows = e_count + 1..e_count + 1 + 2 * shared;
+        let shared_gate_up = w
+            .input
+            .parts
+            .iter()
+            .enumerate()
+            .find_map(|(n, (row0, part))| {
+                (part.fmt == fmt
+                    && part.vec_ok()
+                    && rows.start >= *row0
+                    && rows.end <= row0 + part.rows)
+                    .then_some((n, rows.start - row0))
+            });
+        let shared_down = match w.shared_down.parts.as_slice() {
+            [(0, part)] => part.fmt == fmt && part.vec_ok() && shared % unit == 0,
+            _ => false,
+        };
+        let gate_up_shared_bytes = staged_bytes(fmt, tokens, hidden);
+        let routed = staged_bytes(fmt, tokens * k, inter).next_multiple_of(16);
+        let down_shared_bytes = routed
+            + if shared_down {
+                staged_bytes(fmt, tokens, shared)
+            } else {
+                0
+            };
+        let fits = gate_up_shared_bytes <= dev.shared_limit(gate_up_kernel(fmt))
+            && down_shared_bytes <= dev.shared_limit(down_kernel(fmt));
+        fits.then_some(DecodePlan {
+            fmt,
+            shared_gate_up,
+            shared_down,
+            gate_up_shared_bytes,
+            down_shared_bytes,
+        })
+    }
+}
+
+fn gate_up_kernel(fmt: WFormat) -> &'static str {
+    match fmt {
+        WFormat::Bf16 => "dmoe_gate_up_bf16",
+        WFormat::Q8 => "dmoe_gate_up_q8",
+        WFormat::Q4 => "dmoe_gate_up_q4",
+    }
+}
+
+fn down_kernel(fmt: WFormat) -> &'static str {
+    match fmt {
+        WFormat::Bf16 => "dmoe_down_bf16",
+        WFormat::Q8 => "dmoe_down_q8",
+        WFormat::Q4 => "dmoe_down_q4",
+    }
+}
+
+/// The address of row `row` of `part` (codes, scales).
+fn row_ptrs(part: &DevPart, row: usize) -> (u64, u64) {
+    (
+        part.codes.ptr() + (row * part.fmt.row_bytes(part.cols)) as u64,
+        part.scales.ptr() + (row * part.fmt.row_scales(part.cols) * 2) as u64,
+    )
+}
+
+/// Decode MoE in four launches: the router and shared-expert gate rows (the norm fused in,
+/// the normed input kept), routing, every selected expert's SwiGLU (with the shared
+/// expert's), and the weighted down projections added into the output.
+fn moe_decode(
+    dev: &Device,
+    config: &ModelConfig,
+    w: &GpuMoe,
+    io: Io,
+    tokens: usize,
+    plan: &DecodePlan,
+) -> Result<Option<DevBuf<f32>>> {
+    let cfg = config.moe.as_ref().expect("checked by the plan");
+    let hidden = config.hidden_size;
+    let (e_count, k, inter, shared) = (
+        cfg.num_experts,
+        cfg.top_k,
+        cfg.expert_intermediate,
+        cfg.shared_intermediate,
+    );
+    // Router logits and the shared expert's gate logit: [tokens, E + 1].
+    let ld = e_count + 1;
+    let logits = dev.scratch::<f32>(tokens * ld)?;
+    let (xn_buf, x) = match io {
+        Io::Split(x) => (None, x.ptr()),
+        Io::Fused { .. } => {
+            let xn = dev.scratch::<f32>(tokens * hidden)?;
+            let ptr = xn.ptr();
+            (Some(xn), ptr)
+        }
+    };
+    let input = io.input(hidden, if xn_buf.is_some() { x } else { 0 });
+    let out = DecodeOut::Store {
+        y: logits.ptr(),
+        ldy: ld,
+    };
+    decode_linear(dev, &w.input, 0..ld, input, tokens, out)?;
+
+    let idx = dev.scratch::<i32>(tokens * k)?;
+    let wt = dev.scratch::<f32>(tokens * k)?;
+    let probs = dev.scratch::<f32>(tokens * e_count)?;
+    dev.launch(
+        "dmoe_route",
+        (tokens.div_ceil(8) as u32, 1, 1),
+        256,
+        0,
+        &[
+            p(logits.ptr()),
+            i(ld),
+            i(e_count),
+            i(k),
+            i(cfg.renormalize as usize),
+            p(probs.ptr()),
+            i(tokens),
+            p(idx.ptr()),
+            p(wt.ptr()),
+        ],
+    )?;
+
+    let act = dev.scratch::<f32>(tokens * k * inter)?;
+    let act_s = dev.scratch::<f32>(tokens * shared)?;
+    let (gu, down) = (&w.experts_gate_up, &w.experts_down);
+    let (sgu, sgs) = match plan.shared_gate_up {
+        Some((n, first)) => row_ptrs(&w.input.parts[n].1, first),
+        None => (0, 0),
+    };
+    let items = tokens * k * inter + if sgu != 0 { tokens * shared } else { 0 };
+    let kernel = gate_up_kernel(plan.fmt);
+    let grid = dev.resident_grid(kernel, 256, plan.gate_up_shared_bytes, items.div_ceil(8))?;
+    dev.launch(
+        kernel,
+        (grid, 1, 1),
+        256,
+        plan.gate_up_shared_bytes as u32,
+        &[
+            p(gu.codes.ptr()),
+            p(gu.scales.ptr()),
+            p(sgu),
+            p(sgs),
+            p(x),
+            i(tokens),
+            p(idx.ptr()),
+            i(k),
+            i(inter),
+            i(shared),
+            i(hidden),
+            p(act.ptr()),
+            p(act_s.ptr()),
+        ],
+    )?;
+    if sgu == 0 {
+        let rows = ld..ld + 2 * shared;
+        let out = DecodeOut::SwiGlu {
+            y: act_s.ptr(),
+            ldy: shared,
+        };
+        decode_linear(dev, &w.input, rows, DecodeIn::plain(x, hidden), tokens, out)?;
+    }
+
+    // The output: the residual itself (fused), or a fresh buffer the routed sum is stored in.
+    let (y, owned, accumulate) = match io {
+        Io::Fused { h, .. } => (h.ptr(), None, true),
+        Io::Split(_) => {
+            let y = dev.scratch::<f32>(tokens * hidden)?;
+            (y.ptr(), Some(y), false)
+        }
+    };
+    let (sdw, sds) = if plan.shared_down {
+        row_ptrs(&w.shared_down.parts[0].1, 0)
+    } else {
+        (0, 0)
+    };
+    let kernel = down_kernel(plan.fmt);
+    let grid = dev.resident_grid(
+        kernel,
+        256,
+        plan.down_shared_bytes,
+        (tokens * hidden).div_ceil(8),
+    )?;
+    dev.launch(
+        kernel,
+        (grid, 1, 1),
+        256,
+        plan.down_shared_bytes as u32,
+        &[
+            p(down.codes.ptr()),
+            p(down.scales.ptr()),
+            p(sdw),
+            p(sds),
+            p(act.ptr()),
+            p(act_s.ptr()),
+            p(idx.ptr()),
+            p(wt.ptr()),
+            p(logits.at(e_count)),
+            i(ld),
+            i(tokens),
+            i(k),
+            i(inter),
+            i(shared),
+            i(hidden),
+            p(y),
+            i(hidden),
+            i(accumulate as usize),
+        ],
+    )?;
+    if sdw == 0 {
+        let out = DecodeOut::Accumulate {
+            y,
+            ldy: hidden,
+            gate: Some((logits.at(e_count), ld)),
+        };
+        let input = DecodeIn::plain(act_s.ptr(), shared);
+        decode_linear(dev, &w.shared_down, 0..hidden, input, tokens, out)?;
+    }
+    Ok(owned)
+}
+
+/// The MoE block for `[tokens, H]` through the general kernels (prefill).
+fn moe_general(
     dev: &Device,
     config: &ModelConfig,
     w: &GpuMoe,
@@ -65,7 +357,7 @@ pub fn moe(
         cfg.expert_intermediate,
         cfg.shared_intermediate,
     );
-    let width = w.input.rows; // E + 2·I_s + 1
+    let width = w.input.rows; // E + 1 + 2·I_s
     let big = project(dev, &w.input, x.ptr(), hidden, tokens)?;
 
     let idx = dev.scratch::<i32>(tokens * k)?;
@@ -94,8 +386,8 @@ pub fn moe(
         &[
             p(big.ptr()),
             i(width),
-            i(e_count),
-            i(e_count + shared),
+            i(e_count + 1),
+            i(e_count + 1 + shared),
             p(act_shared.ptr()),
             i(tokens),
             i(shared),
@@ -117,7 +409,7 @@ pub fn moe(
         tokens * hidden,
         &[
             p(y.ptr()),
-            p(big.at(e_count + 2 * shared)),
+            p(big.at(e_count)),
             i(width),
             i(tokens),
             i(hidden),

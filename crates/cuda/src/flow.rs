@@ -8,7 +8,7 @@ use spindle_engine::LogitsFor;
 use crate::attention::{self, AttentionCtx};
 use crate::device::{i, p, DevBuf, Device};
 use crate::error::{DriverContext, Result};
-use crate::linear::{project, MATVEC_MAX_TOKENS};
+use crate::linear::{decode_linear, project, DecodeIn, DecodeOut, Io, MATVEC_MAX_TOKENS};
 use crate::qwen4::{self, HyperInput};
 use crate::session::{CudaSession, DecodeGraph, LayerState};
 use crate::weights::{GpuFfn, GpuHeadInput, GpuHyper, GpuMixer, GpuResidual};
@@ -73,6 +73,35 @@ fn exit(dev: &Device, hyper: Injection, h: &DevBuf<f32>, y: &DevBuf<f32>, s: &Sh
         ),
         Some((w, mix)) => qwen4::inject(dev, w, &mix, h, y, s.tokens, s.streams, s.hidden),
     }
+}
+
+/// Runs one sublayer on the residual `h`: with plain norms and a small batch the sublayer
+/// norms `h` and adds its output back itself (fused into its first and last matvecs);
+/// otherwise its input is prepared here and its output added here.
+fn sublayer(
+    dev: &Device,
+    residual: &GpuResidual,
+    which: Sublayer,
+    h: &DevBuf<f32>,
+    s: &Shape,
+    run: impl FnOnce(Io) -> Result<Option<DevBuf<f32>>>,
+) -> Result<()> {
+    if let (GpuResidual::Norms { input, post }, true) = (residual, s.tokens <= MATVEC_MAX_TOKENS) {
+        let norm = match which {
+            Sublayer::Mixer => input,
+            Sublayer::Ffn => post,
+        };
+        let y = run(Io::Fused {
+            h,
+            norm,
+            eps: s.eps,
+        })?;
+        debug_assert!(y.is_none(), "fused sublayers add their output themselves");
+        return Ok(());
+    }
+    let (x, hyper) = enter(dev, residual, which, h, s)?;
+    let y = run(Io::Split(&x))?.expect("split sublayers return their output");
+    exit(dev, hyper, h, &y, s)
 }
 
 /// Where `session.step_io` keeps the position (after the ids of a small batch) and the
@@ -177,7 +206,7 @@ pub(crate) fn ensure_capacity(
     let a = &e.config.attention;
     for layer in &mut session.layers {
         if let LayerState::Attention(cache) = layer {
-            attention::reserve(&e.dev, cache, needed, a.num_kv_heads * a.head_dim)?;
+            attention::reserve(&e.dev, cache, needed, a)?;
         }
     }
     Ok(())
@@ -298,44 +327,71 @@ fn body(
             ple_ordinal += 1;
         }
 
-        let (x, hyper) = enter(dev, &layer.residual, Sublayer::Mixer, &h, &s)?;
-        let y = match (&layer.mixer, &mut session.layers[index]) {
-            (GpuMixer::Attention(w), LayerState::Attention(cache)) => {
-                let ctx = AttentionCtx {
-                    config,
-                    inv_freq: &e.inv_freq,
-                    rope: &e.rope,
-                    cpu: &cpu.mixer,
-                    eps: s.eps,
-                };
-                attention::forward(dev, &ctx, w, cache, &x, s.tokens, start, start_dev)?
+        sublayer(dev, &layer.residual, Sublayer::Mixer, &h, &s, |io| {
+            match (&layer.mixer, &mut session.layers[index]) {
+                (GpuMixer::Attention(w), LayerState::Attention(cache)) => {
+                    let ctx = AttentionCtx {
+                        config,
+                        inv_freq: &e.inv_freq,
+                        rope: &e.rope,
+                        cpu: &cpu.mixer,
+                        eps: s.eps,
+                    };
+                    attention::forward(dev, &ctx, w, cache, io, s.tokens, start, start_dev)
+                }
+                (GpuMixer::Gdn(w), LayerState::Gdn(state)) => {
+                    gdn::forward(dev, config, w, state, io, s.tokens, s.eps)
+                }
+                _ => unreachable!("session layers are built from the same config as the weights"),
             }
-            (GpuMixer::Gdn(w), LayerState::Gdn(state)) => {
-                gdn::forward(dev, config, w, state, &x, s.tokens, s.eps)?
-            }
-            _ => unreachable!("session layers are built from the same config as the weights"),
-        };
-        exit(dev, hyper, &h, &y, &s)?;
-
-        let (x, hyper) = enter(dev, &layer.residual, Sublayer::Ffn, &h, &s)?;
-        let y = match &layer.ffn {
-            GpuFfn::Dense(w) => ffn::mlp(dev, w, &x, s.tokens, s.hidden)?,
-            GpuFfn::Moe(w) => ffn::moe(dev, config, w, &x, s.tokens)?,
-        };
-        exit(dev, hyper, &h, &y, &s)?;
+        })?;
+        sublayer(
+            dev,
+            &layer.residual,
+            Sublayer::Ffn,
+            &h,
+            &s,
+            |io| match &layer.ffn {
+                GpuFfn::Dense(w) => ffn::mlp(dev, w, io, s.tokens, s.hidden),
+                GpuFfn::Moe(w) => ffn::moe(dev, config, w, io, s.tokens),
+            },
+        )?;
     }
 
     let (rows, count) = match want {
         LogitsFor::All => (h.ptr(), s.tokens),
         LogitsFor::Last => (h.at((s.tokens - 1) * width), 1),
     };
+    let lm_head = e.gpu.lm_head();
+    if count <= MATVEC_MAX_TOKENS {
+        // The final norm fused into the head's matvec.
+        let mixed;
+        let input = match &e.gpu.head_input {
+            GpuHeadInput::Norm(w) => DecodeIn {
+                x: rows,
+                ldx: width,
+                norm: Some((w, s.eps)),
+                normed_out: 0,
+            },
+            GpuHeadInput::HyperMixer(w) => {
+                mixed = qwen4::enter(dev, w, rows, count, s.streams, s.hidden, s.eps)?.x;
+                DecodeIn::plain(mixed.ptr(), s.hidden)
+            }
+        };
+        let logits = dev.scratch::<f32>(count * lm_head.rows)?;
+        let out = DecodeOut::Store {
+            y: logits.ptr(),
+            ldy: lm_head.rows,
+        };
+        decode_linear(dev, lm_head, 0..lm_head.rows, input, count, out)?;
+        return Ok((logits, count));
+    }
     let head_in = match &e.gpu.head_input {
         GpuHeadInput::Norm(w) => qwen4::norm_rows(dev, rows, w, count, 1, s.hidden, s.eps)?,
         GpuHeadInput::HyperMixer(w) => {
             qwen4::enter(dev, w, rows, count, s.streams, s.hidden, s.eps)?.x
         }
     };
-    let lm_head = e.gpu.lm_head();
     let logits = project(dev, lm_head, head_in.ptr(), s.hidden, count)?;
     Ok((logits, count))
 }

@@ -5,23 +5,23 @@ use spindle_model::{GdnGate, ModelConfig};
 
 use crate::device::{f, i, p, threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::linear::{linear, project};
+use crate::linear::{Io, MATVEC_MAX_TOKENS};
 use crate::session::GdnState;
 use crate::weights::GpuGdn;
 
 /// The largest d_k the recurrence kernel holds in registers (`GDN_MAX_DK` in gdn.cu).
 pub const MAX_KEY_HEAD_DIM: usize = 128;
 
-/// Runs `tokens` tokens through one GDN layer, updating `state`. `x` is `[tokens, H]`.
+/// Runs `tokens` tokens through one GDN layer, updating `state` (input and output as `io`).
 pub fn forward(
     dev: &Device,
     config: &ModelConfig,
     w: &GpuGdn,
     state: &mut GdnState,
-    x: &DevBuf<f32>,
+    io: Io,
     tokens: usize,
     eps: f32,
-) -> Result<DevBuf<f32>> {
+) -> Result<Option<DevBuf<f32>>> {
     let g = &config.gdn;
     let hidden = config.hidden_size;
     let (nk, nv, dk, dv) = (
@@ -32,7 +32,43 @@ pub fn forward(
     );
     let channels = g.conv_channels();
     let width = w.in_proj.rows; // C + n_v·d_v + 2·n_v
-    let proj = project(dev, &w.in_proj, x.ptr(), hidden, tokens)?;
+    let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
+    let o = dev.scratch::<f32>(tokens * nv * dv)?;
+    let z_off = channels;
+    let b_off = channels + nv * dv;
+    let a_off = b_off + nv;
+
+    if let Some((kernel, threads, shared)) = step_launch(dev, config, tokens) {
+        dev.launch(
+            kernel,
+            (nk as u32, 1, 1),
+            threads,
+            shared as u32,
+            &[
+                p(proj.ptr()),
+                i(width),
+                p(state.conv.ptr()),
+                p(w.conv.ptr()),
+                i(tokens),
+                i(g.conv_kernel),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                i(z_off),
+                i(b_off),
+                i(a_off),
+                p(state.recurrent.ptr()),
+                p(w.a_log.ptr()),
+                p(w.dt_bias.ptr()),
+                p(w.norm.ptr()),
+                p(o.ptr()),
+                f(eps),
+                i((config.gdn_gate == GdnGate::Sigmoid) as usize),
+            ],
+        )?;
+        return io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens);
+    }
 
     let u = dev.scratch::<f32>(tokens * channels)?;
     dev.launch(
@@ -52,10 +88,6 @@ pub fn forward(
         ],
     )?;
 
-    let o = dev.scratch::<f32>(tokens * nv * dv)?;
-    let z_off = channels;
-    let b_off = channels + nv * dv;
-    let a_off = b_off + nv;
     dev.launch(
         "gdn_recurrent",
         (nv as u32, 1, 1),
@@ -83,16 +115,40 @@ pub fn forward(
             i((config.gdn_gate == GdnGate::Sigmoid) as usize),
         ],
     )?;
-    let y = dev.scratch::<f32>(tokens * hidden)?;
-    linear(
-        dev,
-        &w.out_proj,
-        o.ptr(),
-        nv * dv,
-        y.ptr(),
-        hidden,
-        tokens,
-        false,
-    )?;
-    Ok(y)
+    io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens)
+}
+
+/// The fused decode kernel for `tokens` tokens (conv and recurrence, one block per key
+/// head) when the shapes suit it: (kernel, threads, dynamic shared bytes).
+fn step_launch(
+    dev: &Device,
+    config: &ModelConfig,
+    tokens: usize,
+) -> Option<(&'static str, u32, usize)> {
+    let g = &config.gdn;
+    let (nk, nv, dk, dv) = (
+        g.num_key_heads,
+        g.num_value_heads,
+        g.key_head_dim,
+        g.value_head_dim,
+    );
+    if tokens > MATVEC_MAX_TOKENS || nv % nk != 0 || dk > MAX_KEY_HEAD_DIM {
+        return None;
+    }
+    // Lanes of one head sum Σo² by shuffles: d_v a multiple of 32 or a power of two below it.
+    if !(dv % 32 == 0 || (dv < 32 && dv.is_power_of_two())) {
+        return None;
+    }
+    let columns = nv / nk * dv;
+    let (kernel, r) = [
+        ("gdn_step_r4", 4, 512),
+        ("gdn_step_r2", 2, 512),
+        ("gdn_step_r1", 1, 384),
+    ]
+    .into_iter()
+    .find(|&(_, r, limit)| columns * r <= limit && dk % r == 0 && (columns * r) % 32 == 0)
+    .map(|(k, r, _)| (k, r))?;
+    let local = 2 * dk + columns;
+    let shared = 4 * (tokens * local + 2 * tokens + r * columns + columns / dv.min(32));
+    (shared <= dev.shared_limit(kernel)).then_some((kernel, (columns * r) as u32, shared))
 }

@@ -115,6 +115,7 @@ impl CudaEngine {
         let inv_freq = dev.upload(&inv_freq)?;
         let graphs = config.qsa.is_none()
             && config.ple.is_none()
+            && !dev.profiling()
             && std::env::var_os("SPINDLE_CUDA_NO_GRAPHS").is_none();
         let workspace_bytes = gpu.scratch_bytes(&config, linear::MATVEC_MAX_TOKENS);
         Ok(CudaEngine {
@@ -173,14 +174,20 @@ impl CudaEngine {
         self.check_ids(session, &[id])?;
         let logits = flow::forward_device(self, session, &[id], LogitsFor::Last)?;
         let next = session.step_io.at(flow::STEP_NEXT);
+        let vocab = self.config.vocab_size;
+        let parts = &session.argmax_parts;
+        let blocks = vocab.div_ceil(256).min(session::ARGMAX_BLOCKS);
         self.dev.launch(
-            "argmax_f32",
-            (1, 1, 1),
-            1024,
+            "argmax_multi",
+            (blocks as u32, 1, 1),
+            256,
             0,
             &[
                 device::p(logits.ptr),
-                device::i(self.config.vocab_size),
+                device::i(vocab),
+                device::p(parts.ptr()),
+                device::p(parts.at(session::ARGMAX_BLOCKS)),
+                device::p(parts.at(2 * session::ARGMAX_BLOCKS)),
                 device::p(next),
             ],
         )?;

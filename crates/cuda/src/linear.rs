@@ -6,7 +6,7 @@ use spindle_engine::weights::Linear;
 use spindle_kernels::quant::QuantizedMatrix;
 use spindle_model::DType;
 
-use crate::device::{i, p, DevBuf, Device};
+use crate::device::{f, i, p, DevBuf, Device};
 use crate::error::{CudaError, Result};
 
 /// Up to this many tokens a linear layer runs the matvec kernel (the weights are read once
@@ -243,6 +243,13 @@ impl DevMatrix {
         }
     }
 
+    /// The block holding all of `rows`, and the first of them within it.
+    pub fn part_of(&self, rows: std::ops::Range<usize>) -> Option<(&DevPart, usize)> {
+        self.parts.iter().find_map(|(row0, part)| {
+            (rows.start >= *row0 && rows.end <= row0 + part.rows).then(|| (part, rows.start - row0))
+        })
+    }
+
     /// The bf16 words of a one-block bf16 matrix (the embedding table).
     pub fn bf16_ptr(&self) -> Result<u64> {
         match self.parts.as_slice() {
@@ -348,4 +355,443 @@ pub fn project(
     let y = dev.scratch::<f32>(tokens * w.rows)?;
     linear(dev, w, x, ldx, y.ptr(), w.rows, tokens, false)?;
     Ok(y)
+}
+
+/// The input of a decode-path linear layer: `tokens` rows of `x` (stride `ldx`), optionally
+/// RMS-normed first with a zero-centred weight (the norm is fused into the matvec).
+#[derive(Clone, Copy)]
+pub struct DecodeIn<'a> {
+    pub x: u64,
+    pub ldx: usize,
+    pub norm: Option<(&'a DevBuf<f32>, f32)>,
+    /// Where to also write the normed rows (`[tokens, cols]`), or 0.
+    pub normed_out: u64,
+}
+
+impl DecodeIn<'_> {
+    /// Rows of `x` used as they are.
+    pub fn plain(x: u64, ldx: usize) -> Self {
+        DecodeIn {
+            x,
+            ldx,
+            norm: None,
+            normed_out: 0,
+        }
+    }
+}
+
+/// What a decode-path linear layer does with its outputs (`y[t·ldy + j]`).
+#[derive(Clone, Copy)]
+pub enum DecodeOut {
+    /// y = x·Wᵀ.
+    Store { y: u64, ldy: usize },
+    /// y += x·Wᵀ, times sigmoid(gate[t·ldg]) when `gate` is `Some((gate, ldg))`.
+    Accumulate {
+        y: u64,
+        ldy: usize,
+        gate: Option<(u64, usize)>,
+    },
+    /// The rows are [gate (n) | up (n)]: y[t·ldy + j] = silu(gate_j·x)·(up_j·x), j < n.
+    SwiGlu { y: u64, ldy: usize },
+}
+
+/// Lanes that share one weight row: enough chunks per lane for DEC_BATCH loads in flight.
+fn lanes_per_row(chunks: usize) -> usize {
+    let per = (chunks / 4).max(1);
+    (1usize << (usize::BITS - 1 - per.leading_zeros())).min(32)
+}
+
+/// Dynamic shared memory the decode kernels stage `tokens` rows of `cols` in.
+pub fn staged_bytes(fmt: WFormat, tokens: usize, cols: usize) -> usize {
+    match fmt {
+        WFormat::Bf16 => tokens * cols * 4,
+        WFormat::Q8 | WFormat::Q4 => tokens * cols + tokens * (cols / 32) * 8,
+    }
+}
+
+/// Rows `rows` of `w` for at most [`MATVEC_MAX_TOKENS`] tokens through the decode kernels
+/// (input staged in shared memory, norm fused, output epilogue fused); falls back to a norm
+/// kernel, the plain matvec and elementwise kernels when a shape does not suit them.
+pub fn decode_linear(
+    dev: &Device,
+    w: &DevMatrix,
+    rows: std::ops::Range<usize>,
+    input: DecodeIn,
+    tokens: usize,
+    out: DecodeOut,
+) -> Result<()> {
+    debug_assert!(tokens <= MATVEC_MAX_TOKENS);
+    if let DecodeOut::SwiGlu { .. } = out {
+        // Gate and up rows must sit in one block of one format.
+        let half = rows.len() / 2;
+        if let Some((part, first)) = w.part_of(rows.clone()) {
+            if dmv_fits(dev, part, &input, tokens) {
+                return dmv(dev, part, first, half, input, tokens, out, half);
+            }
+        }
+        return decode_fallback(dev, w, rows, input, tokens, out);
+    }
+    // Every block of the range on its own (each applies the norm again).
+    let fits = w
+        .parts
+        .iter()
+        .all(|(_, part)| dmv_fits(dev, part, &input, tokens));
+    if !fits {
+        return decode_fallback(dev, w, rows, input, tokens, out);
+    }
+    let mut first_part = true;
+    for (row0, part) in &w.parts {
+        let (lo, hi) = (rows.start.max(*row0), rows.end.min(row0 + part.rows));
+        if lo >= hi {
+            continue;
+        }
+        let shift = |y: u64| y + ((lo - rows.start) * 4) as u64;
+        let out = match out {
+            DecodeOut::Store { y, ldy } => DecodeOut::Store { y: shift(y), ldy },
+            DecodeOut::Accumulate { y, ldy, gate } => DecodeOut::Accumulate {
+                y: shift(y),
+                ldy,
+                gate,
+            },
+            DecodeOut::SwiGlu { .. } => unreachable!("handled above"),
+        };
+        let input = DecodeIn {
+            normed_out: if first_part { input.normed_out } else { 0 },
+            ..input
+        };
+        first_part = false;
+        dmv(dev, part, lo - row0, hi - lo, input, tokens, out, 0)?;
+    }
+    Ok(())
+}
+
+/// Whether the decode matvec can read `part` for this input.
+fn dmv_fits(dev: &Device, part: &DevPart, input: &DecodeIn, tokens: usize) -> bool {
+    let cols = part.cols;
+    let layout = match part.fmt {
+        WFormat::Bf16 => cols % 8 == 0,
+        WFormat::Q8 | WFormat::Q4 => cols % 32 == 0,
+    };
+    layout
+        && part.codes.ptr() % 16 == 0
+        && input.x % 16 == 0
+        && input.ldx % 4 == 0
+        && input
+            .norm
+            .is_none_or(|(w, _)| w.len() == cols && w.ptr() % 16 == 0)
+        && input.normed_out % 16 == 0
+        && staged_bytes(part.fmt, tokens, cols) <= dev.shared_limit(dmv_kernel(part.fmt, tokens))
+}
+
+fn dmv_kernel(fmt: WFormat, tokens: usize) -> &'static str {
+    match (fmt, tokens) {
+        (WFormat::Bf16, 1) => "dmv_bf16_t1",
+        (WFormat::Q8, 1) => "dmv_q8_t1",
+        (WFormat::Q4, 1) => "dmv_q4_t1",
+        (WFormat::Bf16, _) => "dmv_bf16_t8",
+        (WFormat::Q8, _) => "dmv_q8_t8",
+        (WFormat::Q4, _) => "dmv_q4_t8",
+    }
+}
+
+/// One decode matvec launch over `outs` outputs starting at row `first` of `part` (with
+/// `pair` > 0: SwiGLU of rows j and j + pair).
+fn dmv(
+    dev: &Device,
+    part: &DevPart,
+    first: usize,
+    outs: usize,
+    input: DecodeIn,
+    tokens: usize,
+    out: DecodeOut,
+    pair: usize,
+) -> Result<()> {
+    if outs == 0 || tokens == 0 {
+        return Ok(());
+    }
+    let name = dmv_kernel(part.fmt, tokens);
+    let chunks = match part.fmt {
+        WFormat::Bf16 => part.cols / 8,
+        _ => part.cols / 32,
+    };
+    let lpr = lanes_per_row(chunks);
+    let per_block = 8 * (32 / lpr);
+    let shared = staged_bytes(part.fmt, tokens, part.cols);
+    let grid = dev.resident_grid(name, 256, shared, outs.div_ceil(per_block))?;
+    let (y, ldy, accumulate, gate, ldg) = match out {
+        DecodeOut::Store { y, ldy } | DecodeOut::SwiGlu { y, ldy } => (y, ldy, false, 0, 0),
+        DecodeOut::Accumulate { y, ldy, gate } => {
+            let (g, ldg) = gate.unwrap_or((0, 0));
+            (y, ldy, true, g, ldg)
+        }
+    };
+    let rb = part.fmt.row_bytes(part.cols);
+    let rs = part.fmt.row_scales(part.cols);
+    let (norm, eps) = match input.norm {
+        Some((w, eps)) => (w.ptr(), eps),
+        None => (0, 0.0),
+    };
+    dev.launch(
+        name,
+        (grid, 1, 1),
+        256,
+        shared as u32,
+        &[
+            p(part.codes.ptr() + (first * rb) as u64),
+            p(part.scales.ptr() + (first * rs * 2) as u64),
+            i(outs),
+            i(part.cols),
+            p(input.x),
+            i(input.ldx),
+            i(tokens),
+            p(norm),
+            f(eps),
+            p(input.normed_out),
+            p(y),
+            i(ldy),
+            i(accumulate as usize),
+            i(pair),
+            p(gate),
+            i(ldg),
+            i(lpr),
+        ],
+    )
+}
+
+/// The same results through the general kernels: norm, matvec, then the epilogue.
+fn decode_fallback(
+    dev: &Device,
+    w: &DevMatrix,
+    rows: std::ops::Range<usize>,
+    input: DecodeIn,
+    tokens: usize,
+    out: DecodeOut,
+) -> Result<()> {
+    let cols = w.cols;
+    let normed;
+    let (x, ldx) = match input.norm {
+        Some((nw, eps)) => {
+            let dst = if input.normed_out != 0 {
+                input.normed_out
+            } else {
+                normed = dev.scratch::<f32>(tokens * cols)?;
+                normed.ptr()
+            };
+            dev.launch(
+                "rms_norm_zc",
+                (tokens as u32, 1, 1),
+                crate::device::threads_for(cols).min(256),
+                0,
+                &[
+                    p(input.x),
+                    i(input.ldx),
+                    p(dst),
+                    i(cols),
+                    p(nw.ptr()),
+                    i(cols),
+                    f(eps),
+                ],
+            )?;
+            (dst, cols)
+        }
+        None => {
+            if input.normed_out != 0 {
+                for t in 0..tokens {
+                    dev.copy_raw(
+                        input.x + (t * input.ldx * 4) as u64,
+                        input.normed_out + (t * cols * 4) as u64,
+                        cols * 4,
+                    )?;
+                }
+            }
+            (input.x, input.ldx)
+        }
+    };
+    let n = rows.len();
+    let full = project(dev, w, x, ldx, tokens)?; // [tokens, w.rows]
+    let src = full.at(rows.start);
+    match out {
+        DecodeOut::Store { y, ldy } => {
+            for t in 0..tokens {
+                dev.copy_raw(
+                    src + (t * w.rows * 4) as u64,
+                    y + (t * ldy * 4) as u64,
+                    n * 4,
+                )?;
+            }
+            Ok(())
+        }
+        DecodeOut::SwiGlu { y, ldy } => {
+            let half = n / 2;
+            for t in 0..tokens {
+                dev.launch_elementwise(
+                    "swiglu",
+                    half,
+                    &[
+                        p(src + (t * w.rows * 4) as u64),
+                        i(w.rows),
+                        i(0),
+                        i(half),
+                        p(y + (t * ldy * 4) as u64),
+                        i(1),
+                        i(half),
+                    ],
+                )?;
+            }
+            Ok(())
+        }
+        DecodeOut::Accumulate { y, ldy, gate } => {
+            for t in 0..tokens {
+                let row = src + (t * w.rows * 4) as u64;
+                if let Some((g, ldg)) = gate {
+                    dev.launch_elementwise(
+                        "scale_by_sigmoid",
+                        n,
+                        &[p(row), p(g + (t * ldg * 4) as u64), i(ldg), i(1), i(n)],
+                    )?;
+                }
+                dev.launch_elementwise(
+                    "add_in_place",
+                    n,
+                    &[p(y + (t * ldy * 4) as u64), p(row), i(n)],
+                )?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// How a sublayer gets its input and gives back its output.
+#[derive(Clone, Copy)]
+pub enum Io<'a> {
+    /// `x` (`[tokens, hidden]`) is the sublayer's input; its output is returned for the caller.
+    Split(&'a DevBuf<f32>),
+    /// Decode with a plain residual: the sublayer norms `h` itself (fused into its first
+    /// matvec) and adds its output into `h` (fused into its last).
+    Fused {
+        h: &'a DevBuf<f32>,
+        norm: &'a DevBuf<f32>,
+        eps: f32,
+    },
+}
+
+impl<'a> Io<'a> {
+    /// The input of the sublayer's first linear layer(s); `normed_out` as in [`DecodeIn`].
+    pub fn input(&self, hidden: usize, normed_out: u64) -> DecodeIn<'a> {
+        match *self {
+            Io::Split(x) => DecodeIn::plain(x.ptr(), hidden),
+            Io::Fused { h, norm, eps } => DecodeIn {
+                x: h.ptr(),
+                ldx: hidden,
+                norm: Some((norm, eps)),
+                normed_out,
+            },
+        }
+    }
+
+    /// The sublayer input as a plain `[tokens, hidden]` buffer (the norm run on its own when
+    /// fused): for the paths the decode kernels do not cover.
+    pub fn materialize(&self, dev: &Device, hidden: usize, tokens: usize) -> Result<DevBuf<f32>> {
+        match *self {
+            Io::Split(x) => {
+                let y = dev.scratch::<f32>(tokens * hidden)?;
+                dev.copy_raw(x.ptr(), y.ptr(), tokens * hidden * 4)?;
+                Ok(y)
+            }
+            Io::Fused { h, norm, eps } => {
+                let y = dev.scratch::<f32>(tokens * hidden)?;
+                dev.launch(
+                    "rms_norm_zc",
+                    (tokens as u32, 1, 1),
+                    crate::device::threads_for(hidden).min(256),
+                    0,
+                    &[
+                        p(h.ptr()),
+                        i(hidden),
+                        p(y.ptr()),
+                        i(hidden),
+                        p(norm.ptr()),
+                        i(hidden),
+                        f(eps),
+                    ],
+                )?;
+                Ok(y)
+            }
+        }
+    }
+
+    /// `x·Wᵀ` of the sublayer input into a new `[tokens, w.rows]` buffer.
+    pub fn project(
+        &self,
+        dev: &Device,
+        w: &DevMatrix,
+        hidden: usize,
+        tokens: usize,
+    ) -> Result<DevBuf<f32>> {
+        match *self {
+            Io::Split(x) if tokens > MATVEC_MAX_TOKENS => project(dev, w, x.ptr(), hidden, tokens),
+            _ => {
+                let y = dev.scratch::<f32>(tokens * w.rows)?;
+                let out = DecodeOut::Store {
+                    y: y.ptr(),
+                    ldy: w.rows,
+                };
+                decode_linear(dev, w, 0..w.rows, self.input(hidden, 0), tokens, out)?;
+                Ok(y)
+            }
+        }
+    }
+
+    /// The sublayer's last linear layer on `x` (`[tokens, ldx]`): returned (split) or added
+    /// into the residual (fused).
+    pub fn finish(
+        &self,
+        dev: &Device,
+        w: &DevMatrix,
+        x: u64,
+        ldx: usize,
+        hidden: usize,
+        tokens: usize,
+    ) -> Result<Option<DevBuf<f32>>> {
+        let input = DecodeIn::plain(x, ldx);
+        match *self {
+            Io::Split(_) => {
+                let y = dev.scratch::<f32>(tokens * w.rows)?;
+                if tokens > MATVEC_MAX_TOKENS {
+                    linear(dev, w, x, ldx, y.ptr(), w.rows, tokens, false)?;
+                } else {
+                    let out = DecodeOut::Store {
+                        y: y.ptr(),
+                        ldy: w.rows,
+                    };
+                    decode_linear(dev, w, 0..w.rows, input, tokens, out)?;
+                }
+                Ok(Some(y))
+            }
+            Io::Fused { h, .. } => {
+                let out = DecodeOut::Accumulate {
+                    y: h.ptr(),
+                    ldy: hidden,
+                    gate: None,
+                };
+                decode_linear(dev, w, 0..w.rows, input, tokens, out)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Hands a sublayer output computed apart back: returned (split) or added into `h`.
+    pub fn give(&self, dev: &Device, y: DevBuf<f32>) -> Result<Option<DevBuf<f32>>> {
+        match *self {
+            Io::Split(_) => Ok(Some(y)),
+            Io::Fused { h, .. } => {
+                dev.launch_elementwise(
+                    "add_in_place",
+                    y.len(),
+                    &[p(h.ptr()), p(y.ptr()), i(y.len())],
+                )?;
+                Ok(None)
+            }
+        }
+    }
 }

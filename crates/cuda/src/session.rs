@@ -13,6 +13,9 @@ pub struct KvCache {
     pub values: DevBuf<f32>,
     /// Token rows allocated.
     pub capacity: usize,
+    /// Flash-decoding partials: (max, sum, Σp·v) per (token, head, split of 32 keys) for
+    /// `MATVEC_MAX_TOKENS` tokens at this capacity.
+    pub partials: DevBuf<f32>,
     /// Bumped whenever the cache is reallocated (a captured graph holds its addresses).
     pub generation: u64,
     /// qwen4_exp: raw indexer keys and pooled block keys, on the host.
@@ -46,6 +49,9 @@ pub struct DecodeGraph {
     pub generation: u64,
 }
 
+/// Blocks of the device argmax (`argmax_multi`).
+pub const ARGMAX_BLOCKS: usize = 256;
+
 /// The state of one sequence on one device.
 pub struct CudaSession {
     /// Number of tokens already processed (the next token's position).
@@ -57,6 +63,9 @@ pub struct CudaSession {
     /// The decode step's i32 slots, read by the graph: ids `[0, 8)` (a small batch's),
     /// position at `flow::STEP_POSITION`, the device argmax at `flow::STEP_NEXT`.
     pub step_io: DevBuf<i32>,
+    /// The device argmax's per-block bests (values, then indices) and its finished-block
+    /// counter (zero between launches): `2·ARGMAX_BLOCKS + 1` words.
+    pub argmax_parts: DevBuf<u32>,
     pub graph: Option<DecodeGraph>,
     /// Graph capture failed once: decode runs eagerly from then on.
     pub graph_failed: bool,
@@ -86,6 +95,7 @@ impl CudaSession {
                     MixerKind::FullAttention => LayerState::Attention(KvCache {
                         keys: dev.zeros(0)?,
                         values: dev.zeros(0)?,
+                        partials: dev.zeros(0)?,
                         capacity: 0,
                         generation: 0,
                         indexer: IndexerCache::default(),
@@ -117,6 +127,7 @@ impl CudaSession {
             ple,
             workspace: dev.zeros(workspace_bytes)?,
             step_io: dev.zeros(16)?,
+            argmax_parts: dev.zeros(2 * ARGMAX_BLOCKS + 1)?,
             graph: None,
             graph_failed: false,
         })

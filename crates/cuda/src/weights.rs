@@ -41,8 +41,8 @@ pub struct GpuMlp {
     pub down: DevMatrix,
 }
 
-/// MoE: `input` = [router (E) | shared gate (I_s) | shared up (I_s) | shared_expert_gate (1)]
-/// rows; the routed experts stacked as `[E, 2I, H]` (gate rows, then up) and `[E, H, I]`.
+/// MoE: `input` = [router (E) | shared_expert_gate (1) | shared gate (I_s) | shared up (I_s)]
+/// rows (the bf16 rows first, so decode reads them in one launch); the routed experts stacked as `[E, 2I, H]` (gate rows, then up) and `[E, H, I]`.
 pub struct GpuMoe {
     pub input: DevMatrix,
     pub shared_down: DevMatrix,
@@ -176,7 +176,11 @@ impl GpuModel {
             rows += match &layer.ffn {
                 GpuFfn::Dense(m) => m.gate_up.rows + m.down.cols,
                 GpuFfn::Moe(m) => {
-                    m.input.rows + m.shared_down.cols + top_k * (m.experts_down.cols + 2)
+                    // + the decode path's normed input, routing probabilities and shared act.
+                    2 * m.input.rows
+                        + 2 * m.shared_down.cols
+                        + top_k * (m.experts_down.cols + 2)
+                        + width
                 }
             };
             floats += rows;
@@ -287,7 +291,7 @@ fn upload_moe(dev: &Device, m: &MoeWeights) -> Result<GpuMoe> {
     Ok(GpuMoe {
         input: DevMatrix::stack(
             dev,
-            &[&m.router, &m.shared.gate, &m.shared.up, &m.shared_gate],
+            &[&m.router, &m.shared_gate, &m.shared.gate, &m.shared.up],
         )?,
         shared_down: DevMatrix::upload(dev, &m.shared.down)?,
         experts_gate_up: gate_up,

@@ -5,6 +5,10 @@
 #[ignore = "needs the NVRTC library"]
 fn kernels_compile_for_hopper() {
     let ptx = spindle_cuda::ptx_for("sm_90").unwrap_or_else(|e| panic!("{e}"));
+    // For `ptxas -v` (registers, spills) on a machine with the CUDA toolkit.
+    if let Some(path) = std::env::var_os("SPINDLE_PTX_OUT") {
+        std::fs::write(&path, &ptx).unwrap_or_else(|e| panic!("writing {path:?}: {e}"));
+    }
     for kernel in [
         "matvec_bf16",
         "matvec_q8",
@@ -19,6 +23,16 @@ fn kernels_compile_for_hopper() {
         "attn_decode",
         "moe_route",
         "ple_conv",
+        "dmv_q4_t1",
+        "dmv_bf16_t8",
+        "dmoe_gate_up_q4",
+        "dmoe_down_q8",
+        "dmoe_route",
+        "argmax_multi",
+        "attn_split",
+        "attn_combine",
+        "gdn_step_r1",
+        "gdn_step_r4",
     ] {
         assert!(ptx.contains(kernel), "PTX lacks {kernel}");
     }

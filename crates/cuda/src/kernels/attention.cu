@@ -116,3 +116,129 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, const float*
         out[at] = o / L * sigmoid_f(gate[at]);
     }
 }
+
+// ---- Flash-decoding for batches of at most MV_MAX_T tokens (no QSA selection) ----
+// The visible keys of token t (positions 0..start+t) are cut into splits of ATT_SPLIT; block
+// (g, split, t) scores its keys against the ρ = n_h/n_kv query heads of kv head g (a thread per
+// (head, key) pair), takes the split's softmax per head, and writes (max, sum, Σ p·v) to
+// part[((t·n_h + h)·splits + split)·(d + 2)]. attn_combine merges the splits. Blocks past the
+// last visible key exit at once, so the grid can cover the cache's capacity (fixed in a graph).
+#define ATT_SPLIT 32
+
+extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __restrict__ q,
+                                                             const float* __restrict__ k_cache,
+                                                             const float* __restrict__ v_cache,
+                                                             float* __restrict__ part, int splits, int n_h,
+                                                             int n_kv, int d, int start,
+                                                             const int* __restrict__ startp, float scale) {
+    extern __shared__ __align__(16) float qs[];  // q [ρ][d], keys [ATT_SPLIT][d + 4], scores [ρ][ATT_SPLIT]
+    if (startp) start = *startp;
+    int g = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
+    int n = start + t + 1;
+    int k0 = split * ATT_SPLIT;
+    if (k0 >= n) return;
+    int keys = min(ATT_SPLIT, n - k0);
+    int rho = n_h / n_kv;
+    int d4 = d >> 2, kstride = d4 + 1;  // in float4: rows padded so lanes reading one row each don't collide
+    float4* ks = (float4*)(qs + rho * d);
+    float* sc = qs + rho * d + ATT_SPLIT * (d + 4);
+    for (int e = threadIdx.x; e < rho * d; e += blockDim.x)
+        qs[e] = q[((size_t)t * n_h + (size_t)g * rho) * d + e];
+    for (int e = threadIdx.x; e < keys * d4; e += blockDim.x) {
+        int kk = e / d4, c = e - kk * d4;
+        ks[kk * kstride + c] = ((const float4*)(k_cache + ((size_t)(k0 + kk) * n_kv + g) * d))[c];
+    }
+    __syncthreads();
+    // Scores: thread (hh, kk) for hh += 8.
+    int kk = threadIdx.x & 31;
+    for (int hh = threadIdx.x >> 5; hh < rho; hh += blockDim.x >> 5) {
+        float dot = 0.0f;
+        if (kk < keys) {
+            const float4* kr = ks + kk * kstride;
+            const float4* qv = (const float4*)(qs + hh * d);
+#pragma unroll 8
+            for (int e = 0; e < d4; e++) {
+                float4 a = kr[e], b = qv[e];
+                dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            }
+        }
+        sc[hh * ATT_SPLIT + kk] = kk < keys ? dot * scale : -SP_INF;
+    }
+    __syncthreads();
+    // Softmax and Σ p·v: warp per head, lanes over the dimensions.
+    int lane = threadIdx.x & 31;
+    for (int hh = threadIdx.x >> 5; hh < rho; hh += blockDim.x >> 5) {
+        float s = sc[hh * ATT_SPLIT + lane];
+        float m = warp_max(s);
+        float p = lane < keys ? expf(s - m) : 0.0f;
+        float l = warp_sum(p);
+        float acc[ATT_MAX_PER_LANE];
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_PER_LANE; i++) acc[i] = 0.0f;
+#pragma unroll 4
+        for (int j = 0; j < keys; j++) {
+            float pj = __shfl_sync(0xffffffffu, p, j);
+            const float* vr = v_cache + ((size_t)(k0 + j) * n_kv + g) * d;
+#pragma unroll
+            for (int i = 0; i < ATT_MAX_PER_LANE; i++) {
+                int e = lane + 32 * i;
+                if (e < d) acc[i] += pj * vr[e];
+            }
+        }
+        int h = g * rho + hh;
+        float* out = part + (((size_t)t * n_h + h) * splits + split) * (d + 2);
+        if (lane == 0) {
+            out[0] = m;
+            out[1] = l;
+        }
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_PER_LANE; i++) {
+            int e = lane + 32 * i;
+            if (e < d) out[2 + e] = acc[i];
+        }
+    }
+}
+
+// Block (h, t): out = (Σ_s e^{m_s − M}·acc_s) / (Σ_s e^{m_s − M}·l_s) · sigmoid(gate), over the
+// splits attn_split wrote for token t.
+extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* __restrict__ part, int splits,
+                                                               const float* __restrict__ gate,
+                                                               float* __restrict__ out, int n_h, int d, int start,
+                                                               const int* __restrict__ startp) {
+    extern __shared__ float wsp[];  // [splits]
+    __shared__ float red[33];
+    __shared__ float total;
+    if (startp) start = *startp;
+    int h = blockIdx.x, t = blockIdx.y;
+    int used = (start + t + 1 + ATT_SPLIT - 1) / ATT_SPLIT;
+    const float* base = part + ((size_t)t * n_h + h) * splits * (d + 2);
+    float m = -SP_INF;
+    for (int s = threadIdx.x; s < used; s += blockDim.x) m = fmaxf(m, base[(size_t)s * (d + 2)]);
+    // Block max through the shared scratch.
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : -SP_INF;
+        v = warp_max(v);
+        if (threadIdx.x == 0) red[32] = v;
+    }
+    __syncthreads();
+    float M = red[32];
+    float l = 0.0f;
+    for (int s = threadIdx.x; s < used; s += blockDim.x) {
+        const float* ps = base + (size_t)s * (d + 2);
+        float w = expf(ps[0] - M);
+        wsp[s] = w;
+        l += w * ps[1];
+    }
+    l = block_sum(l, red);
+    if (threadIdx.x == 0) total = l;
+    __syncthreads();
+    for (int e = threadIdx.x; e < d; e += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < used; s++) o += wsp[s] * base[(size_t)s * (d + 2) + 2 + e];
+        size_t at = ((size_t)t * n_h + h) * d + e;
+        out[at] = o / total * sigmoid_f(gate[at]);
+    }
+}

@@ -93,3 +93,133 @@ extern "C" __global__ void gdn_recurrent(const float* __restrict__ u, int C,
     for (int i = 0; i < GDN_MAX_DK; i++)
         if (own && i < dk) S[(size_t)i * dv + j] = s[i];
 }
+
+// ---- Decode (T ≤ MV_MAX_T tokens): conv and recurrence fused, one block per key head ----
+// Block kh owns the conv channels of q and k of key head kh and of v of its ρ = n_v/n_k value
+// heads, and those heads' states, so nothing is shared between blocks. Thread
+// (rg, hl, j) = tid / (ρ·d_v·…) owns column j of value head kh·ρ + hl, rows
+// [rg·d_k/R, (rg+1)·d_k/R) of its state in registers; partial sums over rows meet in shared
+// memory. The same arithmetic as gdn_conv + gdn_recurrent, per token.
+template <int R>
+__device__ __forceinline__ void gdn_step_impl(const float* __restrict__ proj, int ld, float* __restrict__ conv_state,
+                                              const float* __restrict__ conv_w, int T, int K, int nk, int nv,
+                                              int dk, int dv, int z_off, int b_off, int a_off,
+                                              float* __restrict__ state, const float* __restrict__ a_log,
+                                              const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
+                                              float* __restrict__ out, float eps, int gate_sigmoid) {
+    extern __shared__ float gsm[];
+    const int RPT = GDN_MAX_DK / R;  // row slots per thread
+    int kh = blockIdx.x, tid = threadIdx.x;
+    int rho = nv / nk;
+    int CL = 2 * dk + rho * dv;   // local conv channels
+    int C = 2 * nk * dk + nv * dv;
+    int hv = rho * dv;             // columns of the block
+    float* u = gsm;                // [T][CL]
+    float* norms = u + T * CL;     // [T][2]: q scale, k scale
+    float* red = norms + 2 * T;    // [R][hv]
+    float* sq = red + R * hv;      // [hv / min(dv, 32)] partial Σo²
+
+    // Conv of the block's channels, T tokens, then the conv state.
+    int past = K - 1;
+    for (int lc = tid; lc < CL; lc += blockDim.x) {
+        int c = lc < dk ? kh * dk + lc
+              : lc < 2 * dk ? nk * dk + kh * dk + (lc - dk)
+              : 2 * nk * dk + kh * hv + (lc - 2 * dk);
+        for (int t = 0; t < T; t++) {
+            float acc = 0.0f;
+            for (int j = 0; j < K; j++) {
+                int r = t + j;
+                float v = r < past ? conv_state[(size_t)r * C + c] : proj[(size_t)(r - past) * ld + c];
+                acc += conv_w[c * K + j] * v;
+            }
+            u[t * CL + lc] = silu_f(acc);
+        }
+        for (int r = 0; r < past; r++) {
+            int src = T + r;
+            conv_state[(size_t)r * C + c] = src < past ? conv_state[(size_t)src * C + c] : proj[(size_t)(src - past) * ld + c];
+        }
+    }
+    __syncthreads();
+    // l2 norms of q and k per token: warp w takes (t, q|k) pairs.
+    int lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    for (int pr = warp; pr < 2 * T; pr += warps) {
+        int t = pr >> 1, which = pr & 1;
+        const float* src = u + t * CL + which * dk;
+        float ss = 0.0f;
+        for (int i = lane; i < dk; i += 32) ss += src[i] * src[i];
+        ss = warp_sum(ss);
+        if (lane == 0) norms[pr] = which == 0 ? rsqrtf((float)dk) / sqrtf(ss + 1e-6f) : 1.0f / sqrtf(ss + 1e-6f);
+    }
+    __syncthreads();
+
+    int col = tid % hv, rg = tid / hv;
+    int hl = col / dv, j = col % dv;
+    int h = kh * rho + hl;
+    int rows = dk / R, r0 = rg * rows;
+    float s[RPT];
+    float* S = state + (size_t)h * dk * dv;
+#pragma unroll
+    for (int i = 0; i < RPT; i++) s[i] = i < rows ? S[(size_t)(r0 + i) * dv + j] : 0.0f;
+    float decay = -expf(a_log[h]);
+    int width = dv < 32 ? dv : 32;  // lanes of one head in a warp
+    for (int t = 0; t < T; t++) {
+        const float* ut = u + t * CL;
+        const float* pt = proj + (size_t)t * ld;
+        float qn = norms[2 * t], kn = norms[2 * t + 1];
+        float beta = sigmoid_f(pt[b_off + h]);
+        float alpha = expf(decay * softplus_f(pt[a_off + h] + dt_bias[h]));
+        float sk = 0.0f;
+#pragma unroll
+        for (int i = 0; i < RPT; i++)
+            if (i < rows) sk += s[i] * ut[dk + r0 + i];
+        red[rg * hv + col] = sk;
+        __syncthreads();
+        sk = 0.0f;
+        for (int g = 0; g < R; g++) sk += red[g * hv + col];
+        float v = ut[2 * dk + col];
+        float e = beta * (v - alpha * sk * kn);
+        float o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < RPT; i++) {
+            if (i < rows) {
+                s[i] = alpha * s[i] + ut[dk + r0 + i] * kn * e;
+                o += s[i] * ut[r0 + i];
+            }
+        }
+        __syncthreads();
+        red[rg * hv + col] = o;
+        __syncthreads();
+        o = 0.0f;
+        for (int g = 0; g < R; g++) o += red[g * hv + col];
+        o *= qn;
+        // Σ o² over the head's d_v columns: lanes of one head within a warp, then the warps.
+        float ss = o * o;
+        for (int off = width >> 1; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        int per_head = dv / width;
+        if (rg == 0 && (j % width) == 0) sq[hl * per_head + j / width] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+        for (int w = 0; w < per_head; w++) tot += sq[hl * per_head + w];
+        if (rg == 0) {
+            float z = pt[z_off + h * dv + j];
+            float gz = gate_sigmoid ? sigmoid_f(z) : silu_f(z);
+            out[((size_t)t * nv + h) * dv + j] = o * rsqrtf(tot / dv + eps) * norm_w[j] * gz;
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < RPT; i++)
+        if (i < rows) S[(size_t)(r0 + i) * dv + j] = s[i];
+}
+
+#define GDN_STEP_ARGS                                                                                          \
+    const float *__restrict__ proj, int ld, float *__restrict__ conv_state, const float *__restrict__ conv_w,   \
+        int T, int K, int nk, int nv, int dk, int dv, int z_off, int b_off, int a_off, float *__restrict__ state, \
+        const float *__restrict__ a_log, const float *__restrict__ dt_bias, const float *__restrict__ norm_w,    \
+        float *__restrict__ out, float eps, int gate_sigmoid
+#define GDN_STEP_PASS                                                                                       \
+    proj, ld, conv_state, conv_w, T, K, nk, nv, dk, dv, z_off, b_off, a_off, state, a_log, dt_bias, norm_w, \
+        out, eps, gate_sigmoid
+extern "C" __global__ void __launch_bounds__(384) gdn_step_r1(GDN_STEP_ARGS) { gdn_step_impl<1>(GDN_STEP_PASS); }
+extern "C" __global__ void __launch_bounds__(512) gdn_step_r2(GDN_STEP_ARGS) { gdn_step_impl<2>(GDN_STEP_PASS); }
+extern "C" __global__ void __launch_bounds__(512) gdn_step_r4(GDN_STEP_ARGS) { gdn_step_impl<4>(GDN_STEP_PASS); }
