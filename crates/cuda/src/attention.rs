@@ -113,7 +113,7 @@ pub fn forward(
         && d % 4 == 0
         && d <= 256
         && n_h % n_kv == 0;
-    let split_shared = 4 * (n_h / n_kv * d + SPLIT * (d + 4) + n_h / n_kv * SPLIT);
+    let split_shared = 4 * (n_h / n_kv * d + SPLIT * (d + 4) + SPLIT * d + n_h / n_kv * SPLIT);
     let splits = cache.capacity.div_ceil(SPLIT);
     if flash
         && split_shared <= dev.shared_limit("attn_split")

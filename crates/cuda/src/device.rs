@@ -29,7 +29,7 @@ const SOURCES: [&str; 8] = [
 ];
 
 /// Every `extern "C" __global__` function the sources define.
-const KERNELS: [&str; 48] = [
+const KERNELS: [&str; 45] = [
     "matvec_bf16",
     "matvec_q8",
     "matvec_q4",
@@ -71,13 +71,10 @@ const KERNELS: [&str; 48] = [
     "dmoe_down_bf16",
     "dmoe_down_q8",
     "dmoe_down_q4",
-    "dmoe_route",
     "argmax_multi",
     "attn_split",
     "attn_combine",
-    "gdn_step_r1",
-    "gdn_step_r2",
-    "gdn_step_r4",
+    "gdn_step",
 ];
 
 /// PTX of every kernel for `arch` (e.g. `sm_90`), compiled by NVRTC at most once per process.

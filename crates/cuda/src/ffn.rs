@@ -86,6 +86,9 @@ pub fn moe(
     io.give(dev, x)
 }
 
+/// The most experts per token the decode kernels take (`MOE_MAX_K` in decode.cu).
+const MOE_MAX_K: usize = 32;
+
 /// How the decode kernels run one MoE block: the routed experts' format, and whether the
 /// shared expert rides along in the same launches (same format) or runs on its own.
 struct DecodePlan {
@@ -117,6 +120,7 @@ impl DecodePlan {
             || inter % unit != 0
             || !gu.vec_ok()
             || !down.vec_ok()
+            || k > MOE_MAX_K
         {
             return None;
         }
@@ -138,7 +142,9 @@ impl DecodePlan {
             [(0, part)] => part.fmt == fmt && part.vec_ok() && shared % unit == 0,
             _ => false,
         };
-        let gate_up_shared_bytes = staged_bytes(fmt, tokens, hidden);
+        // The staged input, then each token's routing probabilities.
+        let gate_up_shared_bytes =
+            staged_bytes(fmt, tokens, hidden).next_multiple_of(16) + tokens * cfg.num_experts * 4;
         let routed = staged_bytes(fmt, tokens * k, inter).next_multiple_of(16);
         let down_shared_bytes = routed
             + if shared_down {
@@ -182,9 +188,10 @@ fn row_ptrs(part: &DevPart, row: usize) -> (u64, u64) {
     )
 }
 
-/// Decode MoE in four launches: the router and shared-expert gate rows (the norm fused in,
-/// the normed input kept), routing, every selected expert's SwiGLU (with the shared
-/// expert's), and the weighted down projections added into the output.
+/// Decode MoE in three launches: the router and shared-expert gate rows (the norm fused in,
+/// the normed input kept), routing and every selected expert's SwiGLU (with the shared
+/// expert's; each block routes for itself), and the weighted down projections added into
+/// the output.
 fn moe_decode(
     dev: &Device,
     config: &ModelConfig,
@@ -221,25 +228,6 @@ fn moe_decode(
 
     let idx = dev.scratch::<i32>(tokens * k)?;
     let wt = dev.scratch::<f32>(tokens * k)?;
-    let probs = dev.scratch::<f32>(tokens * e_count)?;
-    dev.launch(
-        "dmoe_route",
-        (tokens.div_ceil(8) as u32, 1, 1),
-        256,
-        0,
-        &[
-            p(logits.ptr()),
-            i(ld),
-            i(e_count),
-            i(k),
-            i(cfg.renormalize as usize),
-            p(probs.ptr()),
-            i(tokens),
-            p(idx.ptr()),
-            p(wt.ptr()),
-        ],
-    )?;
-
     let act = dev.scratch::<f32>(tokens * k * inter)?;
     let act_s = dev.scratch::<f32>(tokens * shared)?;
     let (gu, down) = (&w.experts_gate_up, &w.experts_down);
@@ -262,7 +250,12 @@ fn moe_decode(
             p(sgs),
             p(x),
             i(tokens),
+            p(logits.ptr()),
+            i(ld),
+            i(e_count),
+            i(cfg.renormalize as usize),
             p(idx.ptr()),
+            p(wt.ptr()),
             i(k),
             i(inter),
             i(shared),

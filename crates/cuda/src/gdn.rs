@@ -38,9 +38,9 @@ pub fn forward(
     let b_off = channels + nv * dv;
     let a_off = b_off + nv;
 
-    if let Some((kernel, threads, shared)) = step_launch(dev, config, tokens) {
+    if let Some((threads, r, shared)) = step_launch(dev, config, tokens) {
         dev.launch(
-            kernel,
+            "gdn_step",
             (nk as u32, 1, 1),
             threads,
             shared as u32,
@@ -65,6 +65,7 @@ pub fn forward(
                 p(o.ptr()),
                 f(eps),
                 i((config.gdn_gate == GdnGate::Sigmoid) as usize),
+                i(r),
             ],
         )?;
         return io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens);
@@ -119,12 +120,9 @@ pub fn forward(
 }
 
 /// The fused decode kernel for `tokens` tokens (conv and recurrence, one block per key
-/// head) when the shapes suit it: (kernel, threads, dynamic shared bytes).
-fn step_launch(
-    dev: &Device,
-    config: &ModelConfig,
-    tokens: usize,
-) -> Option<(&'static str, u32, usize)> {
+/// head, states in shared memory) when the shapes suit it: (threads, row groups R, dynamic
+/// shared bytes).
+fn step_launch(dev: &Device, config: &ModelConfig, tokens: usize) -> Option<(u32, usize, usize)> {
     let g = &config.gdn;
     let (nk, nv, dk, dv) = (
         g.num_key_heads,
@@ -132,7 +130,8 @@ fn step_launch(
         g.key_head_dim,
         g.value_head_dim,
     );
-    if tokens > MATVEC_MAX_TOKENS || nv % nk != 0 || dk > MAX_KEY_HEAD_DIM {
+    // The conv window (K − 1 + T rows) sits in registers (`GDN_MAX_WINDOW` in gdn.cu).
+    if tokens > MATVEC_MAX_TOKENS || nv % nk != 0 || g.conv_kernel - 1 + tokens > 16 {
         return None;
     }
     // Lanes of one head sum Σo² by shuffles: d_v a multiple of 32 or a power of two below it.
@@ -140,15 +139,16 @@ fn step_launch(
         return None;
     }
     let columns = nv / nk * dv;
-    let (kernel, r) = [
-        ("gdn_step_r4", 4, 512),
-        ("gdn_step_r2", 2, 512),
-        ("gdn_step_r1", 1, 384),
-    ]
-    .into_iter()
-    .find(|&(_, r, limit)| columns * r <= limit && dk % r == 0 && (columns * r) % 32 == 0)
-    .map(|(k, r, _)| (k, r))?;
-    let local = 2 * dk + columns;
-    let shared = 4 * (tokens * local + 2 * tokens + r * columns + columns / dv.min(32));
-    (shared <= dev.shared_limit(kernel)).then_some((kernel, (columns * r) as u32, shared))
+    if columns > 1024 || columns % 32 != 0 || (nv / nk * dk * dv) % 4 != 0 {
+        return None;
+    }
+    // Row groups: as many as 1024 threads allow, dividing d_k.
+    let mut r = 1;
+    while columns * r * 2 <= 1024 && dk % (r * 2) == 0 {
+        r *= 2;
+    }
+    let states = nv / nk * dk * dv;
+    let shared = 4
+        * (states + tokens * (2 * dk + columns) + 2 * tokens + r * columns + columns / dv.min(32));
+    (shared <= dev.shared_limit("gdn_step")).then_some(((columns * r) as u32, r, shared))
 }

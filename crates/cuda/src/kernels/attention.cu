@@ -131,7 +131,9 @@ extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __rest
                                                              float* __restrict__ part, int splits, int n_h,
                                                              int n_kv, int d, int start,
                                                              const int* __restrict__ startp, float scale) {
-    extern __shared__ __align__(16) float qs[];  // q [ρ][d], keys [ATT_SPLIT][d + 4], scores [ρ][ATT_SPLIT]
+    // q [ρ][d], keys [ATT_SPLIT][d + 4] (padded: a lane per key reads without bank conflicts),
+    // values [ATT_SPLIT][d], scores [ρ][ATT_SPLIT].
+    extern __shared__ __align__(16) float qs[];
     if (startp) start = *startp;
     int g = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
     int n = start + t + 1;
@@ -139,15 +141,27 @@ extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __rest
     if (k0 >= n) return;
     int keys = min(ATT_SPLIT, n - k0);
     int rho = n_h / n_kv;
-    int d4 = d >> 2, kstride = d4 + 1;  // in float4: rows padded so lanes reading one row each don't collide
+    int d4 = d >> 2, kstride = d4 + 1;  // in float4
+    float4* q4 = (float4*)qs;
     float4* ks = (float4*)(qs + rho * d);
-    float* sc = qs + rho * d + ATT_SPLIT * (d + 4);
-    for (int e = threadIdx.x; e < rho * d; e += blockDim.x)
-        qs[e] = q[((size_t)t * n_h + (size_t)g * rho) * d + e];
-    for (int e = threadIdx.x; e < keys * d4; e += blockDim.x) {
-        int kk = e / d4, c = e - kk * d4;
-        ks[kk * kstride + c] = ((const float4*)(k_cache + ((size_t)(k0 + kk) * n_kv + g) * d))[c];
+    float4* vs = ks + ATT_SPLIT * kstride;
+    float* sc = (float*)(vs + ATT_SPLIT * d4);
+    // Stage q, K and V with asynchronous copies (all in flight at once).
+    int nq = rho * d4, nk = keys * d4, total = nq + 2 * nk;
+    const float4* qsrc = (const float4*)(q + ((size_t)t * n_h + (size_t)g * rho) * d);
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+        if (e < nq) {
+            cp_async16(q4 + e, qsrc + e);
+        } else {
+            int r = e - nq;
+            bool is_v = r >= nk;
+            r -= is_v ? nk : 0;
+            int kk = r / d4, c = r - kk * d4;
+            const float4* src = (const float4*)((is_v ? v_cache : k_cache) + ((size_t)(k0 + kk) * n_kv + g) * d) + c;
+            cp_async16(is_v ? vs + kk * d4 + c : ks + kk * kstride + c, src);
+        }
     }
+    cp_async_wait_all();
     __syncthreads();
     // Scores: thread (hh, kk) for hh += 8.
     int kk = threadIdx.x & 31;
@@ -155,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __rest
         float dot = 0.0f;
         if (kk < keys) {
             const float4* kr = ks + kk * kstride;
-            const float4* qv = (const float4*)(qs + hh * d);
+            const float4* qv = q4 + hh * d4;
 #pragma unroll 8
             for (int e = 0; e < d4; e++) {
                 float4 a = kr[e], b = qv[e];
@@ -167,6 +181,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __rest
     __syncthreads();
     // Softmax and Σ p·v: warp per head, lanes over the dimensions.
     int lane = threadIdx.x & 31;
+    const float* vf = (const float*)vs;
     for (int hh = threadIdx.x >> 5; hh < rho; hh += blockDim.x >> 5) {
         float s = sc[hh * ATT_SPLIT + lane];
         float m = warp_max(s);
@@ -175,14 +190,12 @@ extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __rest
         float acc[ATT_MAX_PER_LANE];
 #pragma unroll
         for (int i = 0; i < ATT_MAX_PER_LANE; i++) acc[i] = 0.0f;
-#pragma unroll 4
         for (int j = 0; j < keys; j++) {
             float pj = __shfl_sync(0xffffffffu, p, j);
-            const float* vr = v_cache + ((size_t)(k0 + j) * n_kv + g) * d;
 #pragma unroll
             for (int i = 0; i < ATT_MAX_PER_LANE; i++) {
                 int e = lane + 32 * i;
-                if (e < d) acc[i] += pj * vr[e];
+                if (e < d) acc[i] += pj * vf[j * d + e];
             }
         }
         int h = g * rho + hh;

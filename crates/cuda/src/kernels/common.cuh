@@ -187,3 +187,21 @@ __device__ __forceinline__ float row_dot(const unsigned char* w, const unsigned 
     }
     return acc;
 }
+
+// Asynchronous 16-byte copies global → shared, finished (for the calling thread) by
+// cp_async_wait_all(); a plain copy before sm_80.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if __CUDA_ARCH__ >= 800
+    unsigned int a = (unsigned int)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(__cvta_generic_to_global(gmem)));
+#else
+    *(uint4*)smem = *(const uint4*)gmem;
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}

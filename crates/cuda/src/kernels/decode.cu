@@ -10,6 +10,7 @@
 // CPU's order. bf16 weights multiply f32 activations, as on the CPU.
 
 #define DEC_BATCH 4
+#define STAGE_BATCH 4
 
 // ---- Staged activations (dynamic shared memory) ----
 // FMT 0: f32 x[T][cols]. FMT 1, 2: i8 q[T][cols], then f32 d[T][cols/32], then i32 sum[T][cols/32].
@@ -27,6 +28,12 @@ struct Staged {
         return (const int*)(base + (size_t)T * cols + (size_t)T * (cols >> 5) * 4) + (size_t)t * (cols >> 5);
     }
 };
+
+// Bytes stage_rows<FMT> fills for T rows of cols.
+template <int FMT>
+__device__ __forceinline__ size_t staged_size(int T, int cols) {
+    return FMT == 0 ? (size_t)T * cols * 4 : (size_t)T * cols + (size_t)T * (cols >> 5) * 8;
+}
 
 // Stages rows x[t·ldx + c] (t < T, c < cols) into `sm` for FMT, optionally RMS-normed with a
 // zero-centred weight (x·rsqrt(mean x² + eps)·(1 + nw[c])); block 0 also writes the normed rows
@@ -49,7 +56,7 @@ __device__ void stage_rows(const float* __restrict__ x, int ldx, int T, int cols
                 const float4* xr = (const float4*)(x + (size_t)t * ldx);
 #pragma unroll 4
                 for (int c = tid; c < quads; c += blockDim.x) {
-                    float4 v = xr[c];
+                    float4 v = __ldg(xr + c);
                     ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
                 }
             }
@@ -68,44 +75,56 @@ __device__ void stage_rows(const float* __restrict__ x, int ldx, int T, int cols
         __syncthreads();
     }
     bool write_xn = xn && blockIdx.x == 0;
-    // Thread `tid` handles quads tid, tid + blockDim, ...; 8 consecutive lanes hold one group of 32.
+    // Thread `tid` handles quads tid, tid + blockDim, ...; 8 consecutive lanes hold one group
+    // of 32. STAGE_BATCH quads per thread are loaded before any is used.
     for (int t = 0; t < T; t++) {
         const float4* xr = (const float4*)(x + (size_t)t * ldx);
         float r = nw ? rs[t] : 1.0f;
         // Whole warps iterate together (the group reductions shuffle across 8 lanes).
-        for (int c0 = 0; c0 < quads; c0 += blockDim.x) {
-            int c = c0 + tid;
-            bool live = c < quads;
-            float4 v = live ? xr[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (nw && live) {
-                float4 w = ((const float4*)nw)[c];
-                v.x = v.x * r * (1.0f + w.x);
-                v.y = v.y * r * (1.0f + w.y);
-                v.z = v.z * r * (1.0f + w.z);
-                v.w = v.w * r * (1.0f + w.w);
+        for (int c0 = 0; c0 < quads; c0 += blockDim.x * STAGE_BATCH) {
+            float4 vb[STAGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < STAGE_BATCH; u++) {
+                int c = c0 + u * blockDim.x + tid;
+                vb[u] = c < quads ? __ldg(xr + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
-            if (write_xn && live) ((float4*)(xn + (size_t)t * cols))[c] = v;
-            if (FMT == 0) {
-                if (live) ((float4*)sm)[(size_t)t * quads + c] = v;
-            } else {
-                float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
-                for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-                float d = amax / 127.0f;
-                float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
-                int q0 = (int)roundf(v.x * inv), q1 = (int)roundf(v.y * inv);
-                int q2 = (int)roundf(v.z * inv), q3 = (int)roundf(v.w * inv);
-                int s = q0 + q1 + q2 + q3;
+            for (int u = 0; u < STAGE_BATCH; u++) {
+                int c = c0 + u * blockDim.x + tid;
+                if (c0 + u * blockDim.x >= quads) break;  // uniform across the block
+                bool live = c < quads;
+                float4 v = vb[u];
+                if (nw && live) {
+                    float4 w = __ldg((const float4*)nw + c);
+                    v.x = v.x * r * (1.0f + w.x);
+                    v.y = v.y * r * (1.0f + w.y);
+                    v.z = v.z * r * (1.0f + w.z);
+                    v.w = v.w * r * (1.0f + w.w);
+                }
+                if (write_xn && live) ((float4*)(xn + (size_t)t * cols))[c] = v;
+                if (FMT == 0) {
+                    if (live) ((float4*)sm)[(size_t)t * quads + c] = v;
+                } else {
+                    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
-                for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                if (live) {
-                    unsigned int packed = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | ((unsigned int)(q3 & 0xff) << 24);
-                    ((unsigned int*)sm)[(size_t)t * quads + c] = packed;
-                    if ((lane & 7) == 0) {
-                        int g = c >> 3;
-                        int G = cols >> 5;
-                        ((float*)(sm + (size_t)T * cols))[(size_t)t * G + g] = d;
-                        ((int*)(sm + (size_t)T * cols + (size_t)T * G * 4))[(size_t)t * G + g] = s;
+                    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                    float d = amax / 127.0f;
+                    float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+                    int q0 = (int)roundf(v.x * inv), q1 = (int)roundf(v.y * inv);
+                    int q2 = (int)roundf(v.z * inv), q3 = (int)roundf(v.w * inv);
+                    int s = q0 + q1 + q2 + q3;
+#pragma unroll
+                    for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                    if (live) {
+                        unsigned int packed = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) |
+                                              ((unsigned int)(q3 & 0xff) << 24);
+                        ((unsigned int*)sm)[(size_t)t * quads + c] = packed;
+                        if ((lane & 7) == 0) {
+                            int g = c >> 3;
+                            int G = cols >> 5;
+                            ((float*)(sm + (size_t)T * cols))[(size_t)t * G + g] = d;
+                            ((int*)(sm + (size_t)T * cols + (size_t)T * G * 4))[(size_t)t * G + g] = s;
+                        }
                     }
                 }
             }
@@ -271,15 +290,86 @@ extern "C" __global__ void __launch_bounds__(256) dmv_q4_t8(DMV_ARGS) { dmv_impl
 
 // ---- Mixture of experts, decode (MODEL_MATH §1.6) ----
 
+#define MOE_MAX_K 32  // top-k the decode kernels hold in shared memory
+#define DOWN_BATCH 8  // chunks per lane in flight in the down projections
+
+// Routing of one token by one warp (MODEL_MATH §1.6): softmax over the E logits in `row`, top-k
+// by repeated argmax (ties to the lower index, as the CPU), optional renormalisation. `pr` is
+// E floats of shared scratch; the chosen experts and weights go to idx[0..k), wt[0..k).
+__device__ void route_warp(const float* __restrict__ row, int E, int k, int renormalize, float* pr, int* idx,
+                           float* wt) {
+    int lane = threadIdx.x & 31;
+    float m = -SP_INF;
+    for (int e = lane; e < E; e += 32) {
+        float v = row[e];
+        pr[e] = v;
+        m = fmaxf(m, v);
+    }
+    m = warp_max(m);
+    float s = 0.0f;
+    for (int e = lane; e < E; e += 32) {
+        float v = expf(pr[e] - m);
+        pr[e] = v;
+        s += v;
+    }
+    s = warp_sum(s);
+    for (int e = lane; e < E; e += 32) pr[e] /= s;
+    __syncwarp();
+    float picked = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float bv = -SP_INF;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < E; e += 32) {
+            float v = pr[e];
+            if (v > bv) { bv = v; bi = e; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (bi == 0x7fffffff) { bi = 0; bv = 0.0f; }  // NaN logits: keep the index valid
+        if (lane == 0) {
+            idx[j] = bi;
+            wt[j] = bv;
+            pr[bi] = -SP_INF;
+        }
+        picked += bv;
+        __syncwarp();
+    }
+    if (renormalize)
+        for (int j = lane; j < k; j += 32) wt[j] /= picked;
+    __syncwarp();
+}
+
+
 // act[p·I + i] = silu(gate_e[i]·x_t)·(up_e[i]·x_t) for routed pairs p = t·k + j (e = idx[p]),
 // and, when sgu is not null, act_s[t·Is + i] the same with the shared expert's [2·Is, H] matrix.
 // x: the normed input rows [T, H] (stride H). One warp per output (i, pair), 32 lanes per row.
 template <int FMT>
 __device__ __forceinline__ void dmoe_gate_up_impl(const unsigned char* __restrict__ gu, const unsigned short* __restrict__ gs,
                                                   const unsigned char* __restrict__ sgu, const unsigned short* __restrict__ sgs,
-                                                  const float* __restrict__ x, int T, const int* __restrict__ idx, int k,
-                                                  int I, int Is, int H, float* __restrict__ act, float* __restrict__ act_s) {
+                                                  const float* __restrict__ x, int T, const float* __restrict__ logits,
+                                                  int ld, int E, int renormalize, int* __restrict__ idx,
+                                                  float* __restrict__ wt, int k, int I, int Is, int H,
+                                                  float* __restrict__ act, float* __restrict__ act_s) {
     extern __shared__ __align__(16) unsigned char dsm[];
+    __shared__ int sidx[MV_MAX_T * MOE_MAX_K];
+    __shared__ float swt[MV_MAX_T * MOE_MAX_K];
+    // Every block routes the tokens itself (warp t, token t); block 0 publishes the choice
+    // for the down projections.
+    {
+        int warp = threadIdx.x >> 5;
+        float* pr = (float*)(dsm + ((staged_size<FMT>(T, H) + 15) & ~(size_t)15)) + (size_t)warp * E;
+        if (warp < T) route_warp(logits + (size_t)warp * ld, E, k, renormalize, pr, sidx + warp * k, swt + warp * k);
+        __syncthreads();
+        if (blockIdx.x == 0)
+            for (int e = threadIdx.x; e < T * k; e += blockDim.x) {
+                idx[e] = sidx[e];
+                wt[e] = swt[e];
+            }
+    }
     stage_rows<FMT>(x, H, T, H, nullptr, 0.0f, nullptr, dsm);
     Staged<FMT> st{dsm, H};
     int lane = threadIdx.x & 31;
@@ -297,7 +387,7 @@ __device__ __forceinline__ void dmoe_gate_up_impl(const unsigned char* __restric
         if (item < routed) {
             int p = item / I, i = item - p * I;
             t = p / k;
-            g_row = (size_t)idx[p] * 2 * I + i;
+            g_row = (size_t)sidx[p] * 2 * I + i;
             u_row = g_row + I;
             w = gu;
             s = gs;
@@ -343,7 +433,7 @@ __device__ __forceinline__ void dmoe_gate_up_impl(const unsigned char* __restric
 
 // h[t·ldh + r] (+)= Σ_j wt[t·k + j]·(down_{idx[t·k+j]}[r] · act_{t·k+j}) + sigmoid(sg[t·ldsg])·(sdown[r] · act_s[t])
 // (the shared term when sdown is not null). One warp per (t, r): the lanes share the chunks of
-// all k (+1) rows, so every lane has DEC_BATCH loads in flight.
+// all k (+1) rows, so every lane has DOWN_BATCH loads in flight.
 template <int FMT>
 __device__ __forceinline__ void dmoe_down_impl(const unsigned char* __restrict__ dw, const unsigned short* __restrict__ ds,
                                                const unsigned char* __restrict__ sdw, const unsigned short* __restrict__ sds,
@@ -352,6 +442,14 @@ __device__ __forceinline__ void dmoe_down_impl(const unsigned char* __restrict__
                                                const float* __restrict__ sg, int ldsg, int T, int k, int I, int Is,
                                                int H, float* __restrict__ h, int ldh, int accumulate) {
     extern __shared__ __align__(16) unsigned char dsm[];
+    __shared__ int sidx[MV_MAX_T * MOE_MAX_K];
+    __shared__ float swt[MV_MAX_T * MOE_MAX_K];
+    __shared__ float ssg[MV_MAX_T];
+    for (int e = threadIdx.x; e < T * k; e += blockDim.x) {
+        sidx[e] = idx[e];
+        swt[e] = wt[e];
+    }
+    if (sdw && threadIdx.x < T) ssg[threadIdx.x] = sigmoid_f(sg[(size_t)threadIdx.x * ldsg]);
     // Routed activations as T·k rows of I, then the shared ones as T rows of Is.
     size_t routed_bytes = FMT == 0 ? (size_t)T * k * I * 4 : (size_t)T * k * I + (size_t)T * k * (I >> 5) * 8;
     routed_bytes = (routed_bytes + 15) & ~(size_t)15;
@@ -369,27 +467,27 @@ __device__ __forceinline__ void dmoe_down_impl(const unsigned char* __restrict__
     for (int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); item < T * H; item += warps) {
         int t = item / H, r = item - t * H;
         float acc = 0.0f;
-        for (int c0 = lane; c0 < all_chunks; c0 += 32 * DEC_BATCH) {
-            Chunk<FMT> c[DEC_BATCH];
+        for (int c0 = lane; c0 < all_chunks; c0 += 32 * DOWN_BATCH) {
+            Chunk<FMT> c[DOWN_BATCH];
 #pragma unroll
-            for (int u = 0; u < DEC_BATCH; u++) {
+            for (int u = 0; u < DOWN_BATCH; u++) {
                 int q = c0 + u * 32;
                 if (q < routed_chunks) {
                     int j = q / nch, ch = q - j * nch;
-                    size_t row = (size_t)idx[t * k + j] * H + r;
+                    size_t row = (size_t)sidx[t * k + j] * H + r;
                     c[u] = load_dchunk<FMT>(dw + row * rb, ds + row * rsc, ch);
                 } else if (q < all_chunks) {
                     c[u] = load_dchunk<FMT>(sdw + (size_t)r * srb, sds + (size_t)r * srsc, q - routed_chunks);
                 }
             }
 #pragma unroll
-            for (int u = 0; u < DEC_BATCH; u++) {
+            for (int u = 0; u < DOWN_BATCH; u++) {
                 int q = c0 + u * 32;
                 if (q < routed_chunks) {
                     int j = q / nch, ch = q - j * nch;
-                    acc += wt[t * k + j] * dchunk_dot<FMT>(c[u], st, t * k + j, T * k, ch);
+                    acc += swt[t * k + j] * dchunk_dot<FMT>(c[u], st, t * k + j, T * k, ch);
                 } else if (q < all_chunks) {
-                    acc += sigmoid_f(sg[(size_t)t * ldsg]) * dchunk_dot<FMT>(c[u], sst, t, T, q - routed_chunks);
+                    acc += ssg[t] * dchunk_dot<FMT>(c[u], sst, t, T, q - routed_chunks);
                 }
             }
         }
@@ -403,9 +501,10 @@ __device__ __forceinline__ void dmoe_down_impl(const unsigned char* __restrict__
 
 #define DGU_ARGS                                                                                                  \
     const unsigned char *__restrict__ gu, const unsigned short *__restrict__ gs, const unsigned char *__restrict__ sgu, \
-        const unsigned short *__restrict__ sgs, const float *__restrict__ x, int T, const int *__restrict__ idx, int k,   \
-        int I, int Is, int H, float *__restrict__ act, float *__restrict__ act_s
-#define DGU_PASS gu, gs, sgu, sgs, x, T, idx, k, I, Is, H, act, act_s
+        const unsigned short *__restrict__ sgs, const float *__restrict__ x, int T, const float *__restrict__ logits,     \
+        int ld, int E, int renormalize, int *__restrict__ idx, float *__restrict__ wt, int k, int I, int Is, int H,      \
+        float *__restrict__ act, float *__restrict__ act_s
+#define DGU_PASS gu, gs, sgu, sgs, x, T, logits, ld, E, renormalize, idx, wt, k, I, Is, H, act, act_s
 extern "C" __global__ void __launch_bounds__(256) dmoe_gate_up_bf16(DGU_ARGS) { dmoe_gate_up_impl<0>(DGU_PASS); }
 extern "C" __global__ void __launch_bounds__(256) dmoe_gate_up_q8(DGU_ARGS) { dmoe_gate_up_impl<1>(DGU_PASS); }
 extern "C" __global__ void __launch_bounds__(256) dmoe_gate_up_q4(DGU_ARGS) { dmoe_gate_up_impl<2>(DGU_PASS); }
@@ -423,56 +522,6 @@ extern "C" __global__ void __launch_bounds__(256) dmoe_down_q4(DDOWN_ARGS) { dmo
 // Routing for T tokens, one warp per token: softmax over the E logits (row t of `logits`,
 // stride ld), top-k by repeated argmax (ties to the lower index), optional renormalisation —
 // moe_route's results, without block-wide barriers. p is scratch of T·E floats.
-extern "C" __global__ void dmoe_route(const float* __restrict__ logits, int ld, int E, int k, int renormalize,
-                                      float* __restrict__ p, int T, int* __restrict__ idx, float* __restrict__ wt) {
-    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (t >= T) return;
-    const float* row = logits + (size_t)t * ld;
-    float* pr = p + (size_t)t * E;
-    float m = -SP_INF;
-    for (int e = lane; e < E; e += 32) m = fmaxf(m, row[e]);
-    m = warp_max(m);
-    float s = 0.0f;
-    for (int e = lane; e < E; e += 32) {
-        float v = expf(row[e] - m);
-        pr[e] = v;
-        s += v;
-    }
-    s = warp_sum(s);
-    for (int e = lane; e < E; e += 32) pr[e] /= s;
-    __syncwarp();
-    float picked = 0.0f;
-    float mine = 0.0f;  // lane j keeps the j-th weight
-    for (int j = 0; j < k; j++) {
-        float bv = -SP_INF;
-        int bi = 0x7fffffff;
-        for (int e = lane; e < E; e += 32) {
-            float v = pr[e];
-            if (v > bv) { bv = v; bi = e; }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-        }
-        if (bi == 0x7fffffff) { bi = 0; bv = 0.0f; }  // NaN logits: keep the index valid
-        if (lane == 0) {
-            idx[t * k + j] = bi;
-            pr[bi] = -SP_INF;
-        }
-        if (j < 32 && lane == j) mine = bv;
-        if (j >= 32 && lane == 0) wt[t * k + j] = bv;
-        picked += bv;
-        __syncwarp();
-    }
-    for (int j = lane; j < k; j += 32) {
-        float v = j < 32 ? mine : wt[t * k + j];
-        wt[t * k + j] = renormalize ? v / picked : v;
-    }
-}
-
 // ---- Greedy token: argmax over n values in two stages in one launch ----
 // Every block finds its best (value, first index) and writes it to part[blockIdx]; the last
 // block to finish (counted in *done, reset for the next launch) reduces the parts into out[0].

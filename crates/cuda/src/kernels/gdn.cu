@@ -95,50 +95,60 @@ extern "C" __global__ void gdn_recurrent(const float* __restrict__ u, int C,
 }
 
 // ---- Decode (T ≤ MV_MAX_T tokens): conv and recurrence fused, one block per key head ----
+#define GDN_MAX_WINDOW 16  // K − 1 + T conv rows held in registers
 // Block kh owns the conv channels of q and k of key head kh and of v of its ρ = n_v/n_k value
-// heads, and those heads' states, so nothing is shared between blocks. Thread
-// (rg, hl, j) = tid / (ρ·d_v·…) owns column j of value head kh·ρ + hl, rows
-// [rg·d_k/R, (rg+1)·d_k/R) of its state in registers; partial sums over rows meet in shared
-// memory. The same arithmetic as gdn_conv + gdn_recurrent, per token.
-template <int R>
-__device__ __forceinline__ void gdn_step_impl(const float* __restrict__ proj, int ld, float* __restrict__ conv_state,
-                                              const float* __restrict__ conv_w, int T, int K, int nk, int nv,
-                                              int dk, int dv, int z_off, int b_off, int a_off,
-                                              float* __restrict__ state, const float* __restrict__ a_log,
-                                              const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
-                                              float* __restrict__ out, float eps, int gate_sigmoid) {
-    extern __shared__ float gsm[];
-    const int RPT = GDN_MAX_DK / R;  // row slots per thread
+// heads, and those heads' states, so nothing is shared between blocks. The states
+// [ρ, d_k, d_v] move to shared memory and back with 16-byte loads (they are contiguous);
+// thread (rg, hl, j) owns column j of value head kh·ρ + hl over rows [rg·d_k/R, (rg+1)·d_k/R),
+// and partial sums over rows meet in shared memory. The same arithmetic as gdn_conv +
+// gdn_recurrent, per token.
+extern "C" __global__ void __launch_bounds__(1024) gdn_step(
+    const float* __restrict__ proj, int ld, float* __restrict__ conv_state, const float* __restrict__ conv_w, int T,
+    int K, int nk, int nv, int dk, int dv, int z_off, int b_off, int a_off, float* __restrict__ state,
+    const float* __restrict__ a_log, const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
+    float* __restrict__ out, float eps, int gate_sigmoid, int R) {
+    extern __shared__ __align__(16) float gsm[];
     int kh = blockIdx.x, tid = threadIdx.x;
     int rho = nv / nk;
-    int CL = 2 * dk + rho * dv;   // local conv channels
+    int CL = 2 * dk + rho * dv;  // local conv channels
     int C = 2 * nk * dk + nv * dv;
-    int hv = rho * dv;             // columns of the block
-    float* u = gsm;                // [T][CL]
-    float* norms = u + T * CL;     // [T][2]: q scale, k scale
-    float* red = norms + 2 * T;    // [R][hv]
-    float* sq = red + R * hv;      // [hv / min(dv, 32)] partial Σo²
+    int hv = rho * dv;            // columns of the block
+    int width = dv < 32 ? dv : 32;  // lanes of one head in a warp
+    float* S = gsm;               // [ρ][d_k][d_v]
+    float* u = S + (size_t)rho * dk * dv;  // [T][CL]
+    float* norms = u + T * CL;    // [T][2]: q scale, k scale
+    float* red = norms + 2 * T;   // [R][hv]
+    float* sq = red + R * hv;     // [hv / width] partial Σo²
+    float* Sg = state + (size_t)kh * rho * dk * dv;
+    int n4 = rho * dk * dv / 4;
 
-    // Conv of the block's channels, T tokens, then the conv state.
+    // The states in, all in flight at once (asynchronous copies, overlapping the conv).
+    for (int e = tid; e < n4; e += blockDim.x) cp_async16((float4*)S + e, (const float4*)Sg + e);
+    // Conv of the block's channels, T tokens, then the conv state. The window (K−1 state rows,
+    // then the T new rows) is read into registers first.
     int past = K - 1;
     for (int lc = tid; lc < CL; lc += blockDim.x) {
         int c = lc < dk ? kh * dk + lc
               : lc < 2 * dk ? nk * dk + kh * dk + (lc - dk)
               : 2 * nk * dk + kh * hv + (lc - 2 * dk);
+        float win[GDN_MAX_WINDOW], wk[GDN_MAX_WINDOW];
+#pragma unroll
+        for (int r = 0; r < GDN_MAX_WINDOW; r++) {
+            if (r < past + T) win[r] = r < past ? conv_state[(size_t)r * C + c] : proj[(size_t)(r - past) * ld + c];
+            if (r < K) wk[r] = conv_w[c * K + r];
+        }
         for (int t = 0; t < T; t++) {
             float acc = 0.0f;
-            for (int j = 0; j < K; j++) {
-                int r = t + j;
-                float v = r < past ? conv_state[(size_t)r * C + c] : proj[(size_t)(r - past) * ld + c];
-                acc += conv_w[c * K + j] * v;
-            }
+#pragma unroll
+            for (int j = 0; j < GDN_MAX_WINDOW; j++)
+                if (j < K) acc += wk[j] * win[t + j < GDN_MAX_WINDOW ? t + j : 0];
             u[t * CL + lc] = silu_f(acc);
         }
-        for (int r = 0; r < past; r++) {
-            int src = T + r;
-            conv_state[(size_t)r * C + c] = src < past ? conv_state[(size_t)src * C + c] : proj[(size_t)(src - past) * ld + c];
-        }
+#pragma unroll
+        for (int r = 0; r < GDN_MAX_WINDOW; r++)
+            if (r < past) conv_state[(size_t)r * C + c] = win[T + r < GDN_MAX_WINDOW ? T + r : 0];
     }
+    cp_async_wait_all();
     __syncthreads();
     // l2 norms of q and k per token: warp w takes (t, q|k) pairs.
     int lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
@@ -156,12 +166,8 @@ __device__ __forceinline__ void gdn_step_impl(const float* __restrict__ proj, in
     int hl = col / dv, j = col % dv;
     int h = kh * rho + hl;
     int rows = dk / R, r0 = rg * rows;
-    float s[RPT];
-    float* S = state + (size_t)h * dk * dv;
-#pragma unroll
-    for (int i = 0; i < RPT; i++) s[i] = i < rows ? S[(size_t)(r0 + i) * dv + j] : 0.0f;
+    float* Sh = S + (size_t)hl * dk * dv + j;  // column j of head hl: Sh[i·d_v]
     float decay = -expf(a_log[h]);
-    int width = dv < 32 ? dv : 32;  // lanes of one head in a warp
     for (int t = 0; t < T; t++) {
         const float* ut = u + t * CL;
         const float* pt = proj + (size_t)t * ld;
@@ -169,9 +175,7 @@ __device__ __forceinline__ void gdn_step_impl(const float* __restrict__ proj, in
         float beta = sigmoid_f(pt[b_off + h]);
         float alpha = expf(decay * softplus_f(pt[a_off + h] + dt_bias[h]));
         float sk = 0.0f;
-#pragma unroll
-        for (int i = 0; i < RPT; i++)
-            if (i < rows) sk += s[i] * ut[dk + r0 + i];
+        for (int i = r0; i < r0 + rows; i++) sk += Sh[(size_t)i * dv] * ut[dk + i];
         red[rg * hv + col] = sk;
         __syncthreads();
         sk = 0.0f;
@@ -179,12 +183,10 @@ __device__ __forceinline__ void gdn_step_impl(const float* __restrict__ proj, in
         float v = ut[2 * dk + col];
         float e = beta * (v - alpha * sk * kn);
         float o = 0.0f;
-#pragma unroll
-        for (int i = 0; i < RPT; i++) {
-            if (i < rows) {
-                s[i] = alpha * s[i] + ut[dk + r0 + i] * kn * e;
-                o += s[i] * ut[r0 + i];
-            }
+        for (int i = r0; i < r0 + rows; i++) {
+            float si = alpha * Sh[(size_t)i * dv] + ut[dk + i] * kn * e;
+            Sh[(size_t)i * dv] = si;
+            o += si * ut[i];
         }
         __syncthreads();
         red[rg * hv + col] = o;
@@ -207,19 +209,6 @@ __device__ __forceinline__ void gdn_step_impl(const float* __restrict__ proj, in
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < RPT; i++)
-        if (i < rows) S[(size_t)(r0 + i) * dv + j] = s[i];
+    // The states back.
+    for (int b = tid; b < n4; b += blockDim.x) ((float4*)Sg)[b] = ((const float4*)S)[b];
 }
-
-#define GDN_STEP_ARGS                                                                                          \
-    const float *__restrict__ proj, int ld, float *__restrict__ conv_state, const float *__restrict__ conv_w,   \
-        int T, int K, int nk, int nv, int dk, int dv, int z_off, int b_off, int a_off, float *__restrict__ state, \
-        const float *__restrict__ a_log, const float *__restrict__ dt_bias, const float *__restrict__ norm_w,    \
-        float *__restrict__ out, float eps, int gate_sigmoid
-#define GDN_STEP_PASS                                                                                       \
-    proj, ld, conv_state, conv_w, T, K, nk, nv, dk, dv, z_off, b_off, a_off, state, a_log, dt_bias, norm_w, \
-        out, eps, gate_sigmoid
-extern "C" __global__ void __launch_bounds__(384) gdn_step_r1(GDN_STEP_ARGS) { gdn_step_impl<1>(GDN_STEP_PASS); }
-extern "C" __global__ void __launch_bounds__(512) gdn_step_r2(GDN_STEP_ARGS) { gdn_step_impl<2>(GDN_STEP_PASS); }
-extern "C" __global__ void __launch_bounds__(512) gdn_step_r4(GDN_STEP_ARGS) { gdn_step_impl<4>(GDN_STEP_PASS); }
