@@ -29,7 +29,7 @@ const SOURCES: [&str; 8] = [
 ];
 
 /// Every `extern "C" __global__` function the sources define.
-const KERNELS: [&str; 45] = [
+const KERNELS: [&str; 52] = [
     "matvec_bf16",
     "matvec_q8",
     "matvec_q4",
@@ -75,6 +75,13 @@ const KERNELS: [&str; 45] = [
     "attn_split",
     "attn_combine",
     "gdn_step",
+    "gdn_heads",
+    "dmvc_bf16_t1",
+    "dmvc_q8_t1",
+    "dmvc_q4_t1",
+    "dmvc_bf16_t8",
+    "dmvc_q8_t8",
+    "dmvc_q4_t8",
 ];
 
 /// PTX of every kernel for `arch` (e.g. `sm_90`), compiled by NVRTC at most once per process.

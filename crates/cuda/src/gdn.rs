@@ -5,7 +5,7 @@ use spindle_model::{GdnGate, ModelConfig};
 
 use crate::device::{f, i, p, threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::linear::{Io, MATVEC_MAX_TOKENS};
+use crate::linear::{decode_linear_conv, Io, MATVEC_MAX_TOKENS};
 use crate::session::GdnState;
 use crate::weights::GpuGdn;
 
@@ -32,11 +32,63 @@ pub fn forward(
     );
     let channels = g.conv_channels();
     let width = w.in_proj.rows; // C + n_v·d_v + 2·n_v
-    let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
     let o = dev.scratch::<f32>(tokens * nv * dv)?;
     let z_off = channels;
     let b_off = channels + nv * dv;
     let a_off = b_off + nv;
+    let gate_sigmoid = (config.gdn_gate == GdnGate::Sigmoid) as usize;
+
+    // Decode, best case: the conv fused into the in_proj matvec, then a block per value head.
+    if let (true, Some((threads, r, shared))) = (
+        tokens <= MATVEC_MAX_TOKENS,
+        heads_launch(dev, config, tokens),
+    ) {
+        let u = dev.scratch::<f32>(tokens * width)?;
+        let input = io.input(hidden, 0);
+        let fused = decode_linear_conv(
+            dev,
+            &w.in_proj,
+            input,
+            tokens,
+            u.ptr(),
+            width,
+            state.conv.ptr(),
+            w.conv.ptr(),
+            g.conv_kernel,
+            channels,
+        )?;
+        if fused {
+            dev.launch(
+                "gdn_heads",
+                (nv as u32, 1, 1),
+                threads,
+                shared as u32,
+                &[
+                    p(u.ptr()),
+                    i(width),
+                    i(tokens),
+                    i(nk),
+                    i(nv),
+                    i(dk),
+                    i(dv),
+                    i(z_off),
+                    i(b_off),
+                    i(a_off),
+                    p(state.recurrent.ptr()),
+                    p(w.a_log.ptr()),
+                    p(w.dt_bias.ptr()),
+                    p(w.norm.ptr()),
+                    p(o.ptr()),
+                    f(eps),
+                    i(gate_sigmoid),
+                    i(r),
+                ],
+            )?;
+            return io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens);
+        }
+    }
+
+    let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
 
     if let Some((threads, r, shared)) = step_launch(dev, config, tokens) {
         dev.launch(
@@ -64,7 +116,7 @@ pub fn forward(
                 p(w.norm.ptr()),
                 p(o.ptr()),
                 f(eps),
-                i((config.gdn_gate == GdnGate::Sigmoid) as usize),
+                i(gate_sigmoid),
                 i(r),
             ],
         )?;
@@ -113,7 +165,7 @@ pub fn forward(
             i(dk),
             i(dv),
             f(eps),
-            i((config.gdn_gate == GdnGate::Sigmoid) as usize),
+            i(gate_sigmoid),
         ],
     )?;
     io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens)
@@ -151,4 +203,29 @@ fn step_launch(dev: &Device, config: &ModelConfig, tokens: usize) -> Option<(u32
     let shared = 4
         * (states + tokens * (2 * dk + columns) + 2 * tokens + r * columns + columns / dv.min(32));
     (shared <= dev.shared_limit("gdn_step")).then_some(((columns * r) as u32, r, shared))
+}
+
+/// The per-value-head decode kernel (after the conv fused into in_proj) when the shapes suit
+/// it: (threads, row groups R, dynamic shared bytes).
+fn heads_launch(dev: &Device, config: &ModelConfig, tokens: usize) -> Option<(u32, usize, usize)> {
+    let g = &config.gdn;
+    let (nk, nv, dk, dv) = (
+        g.num_key_heads,
+        g.num_value_heads,
+        g.key_head_dim,
+        g.value_head_dim,
+    );
+    if nv % nk != 0 || (dk * dv) % 4 != 0 || !(dv % 32 == 0 || (dv < 32 && dv.is_power_of_two())) {
+        return None;
+    }
+    // Row groups: as many as 1024 threads allow, dividing d_k, whole warps.
+    let mut r = 1;
+    while dv * r * 2 <= 1024 && dk % (r * 2) == 0 {
+        r *= 2;
+    }
+    if (dv * r) % 32 != 0 {
+        return None;
+    }
+    let shared = 4 * (dk * dv + tokens * 2 * dk + 2 * tokens + r * dv + dv / dv.min(32));
+    (shared <= dev.shared_limit("gdn_heads")).then_some(((dv * r) as u32, r, shared))
 }

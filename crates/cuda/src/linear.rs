@@ -465,6 +465,43 @@ pub fn decode_linear(
     Ok(())
 }
 
+/// GDN's in_proj with the causal conv fused into the decode matvec (`dmvc_*`): outputs
+/// `j < channels` become silu(conv) over `[conv_state rows | this step]` and `conv_state` keeps
+/// the last K − 1 raw rows; the rest are stored as they are. `false` (nothing launched) when
+/// the matrix is not one block the decode kernels can read.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_linear_conv(
+    dev: &Device,
+    w: &DevMatrix,
+    input: DecodeIn,
+    tokens: usize,
+    y: u64,
+    ldy: usize,
+    conv_state: u64,
+    conv_w: u64,
+    kernel: usize,
+    channels: usize,
+) -> Result<bool> {
+    let [(0, part)] = w.parts.as_slice() else {
+        return Ok(false);
+    };
+    if kernel == 0 || kernel - 1 + tokens > 16 || !dmv_fits(dev, part, &input, tokens) {
+        return Ok(false);
+    }
+    let name = match (part.fmt, tokens) {
+        (WFormat::Bf16, 1) => "dmvc_bf16_t1",
+        (WFormat::Q8, 1) => "dmvc_q8_t1",
+        (WFormat::Q4, 1) => "dmvc_q4_t1",
+        (WFormat::Bf16, _) => "dmvc_bf16_t8",
+        (WFormat::Q8, _) => "dmvc_q8_t8",
+        (WFormat::Q4, _) => "dmvc_q4_t8",
+    };
+    let out = DecodeOut::Store { y, ldy };
+    let conv = [p(conv_state), p(conv_w), i(kernel), i(channels)];
+    dmv_launch(dev, name, part, 0, part.rows, input, tokens, out, 0, &conv)?;
+    Ok(true)
+}
+
 /// Whether the decode matvec can read `part` for this input.
 fn dmv_fits(dev: &Device, part: &DevPart, input: &DecodeIn, tokens: usize) -> bool {
     let cols = part.cols;
@@ -506,10 +543,37 @@ fn dmv(
     out: DecodeOut,
     pair: usize,
 ) -> Result<()> {
+    dmv_launch(
+        dev,
+        dmv_kernel(part.fmt, tokens),
+        part,
+        first,
+        outs,
+        input,
+        tokens,
+        out,
+        pair,
+        &[],
+    )
+}
+
+/// Launches decode matvec kernel `name` (extra arguments after the common ones).
+#[allow(clippy::too_many_arguments)]
+fn dmv_launch(
+    dev: &Device,
+    name: &'static str,
+    part: &DevPart,
+    first: usize,
+    outs: usize,
+    input: DecodeIn,
+    tokens: usize,
+    out: DecodeOut,
+    pair: usize,
+    extra: &[crate::device::Arg],
+) -> Result<()> {
     if outs == 0 || tokens == 0 {
         return Ok(());
     }
-    let name = dmv_kernel(part.fmt, tokens);
     let chunks = match part.fmt {
         WFormat::Bf16 => part.cols / 8,
         _ => part.cols / 32,
@@ -531,31 +595,27 @@ fn dmv(
         Some((w, eps)) => (w.ptr(), eps),
         None => (0, 0.0),
     };
-    dev.launch(
-        name,
-        (grid, 1, 1),
-        256,
-        shared as u32,
-        &[
-            p(part.codes.ptr() + (first * rb) as u64),
-            p(part.scales.ptr() + (first * rs * 2) as u64),
-            i(outs),
-            i(part.cols),
-            p(input.x),
-            i(input.ldx),
-            i(tokens),
-            p(norm),
-            f(eps),
-            p(input.normed_out),
-            p(y),
-            i(ldy),
-            i(accumulate as usize),
-            i(pair),
-            p(gate),
-            i(ldg),
-            i(lpr),
-        ],
-    )
+    let mut args = vec![
+        p(part.codes.ptr() + (first * rb) as u64),
+        p(part.scales.ptr() + (first * rs * 2) as u64),
+        i(outs),
+        i(part.cols),
+        p(input.x),
+        i(input.ldx),
+        i(tokens),
+        p(norm),
+        f(eps),
+        p(input.normed_out),
+        p(y),
+        i(ldy),
+        i(accumulate as usize),
+        i(pair),
+        p(gate),
+        i(ldg),
+        i(lpr),
+    ];
+    args.extend_from_slice(extra);
+    dev.launch(name, (grid, 1, 1), 256, shared as u32, &args)
 }
 
 /// The same results through the general kernels: norm, matvec, then the epilogue.

@@ -31,6 +31,8 @@ fn kernels_compile_for_hopper() {
         "attn_split",
         "attn_combine",
         "gdn_step",
+        "gdn_heads",
+        "dmvc_q4_t1",
     ] {
         assert!(ptx.contains(kernel), "PTX lacks {kernel}");
     }

@@ -10,6 +10,7 @@
 // CPU's order. bf16 weights multiply f32 activations, as on the CPU.
 
 #define DEC_BATCH 4
+#define DMV_CONV_WINDOW 16  // K − 1 + T conv rows of the fused GDN conv
 #define STAGE_BATCH 4
 
 // ---- Staged activations (dynamic shared memory) ----
@@ -75,56 +76,57 @@ __device__ void stage_rows(const float* __restrict__ x, int ldx, int T, int cols
         __syncthreads();
     }
     bool write_xn = xn && blockIdx.x == 0;
-    // Thread `tid` handles quads tid, tid + blockDim, ...; 8 consecutive lanes hold one group
-    // of 32. STAGE_BATCH quads per thread are loaded before any is used.
-    for (int t = 0; t < T; t++) {
-        const float4* xr = (const float4*)(x + (size_t)t * ldx);
-        float r = nw ? rs[t] : 1.0f;
-        // Whole warps iterate together (the group reductions shuffle across 8 lanes).
-        for (int c0 = 0; c0 < quads; c0 += blockDim.x * STAGE_BATCH) {
-            float4 vb[STAGE_BATCH];
+    // The T rows as one run of T·quads quads (a row's quads are a multiple of 8, so a group
+    // never straddles rows): thread `tid` handles quads tid, tid + blockDim, ..., loading
+    // STAGE_BATCH of them before using any; 8 consecutive lanes hold one group of 32.
+    int all = T * quads;
+    for (int c0 = 0; c0 < all; c0 += blockDim.x * STAGE_BATCH) {
+        float4 vb[STAGE_BATCH];
 #pragma unroll
-            for (int u = 0; u < STAGE_BATCH; u++) {
-                int c = c0 + u * blockDim.x + tid;
-                vb[u] = c < quads ? __ldg(xr + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int u = 0; u < STAGE_BATCH; u++) {
+            int c = c0 + u * blockDim.x + tid;
+            int t = c / quads;
+            vb[u] = c < all ? __ldg((const float4*)(x + (size_t)t * ldx) + (c - t * quads))
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < STAGE_BATCH; u++) {
+            if (c0 + u * blockDim.x >= all) break;  // uniform across the block
+            int cf = c0 + u * blockDim.x + tid;
+            bool live = cf < all;
+            int t = cf / quads, c = cf - t * quads;
+            float4 v = vb[u];
+            if (nw && live) {
+                float r = rs[t];
+                float4 w = __ldg((const float4*)nw + c);
+                v.x = v.x * r * (1.0f + w.x);
+                v.y = v.y * r * (1.0f + w.y);
+                v.z = v.z * r * (1.0f + w.z);
+                v.w = v.w * r * (1.0f + w.w);
             }
+            if (write_xn && live) ((float4*)(xn + (size_t)t * cols))[c] = v;
+            if (FMT == 0) {
+                if (live) ((float4*)sm)[cf] = v;
+            } else {
+                float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
-            for (int u = 0; u < STAGE_BATCH; u++) {
-                int c = c0 + u * blockDim.x + tid;
-                if (c0 + u * blockDim.x >= quads) break;  // uniform across the block
-                bool live = c < quads;
-                float4 v = vb[u];
-                if (nw && live) {
-                    float4 w = __ldg((const float4*)nw + c);
-                    v.x = v.x * r * (1.0f + w.x);
-                    v.y = v.y * r * (1.0f + w.y);
-                    v.z = v.z * r * (1.0f + w.z);
-                    v.w = v.w * r * (1.0f + w.w);
-                }
-                if (write_xn && live) ((float4*)(xn + (size_t)t * cols))[c] = v;
-                if (FMT == 0) {
-                    if (live) ((float4*)sm)[(size_t)t * quads + c] = v;
-                } else {
-                    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+                for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                float d = amax / 127.0f;
+                float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+                int q0 = (int)roundf(v.x * inv), q1 = (int)roundf(v.y * inv);
+                int q2 = (int)roundf(v.z * inv), q3 = (int)roundf(v.w * inv);
+                int s = q0 + q1 + q2 + q3;
 #pragma unroll
-                    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-                    float d = amax / 127.0f;
-                    float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
-                    int q0 = (int)roundf(v.x * inv), q1 = (int)roundf(v.y * inv);
-                    int q2 = (int)roundf(v.z * inv), q3 = (int)roundf(v.w * inv);
-                    int s = q0 + q1 + q2 + q3;
-#pragma unroll
-                    for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                    if (live) {
-                        unsigned int packed = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) |
-                                              ((unsigned int)(q3 & 0xff) << 24);
-                        ((unsigned int*)sm)[(size_t)t * quads + c] = packed;
-                        if ((lane & 7) == 0) {
-                            int g = c >> 3;
-                            int G = cols >> 5;
-                            ((float*)(sm + (size_t)T * cols))[(size_t)t * G + g] = d;
-                            ((int*)(sm + (size_t)T * cols + (size_t)T * G * 4))[(size_t)t * G + g] = s;
-                        }
+                for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                if (live) {
+                    unsigned int packed = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) |
+                                          ((unsigned int)(q3 & 0xff) << 24);
+                    ((unsigned int*)sm)[cf] = packed;
+                    if ((lane & 7) == 0) {
+                        // Group g of the whole run = t·G + c/8.
+                        int g = cf >> 3;
+                        ((float*)(sm + (size_t)T * cols))[g] = d;
+                        ((int*)(sm + (size_t)T * cols + (size_t)T * (cols >> 5) * 4))[g] = s;
                     }
                 }
             }
@@ -237,12 +239,15 @@ __device__ __forceinline__ float lanes_sum(float v, int lpr) {
 //   v = row j · x_t, or with `pair` > 0: v = silu(row j · x_t) · (row j + pair · x_t) (SwiGLU);
 //   v *= sigmoid(gate[t·ldg]) when gate is not null; y[t·ldy + j] = v, or += v with `accumulate`.
 // Input staging as stage_rows (optional fused norm nw/eps, normed copy to xn).
-template <int FMT, int NT>
+// With CONV (GDN's in_proj): outputs j < cC are conv channels: y[t·ldy + j] = silu(causal conv
+// over [cstate rows | this step's outputs]) as gdn_conv, and cstate keeps the last cK − 1 rows.
+template <int FMT, int NT, bool CONV>
 __device__ __forceinline__ void dmv_impl(const unsigned char* __restrict__ W, const unsigned short* __restrict__ S,
                                          int outs, int cols, const float* __restrict__ x, int ldx, int T,
                                          const float* __restrict__ nw, float eps, float* __restrict__ xn,
                                          float* __restrict__ y, int ldy, int accumulate, int pair,
-                                         const float* __restrict__ gate, int ldg, int lpr) {
+                                         const float* __restrict__ gate, int ldg, int lpr,
+                                         float* __restrict__ cstate, const float* __restrict__ cw, int cK, int cC) {
     extern __shared__ __align__(16) unsigned char dsm[];
     stage_rows<FMT>(x, ldx, T, cols, nw, eps, xn, dsm);
     Staged<FMT> st{dsm, cols};
@@ -260,6 +265,29 @@ __device__ __forceinline__ void dmv_impl(const unsigned char* __restrict__ W, co
         for (int t = 0; t < NT; t++) a[t] = b[t] = 0.0f;
         row_dots<FMT, NT>(W + (size_t)r * rb, S + (size_t)r * rsc, st, T, nch, sl, lpr, a);
         if (pair) row_dots<FMT, NT>(W + (size_t)(r + pair) * rb, S + (size_t)(r + pair) * rsc, st, T, nch, sl, lpr, b);
+        if (CONV) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) a[t] = t < T ? lanes_sum(a[t], lpr) : 0.0f;
+            if (live && sl == 0) {
+                if (j < cC) {
+                    float win[DMV_CONV_WINDOW];
+                    int past = cK - 1;
+                    for (int q = 0; q < past; q++) win[q] = cstate[(size_t)q * cC + j];
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+                        if (t < T) win[past + t] = a[t];
+                    for (int t = 0; t < T; t++) {
+                        float acc = 0.0f;
+                        for (int q = 0; q < cK; q++) acc += cw[j * cK + q] * win[t + q];
+                        y[(size_t)t * ldy + j] = silu_f(acc);
+                    }
+                    for (int q = 0; q < past; q++) cstate[(size_t)q * cC + j] = win[T + q];
+                } else {
+                    for (int t = 0; t < T; t++) y[(size_t)t * ldy + j] = a[t < NT ? t : 0];
+                }
+            }
+            continue;
+        }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t < T) {
@@ -281,12 +309,21 @@ __device__ __forceinline__ void dmv_impl(const unsigned char* __restrict__ W, co
         float *__restrict__ xn, float *__restrict__ y, int ldy, int accumulate, int pair,                      \
         const float *__restrict__ gate, int ldg, int lpr
 #define DMV_PASS W, S, outs, cols, x, ldx, T, nw, eps, xn, y, ldy, accumulate, pair, gate, ldg, lpr
-extern "C" __global__ void __launch_bounds__(256) dmv_bf16_t1(DMV_ARGS) { dmv_impl<0, 1>(DMV_PASS); }
-extern "C" __global__ void __launch_bounds__(256) dmv_q8_t1(DMV_ARGS) { dmv_impl<1, 1>(DMV_PASS); }
-extern "C" __global__ void __launch_bounds__(256) dmv_q4_t1(DMV_ARGS) { dmv_impl<2, 1>(DMV_PASS); }
-extern "C" __global__ void __launch_bounds__(256) dmv_bf16_t8(DMV_ARGS) { dmv_impl<0, MV_MAX_T>(DMV_PASS); }
-extern "C" __global__ void __launch_bounds__(256) dmv_q8_t8(DMV_ARGS) { dmv_impl<1, MV_MAX_T>(DMV_PASS); }
-extern "C" __global__ void __launch_bounds__(256) dmv_q4_t8(DMV_ARGS) { dmv_impl<2, MV_MAX_T>(DMV_PASS); }
+#define DMV_NOCONV nullptr, nullptr, 0, 0
+extern "C" __global__ void __launch_bounds__(256) dmv_bf16_t1(DMV_ARGS) { dmv_impl<0, 1, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) dmv_q8_t1(DMV_ARGS) { dmv_impl<1, 1, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) dmv_q4_t1(DMV_ARGS) { dmv_impl<2, 1, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) dmv_bf16_t8(DMV_ARGS) { dmv_impl<0, MV_MAX_T, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) dmv_q8_t8(DMV_ARGS) { dmv_impl<1, MV_MAX_T, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) dmv_q4_t8(DMV_ARGS) { dmv_impl<2, MV_MAX_T, false>(DMV_PASS, DMV_NOCONV); }
+#define DMVC_ARGS DMV_ARGS, float *__restrict__ cstate, const float *__restrict__ cw, int cK, int cC
+#define DMVC_PASS DMV_PASS, cstate, cw, cK, cC
+extern "C" __global__ void __launch_bounds__(256) dmvc_bf16_t1(DMVC_ARGS) { dmv_impl<0, 1, true>(DMVC_PASS); }
+extern "C" __global__ void __launch_bounds__(256) dmvc_q8_t1(DMVC_ARGS) { dmv_impl<1, 1, true>(DMVC_PASS); }
+extern "C" __global__ void __launch_bounds__(256) dmvc_q4_t1(DMVC_ARGS) { dmv_impl<2, 1, true>(DMVC_PASS); }
+extern "C" __global__ void __launch_bounds__(256) dmvc_bf16_t8(DMVC_ARGS) { dmv_impl<0, MV_MAX_T, true>(DMVC_PASS); }
+extern "C" __global__ void __launch_bounds__(256) dmvc_q8_t8(DMVC_ARGS) { dmv_impl<1, MV_MAX_T, true>(DMVC_PASS); }
+extern "C" __global__ void __launch_bounds__(256) dmvc_q4_t8(DMVC_ARGS) { dmv_impl<2, MV_MAX_T, true>(DMVC_PASS); }
 
 // ---- Mixture of experts, decode (MODEL_MATH §1.6) ----
 
@@ -300,10 +337,15 @@ __device__ void route_warp(const float* __restrict__ row, int E, int k, int reno
                            float* wt) {
     int lane = threadIdx.x & 31;
     float m = -SP_INF;
-    for (int e = lane; e < E; e += 32) {
-        float v = row[e];
-        pr[e] = v;
-        m = fmaxf(m, v);
+    for (int e0 = lane; e0 < E; e0 += 32 * 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = e0 + 32 * u < E ? row[e0 + 32 * u] : -SP_INF;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            if (e0 + 32 * u < E) pr[e0 + 32 * u] = v[u];
+            m = fmaxf(m, v[u]);
+        }
     }
     m = warp_max(m);
     float s = 0.0f;
@@ -357,20 +399,19 @@ __device__ __forceinline__ void dmoe_gate_up_impl(const unsigned char* __restric
     extern __shared__ __align__(16) unsigned char dsm[];
     __shared__ int sidx[MV_MAX_T * MOE_MAX_K];
     __shared__ float swt[MV_MAX_T * MOE_MAX_K];
-    // Every block routes the tokens itself (warp t, token t); block 0 publishes the choice
-    // for the down projections.
+    // Every block routes the tokens itself (warp t, token t; the other warps start staging
+    // meanwhile); block 0 publishes the choice for the down projections.
     {
         int warp = threadIdx.x >> 5;
         float* pr = (float*)(dsm + ((staged_size<FMT>(T, H) + 15) & ~(size_t)15)) + (size_t)warp * E;
         if (warp < T) route_warp(logits + (size_t)warp * ld, E, k, renormalize, pr, sidx + warp * k, swt + warp * k);
-        __syncthreads();
-        if (blockIdx.x == 0)
-            for (int e = threadIdx.x; e < T * k; e += blockDim.x) {
-                idx[e] = sidx[e];
-                wt[e] = swt[e];
-            }
     }
-    stage_rows<FMT>(x, H, T, H, nullptr, 0.0f, nullptr, dsm);
+    stage_rows<FMT>(x, H, T, H, nullptr, 0.0f, nullptr, dsm);  // ends with a barrier
+    if (blockIdx.x == 0)
+        for (int e = threadIdx.x; e < T * k; e += blockDim.x) {
+            idx[e] = sidx[e];
+            wt[e] = swt[e];
+        }
     Staged<FMT> st{dsm, H};
     int lane = threadIdx.x & 31;
     int warps = gridDim.x * (blockDim.x >> 5);
