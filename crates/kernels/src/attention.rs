@@ -33,7 +33,7 @@ pub fn attend(
     let mut max = f32::NEG_INFINITY;
     for t in tokens.clone() {
         let k = keys.vector(t, head);
-        let s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+        let s = crate::linear::dot(q, k) * scale;
         max = max.max(s);
         scores.push(s);
     }

@@ -186,6 +186,18 @@ fn row_dot(isa: Isa, w: &MatRef, r: usize, acts: &Acts, t: usize) -> f32 {
     }
 }
 
+/// Σ a[i]·b[i] on the active SIMD path (the same summation order on every alignment).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_with(Isa::active(), a, b)
+}
+
+/// [`dot`] on an explicit SIMD path; panics if this CPU lacks it.
+pub fn dot_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot product lengths");
+    assert!(isa.available(), "this CPU cannot run the {isa:?} kernels");
+    dispatch!(isa, dot_f32(a, b))
+}
+
 /// y[r] = Σ_c W[r, c]·x[c]. `x` has `cols` elements, `y` has `rows`.
 pub fn matvec(w: &MatRef, x: &[f32], y: &mut [f32]) {
     matvec_with(Isa::active(), w, x, y)

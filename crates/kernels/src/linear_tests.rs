@@ -328,3 +328,30 @@ fn float_gemm_results_do_not_depend_on_where_the_weights_sit() {
         }
     }
 }
+
+/// `dot` on every path this CPU runs: within rounding of an f64 sum, and the same bits
+/// whatever the slices' alignment (a copy at another address gives the same result).
+#[test]
+fn dot_matches_f64_on_every_path_and_alignment() {
+    let mut r = rng(71);
+    for n in [1, 7, 16, 33, 256, 1000] {
+        let a = vec(&mut r, n, 1.0);
+        let b = vec(&mut r, n, 1.0);
+        let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        for isa in Isa::all_available() {
+            let got = dot_with(isa, &a, &b);
+            let tol = 1e-5 * (n as f64).sqrt() * 4.0;
+            assert!(
+                (got as f64 - want).abs() <= tol,
+                "{isa:?} n={n}: {got} vs {want}"
+            );
+            let mut shifted = vec![0.0f32; n + 1];
+            shifted[1..].copy_from_slice(&a);
+            assert_eq!(
+                dot_with(isa, &shifted[1..], &b).to_bits(),
+                got.to_bits(),
+                "{isa:?} n={n}: result depends on alignment"
+            );
+        }
+    }
+}
