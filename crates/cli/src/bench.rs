@@ -9,7 +9,7 @@ use clap::Args;
 use spindle_engine::Engine;
 use spindle_runtime::bench::{self, BenchOptions};
 
-use crate::device::BenchDevice;
+use crate::device::Device;
 use crate::load_args::LoadArgs;
 use crate::model_dir;
 
@@ -40,7 +40,7 @@ pub struct BenchArgs {
 
     /// Backend to run on: cpu, or (in a build with the `cuda` feature) cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
-    pub device: BenchDevice,
+    pub device: Device,
 
     /// CUDA: context lengths decode is measured after, comma-separated (default: --prompt).
     #[arg(long, value_delimiter = ',', value_name = "N,...")]
@@ -57,7 +57,7 @@ pub struct BenchArgs {
 
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     #[cfg(feature = "cuda")]
-    if let BenchDevice::Cuda(ordinal) = args.device {
+    if let Device::Cuda(ordinal) = args.device {
         return cuda::run(args, ordinal);
     }
     if !args.context.is_empty() || args.layers.is_some() {
@@ -77,10 +77,14 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     )?;
     // Expert counters cover the warm-up and the measured runs.
     let experts = engine.expert_stats();
+    // An install carries its own format; a checkpoint is quantized as asked.
+    let quant = engine
+        .install()
+        .map_or(args.load.quant, |i| i.manifest().quant_format());
     if args.json {
         let mut value = serde_json::to_value(&report)?;
         value["model"] = dir.display().to_string().into();
-        value["quant"] = args.load.quant.name().into();
+        value["quant"] = quant.name().into();
         value["experts"] = format!("{:?}", engine.expert_placement()).into();
         value["expert_hit_rate"] = experts.hit_rate().into();
         value["expert_bytes_read"] = experts.bytes_read.into();
@@ -92,7 +96,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     println!(
         "model        {} ({}, {} threads)",
         dir.display(),
-        args.load.quant.name(),
+        quant.name(),
         report.threads
     );
     println!(
@@ -160,6 +164,9 @@ mod cuda {
 
     pub fn run(args: &BenchArgs, ordinal: usize) -> Result<ExitCode> {
         let dir = model_dir::resolve(args.model.as_ref())?;
+        if let Some(reason) = spindle_runtime::backend::cuda_refusal(&dir, &args.load.options()) {
+            anyhow::bail!(reason);
+        }
         let started = std::time::Instant::now();
         let engine = CudaEngine::load_with(&dir, ordinal, args.load.quant, args.layers)
             .with_context(|| format!("loading {} onto CUDA device {ordinal}", dir.display()))?;

@@ -1,29 +1,24 @@
-//! `--device`: which backend runs the model.
+//! `--device`: which backend runs the model, for every command that runs one (`run`, `serve`,
+//! `logits`, `bench`).
 
 use std::fmt;
 use std::str::FromStr;
 
-/// The backends `spindle run` and `spindle bench` can run on.
+/// The backends a command can run a model on: the CPU, and CUDA GPU N in a build with the
+/// `cuda` feature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
     Cpu,
+    #[cfg(feature = "cuda")]
+    Cuda(usize),
 }
 
-/// The devices `--device` of `run` and `bench` accepts, for messages.
-pub const AVAILABLE: &str = "cpu";
-
-/// Why `cuda[:N]` is refused where it is refused.
-fn cuda_unavailable(name: &str, available: &str) -> String {
-    if cfg!(feature = "cuda") {
-        format!(
-            "device {name:?} is not available for this command: the CUDA backend runs `spindle logits` only so far (available devices: {available})"
-        )
-    } else {
-        format!(
-            "device {name:?} is not available: this spindle was built without the CUDA backend (build with `--features cuda`; available devices: {available})"
-        )
-    }
-}
+/// The devices `--device` accepts, for messages.
+pub const AVAILABLE: &str = if cfg!(feature = "cuda") {
+    "cpu, cuda, cuda:N"
+} else {
+    "cpu"
+};
 
 fn is_cuda(s: &str) -> bool {
     s == "cuda" || s.starts_with("cuda:")
@@ -35,7 +30,19 @@ impl FromStr for Device {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "cpu" => Ok(Device::Cpu),
-            cuda if is_cuda(cuda) => Err(cuda_unavailable(cuda, AVAILABLE)),
+            #[cfg(feature = "cuda")]
+            cuda if is_cuda(cuda) => match cuda.strip_prefix("cuda:") {
+                None => Ok(Device::Cuda(0)),
+                Some(n) => n.parse().map(Device::Cuda).map_err(|_| {
+                    format!(
+                        "device {cuda:?}: {n:?} is not a CUDA device number (expected e.g. cuda:0)"
+                    )
+                }),
+            },
+            #[cfg(not(feature = "cuda"))]
+            cuda if is_cuda(cuda) => Err(format!(
+                "device {cuda:?} is not available: this spindle was built without the CUDA backend (build with `--features cuda`; available devices: {AVAILABLE})"
+            )),
             other => Err(format!(
                 "unknown device {other:?} (available devices: {AVAILABLE})"
             )),
@@ -45,69 +52,17 @@ impl FromStr for Device {
 
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-        }
+        spindle_runtime::Device::from(*self).fmt(f)
     }
 }
 
-/// The backends `spindle logits` can run on: the CPU, and CUDA GPU N in a build with the
-/// `cuda` feature.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogitsDevice {
-    Cpu,
-    #[cfg(feature = "cuda")]
-    Cuda(usize),
-}
-
-/// The devices `spindle logits --device` accepts, for messages.
-pub const LOGITS_AVAILABLE: &str = if cfg!(feature = "cuda") {
-    "cpu, cuda, cuda:N"
-} else {
-    "cpu"
-};
-
-impl FromStr for LogitsDevice {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "cpu" => Ok(LogitsDevice::Cpu),
+impl From<Device> for spindle_runtime::Device {
+    fn from(device: Device) -> Self {
+        match device {
+            Device::Cpu => spindle_runtime::Device::Cpu,
             #[cfg(feature = "cuda")]
-            cuda if is_cuda(cuda) => match cuda.strip_prefix("cuda:") {
-                None => Ok(LogitsDevice::Cuda(0)),
-                Some(n) => n.parse().map(LogitsDevice::Cuda).map_err(|_| {
-                    format!(
-                        "device {cuda:?}: {n:?} is not a CUDA device number (expected e.g. cuda:0)"
-                    )
-                }),
-            },
-            #[cfg(not(feature = "cuda"))]
-            cuda if is_cuda(cuda) => Err(cuda_unavailable(cuda, LOGITS_AVAILABLE)),
-            other => Err(format!(
-                "unknown device {other:?} (available devices: {LOGITS_AVAILABLE})"
-            )),
+            Device::Cuda(n) => spindle_runtime::Device::Cuda(n),
         }
-    }
-}
-
-/// The backends `spindle bench` can run on: as `spindle logits`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BenchDevice {
-    Cpu,
-    #[cfg(feature = "cuda")]
-    Cuda(usize),
-}
-
-impl FromStr for BenchDevice {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s.parse::<LogitsDevice>()? {
-            LogitsDevice::Cpu => BenchDevice::Cpu,
-            #[cfg(feature = "cuda")]
-            LogitsDevice::Cuda(n) => BenchDevice::Cuda(n),
-        })
     }
 }
 
@@ -116,46 +71,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_cpu_is_accepted_and_errors_list_the_devices() {
+    fn cpu_is_always_accepted_and_unknown_devices_list_the_available_ones() {
         assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
-        let cuda = "cuda:1".parse::<Device>().unwrap_err();
-        assert!(
-            cuda.contains("cuda:1") && cuda.contains("available devices: cpu"),
-            "{cuda}"
-        );
+        assert_eq!(Device::Cpu.to_string(), "cpu");
         let tpu = "tpu".parse::<Device>().unwrap_err();
         assert!(
-            tpu.contains("unknown device \"tpu\"") && tpu.contains("cpu"),
+            tpu.contains("unknown device \"tpu\"") && tpu.contains(AVAILABLE),
             "{tpu}"
         );
+        assert!("gpu".parse::<Device>().is_err());
+        assert!("cudax".parse::<Device>().is_err());
     }
 
     #[test]
-    fn bench_device_parses_as_logits_device() {
-        assert_eq!("cpu".parse::<BenchDevice>(), Ok(BenchDevice::Cpu));
-        assert!("tpu".parse::<BenchDevice>().is_err());
-        #[cfg(feature = "cuda")]
-        assert_eq!("cuda:2".parse::<BenchDevice>(), Ok(BenchDevice::Cuda(2)));
-        #[cfg(not(feature = "cuda"))]
-        assert!("cuda".parse::<BenchDevice>().is_err());
-    }
-
-    #[test]
-    fn logits_device_takes_cuda_only_when_built_with_it() {
-        assert_eq!("cpu".parse::<LogitsDevice>(), Ok(LogitsDevice::Cpu));
-        assert!("tpu".parse::<LogitsDevice>().is_err());
+    fn cuda_is_taken_only_when_built_with_it() {
         #[cfg(feature = "cuda")]
         {
-            assert_eq!("cuda".parse::<LogitsDevice>(), Ok(LogitsDevice::Cuda(0)));
-            assert_eq!("cuda:3".parse::<LogitsDevice>(), Ok(LogitsDevice::Cuda(3)));
-            let bad = "cuda:x".parse::<LogitsDevice>().unwrap_err();
-            assert!(bad.contains("\"x\""), "{bad}");
+            assert_eq!("cuda".parse::<Device>(), Ok(Device::Cuda(0)));
+            assert_eq!("cuda:3".parse::<Device>(), Ok(Device::Cuda(3)));
+            assert_eq!(Device::Cuda(3).to_string(), "cuda:3");
+            assert_eq!(
+                spindle_runtime::Device::from(Device::Cuda(1)),
+                spindle_runtime::Device::Cuda(1)
+            );
+            let bad = "cuda:x".parse::<Device>().unwrap_err();
+            assert!(bad.contains("\"x\"") && bad.contains("cuda:0"), "{bad}");
+            assert!("cuda:-1".parse::<Device>().is_err());
         }
         #[cfg(not(feature = "cuda"))]
-        {
-            let err = "cuda:1".parse::<LogitsDevice>().unwrap_err();
+        for name in ["cuda", "cuda:1"] {
+            let err = name.parse::<Device>().unwrap_err();
             assert!(
-                err.contains("without the CUDA backend") && err.contains("cuda:1"),
+                err.contains("without the CUDA backend")
+                    && err.contains("--features cuda")
+                    && err.contains(&format!("{name:?}"))
+                    && err.contains("available devices: cpu"),
                 "{err}"
             );
         }

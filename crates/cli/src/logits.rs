@@ -11,7 +11,7 @@ use spindle_engine::{Engine, GreedyRun};
 use spindle_model::ModelConfig;
 
 use crate::compare::compare;
-use crate::device::LogitsDevice;
+use crate::device::Device;
 use crate::tensor_file::{self, Tensor, Values};
 
 #[derive(Debug, Args)]
@@ -46,7 +46,7 @@ pub struct LogitsArgs {
     /// Backend to run on: `cpu`, or `cuda[:N]` (CUDA GPU N, default 0) in a build with the
     /// `cuda` feature.
     #[arg(long, default_value = "cpu")]
-    pub device: LogitsDevice,
+    pub device: Device,
 
     #[command(flatten)]
     pub load: crate::load_args::LoadArgs,
@@ -104,9 +104,9 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
         );
     }
     let (config, run) = match args.device {
-        LogitsDevice::Cpu => run_cpu(args, &prompt)?,
+        Device::Cpu => run_cpu(args, &prompt)?,
         #[cfg(feature = "cuda")]
-        LogitsDevice::Cuda(ordinal) => run_cuda(args, &prompt, ordinal)?,
+        Device::Cuda(ordinal) => run_cuda(args, &prompt, ordinal)?,
     };
     let config = &config;
 
@@ -197,6 +197,10 @@ fn run_cpu(args: &LogitsArgs, prompt: &[u32]) -> Result<(ModelConfig, GreedyRun)
 /// As [`run_cpu`], on CUDA device `ordinal`.
 #[cfg(feature = "cuda")]
 fn run_cuda(args: &LogitsArgs, prompt: &[u32], ordinal: usize) -> Result<(ModelConfig, GreedyRun)> {
+    if let Some(reason) = spindle_runtime::backend::cuda_refusal(&args.model, &args.load.options())
+    {
+        bail!(reason);
+    }
     let started = Instant::now();
     let engine = spindle_cuda::CudaEngine::load_with(&args.model, ordinal, args.load.quant, None)
         .with_context(|| {

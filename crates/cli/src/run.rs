@@ -57,7 +57,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub load: crate::load_args::LoadArgs,
 
-    /// Backend to run on.
+    /// Backend to run on: cpu, or (in a build with the `cuda` feature) cuda or cuda:N (CUDA GPU
+    /// N; Hugging Face checkpoints only, every expert in GPU memory).
     #[arg(long, default_value = "cpu")]
     pub device: Device,
 
@@ -91,8 +92,8 @@ fn load(args: &RunArgs) -> Result<Model> {
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_message(format!("loading {}", dir.display()));
     spinner.enable_steady_tick(Duration::from_millis(100));
-    let model = Model::load_with(&dir, &args.load.options())
-        .with_context(|| format!("loading {}", dir.display()));
+    let model = Model::load_on(&dir, args.device.into(), &args.load.options())
+        .with_context(|| format!("loading {} on {}", dir.display(), args.device));
     spinner.finish_and_clear();
     model
 }
@@ -106,11 +107,16 @@ fn print_stats(model: &Model, c: &Completion) {
         c.decode_tokens_per_s(),
         c.finish
     );
-    let experts = model.engine.expert_stats();
+    let (Some(experts), Some(placement)) = (
+        model.backend.expert_stats(),
+        model.backend.expert_placement(),
+    ) else {
+        return;
+    };
     if experts.hits + experts.misses > 0 {
         eprintln!(
             "[experts: {:?} | hit rate {:.1}% ({} hits, {} misses) | read {:.1} MB | stalled {:.3} s]",
-            model.engine.expert_placement(),
+            placement,
             experts.hit_rate() * 100.0,
             experts.hits,
             experts.misses,
@@ -134,7 +140,6 @@ fn stdout_sink(stop: Option<Arc<AtomicBool>>) -> impl FnMut(&str) -> Flow {
 }
 
 pub fn run(args: &RunArgs) -> Result<ExitCode> {
-    let Device::Cpu = args.device;
     let prompt = match &args.prompt {
         Some(p) => Some(p.clone()),
         None if !std::io::stdin().is_terminal() => {
@@ -170,7 +175,7 @@ fn one_shot(args: &RunArgs, model: &Model, text: String) -> Result<ExitCode> {
         }
     };
     let prepared = model.prepare(&prompt)?;
-    let mut session = model.engine.new_session();
+    let mut session = model.new_session()?;
     let completion = model.generate(
         &mut session,
         &prepared.ids,
@@ -189,8 +194,9 @@ fn chat(args: &RunArgs, model: &Model) -> Result<ExitCode> {
         .context("installing the Ctrl-C handler")?;
     let mut conversation = Conversation::new(model, args.system.as_deref(), args.template_vars());
     eprintln!(
-        "spindle chat with {} (Ctrl-C stops an answer, Ctrl-D quits)",
-        model.dir.display()
+        "spindle chat with {} on {} (Ctrl-C stops an answer, Ctrl-D quits)",
+        model.dir.display(),
+        model.backend.describe()
     );
     let stdin = std::io::stdin();
     loop {

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use spindle_server::{open_model, shutdown_signal, Server, ServerConfig};
+use spindle_server::{open_model_on, shutdown_signal, Server, ServerConfig};
+
+use crate::device::Device;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -17,6 +19,11 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     load: crate::load_args::LoadArgs,
+    /// Backend to run on: cpu, or (in a build with the `cuda` feature) cuda or cuda:N (CUDA GPU
+    /// N; Hugging Face checkpoints only, every expert in GPU memory; with --parallel above 1
+    /// the sessions take turns on the GPU step by step).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// Address to listen on. The default serves this machine only; use 0.0.0.0 to listen on
     /// every interface (then set --api-key).
     #[arg(long, default_value = "127.0.0.1")]
@@ -50,11 +57,13 @@ pub struct ServeArgs {
 pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let grace = Duration::try_from_secs_f64(args.shutdown_grace)
         .context("--shutdown-grace must be a non-negative number of seconds")?;
-    let (model, id) = open_model(
+    let (model, id) = open_model_on(
         args.model.as_deref(),
         args.model_id.clone(),
         &args.load.options(),
+        args.device.into(),
     )?;
+    tracing::info!(device = %model.backend.describe(), "serving {id}");
     let config = ServerConfig {
         api_key: args
             .api_key

@@ -34,7 +34,7 @@ fn run_prints_exactly_the_decoded_greedy_tokens() {
             add_generation_prompt: true,
         })
         .unwrap();
-    let mut session = model.engine.new_session();
+    let mut session = model.new_session().unwrap();
     let options = GenerateOptions {
         sampling: SamplingParams::default(),
         max_tokens: Some(32),

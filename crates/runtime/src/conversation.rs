@@ -2,9 +2,9 @@
 //! tokens (the end of the previous answer and the new user message), never the whole history.
 
 use serde_json::{json, Map, Value};
-use spindle_engine::Session;
 use spindle_text::{parse_output, ParsedOutput};
 
+use crate::backend::BackendSession;
 use crate::error::{Result, RuntimeError};
 use crate::generate::{Completion, Finish, Flow, GenerateOptions};
 use crate::model::{ends_in_open_think, Model};
@@ -15,7 +15,8 @@ const END_OF_TURN: &str = "<|im_end|>";
 pub struct Conversation {
     pub messages: Vec<Value>,
     pub vars: Map<String, Value>,
-    session: Session,
+    /// Created by the first turn (a backend session may fail to allocate).
+    session: Option<BackendSession>,
     /// Tokens generated but not yet fed to the session.
     pending: Vec<u32>,
     /// Whether the last answer ended with the end-of-turn token.
@@ -31,14 +32,14 @@ pub struct Turn {
 }
 
 impl Conversation {
-    pub fn new(model: &Model, system: Option<&str>, vars: Map<String, Value>) -> Self {
+    pub fn new(_model: &Model, system: Option<&str>, vars: Map<String, Value>) -> Self {
         let messages = system
             .map(|s| vec![json!({"role": "system", "content": s})])
             .unwrap_or_default();
         Conversation {
             messages,
             vars,
-            session: model.engine.new_session(),
+            session: None,
             pending: Vec::new(),
             closed: true,
             last_feed_tokens: 0,
@@ -80,7 +81,7 @@ impl Conversation {
             Some(i + END_OF_TURN.len())
         });
         match resume_at {
-            Some(at) if self.session.position > 0 => {
+            Some(at) if self.context_tokens() > 0 => {
                 let mut ids = std::mem::take(&mut self.pending);
                 let mut text = String::new();
                 if !self.closed {
@@ -92,7 +93,9 @@ impl Conversation {
             }
             // Otherwise start over from the full rendering.
             _ => {
-                self.session = model.engine.new_session();
+                // Drop the old session first: its memory may be what the new one needs.
+                self.session = None;
+                self.session = Some(model.new_session()?);
                 self.pending.clear();
                 Ok(model.tokenizer.encode(prompt, true)?)
             }
@@ -109,7 +112,7 @@ impl Conversation {
     ) -> Result<Turn> {
         // The history as the template renders it now; if it cannot be rendered on its own
         // (templates may demand a user message), fall back to a full prefill.
-        let previous = if self.session.position > 0 {
+        let previous = if self.context_tokens() > 0 {
             self.render(model, false).ok()
         } else {
             None
@@ -118,7 +121,11 @@ impl Conversation {
         let prompt = self.render(model, true)?;
         let feed = self.tokens_to_feed(model, previous, &prompt)?;
         self.last_feed_tokens = feed.len();
-        let completion = model.generate(&mut self.session, &feed, options, on_text)?;
+        let session = match &mut self.session {
+            Some(session) => session,
+            None => self.session.insert(model.new_session()?),
+        };
+        let completion = model.generate(session, &feed, options, on_text)?;
         self.pending = completion.ids.last().copied().into_iter().collect();
         self.closed = matches!(completion.finish, Finish::Eos(id) if model.tokenizer.token_to_id(END_OF_TURN) == Some(id));
         let parsed = parse_output(&completion.text, ends_in_open_think(&prompt));
@@ -132,6 +139,6 @@ impl Conversation {
 
     /// Tokens held by the session.
     pub fn context_tokens(&self) -> usize {
-        self.session.position
+        self.session.as_ref().map_or(0, BackendSession::position)
     }
 }

@@ -11,6 +11,15 @@ pub enum RuntimeError {
     #[error(transparent)]
     Engine(#[from] EngineError),
 
+    /// The CUDA engine's errors (no driver, no such device, out of memory, ...).
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Cuda(#[from] spindle_cuda::CudaError),
+
+    /// A combination the chosen backend cannot run, naming the option at fault.
+    #[error("{0}")]
+    Unsupported(String),
+
     #[error(transparent)]
     Text(#[from] TextError),
 

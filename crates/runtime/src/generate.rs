@@ -4,9 +4,10 @@
 use std::time::{Duration, Instant};
 
 use spindle_engine::sampling::{Sampler, SamplingParams};
-use spindle_engine::{LogitsFor, Session};
+use spindle_engine::LogitsFor;
 use spindle_text::{FinishReason, StopConditions, TextStream};
 
+use crate::backend::BackendSession;
 use crate::error::{Result, RuntimeError};
 use crate::model::Model;
 
@@ -72,18 +73,19 @@ impl Completion {
 
 impl Model {
     /// Feeds `prompt_ids` to `session` and generates until a stop condition, calling
-    /// `on_text` with every visible delta (possibly empty strings are skipped).
+    /// `on_text` with every visible delta (possibly empty strings are skipped). The same loop
+    /// runs on every backend: only the forward pass is the backend's.
     pub fn generate(
         &self,
-        session: &mut Session,
+        session: &mut BackendSession,
         prompt_ids: &[u32],
         options: &GenerateOptions,
         on_text: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<Completion> {
-        let limit = self.engine.config().max_position_embeddings;
-        if session.position + prompt_ids.len() >= limit {
+        let limit = self.config().max_position_embeddings;
+        if session.position() + prompt_ids.len() >= limit {
             return Err(RuntimeError::PromptTooLong {
-                prompt: session.position + prompt_ids.len(),
+                prompt: session.position() + prompt_ids.len(),
                 limit,
             });
         }
@@ -99,7 +101,7 @@ impl Model {
         let mut ids = Vec::new();
 
         let started = Instant::now();
-        let mut logits = self.engine.forward(session, prompt_ids, LogitsFor::Last)?;
+        let mut logits = self.backend.forward(session, prompt_ids, LogitsFor::Last)?;
         let prefill_time = started.elapsed();
         let decode_started = Instant::now();
 
@@ -127,10 +129,10 @@ impl Model {
             if flow == Flow::Stop {
                 break self.flush(&mut stream, &mut text, on_text, Finish::Cancelled)?;
             }
-            if session.position + 1 >= limit {
+            if session.position() + 1 >= limit {
                 break self.flush(&mut stream, &mut text, on_text, Finish::ContextFull)?;
             }
-            logits = self.engine.forward(session, &[id], LogitsFor::Last)?;
+            logits = self.backend.forward(session, &[id], LogitsFor::Last)?;
         };
         Ok(Completion {
             text,

@@ -1,7 +1,10 @@
 //! Text in, text out over the engine: a model directory (weights, tokenizer, chat template,
 //! generation defaults), the decode loop with sampling and streaming detokenization, and
-//! multi-turn conversations. The CLI and the server both drive generation through here.
+//! multi-turn conversations. The CLI and the server both drive generation through here, on
+//! whichever [`Backend`] runs the model (the CPU engine, or a CUDA GPU with the `cuda`
+//! feature).
 
+pub mod backend;
 pub mod bench;
 pub mod conversation;
 pub mod demo;
@@ -9,6 +12,7 @@ pub mod error;
 pub mod generate;
 pub mod model;
 
+pub use backend::{Backend, BackendSession, Device};
 pub use conversation::{Conversation, Turn};
 pub use demo::{demo_dir, DEMO_MODEL_ID};
 pub use error::{Result, RuntimeError};

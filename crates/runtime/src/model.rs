@@ -1,14 +1,16 @@
-//! A model directory opened for text generation: the engine, the tokenizer, the chat template
-//! and the generation defaults, all from the checkpoint's own files.
+//! A model directory opened for text generation: the backend that runs it, the tokenizer, the
+//! chat template and the generation defaults, all from the checkpoint's own files.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
 use spindle_engine::sampling::{GenerationConfigValues, SamplingParams};
-use spindle_engine::{Engine, LoadOptions};
+use spindle_engine::LoadOptions;
+use spindle_model::ModelConfig;
 use spindle_text::{ChatTemplate, Tokenizer};
 
+use crate::backend::{Backend, BackendSession, Device};
 use crate::error::{Result, RuntimeError};
 
 /// What a request asks the model to continue.
@@ -40,7 +42,8 @@ pub struct PreparedPrompt {
 }
 
 pub struct Model {
-    pub engine: Engine,
+    /// The engine that runs the model: the CPU engine or, with the `cuda` feature, a GPU.
+    pub backend: Backend,
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<ChatTemplate>,
     /// Sampling defaults from `generation_config.json` (greedy when absent).
@@ -55,9 +58,15 @@ impl Model {
         Self::load_with(dir, &LoadOptions::default())
     }
 
-    /// [`Model::load`] with engine options (weight format).
+    /// [`Model::load`] with engine options (weight format, expert residency), on the CPU.
     pub fn load_with(dir: &Path, options: &LoadOptions) -> Result<Self> {
-        let engine = Engine::load_with(dir, options)?;
+        Self::load_on(dir, Device::Cpu, options)
+    }
+
+    /// [`Model::load_with`] on `device` (see [`Backend::load`] for what CUDA refuses). The
+    /// backend is loaded first, so a machine without CUDA fails before anything else is read.
+    pub fn load_on(dir: &Path, device: Device, options: &LoadOptions) -> Result<Self> {
+        let backend = Backend::load(dir, device, options)?;
         let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
         let template = match ChatTemplate::from_dir(dir) {
             Ok(t) => Some(t),
@@ -65,20 +74,29 @@ impl Model {
             Err(e) => return Err(e.into()),
         };
         let generation = read_generation_config(dir)?;
-        let mut eos_ids = engine.config().eos_token_ids.clone();
+        let mut eos_ids = backend.config().eos_token_ids.clone();
         for id in generation.eos_ids {
             if !eos_ids.contains(&id) {
                 eos_ids.push(id);
             }
         }
         Ok(Model {
-            engine,
+            backend,
             tokenizer,
             template,
             defaults: SamplingParams::from_generation_config(&generation.values),
             eos_ids,
             dir: dir.to_owned(),
         })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        self.backend.config()
+    }
+
+    /// A fresh session on the model's backend.
+    pub fn new_session(&self) -> Result<BackendSession> {
+        self.backend.new_session()
     }
 
     /// Renders and tokenizes a prompt.

@@ -30,7 +30,7 @@ fn streamed_text_equals_decoded_greedy_tokens() {
         "{:?}",
         prompt.text
     );
-    let mut session = model.engine.new_session();
+    let mut session = model.new_session().unwrap();
     let mut streamed = String::new();
     let completion = model
         .generate(&mut session, &prompt.ids, &greedy(40), &mut |t| {
@@ -58,7 +58,7 @@ fn streamed_text_equals_decoded_greedy_tokens() {
     assert_eq!(completion.text, visible);
     assert!(matches!(completion.finish, Finish::Length | Finish::Eos(_)));
     // Greedy decoding is deterministic.
-    let mut again = model.engine.new_session();
+    let mut again = model.new_session().unwrap();
     let second = model
         .generate(&mut again, &prompt.ids, &greedy(40), &mut |_| {
             Flow::Continue
@@ -73,7 +73,7 @@ fn stopping_from_the_callback_cancels() {
     let prompt = model
         .prepare(&Prompt::Text("Once upon a time".into()))
         .unwrap();
-    let mut session = model.engine.new_session();
+    let mut session = model.new_session().unwrap();
     let mut calls = 0;
     let completion = model
         .generate(&mut session, &prompt.ids, &greedy(100), &mut |_| {

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use spindle_runtime::{demo_dir, Model, DEMO_MODEL_ID};
+use spindle_runtime::{demo_dir, Device, Model, DEMO_MODEL_ID};
 use tokio::net::TcpListener;
 
 pub use error::{ApiError, ServerError};
@@ -69,12 +69,22 @@ impl ServerConfig {
 }
 
 /// Opens the model to serve: `dir`, or the embedded demo checkpoint when `None`, loaded with
-/// `options` (weight format, expert residency). The id is `model_id`, else the directory's
-/// name (`spindle-demo` for the demo).
+/// `options` (weight format, expert residency) on the CPU. The id is `model_id`, else the
+/// directory's name (`spindle-demo` for the demo).
 pub fn open_model(
     dir: Option<&Path>,
     model_id: Option<String>,
     options: &spindle_engine::LoadOptions,
+) -> Result<(Arc<Model>, String), ServerError> {
+    open_model_on(dir, model_id, options, Device::Cpu)
+}
+
+/// [`open_model`] on `device` (a CUDA GPU in a build whose runtime has the `cuda` feature).
+pub fn open_model_on(
+    dir: Option<&Path>,
+    model_id: Option<String>,
+    options: &spindle_engine::LoadOptions,
+    device: Device,
 ) -> Result<(Arc<Model>, String), ServerError> {
     let (dir, default_id) = match dir {
         Some(dir) => {
@@ -90,7 +100,7 @@ pub fn open_model(
         Some(id) if !id.is_empty() => id,
         _ => return Err(ServerError::NoModelId { path: dir }),
     };
-    let model = Model::load_with(&dir, options)?;
+    let model = Model::load_on(&dir, device, options)?;
     Ok((Arc::new(model), id))
 }
 
@@ -101,9 +111,13 @@ pub struct Server {
 }
 
 impl Server {
-    /// A server whose `/metrics` reports the model's own expert-cache hit rate.
+    /// A server whose `/metrics` reports the model's own expert-cache hit rate (1 on CUDA,
+    /// which keeps every expert in GPU memory).
     pub fn new(model: Arc<Model>, config: ServerConfig) -> Result<Self, ServerError> {
-        let probe = Arc::new(metrics::EngineExperts(model.engine.expert_counters()));
+        let probe: Arc<dyn ExpertCacheProbe> = match model.backend.expert_counters() {
+            Some(counters) => Arc::new(metrics::EngineExperts(counters)),
+            None => Arc::new(AllResident),
+        };
         Self::with_expert_probe(model, config, probe)
     }
 

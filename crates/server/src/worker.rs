@@ -42,17 +42,18 @@ pub fn spawn_generation(
             let result = if cancel_all.load(Ordering::Acquire) {
                 Ok(cancelled(prompt_ids.len()))
             } else {
-                let mut session = state.model.engine.new_session();
-                state
-                    .model
-                    .generate(&mut session, &prompt_ids, &options, &mut |delta| {
-                        let gone = tx.send(GenEvent::Text(delta.to_owned())).is_err();
-                        if gone || cancel_all.load(Ordering::Acquire) {
-                            Flow::Stop
-                        } else {
-                            Flow::Continue
-                        }
-                    })
+                state.model.new_session().and_then(|mut session| {
+                    state
+                        .model
+                        .generate(&mut session, &prompt_ids, &options, &mut |delta| {
+                            let gone = tx.send(GenEvent::Text(delta.to_owned())).is_err();
+                            if gone || cancel_all.load(Ordering::Acquire) {
+                                Flow::Stop
+                            } else {
+                                Flow::Continue
+                            }
+                        })
+                })
             };
             // Free the slot before answering, so a client that reads the answer and then
             // the metrics sees it free.

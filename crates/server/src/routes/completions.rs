@@ -28,7 +28,7 @@ pub async fn handle(
     let prompt = match request.prompt {
         PromptInput::Text(text) => Prompt::Text(text),
         PromptInput::Tokens(ids) => {
-            let vocab = state.model.engine.config().vocab_size;
+            let vocab = state.model.config().vocab_size;
             if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
                 return Err(ApiError::invalid(
                     "prompt",

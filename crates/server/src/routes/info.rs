@@ -17,7 +17,7 @@ fn model_object(state: &AppState) -> Value {
         "object": "model",
         "created": state.created,
         "owned_by": "spindle",
-        "max_model_len": state.model.engine.config().max_position_embeddings,
+        "max_model_len": state.model.config().max_position_embeddings,
     })
 }
 

@@ -144,7 +144,7 @@ fn admit(state: &AppState) -> Result<Ticket, ApiError> {
 
 /// Refuses a prompt that leaves no room to generate.
 fn check_prompt_fits(state: &AppState, prompt_tokens: usize, param: &str) -> Result<(), ApiError> {
-    let limit = state.model.engine.config().max_position_embeddings;
+    let limit = state.model.config().max_position_embeddings;
     if prompt_tokens >= limit {
         return Err(ApiError::invalid(
             param,
