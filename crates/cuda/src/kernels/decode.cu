@@ -263,28 +263,51 @@ __device__ __forceinline__ void dmv_impl(const unsigned char* __restrict__ W, co
         float a[NT], b[NT];
 #pragma unroll
         for (int t = 0; t < NT; t++) a[t] = b[t] = 0.0f;
+        // The conv's state rows and taps, loaded before the weights so their latency overlaps.
+        float cs[DMV_CONV_WINDOW], wk[DMV_CONV_WINDOW];
+        bool conv_row = CONV && live && sl == 0 && j < cC;
+        if (CONV) {
+#pragma unroll
+            for (int q = 0; q < DMV_CONV_WINDOW; q++) {
+                cs[q] = conv_row && q < cK - 1 ? cstate[(size_t)q * cC + j] : 0.0f;
+                wk[q] = conv_row && q < cK ? cw[j * cK + q] : 0.0f;
+            }
+        }
         row_dots<FMT, NT>(W + (size_t)r * rb, S + (size_t)r * rsc, st, T, nch, sl, lpr, a);
         if (pair) row_dots<FMT, NT>(W + (size_t)(r + pair) * rb, S + (size_t)(r + pair) * rsc, st, T, nch, sl, lpr, b);
         if (CONV) {
 #pragma unroll
             for (int t = 0; t < NT; t++) a[t] = t < T ? lanes_sum(a[t], lpr) : 0.0f;
-            if (live && sl == 0) {
-                if (j < cC) {
-                    float win[DMV_CONV_WINDOW];
-                    int past = cK - 1;
-                    for (int q = 0; q < past; q++) win[q] = cstate[(size_t)q * cC + j];
+            if (conv_row) {
+                // Window row q: state row q (q < K − 1), then this step's outputs.
+                int past = cK - 1;
 #pragma unroll
-                    for (int t = 0; t < NT; t++)
-                        if (t < T) win[past + t] = a[t];
-                    for (int t = 0; t < T; t++) {
+                for (int t = 0; t < NT; t++) {
+                    if (t < T) {
                         float acc = 0.0f;
-                        for (int q = 0; q < cK; q++) acc += cw[j * cK + q] * win[t + q];
+#pragma unroll
+                        for (int q = 0; q < DMV_CONV_WINDOW; q++) {
+                            if (q < cK) {
+                                int w = t + q;
+                                float v = w < past ? cs[w < DMV_CONV_WINDOW ? w : 0] : a[w - past < NT ? w - past : 0];
+                                acc += wk[q] * v;
+                            }
+                        }
                         y[(size_t)t * ldy + j] = silu_f(acc);
                     }
-                    for (int q = 0; q < past; q++) cstate[(size_t)q * cC + j] = win[T + q];
-                } else {
-                    for (int t = 0; t < T; t++) y[(size_t)t * ldy + j] = a[t < NT ? t : 0];
                 }
+                // T is 1 in the single-token kernels: the indices below are then constants.
+                int tt = NT == 1 ? 1 : T;
+#pragma unroll
+                for (int q = 0; q < DMV_CONV_WINDOW; q++) {
+                    if (q < past) {
+                        int w = tt + q;
+                        cstate[(size_t)q * cC + j] =
+                            w < past ? cs[w < DMV_CONV_WINDOW ? w : 0] : a[w - past < NT ? w - past : 0];
+                    }
+                }
+            } else if (live && sl == 0) {
+                for (int t = 0; t < T; t++) y[(size_t)t * ldy + j] = a[t < NT ? t : 0];
             }
             continue;
         }
