@@ -58,37 +58,53 @@ pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: us
         .as_ref()
         .map(|s| s.begin(&ids[..wave.min(ids.len())]));
 
-    let mut out = mlp(&w.shared, x, tokens);
-    let shared_gate = w.shared_gate.forward(x, tokens);
-    for (t, row) in out.chunks_mut(hidden).enumerate() {
-        let g = sigmoid(shared_gate[t]);
-        row.iter_mut().for_each(|v| *v *= g);
-    }
-
+    // The sigmoid-gated shared expert runs beside the first wave of routed experts (and while
+    // their reads complete, when streamed).
+    let mut shared = Some(|| {
+        let mut out = mlp(&w.shared, x, tokens);
+        let shared_gate = w.shared_gate.forward(x, tokens);
+        for (t, row) in out.chunks_mut(hidden).enumerate() {
+            let g = sigmoid(shared_gate[t]);
+            row.iter_mut().for_each(|v| *v *= g);
+        }
+        out
+    });
+    let mut out: Option<Vec<f32>> = None;
     let mut first = 0;
-    while first < users.len() {
+    loop {
         let group = &users[first..(first + wave).min(users.len())];
-        let loaded = match (&w.streamed, pending.take()) {
-            (Some(s), Some(slots)) => s.wait(&slots),
-            (Some(s), None) => s.wait(&s.begin(&ids[first..first + group.len()])),
-            (None, _) => Vec::new(),
+        let mut routed = || {
+            let loaded = match (&w.streamed, pending.take()) {
+                (Some(s), Some(slots)) => s.wait(&slots),
+                (Some(s), None) => s.wait(&s.begin(&ids[first..first + group.len()])),
+                (None, _) => Vec::new(),
+            };
+            let expert = |i: usize| match loaded.get(i) {
+                Some(l) => &l.weights,
+                None => &w.experts[group[i].0],
+            };
+            // The selected experts run in parallel; their outputs are added in expert order.
+            (0..group.len())
+                .into_par_iter()
+                .map(|i| {
+                    let chosen = &group[i].1;
+                    let mut xs = Vec::with_capacity(chosen.len() * hidden);
+                    for &(t, _) in chosen {
+                        xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+                    }
+                    mlp(expert(i), &xs, chosen.len())
+                })
+                .collect::<Vec<Vec<f32>>>()
         };
-        let expert = |i: usize| match loaded.get(i) {
-            Some(l) => &l.weights,
-            None => &w.experts[group[i].0],
+        let outputs = match shared.take() {
+            None => routed(),
+            Some(shared) => {
+                let (s, r) = rayon::join(shared, routed);
+                out = Some(s);
+                r
+            }
         };
-        // The selected experts run in parallel; their outputs are added in expert order.
-        let outputs: Vec<Vec<f32>> = (0..group.len())
-            .into_par_iter()
-            .map(|i| {
-                let chosen = &group[i].1;
-                let mut xs = Vec::with_capacity(chosen.len() * hidden);
-                for &(t, _) in chosen {
-                    xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
-                }
-                mlp(expert(i), &xs, chosen.len())
-            })
-            .collect();
+        let out = out.as_mut().expect("set with the first wave");
         for ((_, chosen), ys) in group.iter().zip(&outputs) {
             for (i, &(t, weight)) in chosen.iter().enumerate() {
                 let dst = &mut out[t * hidden..(t + 1) * hidden];
@@ -98,8 +114,11 @@ pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: us
             }
         }
         first += group.len();
+        if first >= users.len() {
+            break;
+        }
     }
-    out
+    out.expect("the first wave always runs")
 }
 
 /// `(expert, [(token, weight)])` for every expert some token chose, in expert order.
