@@ -29,7 +29,7 @@ const SOURCES: [&str; 8] = [
 ];
 
 /// Every `extern "C" __global__` function the sources define.
-const KERNELS: [&str; 52] = [
+const KERNELS: [&str; 50] = [
     "matvec_bf16",
     "matvec_q8",
     "matvec_q4",
@@ -43,7 +43,6 @@ const KERNELS: [&str; 52] = [
     "silu_scaled",
     "scale_by_sigmoid",
     "read_probe",
-    "argmax_f32",
     "moe_route",
     "moe_gate_up_bf16",
     "moe_gate_up_q8",
@@ -74,7 +73,6 @@ const KERNELS: [&str; 52] = [
     "argmax_multi",
     "attn_split",
     "attn_combine",
-    "gdn_step",
     "gdn_heads",
     "dmvc_bf16_t1",
     "dmvc_q8_t1",

@@ -1,5 +1,8 @@
 //! Gated DeltaNet on the device (MODEL_MATH §1.5), token-serial: one fused projection, the
-//! causal conv with its state, then the delta rule with the gated norm fused in.
+//! causal conv with its state, then the delta rule with the gated norm fused in. Decode
+//! (≤ 8 tokens) fuses the conv into the projection's matvec and runs a block per value head
+//! (`gdn_heads`); prefill, and projections split across formats, run `gdn_conv` then
+//! `gdn_recurrent`.
 
 use spindle_model::{GdnGate, ModelConfig};
 
@@ -90,39 +93,6 @@ pub fn forward(
 
     let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
 
-    if let Some((threads, r, shared)) = step_launch(dev, config, tokens) {
-        dev.launch(
-            "gdn_step",
-            (nk as u32, 1, 1),
-            threads,
-            shared as u32,
-            &[
-                p(proj.ptr()),
-                i(width),
-                p(state.conv.ptr()),
-                p(w.conv.ptr()),
-                i(tokens),
-                i(g.conv_kernel),
-                i(nk),
-                i(nv),
-                i(dk),
-                i(dv),
-                i(z_off),
-                i(b_off),
-                i(a_off),
-                p(state.recurrent.ptr()),
-                p(w.a_log.ptr()),
-                p(w.dt_bias.ptr()),
-                p(w.norm.ptr()),
-                p(o.ptr()),
-                f(eps),
-                i(gate_sigmoid),
-                i(r),
-            ],
-        )?;
-        return io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens);
-    }
-
     let u = dev.scratch::<f32>(tokens * channels)?;
     dev.launch(
         "gdn_conv",
@@ -169,40 +139,6 @@ pub fn forward(
         ],
     )?;
     io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens)
-}
-
-/// The fused decode kernel for `tokens` tokens (conv and recurrence, one block per key
-/// head, states in shared memory) when the shapes suit it: (threads, row groups R, dynamic
-/// shared bytes).
-fn step_launch(dev: &Device, config: &ModelConfig, tokens: usize) -> Option<(u32, usize, usize)> {
-    let g = &config.gdn;
-    let (nk, nv, dk, dv) = (
-        g.num_key_heads,
-        g.num_value_heads,
-        g.key_head_dim,
-        g.value_head_dim,
-    );
-    // The conv window (K − 1 + T rows) sits in registers (`GDN_MAX_WINDOW` in gdn.cu).
-    if tokens > MATVEC_MAX_TOKENS || nv % nk != 0 || g.conv_kernel - 1 + tokens > 16 {
-        return None;
-    }
-    // Lanes of one head sum Σo² by shuffles: d_v a multiple of 32 or a power of two below it.
-    if !(dv % 32 == 0 || (dv < 32 && dv.is_power_of_two())) {
-        return None;
-    }
-    let columns = nv / nk * dv;
-    if columns > 1024 || columns % 32 != 0 || (nv / nk * dk * dv) % 4 != 0 {
-        return None;
-    }
-    // Row groups: as many as 1024 threads allow, dividing d_k.
-    let mut r = 1;
-    while columns * r * 2 <= 1024 && dk % (r * 2) == 0 {
-        r *= 2;
-    }
-    let states = nv / nk * dk * dv;
-    let shared = 4
-        * (states + tokens * (2 * dk + columns) + 2 * tokens + r * columns + columns / dv.min(32));
-    (shared <= dev.shared_limit("gdn_step")).then_some(((columns * r) as u32, r, shared))
 }
 
 /// The per-value-head decode kernel (after the conv fused into in_proj) when the shapes suit

@@ -18,7 +18,6 @@ fn kernels_compile_for_hopper() {
         "moe_gate_up_q4",
         "moe_down_q8",
         "read_probe",
-        "argmax_f32",
         "gdn_recurrent",
         "attn_decode",
         "moe_route",
@@ -30,7 +29,6 @@ fn kernels_compile_for_hopper() {
         "argmax_multi",
         "attn_split",
         "attn_combine",
-        "gdn_step",
         "gdn_heads",
         "dmvc_q4_t1",
     ] {

@@ -74,29 +74,3 @@ extern "C" __global__ void read_probe(const uint4* __restrict__ src, unsigned lo
     }
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
-
-// One block of 1024 threads: out[0] = the first index of the largest of x[0..n) (NaN never wins).
-extern "C" __global__ void argmax_f32(const float* __restrict__ x, int n, int* __restrict__ out) {
-    __shared__ float bv[32];
-    __shared__ int bi[32];
-    float v = -SP_INF;
-    int best = 0x7fffffff;
-    for (int e = threadIdx.x; e < n; e += blockDim.x) {
-        float xe = x[e];
-        if (xe > v) { v = xe; best = e; }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        int oi = __shfl_xor_sync(0xffffffffu, best, o);
-        if (ov > v || (ov == v && oi < best)) { v = ov; best = oi; }
-    }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) { bv[warp] = v; bi[warp] = best; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-            if (bv[w] > v || (bv[w] == v && bi[w] < best)) { v = bv[w]; best = bi[w]; }
-        out[0] = best == 0x7fffffff ? 0 : best;
-    }
-}
