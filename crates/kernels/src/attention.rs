@@ -39,15 +39,18 @@ pub fn attend(
     }
     let mut sum = 0.0f32;
     for s in scores.iter_mut() {
-        *s = (*s - max).exp();
+        // Below e^-80 (1.8e-35) a weight is lost next to the largest (1.0) in f32 anyway;
+        // exp's underflow path is slow, so such weights are zero outright.
+        let z = *s - max;
+        *s = if z < -80.0 { 0.0 } else { z.exp() };
         sum += *s;
     }
     let inv = 1.0 / sum;
     out.fill(0.0);
     for (t, &p) in tokens.zip(scores.iter()) {
-        let v = values.vector(t, head);
-        let w = p * inv;
-        out.iter_mut().zip(v).for_each(|(o, &x)| *o += w * x);
+        if p != 0.0 {
+            crate::linear::axpy(out, p * inv, values.vector(t, head));
+        }
     }
 }
 

@@ -188,7 +188,22 @@ fn row_dot(isa: Isa, w: &MatRef, r: usize, acts: &Acts, t: usize) -> f32 {
 
 /// Σ a[i]·b[i] on the active SIMD path (the same summation order on every alignment).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    dot_with(Isa::active(), a, b)
+    assert_eq!(a.len(), b.len(), "dot product lengths");
+    // `Isa::active` only returns paths this CPU runs (no check per call: attention calls this
+    // once per key).
+    dispatch!(Isa::active(), dot_f32(a, b))
+}
+
+/// `y[i] += s·x[i]` on the active SIMD path.
+pub fn axpy(y: &mut [f32], s: f32, x: &[f32]) {
+    axpy_with(Isa::active(), y, s, x)
+}
+
+/// [`axpy`] on an explicit SIMD path; panics if this CPU lacks it.
+pub fn axpy_with(isa: Isa, y: &mut [f32], s: f32, x: &[f32]) {
+    assert_eq!(y.len(), x.len(), "axpy lengths");
+    assert!(isa.available(), "this CPU cannot run the {isa:?} kernels");
+    dispatch!(isa, axpy_f32(y, s, x))
 }
 
 /// [`dot`] on an explicit SIMD path; panics if this CPU lacks it.

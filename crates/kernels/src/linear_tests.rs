@@ -355,3 +355,31 @@ fn dot_matches_f64_on_every_path_and_alignment() {
         }
     }
 }
+
+/// `axpy` on every path this CPU runs against the plain loop, at several alignments.
+#[test]
+fn axpy_matches_scalar_on_every_path() {
+    let mut r = rng(72);
+    for n in [1, 15, 16, 17, 64, 257] {
+        let x = vec(&mut r, n + 1, 1.0);
+        let y0 = vec(&mut r, n + 1, 1.0);
+        let s = 0.37f32;
+        for off in [0, 1] {
+            let want: Vec<f32> = y0[off..off + n]
+                .iter()
+                .zip(&x[1 - off..1 - off + n])
+                .map(|(y, x)| y + s * x)
+                .collect();
+            for isa in Isa::all_available() {
+                let mut y = y0[off..off + n].to_vec();
+                axpy_with(isa, &mut y, s, &x[1 - off..1 - off + n]);
+                for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+                        "{isa:?} n={n} [{i}]: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}

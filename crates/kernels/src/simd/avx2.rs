@@ -269,3 +269,24 @@ fn tile<const T: usize, const R: usize>(x: &[f32], w: &[f32], at: Span, out: &mu
         }
     }
 }
+
+/// `y[i] += s·x[i]` (elementwise: the same result wherever the slices sit).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn axpy_f32(y: &mut [f32], s: f32, x: &[f32]) {
+    assert_eq!(y.len(), x.len());
+    let n = y.len();
+    let (yp, xp) = (y.as_mut_ptr(), x.as_ptr());
+    let sv = _mm256_set1_ps(s);
+    let mut i = 0;
+    // SAFETY: every access is [i, i+8) with i + 8 <= n for both slices (unaligned).
+    unsafe {
+        while i + 8 <= n {
+            let v = _mm256_fmadd_ps(sv, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)));
+            _mm256_storeu_ps(yp.add(i), v);
+            i += 8;
+        }
+    }
+    for j in i..n {
+        y[j] = s.mul_add(x[j], y[j]);
+    }
+}

@@ -654,3 +654,24 @@ fn f_tile<const T: usize>(wp: &[__m512], xp: &[f32], cols: usize, out: &mut [f32
         unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(t * PANEL_ROWS), *a) };
     }
 }
+
+/// `y[i] += s·x[i]` (elementwise: the same result wherever the slices sit).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn axpy_f32(y: &mut [f32], s: f32, x: &[f32]) {
+    assert_eq!(y.len(), x.len());
+    let n = y.len();
+    let (yp, xp) = (y.as_mut_ptr(), x.as_ptr());
+    let sv = _mm512_set1_ps(s);
+    let mut i = 0;
+    // SAFETY: every access is [i, i+16) with i + 16 <= n for both slices (unaligned).
+    unsafe {
+        while i + 16 <= n {
+            let v = _mm512_fmadd_ps(sv, _mm512_loadu_ps(xp.add(i)), _mm512_loadu_ps(yp.add(i)));
+            _mm512_storeu_ps(yp.add(i), v);
+            i += 16;
+        }
+    }
+    for j in i..n {
+        y[j] = s.mul_add(x[j], y[j]);
+    }
+}

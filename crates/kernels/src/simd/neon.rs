@@ -114,3 +114,9 @@ pub(crate) fn dot_q4(qs: &[u8], scales: &[u16], xq: &[i8], xd: &[f32], _xsd: &[f
 pub(crate) fn gemm_block(x: &[f32], w: &[f32], cols: usize, out: &mut [f32]) {
     super::scalar::gemm_block(x, w, cols, out)
 }
+
+/// `y[i] += s·x[i]`.
+#[target_feature(enable = "neon")]
+pub(crate) fn axpy_f32(y: &mut [f32], s: f32, x: &[f32]) {
+    super::scalar::axpy_f32(y, s, x)
+}

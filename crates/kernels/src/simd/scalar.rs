@@ -51,3 +51,9 @@ pub(crate) fn gemm_block(x: &[f32], w: &[f32], cols: usize, out: &mut [f32]) {
         }
     }
 }
+
+/// `y[i] += s·x[i]` (a multiply and an add: a baseline x86-64 build has no FMA instruction).
+pub(crate) fn axpy_f32(y: &mut [f32], s: f32, x: &[f32]) {
+    assert_eq!(y.len(), x.len());
+    y.iter_mut().zip(x).for_each(|(y, &x)| *y += s * x);
+}
