@@ -127,6 +127,8 @@ impl<'x> Acts<'x> {
 /// `x [tokens, cols]` quantized per group of 32, bit-identical to [`QuantizedActs::quantize`];
 /// tokens in parallel when there are many.
 pub fn quantize_acts(isa: Isa, x: &[f32], cols: usize) -> QuantizedActs {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa; // only AVX-512 has its own quantizer
     let mut acts = QuantizedActs::zeroed(x.len(), cols);
     type Part<'a> = (
         ((&'a [f32], &'a mut [i8]), (&'a mut [f32], &'a mut [f32])),

@@ -383,3 +383,12 @@ fn axpy_matches_scalar_on_every_path() {
         }
     }
 }
+
+/// On aarch64 the NEON path exists and is among the paths every test above runs.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_runs_on_aarch64() {
+    assert!(Isa::Neon.available());
+    assert!(Isa::all_available().contains(&Isa::Neon));
+    assert_eq!(Isa::best(), Isa::Neon);
+}

@@ -52,6 +52,7 @@ pub(crate) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
     dot_f32_body!(w, x, load_bf16, crate::weights::bf16_to_f32)
 }
 
+#[target_feature(enable = "neon")]
 pub(crate) fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
     super::scalar::dot_f16(w, x)
 }
@@ -111,6 +112,7 @@ pub(crate) fn dot_q4(qs: &[u8], scales: &[u16], xq: &[i8], xd: &[f32], _xsd: &[f
     s
 }
 
+#[target_feature(enable = "neon")]
 pub(crate) fn gemm_block(x: &[f32], w: &[f32], cols: usize, out: &mut [f32]) {
     super::scalar::gemm_block(x, w, cols, out)
 }
