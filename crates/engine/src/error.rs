@@ -19,6 +19,12 @@ pub enum EngineError {
 
     #[error("forward called with no tokens")]
     EmptyInput,
+
+    #[error("{message}; this sequence's state is incomplete, start a new one")]
+    ExpertRead { message: String },
+
+    #[error("this sequence's state is incomplete after an earlier failed step ({cause}); start a new one")]
+    BrokenSession { cause: String },
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;

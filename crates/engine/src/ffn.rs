@@ -6,6 +6,7 @@ use spindle_kernels::activation::{sigmoid, swiglu_in_place};
 use spindle_kernels::softmax::{softmax_in_place, top_k};
 use spindle_model::MoeConfig;
 
+use crate::error::{EngineError, Result};
 use crate::weights::{MlpWeights, MoeWeights};
 
 /// `down(silu(gate(x)) ⊙ up(x))` for `[tokens, H]`.
@@ -48,7 +49,13 @@ pub fn route(router_logits: &[f32], cfg: &MoeConfig) -> Vec<Route> {
 /// and overlap the shared expert; when a layer has fewer slots than the call needs experts,
 /// they run in waves of at most `slots`. Outputs are added in expert order either way, so the
 /// result does not depend on residency, slot count or scheduling.
-pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: usize) -> Vec<f32> {
+pub fn moe(
+    w: &MoeWeights,
+    cfg: &MoeConfig,
+    x: &[f32],
+    tokens: usize,
+    hidden: usize,
+) -> Result<Vec<f32>> {
     let routes = route(&w.router.forward(x, tokens), cfg);
     let users = expert_users(&routes, cfg.num_experts);
     let ids: Vec<usize> = users.iter().map(|(e, _)| *e).collect();
@@ -75,8 +82,8 @@ pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: us
         let group = &users[first..(first + wave).min(users.len())];
         let mut routed = || {
             let loaded = match (&w.streamed, pending.take()) {
-                (Some(s), Some(slots)) => s.wait(&slots),
-                (Some(s), None) => s.wait(&s.begin(&ids[first..first + group.len()])),
+                (Some(s), Some(slots)) => s.wait(&slots)?,
+                (Some(s), None) => s.wait(&s.begin(&ids[first..first + group.len()]))?,
                 (None, _) => Vec::new(),
             };
             let expert = |i: usize| match loaded.get(i) {
@@ -84,17 +91,19 @@ pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: us
                 None => &w.experts[group[i].0],
             };
             // The selected experts run in parallel; their outputs are added in expert order.
-            (0..group.len())
-                .into_par_iter()
-                .map(|i| {
-                    let chosen = &group[i].1;
-                    let mut xs = Vec::with_capacity(chosen.len() * hidden);
-                    for &(t, _) in chosen {
-                        xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
-                    }
-                    mlp(expert(i), &xs, chosen.len())
-                })
-                .collect::<Vec<Vec<f32>>>()
+            Ok::<_, String>(
+                (0..group.len())
+                    .into_par_iter()
+                    .map(|i| {
+                        let chosen = &group[i].1;
+                        let mut xs = Vec::with_capacity(chosen.len() * hidden);
+                        for &(t, _) in chosen {
+                            xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+                        }
+                        mlp(expert(i), &xs, chosen.len())
+                    })
+                    .collect::<Vec<Vec<f32>>>(),
+            )
         };
         let outputs = match shared.take() {
             None => routed(),
@@ -103,7 +112,8 @@ pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: us
                 out = Some(s);
                 r
             }
-        };
+        }
+        .map_err(|message| EngineError::ExpertRead { message })?;
         let out = out.as_mut().expect("set with the first wave");
         for ((_, chosen), ys) in group.iter().zip(&outputs) {
             for (i, &(t, weight)) in chosen.iter().enumerate() {
@@ -118,7 +128,7 @@ pub fn moe(w: &MoeWeights, cfg: &MoeConfig, x: &[f32], tokens: usize, hidden: us
             break;
         }
     }
-    out.expect("the first wave always runs")
+    Ok(out.expect("the first wave always runs"))
 }
 
 /// `(expert, [(token, weight)])` for every expert some token chose, in expert order.

@@ -9,6 +9,7 @@ use spindle_kernels::norm::{rms_norm_zc, GateActivation};
 use spindle_kernels::rope::RopeFreqs;
 use spindle_model::{GdnGate, ModelConfig};
 
+use crate::error::Result;
 use crate::qwen4::{hyper, ngram, ple};
 use crate::session::{LayerState, Session};
 use crate::weights::{FfnWeights, HeadInput, LayerWeights, MixerWeights, ModelWeights, Residual};
@@ -56,15 +57,15 @@ fn residual_step(
     residual: &Residual,
     which: Sublayer,
     h: &mut [f32],
-    f: impl FnOnce(&[f32]) -> Vec<f32>,
-) {
+    f: impl FnOnce(&[f32]) -> Result<Vec<f32>>,
+) -> Result<()> {
     match residual {
         Residual::Norms { input, post } => {
             let w = match which {
                 Sublayer::Mixer => input,
                 Sublayer::Ffn => post,
             };
-            let y = f(&norm_rows(h, w, ctx.eps));
+            let y = f(&norm_rows(h, w, ctx.eps))?;
             h.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
         }
         Residual::Hyper { attn, mlp } => {
@@ -73,16 +74,23 @@ fn residual_step(
                 Sublayer::Ffn => mlp,
             };
             let input = hyper::enter(w, h, ctx.tokens, ctx.streams, ctx.hidden, ctx.eps);
-            let y = f(&input.x);
+            let y = f(&input.x)?;
             hyper::inject(h, &y, &input.omega, ctx.streams, ctx.hidden);
         }
     }
+    Ok(())
 }
 
-fn run_layer(ctx: &Ctx, layer: &LayerWeights, state: &mut LayerState, h: &mut [f32], start: usize) {
+fn run_layer(
+    ctx: &Ctx,
+    layer: &LayerWeights,
+    state: &mut LayerState,
+    h: &mut [f32],
+    start: usize,
+) -> Result<()> {
     let config = ctx.config;
     residual_step(ctx, &layer.residual, Sublayer::Mixer, h, |x| {
-        match (&layer.mixer, state) {
+        Ok(match (&layer.mixer, state) {
             (MixerWeights::Attention(w), LayerState::Attention(cache)) => attention::forward(
                 w,
                 &config.attention,
@@ -102,11 +110,11 @@ fn run_layer(ctx: &Ctx, layer: &LayerWeights, state: &mut LayerState, h: &mut [f
                 gdn::forward(w, &config.gdn, ctx.eps, act, s, x, ctx.tokens)
             }
             _ => unreachable!("session layers are built from the same config as the weights"),
-        }
-    });
+        })
+    })?;
     residual_step(ctx, &layer.residual, Sublayer::Ffn, h, |x| {
         match &layer.ffn {
-            FfnWeights::Dense(w) => ffn::mlp(w, x, ctx.tokens),
+            FfnWeights::Dense(w) => Ok(ffn::mlp(w, x, ctx.tokens)),
             FfnWeights::Moe(w) => ffn::moe(
                 w,
                 config.moe.as_ref().expect("validated"),
@@ -115,7 +123,7 @@ fn run_layer(ctx: &Ctx, layer: &LayerWeights, state: &mut LayerState, h: &mut [f
                 ctx.hidden,
             ),
         }
-    });
+    })
 }
 
 /// Runs `ids` (already validated) through the model from the session's state.
@@ -126,7 +134,7 @@ pub fn forward(
     session: &mut Session,
     ids: &[u32],
     want: LogitsFor,
-) -> Vec<f32> {
+) -> Result<Vec<f32>> {
     let hidden = config.hidden_size;
     let streams = config.hyper.as_ref().map_or(1, |h| h.streams);
     let ctx = Ctx {
@@ -166,7 +174,7 @@ pub fn forward(
             );
             ple_ordinal += 1;
         }
-        run_layer(&ctx, layer, state, &mut h, start);
+        run_layer(&ctx, layer, state, &mut h, start)?;
     }
     if let Some(ple_state) = session.ple.as_mut() {
         ngram::advance_history(&mut ple_state.history, ids);
@@ -182,5 +190,5 @@ pub fn forward(
         HeadInput::Norm(w) => norm_rows(rows, w, ctx.eps),
         HeadInput::HyperMixer(w) => hyper::enter(w, rows, count, streams, hidden, ctx.eps).x,
     };
-    weights.lm_head.forward(&head_in, count)
+    Ok(weights.lm_head.forward(&head_in, count))
 }

@@ -209,15 +209,16 @@ impl Engine {
     /// Feeds `ids` to the session and returns logits `[rows, V]` (row-major) for the positions
     /// `want` asks for. A prompt is one call (prefill); decoding is one call per token.
     pub fn forward(&self, session: &mut Session, ids: &[u32], want: LogitsFor) -> Result<Vec<f32>> {
+        if let Some(cause) = &session.broken {
+            return Err(EngineError::BrokenSession {
+                cause: cause.clone(),
+            });
+        }
         check_input(&self.config, session.position, ids)?;
-        Ok(flow::forward(
-            &self.config,
-            &self.weights,
-            &self.rope,
-            session,
-            ids,
-            want,
-        ))
+        // A step that fails part-way (a streamed expert could not be read) has already
+        // updated some layers' state: the session refuses further steps.
+        flow::forward(&self.config, &self.weights, &self.rope, session, ids, want)
+            .inspect_err(|e| session.broken = Some(e.to_string()))
     }
 
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache.

@@ -43,6 +43,8 @@ pub struct Session {
     pub position: usize,
     pub layers: Vec<LayerState>,
     pub ple: Option<PleState>,
+    /// Why the state is incomplete, after a step failed part-way (no further steps run).
+    pub broken: Option<String>,
 }
 
 impl Session {
@@ -71,6 +73,7 @@ impl Session {
             position: 0,
             layers,
             ple,
+            broken: None,
         }
     }
 

@@ -292,3 +292,43 @@ fn streaming_a_checkpoint_asks_for_a_convert() {
     };
     assert!(err.contains("spindle convert"), "{err}");
 }
+
+/// A streamed expert that cannot be read (its file shrank after the install was opened) fails
+/// the step with an error naming the file, and the session refuses further steps; nothing
+/// panics, and a new session on the same engine works once the file is whole again.
+#[test]
+fn a_failed_expert_read_is_an_error_not_a_crash() {
+    let tmp = TempDir::new("read-error");
+    let dst = tmp.0.join("install");
+    convert("qwen3_5_moe", QuantFormat::Q8, &dst);
+    let engine = Engine::load_with(&dst, &options(ExpertResidency::Streamed, Some(1))).unwrap();
+    let path = dst.join("experts/layer-000.bin");
+    let whole = std::fs::read(&path).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let prompt = Reference::load("qwen3_5_moe").ids("prompt_ids");
+    let mut session = engine.new_session();
+    let err = engine
+        .forward(&mut session, &prompt, spindle_engine::LogitsFor::Last)
+        .expect_err("the experts of layer 0 cannot be read")
+        .to_string();
+    assert!(
+        err.contains("layer-000.bin") && err.contains("reading expert"),
+        "{err}"
+    );
+    let again = engine
+        .forward(&mut session, &prompt[..1], spindle_engine::LogitsFor::Last)
+        .expect_err("the session is incomplete")
+        .to_string();
+    assert!(again.contains("incomplete"), "{again}");
+
+    std::fs::write(&path, &whole).unwrap();
+    let mut fresh = engine.new_session();
+    engine
+        .forward(&mut fresh, &prompt, spindle_engine::LogitsFor::Last)
+        .unwrap();
+}

@@ -73,6 +73,11 @@ impl<V> SlotCache<V> {
         Some(&entry.0)
     }
 
+    /// Drops `expert`'s entry (a failed read, to be tried again).
+    pub fn remove(&mut self, expert: usize) -> Option<V> {
+        self.entries.remove(&expert).map(|(value, _)| value)
+    }
+
     /// Adds `expert`; when the cache is full, evicts one entry not in `pinned` and returns it.
     /// (When every entry is pinned the cache grows past its capacity for the moment.)
     pub fn insert(&mut self, expert: usize, value: V, pinned: &[usize]) -> Option<V> {

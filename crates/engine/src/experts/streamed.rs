@@ -33,6 +33,14 @@ pub struct Slot {
 }
 
 impl Slot {
+    /// Whether the read behind this slot finished with an error.
+    fn failed(&self) -> bool {
+        matches!(
+            *self.state.lock().unwrap_or_else(|e| e.into_inner()),
+            Some(Err(_))
+        )
+    }
+
     fn fill(&self, result: Result<Arc<LoadedExpert>, String>) {
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
         self.ready.notify_all();
@@ -136,9 +144,14 @@ impl StreamedExperts {
         experts
             .iter()
             .map(|&e| {
-                if let Some(slot) = cache.get(e) {
-                    self.counters.hits.fetch_add(1, Ordering::Relaxed);
-                    return slot.clone();
+                match cache.get(e) {
+                    Some(slot) if !slot.failed() => {
+                        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                        return slot.clone();
+                    }
+                    // A read that failed is tried again.
+                    Some(_) => drop(cache.remove(e)),
+                    None => {}
                 }
                 self.counters.misses.fetch_add(1, Ordering::Relaxed);
                 let slot = Arc::new(Slot::default());
@@ -180,17 +193,12 @@ impl StreamedExperts {
         );
     }
 
-    /// Waits for `slots` to be filled, counting the time blocked as stall.
-    pub fn wait(&self, slots: &[Arc<Slot>]) -> Vec<Arc<LoadedExpert>> {
+    /// Waits for `slots` to be filled, counting the time blocked as stall. A failed read (a
+    /// disk or file system fault: the install passed its size checks when it was opened)
+    /// comes back as its message, naming the expert and the file.
+    pub fn wait(&self, slots: &[Arc<Slot>]) -> Result<Vec<Arc<LoadedExpert>>, String> {
         let start = (!slots.iter().all(|s| s.is_ready())).then(Instant::now);
-        let loaded = slots
-            .iter()
-            .map(|s| {
-                // A failed read of an install that passed its size checks is a disk or file
-                // system fault the forward pass cannot recover from.
-                s.wait().unwrap_or_else(|message| panic!("{message}"))
-            })
-            .collect();
+        let loaded = slots.iter().map(|s| s.wait()).collect();
         if let Some(start) = start {
             self.counters
                 .stall_ns
