@@ -122,6 +122,17 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// `y += s·x`.
 #[inline(always)]
+/// e^x for the (non-positive) log-decays of a chunk: 0 below e^-87, where f32 leaves the
+/// normal range (exp's underflow path is slow, and such factors change nothing).
+#[inline(always)]
+fn decay_exp(x: f32) -> f32 {
+    if x < -87.0 {
+        0.0
+    } else {
+        x.exp()
+    }
+}
+
 fn axpy(y: &mut [f32], s: f32, x: &[f32]) {
     y.iter_mut().zip(x).for_each(|(y, &x)| *y += s * x);
 }
@@ -145,7 +156,7 @@ fn run_chunk(scratch: &mut ChunkScratch, state: &mut [f32], ch: &Chunk, out: &mu
     let (a, p) = (&mut scratch.a, &mut scratch.p);
     for i in 0..len {
         for j in 0..=i {
-            let d = (c[i] - c[j]).exp();
+            let d = decay_exp(c[i] - c[j]);
             a[i * CHUNK + j] = if j < i {
                 ch.beta[i] * dot(kr(i), kr(j)) * d
             } else {
@@ -164,7 +175,7 @@ fn run_chunk(scratch: &mut ChunkScratch, state: &mut [f32], ch: &Chunk, out: &mu
             .for_each(|(o, &x)| *o = ch.beta[i] * x);
         let (done_w, rest_w) = w.split_at_mut(i * d_k);
         let wi = &mut rest_w[..d_k];
-        let bk = ch.beta[i] * c[i].exp();
+        let bk = ch.beta[i] * decay_exp(c[i]);
         wi.iter_mut().zip(kr(i)).for_each(|(o, &x)| *o = bk * x);
         for j in 0..i {
             let aij = a[i * CHUNK + j];
@@ -177,7 +188,7 @@ fn run_chunk(scratch: &mut ChunkScratch, state: &mut [f32], ch: &Chunk, out: &mu
         let ui = &mut u[i * d_v..(i + 1) * d_v];
         let oi = &mut out[i * d_v..(i + 1) * d_v];
         oi.fill(0.0);
-        let (wi, qi, eci) = (&w[i * d_k..(i + 1) * d_k], qr(i), c[i].exp());
+        let (wi, qi, eci) = (&w[i * d_k..(i + 1) * d_k], qr(i), decay_exp(c[i]));
         for r in 0..d_k {
             let srow = &state[r * d_v..(r + 1) * d_v];
             axpy(ui, -wi[r], srow);
@@ -192,12 +203,12 @@ fn run_chunk(scratch: &mut ChunkScratch, state: &mut [f32], ch: &Chunk, out: &mu
     }
     // S ← exp(c_L)·S + Σ_j (k_j·exp(c_L − c_j)) ⊗ v'_j.
     let c_last = c[len - 1];
-    let decay = c_last.exp();
+    let decay = decay_exp(c_last);
     for r in 0..d_k {
         let srow = &mut state[r * d_v..(r + 1) * d_v];
         srow.iter_mut().for_each(|s| *s *= decay);
         for j in 0..len {
-            let kj = ch.k[j * d_k + r] * (c_last - c[j]).exp();
+            let kj = ch.k[j * d_k + r] * decay_exp(c_last - c[j]);
             axpy(srow, kj, &u[j * d_v..(j + 1) * d_v]);
         }
     }

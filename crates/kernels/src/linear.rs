@@ -198,7 +198,9 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// `y[i] += s·x[i]` on the active SIMD path.
 pub fn axpy(y: &mut [f32], s: f32, x: &[f32]) {
-    axpy_with(Isa::active(), y, s, x)
+    assert_eq!(y.len(), x.len(), "axpy lengths");
+    // As in `dot`: the active path is one this CPU runs.
+    dispatch!(Isa::active(), axpy_f32(y, s, x))
 }
 
 /// [`axpy`] on an explicit SIMD path; panics if this CPU lacks it.
