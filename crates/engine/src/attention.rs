@@ -1,5 +1,6 @@
 //! Gated full attention over the KV cache (MODEL_MATH §1.4).
 
+use rayon::prelude::*;
 use spindle_kernels::activation::sigmoid;
 use spindle_kernels::attention::{attend, HeadCache};
 use spindle_kernels::norm::rms_norm_zc_in_place;
@@ -77,12 +78,14 @@ pub fn forward(
     let group = n_h / n_kv;
     let scale = 1.0 / (d as f32).sqrt();
     let mut out = vec![0.0f32; tokens * n_h * d];
-    let mut scores = Vec::new();
-    for (t, selected) in selection.iter().enumerate() {
-        for h in 0..n_h {
-            let o = &mut out[(t * n_h + h) * d..][..d];
-            let qh = &q[(t * n_h + h) * d..][..d];
-            match selected {
+    // Every (token, head) on its own, in parallel (a thread keeps its scores buffer); each
+    // output row is computed the same way whatever runs it.
+    out.par_chunks_mut(d)
+        .enumerate()
+        .for_each_init(Vec::new, |scores, (row, o)| {
+            let (t, h) = (row / n_h, row % n_h);
+            let qh = &q[row * d..][..d];
+            match &selection[t] {
                 None => attend(
                     qh,
                     keys,
@@ -90,7 +93,7 @@ pub fn forward(
                     h / group,
                     0..start + t + 1,
                     scale,
-                    &mut scores,
+                    scores,
                     o,
                 ),
                 Some(list) => attend(
@@ -100,12 +103,11 @@ pub fn forward(
                     h / group,
                     list.iter().copied(),
                     scale,
-                    &mut scores,
+                    scores,
                     o,
                 ),
             }
-        }
-    }
+        });
     out.iter_mut()
         .zip(&gate)
         .for_each(|(o, &g)| *o *= sigmoid(g));

@@ -120,8 +120,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + ar.iter().zip(br).map(|(x, y)| x * y).sum::<f32>()
 }
 
-/// `y += s·x`.
-#[inline(always)]
 /// e^x for the (non-positive) log-decays of a chunk: 0 below e^-87, where f32 leaves the
 /// normal range (exp's underflow path is slow, and such factors change nothing).
 #[inline(always)]
@@ -133,6 +131,8 @@ fn decay_exp(x: f32) -> f32 {
     }
 }
 
+/// `y += s·x`.
+#[inline(always)]
 fn axpy(y: &mut [f32], s: f32, x: &[f32]) {
     y.iter_mut().zip(x).for_each(|(y, &x)| *y += s * x);
 }
