@@ -125,7 +125,17 @@ impl Conversation {
             Some(session) => session,
             None => self.session.insert(model.new_session()?),
         };
-        let completion = model.generate(session, &feed, options, on_text)?;
+        let completion = match model.generate(session, &feed, options, on_text) {
+            Ok(completion) => completion,
+            Err(e) => {
+                // The session may hold part of this turn (or refuse further steps): forget the
+                // turn and start the next one over from the full rendering.
+                self.session = None;
+                self.pending.clear();
+                self.messages.pop();
+                return Err(e);
+            }
+        };
         self.pending = completion.ids.last().copied().into_iter().collect();
         self.closed = matches!(completion.finish, Finish::Eos(id) if model.tokenizer.token_to_id(END_OF_TURN) == Some(id));
         let parsed = parse_output(&completion.text, ends_in_open_think(&prompt));

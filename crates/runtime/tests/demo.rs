@@ -119,3 +119,50 @@ fn second_turn_feeds_only_new_tokens() {
     );
     assert_eq!(chat.messages.len(), 5);
 }
+
+/// A turn that fails (a streamed expert cannot be read) is forgotten: the chat goes on, and
+/// the next turn answers exactly as in a chat where the failure never happened.
+#[test]
+fn a_failed_turn_leaves_the_conversation_usable() {
+    use spindle_engine::experts::ExpertResidency;
+    use spindle_engine::LoadOptions;
+    use spindle_model::quant::QuantFormat;
+    let dir = std::env::temp_dir().join(format!("spindle-chat-failure-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    spindle_model::install::convert(&demo_dir().unwrap(), &dir, QuantFormat::Bf16, &mut |_| true)
+        .unwrap();
+    let options = LoadOptions {
+        experts: ExpertResidency::Streamed,
+        expert_slots: Some(1),
+        ..Default::default()
+    };
+    let model = Model::load_with(&dir, &options).unwrap();
+    let mut chat = Conversation::new(&model, None, Map::new());
+    let mut reference = Conversation::new(&model, None, Map::new());
+    let go = &mut |_: &str| Flow::Continue;
+    chat.turn(&model, "Hello there.", &greedy(8), go).unwrap();
+    reference
+        .turn(&model, "Hello there.", &greedy(8), go)
+        .unwrap();
+
+    let path = dir.join("experts/layer-000.bin");
+    let whole = std::fs::read(&path).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let Err(err) = chat.turn(&model, "Tell me more.", &greedy(8), go) else {
+        panic!("layer 0's experts cannot be read, yet the turn succeeded");
+    };
+    assert!(err.to_string().contains("layer-000.bin"), "{err}");
+    std::fs::write(&path, &whole).unwrap();
+
+    let retried = chat.turn(&model, "Tell me more.", &greedy(8), go).unwrap();
+    let wanted = reference
+        .turn(&model, "Tell me more.", &greedy(8), go)
+        .unwrap();
+    assert_eq!(retried.completion.ids, wanted.completion.ids);
+    let _ = std::fs::remove_dir_all(&dir);
+}
