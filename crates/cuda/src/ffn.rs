@@ -1,5 +1,7 @@
 //! Feed-forward blocks on the device: the dense SwiGLU MLP and the MoE with a shared expert
-//! (MODEL_MATH §1.6). Routing (softmax, top-k, renormalisation) runs on the device.
+//! (MODEL_MATH §1.6). Routing (softmax, top-k, renormalisation) runs on the device; decode
+//! runs the whole MoE block in three launches (router rows, experts' gate/up with routing,
+//! experts' down into the residual).
 
 use spindle_model::ModelConfig;
 

@@ -1,7 +1,7 @@
 //! spindle's CUDA backend: the model flow of `spindle_engine` run on one NVIDIA GPU.
 //!
-//! Weights are uploaded once (bf16, resident in VRAM); activations and sequence state are f32
-//! on the device. Kernels are CUDA C compiled at run time by NVRTC for the device's
+//! Weights are uploaded once (bf16, or Q8/Q4 quantized on load; resident in VRAM);
+//! activations and sequence state are f32 on the device. Kernels are CUDA C compiled at run time by NVRTC for the device's
 //! architecture, so building this crate needs no CUDA toolkit, and a machine without a driver
 //! gets a clear error from [`CudaEngine::load`] instead of a crash.
 //!

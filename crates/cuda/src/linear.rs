@@ -1,6 +1,9 @@
 //! Weight matrices in VRAM (bf16, or Q8/Q4 codes with f16 scales in the CPU layouts of
-//! `spindle_kernels::quant`) and y = x·Wᵀ on the device: a warp-per-row matvec for decode and
-//! small batches, a tiled GEMM for prefill.
+//! `spindle_kernels::quant`) and y = x·Wᵀ on the device. Batches of at most
+//! [`MATVEC_MAX_TOKENS`] tokens run the decode matvecs ([`decode_linear`]: input staged once
+//! per block, int8 activations for Q8/Q4 as on the CPU, norm and epilogue fused); larger
+//! ones a tiled GEMM. [`Io`] is how a sublayer takes its input and gives its output, fused
+//! with the residual on the decode path.
 
 use spindle_engine::weights::Linear;
 use spindle_kernels::quant::QuantizedMatrix;
