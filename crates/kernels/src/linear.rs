@@ -233,8 +233,34 @@ pub fn matvec_with(isa: Isa, w: &MatRef, x: &[f32], y: &mut [f32]) {
     let rows_per_task = (w.rows / (4 * rayon::current_num_threads())).max(ROWS_PER_TASK);
     let task = |(chunk, ys): (usize, &mut [f32])| {
         let first = chunk * rows_per_task;
-        for (i, out) in ys.iter_mut().enumerate() {
-            *out = row_dot(isa, w, first + i, &acts, 0);
+        let rows = first..first + ys.len();
+        let groups = w.cols / GROUP;
+        // Quantized rows walk their codes and scales in step (the per-row index arithmetic
+        // of `row_dot` showed in decode profiles); the same kernel runs on every row.
+        match (w.weights, &acts) {
+            (Weights::Q4 { qs, scales }, Acts::Int8(q)) => {
+                let (xq, xd, xsd) = q.token(0);
+                let rb = w.cols / 2;
+                let codes = qs[rows.start * rb..rows.end * rb].chunks_exact(rb);
+                let scales = scales[rows.start * groups..rows.end * groups].chunks_exact(groups);
+                for ((out, wq), ws) in ys.iter_mut().zip(codes).zip(scales) {
+                    *out = dispatch!(isa, dot_q4(wq, ws, xq, xd, xsd));
+                }
+            }
+            (Weights::Q8 { qs, scales }, Acts::Int8(q)) => {
+                let (xq, xd, xsd) = q.token(0);
+                let rb = w.cols;
+                let codes = qs[rows.start * rb..rows.end * rb].chunks_exact(rb);
+                let scales = scales[rows.start * groups..rows.end * groups].chunks_exact(groups);
+                for ((out, wq), ws) in ys.iter_mut().zip(codes).zip(scales) {
+                    *out = dispatch!(isa, dot_q8(wq, ws, xq, xd, xsd));
+                }
+            }
+            _ => {
+                for (i, out) in ys.iter_mut().enumerate() {
+                    *out = row_dot(isa, w, first + i, &acts, 0);
+                }
+            }
         }
     };
     if w.rows * w.cols < SERIAL_WORK {
