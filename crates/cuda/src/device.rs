@@ -214,8 +214,8 @@ pub struct Device {
     arch: String,
     /// Streaming multiprocessors.
     sms: u32,
-    /// The most dynamic shared memory one block may have (opted in for every kernel).
-    max_shared: usize,
+    /// The dynamic shared memory a block of each kernel may ask for (opted in at open).
+    shared_limits: HashMap<&'static str, usize>,
     /// Resident blocks per multiprocessor, by (kernel, threads, dynamic shared bytes).
     occupancy: Mutex<HashMap<(&'static str, u32, usize), u32>>,
 }
@@ -259,6 +259,7 @@ impl Device {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .during("reading the shared memory limit")? as usize;
         let mut kernels = HashMap::new();
+        let mut shared_limits = HashMap::new();
         for name in KERNELS {
             let func = module
                 .load_function(name)
@@ -269,12 +270,14 @@ impl Device {
                 .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
                 .during(&format!("reading kernel {name}'s shared memory"))?
                 as usize;
+            let limit = max_shared.saturating_sub(static_bytes);
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                max_shared.saturating_sub(static_bytes) as i32,
+                limit as i32,
             )
             .during(&format!("raising kernel {name}'s shared memory limit"))?;
             kernels.insert(name, func);
+            shared_limits.insert(name, limit);
         }
         tracing::info!(ordinal, name = %name, arch = %arch, "CUDA device ready");
         let profile = std::env::var_os("SPINDLE_CUDA_PROFILE")
@@ -289,20 +292,17 @@ impl Device {
             name,
             arch,
             sms,
-            max_shared,
+            shared_limits,
             occupancy: Mutex::new(HashMap::new()),
         })
     }
 
     /// The dynamic shared memory kernel `name` may ask for per block.
     pub fn shared_limit(&self, name: &'static str) -> usize {
-        let func = self.function(name);
-        let static_bytes = func
-            .get_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-            )
-            .unwrap_or(0) as usize;
-        self.max_shared.saturating_sub(static_bytes)
+        *self
+            .shared_limits
+            .get(name)
+            .unwrap_or_else(|| panic!("kernel {name} is not in KERNELS"))
     }
 
     /// Blocks for a grid-stride kernel with `wanted` blocks of work: no more than fit on the
