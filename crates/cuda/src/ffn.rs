@@ -80,8 +80,9 @@ pub fn moe(
     }
     let x = match io {
         Io::Split(x) => moe_general(dev, config, w, x, tokens)?,
-        Io::Fused { .. } => {
-            let x = io.materialize(dev, config.hidden_size, tokens)?;
+        Io::Fused { h, norm, eps } => {
+            let hidden = config.hidden_size;
+            let x = crate::qwen4::norm_rows(dev, h.ptr(), norm, tokens, 1, hidden, eps)?;
             moe_general(dev, config, w, &x, tokens)?
         }
     };

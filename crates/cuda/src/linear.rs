@@ -640,21 +640,7 @@ fn decode_fallback(
                 normed = dev.scratch::<f32>(tokens * cols)?;
                 normed.ptr()
             };
-            dev.launch(
-                "rms_norm_zc",
-                (tokens as u32, 1, 1),
-                crate::device::threads_for(cols).min(256),
-                0,
-                &[
-                    p(input.x),
-                    i(input.ldx),
-                    p(dst),
-                    i(cols),
-                    p(nw.ptr()),
-                    i(cols),
-                    f(eps),
-                ],
-            )?;
+            crate::qwen4::group_norm(dev, input.x, input.ldx, dst, cols, nw, tokens, 1, cols, eps)?;
             (dst, cols)
         }
         None => {
@@ -749,37 +735,6 @@ impl<'a> Io<'a> {
                 norm: Some((norm, eps)),
                 normed_out,
             },
-        }
-    }
-
-    /// The sublayer input as a plain `[tokens, hidden]` buffer (the norm run on its own when
-    /// fused): for the paths the decode kernels do not cover.
-    pub fn materialize(&self, dev: &Device, hidden: usize, tokens: usize) -> Result<DevBuf<f32>> {
-        match *self {
-            Io::Split(x) => {
-                let y = dev.scratch::<f32>(tokens * hidden)?;
-                dev.copy_raw(x.ptr(), y.ptr(), tokens * hidden * 4)?;
-                Ok(y)
-            }
-            Io::Fused { h, norm, eps } => {
-                let y = dev.scratch::<f32>(tokens * hidden)?;
-                dev.launch(
-                    "rms_norm_zc",
-                    (tokens as u32, 1, 1),
-                    crate::device::threads_for(hidden).min(256),
-                    0,
-                    &[
-                        p(h.ptr()),
-                        i(hidden),
-                        p(y.ptr()),
-                        i(hidden),
-                        p(norm.ptr()),
-                        i(hidden),
-                        f(eps),
-                    ],
-                )?;
-                Ok(y)
-            }
         }
     }
 

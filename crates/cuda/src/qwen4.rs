@@ -17,7 +17,9 @@ pub struct HyperInput {
     pub mix: DevBuf<f32>,
 }
 
-fn group_norm(
+/// Zero-centred RMSNorm of `groups` groups of `group` values in each of `tokens` rows
+/// (row t of x at `t·ldx`, of y at `t·ldy`).
+pub(crate) fn group_norm(
     dev: &Device,
     x: u64,
     ldx: usize,
