@@ -191,8 +191,12 @@ pub fn f(v: f32) -> Arg {
 /// by kernel and grid when [`Device::profile_report`] is asked for. Graphs are off meanwhile.
 #[derive(Default)]
 struct Profile {
-    records: Vec<(&'static str, (u32, u32, u32), CudaEvent, CudaEvent)>,
+    /// (kernel, grid, start event, end event) per launch.
+    records: Vec<(&'static str, Grid, CudaEvent, CudaEvent)>,
 }
+
+/// A launch grid.
+type Grid = (u32, u32, u32);
 
 /// One line of [`Device::profile_report`].
 #[derive(Clone, Debug)]
