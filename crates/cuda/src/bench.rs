@@ -22,24 +22,7 @@ pub struct BenchOptions {
     pub contexts: Vec<usize>,
 }
 
-/// Median and spread of one quantity over the runs.
-#[derive(Clone, Copy, Debug)]
-pub struct Stat {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-}
-
-impl Stat {
-    fn of(mut values: Vec<f64>) -> Stat {
-        values.sort_by(f64::total_cmp);
-        Stat {
-            median: values[values.len() / 2],
-            min: values[0],
-            max: values[values.len() - 1],
-        }
-    }
-}
+pub use spindle_engine::measure::Stat;
 
 /// Decode speed after `context` tokens.
 #[derive(Clone, Debug)]

@@ -20,3 +20,23 @@ pub fn synthetic_prompt(vocab_size: usize, n: usize) -> Vec<u32> {
         .map(|i| ((i * 7919 + 17) % span) as u32)
         .collect()
 }
+
+/// Median and spread of one quantity over the runs of a benchmark.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Stat {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Stat {
+    /// The statistics of `values` (at least one).
+    pub fn of(mut values: Vec<f64>) -> Stat {
+        values.sort_by(f64::total_cmp);
+        Stat {
+            median: values[values.len() / 2],
+            min: values[0],
+            max: values[values.len() - 1],
+        }
+    }
+}
