@@ -60,62 +60,41 @@ pub fn moe(
     let users = expert_users(&routes, cfg.num_experts);
     let ids: Vec<usize> = users.iter().map(|(e, _)| *e).collect();
     let wave = w.streamed.as_ref().map_or(ids.len(), |s| s.slots()).max(1);
-    let mut pending = w
-        .streamed
-        .as_ref()
-        .map(|s| s.begin(&ids[..wave.min(ids.len())]));
+    let group_of = |first: usize| &users[first..(first + wave).min(users.len())];
 
-    // The sigmoid-gated shared expert runs beside the first wave of routed experts (and while
-    // their reads complete, when streamed).
-    let mut shared = Some(|| {
-        let mut out = mlp(&w.shared, x, tokens);
-        let shared_gate = w.shared_gate.forward(x, tokens);
-        for (t, row) in out.chunks_mut(hidden).enumerate() {
-            let g = sigmoid(shared_gate[t]);
-            row.iter_mut().for_each(|v| *v *= g);
-        }
-        out
-    });
-    let mut out: Option<Vec<f32>> = None;
-    let mut first = 0;
-    loop {
-        let group = &users[first..(first + wave).min(users.len())];
-        let mut routed = || {
-            let loaded = match (&w.streamed, pending.take()) {
-                (Some(s), Some(slots)) => s.wait(&slots)?,
-                (Some(s), None) => s.wait(&s.begin(&ids[first..first + group.len()]))?,
-                (None, _) => Vec::new(),
-            };
-            let expert = |i: usize| match loaded.get(i) {
-                Some(l) => &l.weights,
-                None => &w.experts[group[i].0],
-            };
-            // The selected experts run in parallel; their outputs are added in expert order.
-            Ok::<_, String>(
-                (0..group.len())
-                    .into_par_iter()
-                    .map(|i| {
-                        let chosen = &group[i].1;
-                        let mut xs = Vec::with_capacity(chosen.len() * hidden);
-                        for &(t, _) in chosen {
-                            xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
-                        }
-                        mlp(expert(i), &xs, chosen.len())
-                    })
-                    .collect::<Vec<Vec<f32>>>(),
-            )
+    // Streamed slots of a wave: the reads start as soon as routing is known.
+    let begin = |first: usize| {
+        let group = group_of(first);
+        w.streamed
+            .as_ref()
+            .map(|s| s.begin(&ids[first..first + group.len()]))
+    };
+    // One wave of routed experts: wait for its slots, then run the experts in parallel.
+    let run_wave = |first: usize, slots: Option<Vec<_>>| -> std::result::Result<_, String> {
+        let group = group_of(first);
+        let loaded = match (&w.streamed, slots) {
+            (Some(s), Some(slots)) => s.wait(&slots)?,
+            _ => Vec::new(),
         };
-        let outputs = match shared.take() {
-            None => routed(),
-            Some(shared) => {
-                let (s, r) = rayon::join(shared, routed);
-                out = Some(s);
-                r
-            }
-        }
-        .map_err(|message| EngineError::ExpertRead { message })?;
-        let out = out.as_mut().expect("set with the first wave");
-        for ((_, chosen), ys) in group.iter().zip(&outputs) {
+        let expert = |i: usize| match loaded.get(i) {
+            Some(l) => &l.weights,
+            None => &w.experts[group[i].0],
+        };
+        Ok((0..group.len())
+            .into_par_iter()
+            .map(|i| {
+                let chosen = &group[i].1;
+                let mut xs = Vec::with_capacity(chosen.len() * hidden);
+                for &(t, _) in chosen {
+                    xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+                }
+                mlp(expert(i), &xs, chosen.len())
+            })
+            .collect::<Vec<Vec<f32>>>())
+    };
+    // The selected experts' outputs are added in expert order.
+    let add = |out: &mut [f32], first: usize, outputs: &[Vec<f32>]| {
+        for ((_, chosen), ys) in group_of(first).iter().zip(outputs) {
             for (i, &(t, weight)) in chosen.iter().enumerate() {
                 let dst = &mut out[t * hidden..(t + 1) * hidden];
                 dst.iter_mut()
@@ -123,12 +102,33 @@ pub fn moe(
                     .for_each(|(o, &y)| *o += weight * y);
             }
         }
-        first += group.len();
-        if first >= users.len() {
-            break;
+    };
+
+    // The sigmoid-gated shared expert runs beside the first wave (and while its reads
+    // complete, when streamed).
+    let shared = || {
+        let mut out = mlp(&w.shared, x, tokens);
+        let shared_gate = w.shared_gate.forward(x, tokens);
+        for (t, row) in out.chunks_mut(hidden).enumerate() {
+            let g = sigmoid(shared_gate[t]);
+            row.iter_mut().for_each(|v| *v *= g);
         }
+        out
+    };
+    let read_error = |message| EngineError::ExpertRead { message };
+    let slots = begin(0);
+    let (mut out, outputs) = rayon::join(shared, || run_wave(0, slots));
+    add(&mut out, 0, &outputs.map_err(read_error)?);
+    let mut first = group_of(0).len();
+    while first < users.len() {
+        add(
+            &mut out,
+            first,
+            &run_wave(first, begin(first)).map_err(read_error)?,
+        );
+        first += group_of(first).len();
     }
-    Ok(out.expect("the first wave always runs"))
+    Ok(out)
 }
 
 /// `(expert, [(token, weight)])` for every expert some token chose, in expert order.
