@@ -17,7 +17,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 use crate::error::{CudaError, DriverContext, Result};
 
 /// The CUDA C sources, concatenated into one program.
-const SOURCES: [&str; 8] = [
+const SOURCES: &[&str] = &[
     include_str!("kernels/common.cuh"),
     include_str!("kernels/linear.cu"),
     include_str!("kernels/decode.cu"),
@@ -29,7 +29,7 @@ const SOURCES: [&str; 8] = [
 ];
 
 /// Every `extern "C" __global__` function the sources define.
-const KERNELS: [&str; 50] = [
+const KERNELS: &[&str] = &[
     "matvec_bf16",
     "matvec_q8",
     "matvec_q4",
@@ -264,7 +264,7 @@ impl Device {
             .during("reading the shared memory limit")? as usize;
         let mut kernels = HashMap::new();
         let mut shared_limits = HashMap::new();
-        for name in KERNELS {
+        for &name in KERNELS {
             let func = module
                 .load_function(name)
                 .during(&format!("looking up kernel {name}"))?;
