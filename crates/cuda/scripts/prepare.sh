@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds what a GPU machine needs into DIR (default .device-carry, git-ignored): the spindle
-# binary with the CUDA backend, the CUDA fixture tests, the fixtures and these scripts.
+# binary with the CUDA backend, every GPU test binary of spindle-cuda, the fixtures and these
+# scripts.
 # Then, on the GPU machine, from DIR: `bash run_final.sh` (fixtures, run/serve, benches),
 # `bash ncu.sh` (Nsight Compute on the decode kernels).
 set -euo pipefail
@@ -8,19 +9,22 @@ cd "$(dirname "$0")/../../.."
 dir=${1:-.device-carry}
 mkdir -p "$dir"
 cargo build --release -p spindle-cli --features cuda
-test_bin=$(cargo test --release -p spindle-cuda --test fixtures --no-run --message-format=json 2>/dev/null |
+# Every GPU test binary of the crate (fixtures, kernels, ...) as DIR/<name>-test.
+cargo test --release -p spindle-cuda --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "fixtures" and m.get("executable"):
-        print(m["executable"])')
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"] and m["target"]["name"] != "nvrtc":
+        print(m["target"]["name"], m["executable"])' |
+    while read -r name exe; do
+        cp "$exe" "$dir/$name-test"
+        objcopy --strip-debug "$dir/$name-test"
+    done
 cp target/release/spindle "$dir/spindle"
-cp "$test_bin" "$dir/fixtures-test"
 objcopy --strip-debug "$dir/spindle"
-objcopy --strip-debug "$dir/fixtures-test"
 rm -rf "$dir/fixtures" && mkdir -p "$dir/fixtures"
 for f in qwen3_next_moe qwen3_5_dense qwen3_5_moe qwen3_5_moe_fused qwen4_exp; do
     cp -r "${SPINDLE_FIXTURES:-../shared/fixtures}/$f" "$dir/fixtures/"
 done
-cp crates/cuda/scripts/run_final.sh crates/cuda/scripts/cli-cuda.sh crates/cuda/scripts/ncu.sh "$dir/"
+cp crates/cuda/scripts/*.sh "$dir/"
 du -sh "$dir"

@@ -26,10 +26,18 @@ const SOURCES: &[&str] = &[
     include_str!("kernels/gdn.cu"),
     include_str!("kernels/attention.cu"),
     include_str!("kernels/qwen4.cu"),
+    include_str!("kernels/tgemm.cu"),
 ];
 
 /// Every `extern "C" __global__` function the sources define.
 const KERNELS: &[&str] = &[
+    "tgemm_bf16",
+    "tgemm_q8",
+    "tgemm_q4",
+    "tg_prep_q",
+    "tg_prep_bf16",
+    "moe_sort",
+    "moe_combine",
     "matvec_bf16",
     "matvec_q8",
     "matvec_q4",
@@ -58,6 +66,11 @@ const KERNELS: &[&str] = &[
     "hc_inject",
     "ple_gates",
     "ple_conv",
+    "ple_gather",
+    "ple_advance",
+    "qsa_prep",
+    "qsa_scores",
+    "qsa_pick",
     "dmv_bf16_t1",
     "dmv_q8_t1",
     "dmv_q4_t1",
@@ -222,6 +235,9 @@ pub struct Device {
     shared_limits: HashMap<&'static str, usize>,
     /// Resident blocks per multiprocessor, by (kernel, threads, dynamic shared bytes).
     occupancy: Mutex<HashMap<(&'static str, u32, usize), u32>>,
+    /// Prefill GEMMs run on the tensor cores (sm_80 and later, unless
+    /// `SPINDLE_CUDA_TENSOR_CORES=0`).
+    tensor_cores: std::sync::atomic::AtomicBool,
 }
 
 impl Device {
@@ -298,7 +314,24 @@ impl Device {
             sms,
             shared_limits,
             occupancy: Mutex::new(HashMap::new()),
+            tensor_cores: (major >= 8
+                && std::env::var_os("SPINDLE_CUDA_TENSOR_CORES").is_none_or(|v| v != "0"))
+            .into(),
         })
+    }
+
+    /// Whether prefill GEMMs run on the tensor cores (`mma.sync`, sm_80 and later; off with
+    /// `SPINDLE_CUDA_TENSOR_CORES=0`, which keeps the SIMT GEMM for comparison).
+    pub fn tensor_cores(&self) -> bool {
+        self.tensor_cores.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns the tensor-core GEMMs off (or back on where the device has them), for
+    /// side-by-side comparisons.
+    pub fn set_tensor_cores(&self, on: bool) {
+        let able = self.ctx.compute_capability().is_ok_and(|(major, _)| major >= 8);
+        self.tensor_cores
+            .store(on && able, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The dynamic shared memory kernel `name` may ask for per block.

@@ -8,8 +8,8 @@ use spindle_model::ModelConfig;
 use crate::device::{i, p, threads_for, DevBuf, Device};
 use crate::error::Result;
 use crate::linear::{
-    decode_linear, linear, project, staged_bytes, DecodeIn, DecodeOut, DevPart, Io, WFormat,
-    MATVEC_MAX_TOKENS,
+    decode_linear, linear, project, staged_bytes, tensor_gemm, tensor_gemm_ok, DecodeIn,
+    DecodeOut, DevPart, GemmActs, GemmRows, Io, WFormat, GROUP_TILE, MATVEC_MAX_TOKENS,
 };
 use crate::weights::{GpuMlp, GpuMoe};
 
@@ -412,9 +412,48 @@ fn moe_general(
         ],
     )?;
 
-    // Routed experts: every (token, expert) pair's SwiGLU, then the weighted down projections.
+    let routes = Routes {
+        idx: &idx,
+        wt: &wt,
+        tokens,
+        k,
+        experts: e_count,
+    };
+    routed_experts(
+        dev,
+        &w.experts_gate_up,
+        &w.experts_down,
+        &routes,
+        x,
+        &y,
+        inter,
+        hidden,
+    )?;
+    Ok(y)
+}
+
+/// Adds the routed experts' weighted outputs for `x [tokens, H]` into `y`: through the
+/// grouped tensor-core GEMMs for prefill when the shapes suit them, otherwise through the
+/// per-pair kernels (every (token, expert) pair's SwiGLU, then the weighted down rows).
+pub(crate) fn routed_experts(
+    dev: &Device,
+    gu: &DevPart,
+    down: &DevPart,
+    r: &Routes,
+    x: &DevBuf<f32>,
+    y: &DevBuf<f32>,
+    inter: usize,
+    hidden: usize,
+) -> Result<()> {
+    let (tokens, k) = (r.tokens, r.k);
+    if tokens > MATVEC_MAX_TOKENS
+        && tensor_gemm_ok(dev, gu.fmt, hidden)
+        && tensor_gemm_ok(dev, down.fmt, inter)
+        && 3 * 4 * r.experts <= dev.shared_limit("moe_sort")
+    {
+        return routed_grouped(dev, gu, down, r, x, y, inter, hidden);
+    }
     let act = dev.scratch::<f32>(tokens * k * inter)?;
-    let (gu, down) = (&w.experts_gate_up, &w.experts_down);
     let gate_up_kernel = match gu.fmt {
         WFormat::Bf16 => "moe_gate_up_bf16",
         WFormat::Q8 => "moe_gate_up_q8",
@@ -435,7 +474,7 @@ fn moe_general(
             p(gu.scales.ptr()),
             p(x.ptr()),
             i(hidden),
-            p(idx.ptr()),
+            p(r.idx.ptr()),
             p(act.ptr()),
             i(k),
             i(inter),
@@ -452,14 +491,98 @@ fn moe_general(
             p(down.codes.ptr()),
             p(down.scales.ptr()),
             p(act.ptr()),
-            p(idx.ptr()),
-            p(wt.ptr()),
+            p(r.idx.ptr()),
+            p(r.wt.ptr()),
             p(y.ptr()),
             i(k),
             i(inter),
             i(hidden),
             i((down.vec_ok() && act.ptr() % 16 == 0 && inter % 4 == 0) as usize),
         ],
+    )
+}
+
+/// The routing of `tokens` tokens: `idx`/`wt` `[tokens, k]` (expert ids and weights).
+pub(crate) struct Routes<'a> {
+    pub idx: &'a DevBuf<i32>,
+    pub wt: &'a DevBuf<f32>,
+    pub tokens: usize,
+    pub k: usize,
+    pub experts: usize,
+}
+
+/// The routed experts through the tensor-core GEMMs (prefill): the (token, expert) pairs
+/// sorted by expert, each expert's gate|up rows over its own tokens, the SwiGLU folded into
+/// the preparation of the down GEMM's input, each expert's down rows, then every token's
+/// weighted sum added into `y`. Every expert's weights are read once per 64 of its tokens
+/// instead of once per token.
+fn routed_grouped(
+    dev: &Device,
+    gu: &DevPart,
+    down: &DevPart,
+    r: &Routes,
+    x: &DevBuf<f32>,
+    y: &DevBuf<f32>,
+    inter: usize,
+    hidden: usize,
+) -> Result<()> {
+    let pairs = r.tokens * r.k;
+    let max_tiles = pairs.div_ceil(GROUP_TILE) + r.experts.min(pairs);
+    let order = dev.scratch::<i32>(pairs)?;
+    let tiles = dev.scratch::<i32>(3 * max_tiles)?;
+    dev.launch(
+        "moe_sort",
+        (1, 1, 1),
+        1024,
+        (3 * 4 * r.experts) as u32,
+        &[
+            p(r.idx.ptr()),
+            i(pairs),
+            i(r.experts),
+            p(order.ptr()),
+            p(tiles.ptr()),
+            i(max_tiles),
+        ],
     )?;
-    Ok(y)
+    let grouped = |a_div, rows| GemmRows::Grouped {
+        tiles: tiles.ptr(),
+        order: order.ptr(),
+        max_tiles,
+        a_div,
+        rows,
+    };
+    let acts = GemmActs::prepare(dev, gu.fmt, x.ptr(), hidden, None, r.tokens, hidden)?;
+    let gate_up = dev.scratch::<f32>(pairs * 2 * inter)?;
+    tensor_gemm(
+        dev,
+        gu,
+        &acts,
+        gate_up.ptr(),
+        2 * inter,
+        false,
+        grouped(r.k, 2 * inter),
+    )?;
+    let act = GemmActs::prepare(
+        dev,
+        down.fmt,
+        gate_up.ptr(),
+        2 * inter,
+        Some(inter),
+        pairs,
+        inter,
+    )?;
+    let out = dev.scratch::<f32>(pairs * hidden)?;
+    tensor_gemm(dev, down, &act, out.ptr(), hidden, false, grouped(1, hidden))?;
+    dev.launch_elementwise(
+        "moe_combine",
+        r.tokens * hidden,
+        &[
+            p(out.ptr()),
+            p(r.wt.ptr()),
+            p(y.ptr()),
+            i(r.tokens),
+            i(r.k),
+            i(hidden),
+        ],
+    )
 }

@@ -26,6 +26,8 @@ mod gdn;
 mod linear;
 mod qwen4;
 mod session;
+#[doc(hidden)]
+pub mod testing;
 mod weights;
 
 use std::path::Path;
@@ -140,6 +142,11 @@ impl CudaEngine {
     /// Weight bytes one decode step reads (routed experts counted top_k / E).
     pub fn weight_bytes_per_token(&self) -> usize {
         self.gpu.bytes_per_token(&self.config)
+    }
+
+    /// The device this engine runs on.
+    pub fn device(&self) -> &Device {
+        &self.dev
     }
 
     /// Whether decode steps replay a captured CUDA graph.

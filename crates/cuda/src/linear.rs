@@ -9,7 +9,7 @@ use spindle_engine::weights::Linear;
 use spindle_kernels::quant::QuantizedMatrix;
 use spindle_model::DType;
 
-use crate::device::{f, i, p, DevBuf, Device};
+use crate::device::{f, i, p, Arg, DevBuf, Device};
 use crate::error::{CudaError, Result};
 
 /// Up to this many tokens a linear layer runs the matvec kernel (the weights are read once
@@ -57,6 +57,19 @@ impl WFormat {
             WFormat::Bf16 => "bf16",
             WFormat::Q8 => "q8",
             WFormat::Q4 => "q4",
+        }
+    }
+
+    /// Whether the tensor-core GEMM reads int8 activations (Q8, Q4) or bf16 hi/lo (bf16).
+    pub fn int8_acts(self) -> bool {
+        self != WFormat::Bf16
+    }
+
+    /// The tensor-core GEMM's granule of columns: a quantization group, or an mma k16 step.
+    fn tensor_k(self) -> usize {
+        match self {
+            WFormat::Bf16 => 16,
+            WFormat::Q8 | WFormat::Q4 => 32,
         }
     }
 
@@ -279,19 +292,177 @@ pub fn linear(
     tokens: usize,
     accumulate: bool,
 ) -> Result<()> {
+    // Prepared once per weight family for the tensor-core GEMM: [bf16, int8].
+    let mut prepared: [Option<GemmActs>; 2] = [None, None];
     for (row0, part) in &w.parts {
-        linear_part(
-            dev,
-            part,
-            x,
-            ldx,
-            y + (*row0 * 4) as u64,
-            ldy,
-            tokens,
-            accumulate,
-        )?;
+        let y = y + (*row0 * 4) as u64;
+        if tokens > MATVEC_MAX_TOKENS && tensor_gemm_ok(dev, part.fmt, part.cols) {
+            let slot = &mut prepared[part.fmt.int8_acts() as usize];
+            if slot.is_none() {
+                *slot = Some(GemmActs::prepare(
+                    dev, part.fmt, x, ldx, None, tokens, part.cols,
+                )?);
+            }
+            let acts = slot.as_ref().expect("prepared above");
+            tensor_gemm(dev, part, acts, y, ldy, accumulate, GemmRows::Dense(tokens))?;
+        } else {
+            linear_part(dev, part, x, ldx, y, ldy, tokens, accumulate)?;
+        }
     }
     Ok(())
+}
+
+/// Whether the tensor-core GEMM ([`tensor_gemm`]) takes a matrix of `cols` columns in `fmt`.
+pub fn tensor_gemm_ok(dev: &Device, fmt: WFormat, cols: usize) -> bool {
+    let kernel = tensor_gemm_kernel(fmt);
+    dev.tensor_cores()
+        && cols % fmt.tensor_k() == 0
+        && tensor_gemm_shared(fmt) <= dev.shared_limit(kernel)
+}
+
+/// Activations in the form the tensor-core GEMM reads: for bf16 weights the f32 values split
+/// into bf16 hi + lo; for Q8/Q4 weights int8 codes and f32 scales per group of 32, quantized
+/// exactly as the CPU engine does.
+pub struct GemmActs {
+    /// bf16 hi `[rows, cols]` or i8 codes `[rows, cols]`.
+    a: DevBuf<u8>,
+    /// bf16 lo `[rows, cols]` or f32 scales `[rows, cols/32]`.
+    aux: DevBuf<u8>,
+    int8: bool,
+    cols: usize,
+}
+
+impl GemmActs {
+    /// Prepares `rows` rows of `cols` from `x` (row r at `r·ldx`) for weights in `fmt`; with
+    /// `up = Some(u)` each row is first the SwiGLU `silu(x[c])·x[u + c]`.
+    pub fn prepare(
+        dev: &Device,
+        fmt: WFormat,
+        x: u64,
+        ldx: usize,
+        up: Option<usize>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        let up = up.map_or(-1, |u| u as i32);
+        let common = [p(x), i(ldx), Arg::Int(up), i(rows), i(cols)];
+        if fmt.int8_acts() {
+            let a = dev.scratch::<u8>(rows * cols)?;
+            let aux = dev.scratch::<u8>(rows * cols / 32 * 4)?;
+            let mut args = common.to_vec();
+            args.extend([p(a.ptr()), p(aux.ptr())]);
+            // One warp per group of 32.
+            dev.launch_elementwise("tg_prep_q", rows * cols, &args)?;
+            Ok(GemmActs {
+                a,
+                aux,
+                int8: true,
+                cols,
+            })
+        } else {
+            let a = dev.scratch::<u8>(rows * cols * 2)?;
+            let aux = dev.scratch::<u8>(rows * cols * 2)?;
+            let mut args = common.to_vec();
+            args.extend([p(a.ptr()), p(aux.ptr())]);
+            dev.launch_elementwise("tg_prep_bf16", rows * cols, &args)?;
+            Ok(GemmActs {
+                a,
+                aux,
+                int8: false,
+                cols,
+            })
+        }
+    }
+}
+
+/// Which rows a tensor-core GEMM computes.
+#[derive(Clone, Copy)]
+pub enum GemmRows {
+    /// Rows `0..tokens` of the activations into rows `0..tokens` of y.
+    Dense(usize),
+    /// MoE experts (`moe_sort`): `tiles` (expert, first, count) per 64-row tile over `order`
+    /// (pair ids sorted by expert), at most `max_tiles`; activation row = pair / `a_div`,
+    /// output row = pair; expert e's weights are rows `e·rows .. (e+1)·rows` of the part.
+    Grouped {
+        tiles: u64,
+        order: u64,
+        max_tiles: usize,
+        a_div: usize,
+        rows: usize,
+    },
+}
+
+/// Rows of the tensor-core GEMM block tile (`TG_N` in tgemm.cu) and its tokens (`TG_M`).
+const TG_N: usize = 128;
+const TG_M: usize = 64;
+/// The rows of one grouped-GEMM tile (`moe_sort`).
+pub const GROUP_TILE: usize = TG_M;
+
+fn tensor_gemm_kernel(fmt: WFormat) -> &'static str {
+    match fmt {
+        WFormat::Bf16 => "tgemm_bf16",
+        WFormat::Q8 => "tgemm_q8",
+        WFormat::Q4 => "tgemm_q4",
+    }
+}
+
+/// Dynamic shared memory of one tensor-core GEMM block: 4 stages of staged A and B rows
+/// (`TgLayout` in tgemm.cu).
+fn tensor_gemm_shared(fmt: WFormat) -> usize {
+    let (a_row, planes, b_row) = match fmt {
+        WFormat::Bf16 => (80, 2, 80),
+        WFormat::Q8 => (48, 1, 48),
+        WFormat::Q4 => (48, 1, 16),
+    };
+    4 * (TG_M * a_row * planes + TG_N * b_row)
+}
+
+/// `y[row·ldy + n] (+)= Σ_k acts[row, k]·W[n, k]` on the tensor cores (see tgemm.cu).
+pub fn tensor_gemm(
+    dev: &Device,
+    w: &DevPart,
+    acts: &GemmActs,
+    y: u64,
+    ldy: usize,
+    accumulate: bool,
+    rows: GemmRows,
+) -> Result<()> {
+    assert_eq!(acts.int8, w.fmt.int8_acts(), "activations prepared for another format");
+    assert_eq!(acts.cols, w.cols, "activations of another width");
+    let (n, m, m_tiles, tiles, order, a_div) = match rows {
+        GemmRows::Dense(tokens) => (w.rows, tokens, tokens.div_ceil(TG_M), 0, 0, 1),
+        GemmRows::Grouped {
+            tiles,
+            order,
+            max_tiles,
+            a_div,
+            rows,
+        } => (rows, 0, max_tiles, tiles, order, a_div),
+    };
+    if n == 0 || m_tiles == 0 {
+        return Ok(());
+    }
+    dev.launch(
+        tensor_gemm_kernel(w.fmt),
+        (n.div_ceil(TG_N) as u32, m_tiles as u32, 1),
+        256,
+        tensor_gemm_shared(w.fmt) as u32,
+        &[
+            p(w.codes.ptr()),
+            p(w.scales.ptr()),
+            p(acts.a.ptr()),
+            p(acts.aux.ptr()),
+            p(y),
+            i(ldy),
+            i(accumulate as usize),
+            i(n),
+            i(w.cols),
+            i(m),
+            p(tiles),
+            p(order),
+            i(a_div),
+        ],
+    )
 }
 
 fn linear_part(

@@ -31,6 +31,13 @@ fn kernels_compile_for_hopper() {
         "attn_combine",
         "gdn_heads",
         "dmvc_q4_t1",
+        "tgemm_bf16",
+        "tgemm_q8",
+        "tgemm_q4",
+        "tg_prep_q",
+        "tg_prep_bf16",
+        "moe_sort",
+        "moe_combine",
     ] {
         assert!(ptx.contains(kernel), "PTX lacks {kernel}");
     }

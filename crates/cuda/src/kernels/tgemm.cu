@@ -1,0 +1,363 @@
+// Prefill linear layers and grouped expert GEMMs on the tensor cores (mma.sync, sm_80+).
+//
+// Y[m, n] (+)= Σ_k A[m, k]·W[n, k]: a block of 8 warps owns a 64-token × 128-row tile (each
+// warp 32 × 32) and walks K in steps of 32 — one quantization group — through a 4-stage
+// cp.async pipeline.
+//  - Q8/Q4 weights: A holds the activations quantized to int8 per group of 32 exactly as the
+//    CPU engine does (tg_prep_q = spindle_kernels::quant::quantize_acts_ref); each group is an
+//    int8 mma m16n8k32 and then acc += (f16(s)·d)·isum, the CPU's (and the decode kernels')
+//    arithmetic. Q4 nibbles become the signed codes n − 8 on their way into the fragment.
+//  - bf16 weights: A holds the f32 activations split into bf16 hi + lo (tg_prep_bf16) and each
+//    k16 step runs two bf16 mma (hi, then lo) into f32: the products are exact, the split
+//    leaves ~2^-17 of each activation out.
+// Dense: rows m = blockIdx.y·64 + r < M, A row = Y row = m. Grouped (MoE): `tiles` holds
+// (expert, first, count) per blockIdx.y over `order` (pair ids sorted by expert, moe_sort);
+// A row = pair / a_div, Y row = pair, and expert e's weights are rows e·N .. e·N + N − 1.
+
+#define TG_M 64
+#define TG_N 128
+#define TG_K 32
+#define TG_STAGES 4
+
+// Staged row strides in bytes, padded so that the fragment loads of a warp hit 32 distinct
+// banks (rows of 48 and 80 bytes step 12 and 20 words).
+template <int FMT>
+struct TgLayout {
+    static constexpr int A_ROW = FMT == 0 ? 80 : 48;
+    static constexpr int B_ROW = FMT == 0 ? 80 : (FMT == 1 ? 48 : 16);
+    static constexpr int A_PLANES = FMT == 0 ? 2 : 1;  // bf16: hi and lo
+    static constexpr int A_CHUNKS = FMT == 0 ? 4 : 2;  // 16-byte chunks per staged A row
+    static constexpr int B_CHUNKS = FMT == 0 ? 4 : (FMT == 1 ? 2 : 1);
+    static constexpr int A_BYTES = TG_M * A_ROW * A_PLANES;
+    static constexpr int STAGE = A_BYTES + TG_N * B_ROW;
+};
+
+__device__ __forceinline__ unsigned short f32_to_bf16_rn(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+// Row r of the GEMM input: x[r·ldx + c], or with up ≥ 0 the SwiGLU silu(x[r·ldx + c])·x[r·ldx + up + c].
+__device__ __forceinline__ float tg_input(const float* __restrict__ x, int ldx, int up, int r, int c) {
+    const float* row = x + (size_t)r * ldx;
+    return up >= 0 ? silu_f(row[c]) * row[up + c] : row[c];
+}
+
+// int8 activations for the Q8/Q4 GEMM: xq [rows, cols], xd [rows, cols/32]. A warp per group
+// (grid-stride).
+extern "C" __global__ void tg_prep_q(const float* __restrict__ x, int ldx, int up, int rows, int cols,
+                                     signed char* __restrict__ xq, float* __restrict__ xd) {
+    int lane = threadIdx.x & 31, groups = cols >> 5;
+    size_t all = (size_t)rows * groups, step = (gridDim.x * (size_t)blockDim.x) >> 5;
+    for (size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; w < all; w += step) {
+        int r = (int)(w / groups), g = (int)(w - (size_t)r * groups);
+        int c = g * 32 + lane;
+        float v = tg_input(x, ldx, up, r, c);
+        float amax = warp_max(fabsf(v));
+        float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+        xq[(size_t)r * cols + c] = (signed char)(int)roundf(v * inv);
+        if (lane == 0) xd[w] = amax / 127.0f;
+    }
+}
+
+// bf16 hi/lo activations for the bf16 GEMM: hi + lo ≈ x to ~2^-17 (grid-stride).
+extern "C" __global__ void tg_prep_bf16(const float* __restrict__ x, int ldx, int up, int rows, int cols,
+                                        bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
+    size_t all = (size_t)rows * cols, step = gridDim.x * (size_t)blockDim.x;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < all; e += step) {
+        int r = (int)(e / cols), c = (int)(e - (size_t)r * cols);
+        float v = tg_input(x, ldx, up, r, c);
+        bf16_t h = f32_to_bf16_rn(v);
+        hi[e] = h;
+        lo[e] = f32_to_bf16_rn(v - bf16_to_f32(h));
+    }
+}
+
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool ok) {
+    unsigned int a = (unsigned int)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(__cvta_generic_to_global(gmem)),
+                 "r"(ok ? 16 : 0));
+}
+
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait_pending() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
+__device__ __forceinline__ void mma_s8(int* c, const int* a, int b0, int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_bf16(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One stage: A rows (token rows a_row[r], −1 = none) and B rows n0.. of k0 = kt·32 .. + 31.
+template <int FMT>
+__device__ __forceinline__ void tg_load(unsigned char* st, const unsigned char* __restrict__ A,
+                                        const unsigned char* __restrict__ Alo, const unsigned char* __restrict__ W,
+                                        const int* a_row, size_t w_row0, int n0, int N, int K, int kt) {
+    typedef TgLayout<FMT> L;
+    int tid = threadIdx.x, k0 = kt * TG_K;
+    const int elem = FMT == 0 ? 2 : 1;         // bytes per activation / bf16 weight
+    const int per_chunk = 16 / elem;           // values per 16-byte chunk
+    for (int e = tid; e < TG_M * L::A_CHUNKS * L::A_PLANES; e += blockDim.x) {
+        int plane = e / (TG_M * L::A_CHUNKS);
+        int rem = e - plane * TG_M * L::A_CHUNKS;
+        int r = rem / L::A_CHUNKS, ch = rem - r * L::A_CHUNKS;
+        int kb = k0 + ch * per_chunk;
+        int src = a_row[r];
+        bool ok = src >= 0 && kb < K;
+        const unsigned char* base = plane ? Alo : A;
+        const unsigned char* g = ok ? base + ((size_t)src * K + kb) * elem : base;
+        cp_async16_zfill(st + plane * TG_M * L::A_ROW + r * L::A_ROW + ch * 16, g, ok);
+    }
+    unsigned char* bs = st + L::A_BYTES;
+    size_t rb = FMT == 0 ? (size_t)K * 2 : (FMT == 1 ? (size_t)K : (size_t)K / 2);
+    for (int e = tid; e < TG_N * L::B_CHUNKS; e += blockDim.x) {
+        int r = e / L::B_CHUNKS, ch = e - r * L::B_CHUNKS;
+        int n = n0 + r;
+        size_t off = FMT == 0 ? (size_t)(k0 + ch * 8) * 2 : (FMT == 1 ? (size_t)(k0 + ch * 16) : (size_t)(k0 / 2));
+        bool ok = n < N && (FMT != 0 || k0 + ch * 8 < K);
+        const unsigned char* g = ok ? W + (w_row0 + n) * rb + off : W;
+        cp_async16_zfill(bs + r * L::B_ROW + ch * 16, g, ok);
+    }
+}
+#endif
+
+template <int FMT>
+__device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, const unsigned short* __restrict__ S,
+                                           const unsigned char* __restrict__ A, const unsigned char* __restrict__ Aaux,
+                                           float* __restrict__ Y, int ldy, int accumulate, int N, int K, int M,
+                                           const int* __restrict__ tiles, const int* __restrict__ order, int a_div) {
+#if __CUDA_ARCH__ >= 800
+    typedef TgLayout<FMT> L;
+    extern __shared__ __align__(16) unsigned char tg_smem[];
+    __shared__ int a_row[TG_M], y_row[TG_M];
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int wm = warp & 1, wn = warp >> 1;  // warp tile: rows wm·32.., weight rows wn·32..
+    int g8 = lane >> 2, tig = lane & 3;
+    int n0 = blockIdx.x * TG_N;
+    size_t w_row0 = 0;
+    if (tiles) {
+        const int* t = tiles + 3 * blockIdx.y;
+        int expert = t[0], first = t[1], count = t[2];
+        if (count == 0) return;  // past the used tiles (whole block)
+        w_row0 = (size_t)expert * N;
+        if (tid < TG_M) {
+            int pair = tid < count ? order[first + tid] : -1;
+            a_row[tid] = pair >= 0 ? pair / a_div : -1;
+            y_row[tid] = pair;
+        }
+    } else if (tid < TG_M) {
+        int m = blockIdx.y * TG_M + tid;
+        a_row[tid] = m < M ? m : -1;
+        y_row[tid] = a_row[tid];
+    }
+    __syncthreads();
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+
+    // Per-thread rows for the int8 scales: local rows wm·32 + mi·16 + g8 + 8h.
+    int groups = K >> 5;
+    int xrow[2][2];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) xrow[mi][h] = a_row[wm * 32 + mi * 16 + g8 + 8 * h];
+
+    int KT = (K + TG_K - 1) / TG_K;
+#pragma unroll
+    for (int s = 0; s < TG_STAGES - 1; s++) {
+        if (s < KT) tg_load<FMT>(tg_smem + s * L::STAGE, A, Aaux, W, a_row, w_row0, n0, N, K, s);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait_pending<TG_STAGES - 2>();
+        __syncthreads();
+        int next = kt + TG_STAGES - 1;
+        if (next < KT)
+            tg_load<FMT>(tg_smem + (next % TG_STAGES) * L::STAGE, A, Aaux, W, a_row, w_row0, n0, N, K, next);
+        asm volatile("cp.async.commit_group;\n" ::);
+
+        const unsigned char* as = tg_smem + (kt % TG_STAGES) * L::STAGE;
+        const unsigned char* bs = as + L::A_BYTES;
+        if (FMT == 0) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                unsigned int ahi[2][4], alo[2][4];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    int r = wm * 32 + mi * 16 + g8;
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        int off = (r + 8 * (q & 1)) * L::A_ROW + h * 32 + 16 * (q >> 1) + tig * 4;
+                        ahi[mi][q] = *(const unsigned int*)(as + off);
+                        alo[mi][q] = *(const unsigned int*)(as + TG_M * L::A_ROW + off);
+                    }
+                }
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) {
+                    int n = wn * 32 + ni * 8 + g8;
+                    unsigned int b0 = *(const unsigned int*)(bs + n * L::B_ROW + h * 32 + tig * 4);
+                    unsigned int b1 = *(const unsigned int*)(bs + n * L::B_ROW + h * 32 + 16 + tig * 4);
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) {
+                        mma_bf16(acc[mi][ni], ahi[mi], b0, b1);
+                        mma_bf16(acc[mi][ni], alo[mi], b0, b1);
+                    }
+                }
+            }
+        } else {
+            // This group's scales: weights (f16) per column, activations (f32) per row.
+            float ws[4][2], xd[2][2];
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    int n = n0 + wn * 32 + ni * 8 + tig * 2 + j;
+                    ws[ni][j] = n < N ? f16_to_f32(__ldg(S + (w_row0 + n) * groups + kt)) : 0.0f;
+                }
+            const float* ad = (const float*)Aaux;
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    xd[mi][h] = xrow[mi][h] >= 0 ? __ldg(ad + (size_t)xrow[mi][h] * groups + kt) : 0.0f;
+            int a[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) {
+                int r = wm * 32 + mi * 16 + g8;
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    a[mi][q] = *(const int*)(as + (r + 8 * (q & 1)) * L::A_ROW + 16 * (q >> 1) + tig * 4);
+            }
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                int n = wn * 32 + ni * 8 + g8;
+                int b0, b1;
+                if (FMT == 1) {
+                    b0 = *(const int*)(bs + n * L::B_ROW + tig * 4);
+                    b1 = *(const int*)(bs + n * L::B_ROW + 16 + tig * 4);
+                } else {
+                    // Byte j of the group holds value j (low nibble) and j + 16 (high nibble).
+                    unsigned int w = *(const unsigned int*)(bs + n * L::B_ROW + tig * 4);
+                    b0 = (int)__vsub4(w & 0x0f0f0f0fu, 0x08080808u);
+                    b1 = (int)__vsub4((w >> 4) & 0x0f0f0f0fu, 0x08080808u);
+                }
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    int c[4] = {0, 0, 0, 0};
+                    mma_s8(c, a[mi], b0, b1);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[mi][ni][e] += ws[ni][e & 1] * xd[mi][e >> 1] * (float)c[e];
+                }
+            }
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int yr = y_row[wm * 32 + mi * 16 + g8 + 8 * (e >> 1)];
+                int n = n0 + wn * 32 + ni * 8 + tig * 2 + (e & 1);
+                if (yr >= 0 && n < N) {
+                    float* out = Y + (size_t)yr * ldy + n;
+                    *out = accumulate ? *out + acc[mi][ni][e] : acc[mi][ni][e];
+                }
+            }
+#endif
+}
+
+#define TGEMM_ARGS                                                                                          \
+    const unsigned char *__restrict__ W, const unsigned short *__restrict__ S,                             \
+        const unsigned char *__restrict__ A, const unsigned char *__restrict__ Aaux, float *__restrict__ Y, \
+        int ldy, int accumulate, int N, int K, int M, const int *__restrict__ tiles,                        \
+        const int *__restrict__ order, int a_div
+#define TGEMM_PASS W, S, A, Aaux, Y, ldy, accumulate, N, K, M, tiles, order, a_div
+extern "C" __global__ void __launch_bounds__(256) tgemm_bf16(TGEMM_ARGS) { tgemm_impl<0>(TGEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256) tgemm_q8(TGEMM_ARGS) { tgemm_impl<1>(TGEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256) tgemm_q4(TGEMM_ARGS) { tgemm_impl<2>(TGEMM_PASS); }
+
+// Sorts the `pairs` (token, expert) pairs by expert for the grouped GEMMs: `order` lists the
+// pair ids of expert 0, then of expert 1, ...; tiles[3j ..] = (expert, first index into order,
+// count ≤ TG_M) for the used tiles and count 0 for the rest up to max_tiles. One block; the
+// order within an expert varies from run to run, which no result depends on (each output row
+// is computed from its own input row alone).
+extern "C" __global__ void moe_sort(const int* __restrict__ idx, int pairs, int E, int* __restrict__ order,
+                                    int* __restrict__ tiles, int max_tiles) {
+    extern __shared__ int moe_sort_sh[];  // count[E], start[E], tile_start[E]
+    __shared__ int used;
+    int* count = moe_sort_sh;
+    int* start = moe_sort_sh + E;
+    int* tstart = moe_sort_sh + 2 * E;
+    int tid = threadIdx.x;
+    for (int e = tid; e < E; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < pairs; p += blockDim.x) atomicAdd(&count[idx[p]], 1);
+    __syncthreads();
+    if (tid == 0) {
+        int s = 0, ts = 0;
+        for (int e = 0; e < E; e++) {
+            start[e] = s;
+            tstart[e] = ts;
+            s += count[e];
+            ts += (count[e] + TG_M - 1) / TG_M;
+        }
+        used = ts;
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x)
+        for (int j = 0; j * TG_M < count[e]; j++) {
+            int* t = tiles + 3 * (tstart[e] + j);
+            t[0] = e;
+            t[1] = start[e] + j * TG_M;
+            t[2] = min(TG_M, count[e] - j * TG_M);
+        }
+    for (int t = used + tid; t < max_tiles; t += blockDim.x) {
+        tiles[3 * t] = 0;
+        tiles[3 * t + 1] = 0;
+        tiles[3 * t + 2] = 0;
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < pairs; p += blockDim.x) {
+        int e = idx[p];
+        order[start[e] + atomicAdd(&count[e], 1)] = p;
+    }
+}
+
+// y[t, r] += Σ_j wt[t·k + j] · out[(t·k + j)·H + r]: the routed experts' weighted sum
+// (grid-stride).
+extern "C" __global__ void moe_combine(const float* __restrict__ out, const float* __restrict__ wt,
+                                       float* __restrict__ y, int T, int k, int H) {
+    size_t all = (size_t)T * H, step = gridDim.x * (size_t)blockDim.x;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < all; e += step) {
+        int t = (int)(e / H), r = (int)(e - (size_t)t * H);
+        float total = 0.0f;
+        for (int j = 0; j < k; j++) total += wt[t * k + j] * out[((size_t)t * k + j) * H + r];
+        y[e] += total;
+    }
+}

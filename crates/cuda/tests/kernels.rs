@@ -1,0 +1,202 @@
+//! The prefill GEMMs on the device against the CPU engine's arithmetic on random data.
+//! Needs a CUDA GPU: `cargo test --release -p spindle-cuda --test kernels -- --ignored`.
+
+use std::sync::Arc;
+
+use spindle_cuda::{testing, Device};
+use spindle_engine::weights::Linear;
+use spindle_kernels::quant::QuantizedMatrix;
+use spindle_model::tensor::{Matrix, Storage};
+use spindle_model::DType;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Format {
+    Bf16,
+    Q8,
+    Q4,
+}
+
+/// Deterministic values in [-1, 1).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+fn bf16_bits(v: f32) -> u16 {
+    let u = v.to_bits();
+    ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
+}
+
+/// A `[rows, cols]` CPU engine matrix in `format` from f32 values.
+fn matrix(format: Format, values: &[f32], rows: usize, cols: usize) -> Linear {
+    match format {
+        Format::Bf16 => {
+            let halves: Vec<u16> = values.iter().map(|&v| bf16_bits(v)).collect();
+            let mut words = vec![0u64; (halves.len() * 2).div_ceil(8)];
+            for (i, h) in halves.iter().enumerate() {
+                words[i / 4] |= (*h as u64) << (16 * (i % 4));
+            }
+            let storage = Storage::Owned {
+                words: Arc::new(words),
+                len: halves.len() * 2,
+            };
+            Linear::Mapped(Matrix::new(DType::Bf16, rows, cols, storage))
+        }
+        Format::Q8 | Format::Q4 => Linear::Quantized(Arc::new(QuantizedMatrix::quantize(
+            values,
+            rows,
+            cols,
+            format == Format::Q4,
+        ))),
+    }
+}
+
+fn device() -> Device {
+    let ordinal = std::env::var("SPINDLE_CUDA_DEVICE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    Device::open(ordinal).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// max |got − want| / max |want|.
+fn relative_error(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(err.is_finite(), "non-finite output");
+    err / scale
+}
+
+/// Dense linear layers through the tensor-core GEMM (and, for scale, the SIMT GEMM) against
+/// `Linear::forward` on the CPU: bf16 weights with f32 activations, Q8/Q4 weights with the
+/// CPU's int8 activations. Shapes cover partial tiles in tokens and rows, K of one group,
+/// K = 48 (bf16 only: not whole groups) and a long K.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tensor_gemm_matches_cpu_linear() {
+    let dev = device();
+    assert!(dev.tensor_cores(), "this test needs a GPU with tensor cores (sm_80+)");
+    let mut rng = Rng(7);
+    let shapes = [
+        (200, 64, 9),
+        (130, 48, 77),
+        (64, 32, 65),
+        (384, 256, 100),
+        (1000, 2048, 300),
+        (136, 512, 5),
+    ];
+    for (rows, cols, tokens) in shapes {
+        let w = rng.vec(rows * cols, 0.1);
+        let x = rng.vec(tokens * cols, 1.0);
+        for format in [Format::Bf16, Format::Q8, Format::Q4] {
+            if format != Format::Bf16 && cols % 32 != 0 {
+                continue;
+            }
+            let m = matrix(format, &w, rows, cols);
+            let want = m.forward(&x, tokens);
+            dev.set_tensor_cores(true);
+            let got = testing::linear(&dev, &m, &x, tokens).unwrap();
+            dev.set_tensor_cores(false);
+            let simt = testing::linear(&dev, &m, &x, tokens).unwrap();
+            dev.set_tensor_cores(true);
+            let err = relative_error(&got, &want);
+            println!(
+                "{format:?} [{rows}, {cols}] × {tokens} tokens: tensor cores vs CPU {err:.2e}, SIMT vs CPU {:.2e}",
+                relative_error(&simt, &want)
+            );
+            // Q8/Q4: the CPU's integer dots, f32 sums in another order. bf16: exact products,
+            // activations split into bf16 hi + lo (within 2^-17 of each).
+            let bound = if format == Format::Bf16 { 5e-5 } else { 1e-5 };
+            assert!(err < bound, "{format:?} [{rows}, {cols}] × {tokens}: {err}");
+        }
+    }
+}
+
+fn silu(v: f32) -> f32 {
+    v / (1.0 + (-v).exp())
+}
+
+/// The routed experts through the grouped tensor-core GEMMs against the CPU engine's
+/// matrices applied pair by pair; also the per-pair kernels, for scale.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grouped_experts_match_cpu() {
+    let dev = device();
+    let (experts, k, hidden, inter, tokens) = (16, 4, 128, 64, 150);
+    let mut rng = Rng(11);
+    let gu_values = rng.vec(experts * 2 * inter * hidden, 0.1);
+    let down_values = rng.vec(experts * hidden * inter, 0.1);
+    let x = rng.vec(tokens * hidden, 1.0);
+    // Distinct experts per token, skewed so that some experts get many tokens (several
+    // tiles) and some none.
+    let mut idx = Vec::new();
+    for t in 0..tokens {
+        let mut chosen: Vec<i32> = Vec::new();
+        let mut c = (t * 7 % 5) as i32;
+        while chosen.len() < k {
+            if !chosen.contains(&c) {
+                chosen.push(c);
+            }
+            c = (c * 3 + 1 + t as i32) % (experts as i32 - 3);
+        }
+        idx.extend(chosen);
+    }
+    let wt: Vec<f32> = (0..tokens * k).map(|_| 0.5 + 0.5 * rng.next()).collect();
+    for format in [Format::Bf16, Format::Q8, Format::Q4] {
+        let gu = matrix(format, &gu_values, experts * 2 * inter, hidden);
+        let down = matrix(format, &down_values, experts * hidden, inter);
+        // CPU: every expert's rows for every token, then the chosen ones.
+        let all_gu = gu.forward(&x, tokens);
+        let mut acts = vec![0.0f32; tokens * k * inter];
+        for t in 0..tokens {
+            for j in 0..k {
+                let e = idx[t * k + j] as usize;
+                let row = &all_gu[t * experts * 2 * inter + e * 2 * inter..];
+                for c in 0..inter {
+                    acts[(t * k + j) * inter + c] = silu(row[c]) * row[inter + c];
+                }
+            }
+        }
+        let all_down = down.forward(&acts, tokens * k);
+        let mut want = vec![0.0f32; tokens * hidden];
+        for t in 0..tokens {
+            for j in 0..k {
+                let p = t * k + j;
+                let e = idx[p] as usize;
+                let row = &all_down[p * experts * hidden + e * hidden..];
+                for r in 0..hidden {
+                    want[t * hidden + r] += wt[p] * row[r];
+                }
+            }
+        }
+        dev.set_tensor_cores(true);
+        let got = testing::routed_experts_of(&dev, &gu, &down, &x, &idx, &wt, tokens, k).unwrap();
+        dev.set_tensor_cores(false);
+        let pairs = testing::routed_experts_of(&dev, &gu, &down, &x, &idx, &wt, tokens, k).unwrap();
+        dev.set_tensor_cores(true);
+        let err = relative_error(&got, &want);
+        println!(
+            "{format:?} experts: grouped tensor cores vs CPU {err:.2e}, per-pair kernels vs CPU {:.2e}",
+            relative_error(&pairs, &want)
+        );
+        // bf16: products exact, f32 sums. Q8/Q4: the CPU's integer dots; a SwiGLU value a few
+        // ulps off can round to the neighbouring int8 code before the down projection.
+        let bound = if format == Format::Bf16 { 5e-5 } else { 2e-3 };
+        assert!(err < bound, "{format:?}: grouped experts differ by {err}");
+    }
+}
