@@ -88,6 +88,9 @@ const KERNELS: &[&str] = &[
     "dmvc_bf16_t8",
     "dmvc_q8_t8",
     "dmvc_q4_t8",
+    "gdn_chunk_prep",
+    "gdn_chunk_scan",
+    "gdn_gated_norm",
 ];
 
 /// PTX of every kernel for `arch` (e.g. `sm_90`), compiled by NVRTC at most once per process.

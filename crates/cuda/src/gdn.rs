@@ -1,10 +1,16 @@
-//! Gated DeltaNet on the device (MODEL_MATH §1.5), token-serial: one fused projection, the
-//! causal conv with its state, then the delta rule with the gated norm fused in. Decode
-//! (≤ 8 tokens) fuses the conv into the projection's matvec and runs a block per value head
-//! (`gdn_heads`); prefill, and projections split across formats, run `gdn_conv` then
-//! `gdn_recurrent`.
+//! Gated DeltaNet on the device (MODEL_MATH §1.5): one fused projection, the causal conv with
+//! its state, then the delta rule with the gated norm. What runs when:
+//! - decode (≤ 8 tokens): the conv fused into the projection's matvec, then `gdn_heads`, a
+//!   block per value head;
+//! - prefill (> 8 tokens): `gdn_conv`, then the chunked form ("Chunked prefill form", chunks
+//!   of 64 tokens as on the CPU): `gdn_chunk_prep` builds every chunk's state-independent
+//!   products in parallel, `gdn_chunk_scan` carries S through the chunks (a block per 32
+//!   columns of each S_h), `gdn_gated_norm` applies the output norm;
+//! - otherwise (decode whose projection is split across formats or whose shape `gdn_heads`
+//!   refuses, prefill whose shape the chunked kernels refuse: d_k > 128 or too little shared
+//!   memory): `gdn_conv` then `gdn_recurrent`, token-serial.
 
-use spindle_model::{GdnGate, ModelConfig};
+use spindle_model::{GdnConfig, GdnGate, ModelConfig};
 
 use crate::device::{f, i, p, threads_for, DevBuf, Device};
 use crate::error::Result;
@@ -111,34 +117,250 @@ pub fn forward(
         ],
     )?;
 
+    let form = if tokens > MATVEC_MAX_TOKENS {
+        DeltaForm::Chunked
+    } else {
+        DeltaForm::Serial
+    };
+    let rows = DeltaRows {
+        u: u.ptr(),
+        proj: proj.ptr(),
+        width,
+        z_off,
+        b_off,
+        a_off,
+        state: state.recurrent.ptr(),
+        a_log: w.a_log.ptr(),
+        dt_bias: w.dt_bias.ptr(),
+        norm: w.norm.ptr(),
+        out: o.ptr(),
+        tokens,
+        eps,
+        gate_sigmoid: gate_sigmoid == 1,
+    };
+    delta_rule(dev, g, &rows, form)?;
+    io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens)
+}
+
+/// The form of the delta rule a prefill runs (MODEL_MATH §1.5).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeltaForm {
+    /// Token by token (`gdn_recurrent`): a block per value head, serial over the tokens.
+    Serial,
+    /// The chunked form (`gdn_chunk_prep`, `gdn_chunk_scan`, `gdn_gated_norm`).
+    Chunked,
+}
+
+/// Device addresses of the delta rule's operands for `tokens` tokens of one layer (after the
+/// conv), as the kernels take them.
+struct DeltaRows {
+    /// The conv output `[T, C]`, channels `[q (n_k·d_k) | k (n_k·d_k) | v (n_v·d_v)]`.
+    u: u64,
+    /// Rows `[T, width]` holding z `[n_v·d_v]` at `z_off`, b `[n_v]` at `b_off`, a at `a_off`.
+    proj: u64,
+    width: usize,
+    z_off: usize,
+    b_off: usize,
+    a_off: usize,
+    /// S `[n_v, d_k, d_v]`, updated in place.
+    state: u64,
+    /// A_log and dt_bias `[n_v]`, the gated norm's weight `[d_v]`.
+    a_log: u64,
+    dt_bias: u64,
+    norm: u64,
+    /// The gated-norm output `[T, n_v·d_v]`.
+    out: u64,
+    tokens: usize,
+    eps: f32,
+    /// The norm's gate is sigmoid(z) (else SiLU(z)).
+    gate_sigmoid: bool,
+}
+
+/// Steps 3–7 of MODEL_MATH §1.5 after the conv (gating, l2 norms, the delta rule from the
+/// state in `r.state`, the gated norm) in form `form`; `Chunked` runs `Serial` for shapes the
+/// chunked kernels do not take. Returns the form that ran.
+fn delta_rule(dev: &Device, g: &GdnConfig, r: &DeltaRows, form: DeltaForm) -> Result<DeltaForm> {
+    if r.tokens == 0 {
+        return Ok(form);
+    }
+    if form == DeltaForm::Chunked {
+        if let Some(shape) = ChunkShape::of(dev, g) {
+            delta_rule_chunked(dev, g, r, &shape)?;
+            return Ok(DeltaForm::Chunked);
+        }
+    }
+    let (nk, nv, dk, dv) = (
+        g.num_key_heads,
+        g.num_value_heads,
+        g.key_head_dim,
+        g.value_head_dim,
+    );
     dev.launch(
         "gdn_recurrent",
         (nv as u32, 1, 1),
         threads_for(dv),
         0,
         &[
-            p(u.ptr()),
-            i(channels),
-            p(proj.ptr()),
-            i(width),
-            i(z_off),
-            i(b_off),
-            i(a_off),
-            p(state.recurrent.ptr()),
-            p(w.a_log.ptr()),
-            p(w.dt_bias.ptr()),
-            p(w.norm.ptr()),
-            p(o.ptr()),
-            i(tokens),
+            p(r.u),
+            i(g.conv_channels()),
+            p(r.proj),
+            i(r.width),
+            i(r.z_off),
+            i(r.b_off),
+            i(r.a_off),
+            p(r.state),
+            p(r.a_log),
+            p(r.dt_bias),
+            p(r.norm),
+            p(r.out),
+            i(r.tokens),
             i(nk),
             i(nv),
             i(dk),
             i(dv),
-            f(eps),
-            i(gate_sigmoid),
+            f(r.eps),
+            i(r.gate_sigmoid as usize),
         ],
     )?;
-    io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens)
+    Ok(DeltaForm::Serial)
+}
+
+/// Tokens per chunk (`GDN_CHUNK` in gdn.cu; the CPU's `gdn_chunked::CHUNK`).
+const CHUNK: usize = 64;
+/// The largest d_k the chunked kernels take (the scan's 16 warps × 8 rows of S).
+const CHUNK_MAX_DK: usize = 128;
+/// Threads of `gdn_chunk_prep` and `gdn_chunk_scan` (`GDN_PREP_THREADS`, `GDN_SCAN_THREADS`).
+const PREP_THREADS: u32 = 256;
+const SCAN_THREADS: u32 = 512;
+/// Columns of S per `gdn_chunk_scan` block (`GDN_SCAN_COLS`).
+const SCAN_COLUMNS: usize = 32;
+/// Chunks whose records are held at once: the prompt runs through prep + scan in windows of
+/// this many chunks, bounding the scratch (~77 MB for n_v = 32, d_k = d_v = 128).
+const WINDOW_CHUNKS: usize = 16;
+
+/// The chunked kernels' layout for one GDN shape (see the record layout in gdn.cu).
+struct ChunkShape {
+    /// Row stride of the d_k-wide rows: d_k rounded up to 4, plus 4 when that is a multiple of 8
+    /// floats (so ldk/4 is odd and a quarter-warp's 16-byte reads of 8 rows miss each other's banks).
+    ldk: usize,
+    /// Floats in one (v-head, chunk) record.
+    record: usize,
+    /// Dynamic shared bytes of `gdn_chunk_prep` and `gdn_chunk_scan`.
+    prep_shared: usize,
+    scan_shared: usize,
+}
+
+impl ChunkShape {
+    /// The layout, or None when the chunked kernels do not take this shape on this device.
+    fn of(dev: &Device, g: &GdnConfig) -> Option<Self> {
+        let (nk, nv, dk, dv) = (
+            g.num_key_heads,
+            g.num_value_heads,
+            g.key_head_dim,
+            g.value_head_dim,
+        );
+        if dk == 0 || dk > CHUNK_MAX_DK || dv == 0 || nk == 0 || nv % nk != 0 {
+            return None;
+        }
+        let dkp = dk.next_multiple_of(4);
+        let ldk = if (dkp / 4) % 2 == 0 { dkp + 4 } else { dkp };
+        let record = CHUNK * CHUNK + 3 * CHUNK * ldk + CHUNK * dv + 4;
+        let prep_shared = 4 * (2 * CHUNK * ldk + CHUNK * CHUNK + 5 * CHUNK);
+        let scan_shared =
+            4 * (CHUNK * CHUNK + 3 * CHUNK * ldk + CHUNK * SCAN_COLUMNS + dkp * SCAN_COLUMNS);
+        (prep_shared <= dev.shared_limit("gdn_chunk_prep")
+            && scan_shared <= dev.shared_limit("gdn_chunk_scan"))
+        .then_some(ChunkShape {
+            ldk,
+            record,
+            prep_shared,
+            scan_shared,
+        })
+    }
+}
+
+/// The chunked form: per window of [`WINDOW_CHUNKS`] chunks, `gdn_chunk_prep` (a block per
+/// (chunk, v-head): everything that does not depend on S) then `gdn_chunk_scan` (a block per
+/// 32 columns of each S_h, serial over the window's chunks); then `gdn_gated_norm` over all
+/// tokens.
+fn delta_rule_chunked(
+    dev: &Device,
+    g: &GdnConfig,
+    r: &DeltaRows,
+    shape: &ChunkShape,
+) -> Result<()> {
+    let (nk, nv, dk, dv) = (
+        g.num_key_heads,
+        g.num_value_heads,
+        g.key_head_dim,
+        g.value_head_dim,
+    );
+    let channels = g.conv_channels();
+    let window = WINDOW_CHUNKS * CHUNK;
+    let records = dev.scratch::<f32>(nv * r.tokens.min(window).div_ceil(CHUNK) * shape.record)?;
+    for t0 in (0..r.tokens).step_by(window) {
+        let len = (r.tokens - t0).min(window);
+        let row = |base: u64, width: usize| base + (t0 * width * 4) as u64;
+        dev.launch(
+            "gdn_chunk_prep",
+            (len.div_ceil(CHUNK) as u32, nv as u32, 1),
+            PREP_THREADS,
+            shape.prep_shared as u32,
+            &[
+                p(row(r.u, channels)),
+                i(channels),
+                p(row(r.proj, r.width)),
+                i(r.width),
+                i(r.b_off),
+                i(r.a_off),
+                p(r.a_log),
+                p(r.dt_bias),
+                p(records.ptr()),
+                i(len),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                i(shape.ldk),
+            ],
+        )?;
+        dev.launch(
+            "gdn_chunk_scan",
+            (dv.div_ceil(SCAN_COLUMNS) as u32, nv as u32, 1),
+            SCAN_THREADS,
+            shape.scan_shared as u32,
+            &[
+                p(records.ptr()),
+                p(r.state),
+                p(row(r.out, nv * dv)),
+                i(len),
+                i(nv),
+                i(dk),
+                i(dv),
+                i(shape.ldk),
+            ],
+        )?;
+    }
+    let rows_per_block = 8; // a warp per (token, v-head) row
+    dev.launch(
+        "gdn_gated_norm",
+        ((r.tokens * nv).div_ceil(rows_per_block) as u32, 1, 1),
+        32 * rows_per_block as u32,
+        0,
+        &[
+            p(r.out),
+            p(r.proj),
+            i(r.width),
+            i(r.z_off),
+            p(r.norm),
+            i(r.tokens),
+            i(nv),
+            i(dv),
+            f(r.eps),
+            i(r.gate_sigmoid as usize),
+        ],
+    )
 }
 
 /// The per-value-head decode kernel (after the conv fused into in_proj) when the shapes suit
@@ -164,4 +386,71 @@ fn heads_launch(dev: &Device, config: &ModelConfig, tokens: usize) -> Option<(u3
     }
     let shared = 4 * (dk * dv + tokens * 2 * dk + 2 * tokens + r * dv + dv / dv.min(32));
     (shared <= dev.shared_limit("gdn_heads")).then_some(((dv * r) as u32, r, shared))
+}
+
+/// The host-side operands of [`delta_rule_on_host`], for T tokens of one layer.
+#[doc(hidden)]
+pub struct DeltaInputs<'a> {
+    /// The conv output `[T, C]`, channels `[q (n_k·d_k) | k (n_k·d_k) | v (n_v·d_v)]`.
+    pub u: &'a [f32],
+    /// Per token `[z (n_v·d_v) | b (n_v) | a (n_v)]`: `[T, n_v·d_v + 2·n_v]`.
+    pub zba: &'a [f32],
+    /// `[n_v]` each.
+    pub a_log: &'a [f32],
+    pub dt_bias: &'a [f32],
+    /// The gated norm's weight `[d_v]`.
+    pub norm: &'a [f32],
+    pub eps: f32,
+    /// The norm's gate is sigmoid(z) (else SiLU(z)).
+    pub gate_sigmoid: bool,
+}
+
+/// For the GPU tests that compare the forms: runs the delta rule and gated norm (MODEL_MATH
+/// §1.5 steps 3–7, after the conv) on the device in form `form`, from `state` `[n_v, d_k, d_v]`
+/// (updated), and returns the output `[T, n_v·d_v]` and the form that ran (`Chunked` runs
+/// `Serial` for shapes the chunked kernels refuse). Panics when the slices disagree with `g`.
+#[doc(hidden)]
+pub fn delta_rule_on_host(
+    dev: &Device,
+    g: &GdnConfig,
+    x: &DeltaInputs,
+    state: &mut [f32],
+    form: DeltaForm,
+) -> Result<(Vec<f32>, DeltaForm)> {
+    let (nv, dk, dv) = (g.num_value_heads, g.key_head_dim, g.value_head_dim);
+    let channels = g.conv_channels();
+    let width = nv * dv + 2 * nv;
+    let tokens = x.u.len() / channels;
+    assert_eq!(x.u.len(), tokens * channels, "u is [T, C = {channels}]");
+    assert_eq!(x.zba.len(), tokens * width, "zba is [T, {width}]");
+    assert_eq!(state.len(), nv * dk * dv, "state is [n_v, d_k, d_v]");
+    assert!(x.a_log.len() == nv && x.dt_bias.len() == nv && x.norm.len() == dv);
+    let u = dev.upload(x.u)?;
+    let zba = dev.upload(x.zba)?;
+    let s = dev.upload(state)?;
+    let (a_log, dt_bias, norm) = (
+        dev.upload(x.a_log)?,
+        dev.upload(x.dt_bias)?,
+        dev.upload(x.norm)?,
+    );
+    let out = dev.zeros::<f32>(tokens * nv * dv)?;
+    let rows = DeltaRows {
+        u: u.ptr(),
+        proj: zba.ptr(),
+        width,
+        z_off: 0,
+        b_off: nv * dv,
+        a_off: nv * dv + nv,
+        state: s.ptr(),
+        a_log: a_log.ptr(),
+        dt_bias: dt_bias.ptr(),
+        norm: norm.ptr(),
+        out: out.ptr(),
+        tokens,
+        eps: x.eps,
+        gate_sigmoid: x.gate_sigmoid,
+    };
+    let ran = delta_rule(dev, g, &rows, form)?;
+    state.copy_from_slice(&dev.download(&s, 0, state.len())?);
+    Ok((dev.download(&out, 0, tokens * nv * dv)?, ran))
 }

@@ -39,6 +39,8 @@ use spindle_model::quant::QuantFormat;
 use spindle_model::{Checkpoint, ModelConfig};
 
 pub use device::{ptx_for, Device};
+#[doc(hidden)]
+pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
 pub use error::{CudaError, Result};
 pub use session::CudaSession;
 

@@ -38,6 +38,9 @@ fn kernels_compile_for_hopper() {
         "tg_prep_bf16",
         "moe_sort",
         "moe_combine",
+        "gdn_chunk_prep",
+        "gdn_chunk_scan",
+        "gdn_gated_norm",
     ] {
         assert!(ptx.contains(kernel), "PTX lacks {kernel}");
     }
