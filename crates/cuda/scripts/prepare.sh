@@ -20,7 +20,7 @@ for line in sys.stdin:
         cp "$exe" "$dir/$name-test"
         objcopy --strip-debug "$dir/$name-test"
     done
-cp target/release/spindle "$dir/spindle"
+cp "${CARGO_TARGET_DIR:-target}/release/spindle" "$dir/spindle"
 objcopy --strip-debug "$dir/spindle"
 rm -rf "$dir/fixtures" && mkdir -p "$dir/fixtures"
 for f in qwen3_next_moe qwen3_5_dense qwen3_5_moe qwen3_5_moe_fused qwen4_exp; do
