@@ -87,10 +87,16 @@ pub fn run(engine: &CudaEngine, options: &BenchOptions) -> Result<BenchReport> {
 
     let prompt = prompt_ids(engine, options.prompt_tokens.max(1));
     prefill_once(engine, &prompt)?; // warm-up
+    engine.dev.profile_report()?; // drop what the warm-up recorded
     let mut prefill = Vec::new();
     for _ in 0..runs {
         prefill.push(prompt.len() as f64 / prefill_once(engine, &prompt)?);
     }
+    print_profile(
+        engine,
+        &format!("prefill of {} tokens", prompt.len()),
+        runs,
+    )?;
     tracing::info!(
         tokens_per_s = Stat::of(prefill.clone()).median,
         "prefill measured"
@@ -119,7 +125,11 @@ pub fn run(engine: &CudaEngine, options: &BenchOptions) -> Result<BenchReport> {
         }
         let stat = Stat::of(speeds);
         tracing::info!(context, tokens_per_s = stat.median, "decode measured");
-        print_profile(engine, context, runs * gen)?;
+        print_profile(
+            engine,
+            &format!("decode step at context {context}"),
+            runs * gen,
+        )?;
         decode.push(DecodeAt {
             context,
             tokens_per_s: stat,
@@ -139,9 +149,10 @@ pub fn run(engine: &CudaEngine, options: &BenchOptions) -> Result<BenchReport> {
     })
 }
 
-/// With `SPINDLE_CUDA_PROFILE=1`: the kernel time of one decode step at `context`, by kernel
-/// and grid (on stderr; the timed steps ran without graphs, one event pair per launch).
-fn print_profile(engine: &CudaEngine, context: usize, steps: usize) -> Result<()> {
+/// With `SPINDLE_CUDA_PROFILE=1`: the kernel time of one of the `times` timed `what`s (a
+/// prefill, a decode step) by kernel and grid, on stderr (the timed work ran without graphs,
+/// one event pair per launch).
+fn print_profile(engine: &CudaEngine, what: &str, times: usize) -> Result<()> {
     let lines = engine.dev.profile_report()?;
     if lines.is_empty() {
         return Ok(());
@@ -149,16 +160,16 @@ fn print_profile(engine: &CudaEngine, context: usize, steps: usize) -> Result<()
     let total: f64 = lines.iter().map(|l| l.total_us).sum();
     let launches: usize = lines.iter().map(|l| l.calls).sum();
     eprintln!(
-        "kernel time per decode step at context {context}: {:.1} us in {} launches",
-        total / steps as f64,
-        launches / steps
+        "kernel time per {what}: {:.1} us in {} launches",
+        total / times as f64,
+        launches / times
     );
     for l in &lines {
         eprintln!(
             "  {:>9.1} us {:>5.1}% {:>5}x {:<20} grid {:?}",
-            l.total_us / steps as f64,
+            l.total_us / times as f64,
             100.0 * l.total_us / total,
-            l.calls / steps,
+            l.calls / times,
             l.name,
             l.grid
         );
