@@ -20,7 +20,19 @@ for line in sys.stdin:
         cp "$exe" "$dir/$name-test"
         objcopy --strip-debug "$dir/$name-test"
     done
-cp "${CARGO_TARGET_DIR:-target}/release/spindle" "$dir/spindle"
+# The CLI's --device test starts the spindle binary at the path it was built with: the GPU
+# machine links that path to DIR/spindle (run_tests.sh).
+exe=$(cargo test --release -p spindle-cli --features cuda --test device --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "device":
+        print(m["executable"])')
+cp "$exe" "$dir/cli-device-test"
+objcopy --strip-debug "$dir/cli-device-test"
+target=$(cd "${CARGO_TARGET_DIR:-target}" && pwd)
+echo "$target/release/spindle" > "$dir/spindle_path.txt"
+cp "$target/release/spindle" "$dir/spindle"
 objcopy --strip-debug "$dir/spindle"
 rm -rf "$dir/fixtures" && mkdir -p "$dir/fixtures"
 for f in qwen3_next_moe qwen3_5_dense qwen3_5_moe qwen3_5_moe_fused qwen4_exp; do

@@ -4,12 +4,15 @@
 cd "$(dirname "$0")"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH}
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+if [ -f spindle_path.txt ]; then  # where the CLI test looks for the binary
+  mkdir -p "$(dirname "$(cat spindle_path.txt)")" && ln -sf "$PWD/spindle" "$(cat spindle_path.txt)"
+fi
 for t in ./*-test; do
   name=$(basename $t -test)
   echo "== $name"
-  SPINDLE_FIXTURES=$PWD/fixtures timeout ${TT:-240} $t --ignored --test-threads=1 --nocapture > $OUT/$name.log 2>&1
+  SPINDLE_FIXTURES=$PWD/fixtures timeout ${TT:-240} $t --include-ignored --test-threads=1 --nocapture > $OUT/$name.log 2>&1
   echo "rc=$?"
-  grep -E "test result|panicked|FAILED|vs CPU|max\|Δ\||differ" $OUT/$name.log | cut -c1-240 | head -${LINES_PER:-40}
+  grep -E "test result|panicked|FAILED|vs CPU|max\|Δ\||differ|^test " $OUT/$name.log | cut -c1-240 | head -${LINES_PER:-40}
 done
 if [ -f kernels.ptx ]; then
   /usr/local/cuda/bin/ptxas -arch=sm_90 -v kernels.ptx -o /dev/null 2>&1 | grep -A1 -E "tgemm|gdn_chunk|tg_prep" | grep -E "Function|registers|spill" | head -20
