@@ -1,44 +1,60 @@
 //! Gated full attention on the device (MODEL_MATH §1.4), with qwen4_exp's QSA selection.
 //!
-//! QSA (MODEL_MATH §4.4) is a host round-trip for now: the normed input goes back to the
-//! host, the CPU engine's indexer picks the attended tokens, and the lists come back.
+//! QSA (MODEL_MATH §4.4) runs on the device as well, so a qwen4_exp decode step is captured
+//! in a CUDA graph like any other. The indexer's projection is fused into the layer's `qkv`
+//! matrix; `qsa_prep` norms and rotates the indexer queries, stores each raw key in the
+//! layer's [`IndexerCache`](crate::session::IndexerCache) and finishes a block key once its
+//! last position is seen; `qsa_scores` scores every complete block for each token (its grid
+//! covers the cache's capacity, blocks past the position exit); `qsa_pick` keeps the top
+//! blocks (ties to the earlier one), as the CPU engine's `qsa::select`, and writes the
+//! ascending position lists `attn_decode` reads.
 
-use spindle_engine::qwen4::qsa;
-use spindle_engine::weights::MixerWeights;
-use spindle_kernels::rope::RopeFreqs;
-use spindle_model::ModelConfig;
+use spindle_model::{ModelConfig, QsaConfig};
 
 use crate::device::{f, i, p, threads_for, DevBuf, Device};
 use crate::error::Result;
 use crate::linear::{Io, MATVEC_MAX_TOKENS};
 use crate::session::KvCache;
-use crate::weights::GpuAttention;
+use crate::weights::{GpuAttention, GpuIndexer};
 
 /// What attention needs besides the layer's device weights.
 pub struct AttentionCtx<'a> {
     pub config: &'a ModelConfig,
     /// `rope_inv_freq` on the device (f64, r/2 values).
     pub inv_freq: &'a DevBuf<f64>,
-    pub rope: &'a RopeFreqs,
-    /// The CPU weights of this layer (for the QSA indexer).
-    pub cpu: &'a MixerWeights,
     pub eps: f32,
 }
 
 /// Keys per flash-decoding split (`ATT_SPLIT` in attention.cu).
 const SPLIT: usize = 32;
 
+/// Tokens whose block scores one selection launch holds (a longer prefill selects in pieces).
+pub const SCORE_TOKENS: usize = 64;
+
+/// Key blocks per `qsa_scores` block (`QSA_WARPS` in attention.cu: a warp each).
+const QSA_WARPS: usize = 8;
+
+/// Threads of a `qsa_pick` block (`QSA_PICK_THREADS` in attention.cu).
+const QSA_PICK_THREADS: u32 = 512;
+
+/// The most positions one token attends to under QSA: max_blocks whole blocks (the budget,
+/// a multiple of cr as the config checks) plus a partial tail of fewer than cr positions.
+pub fn selection_stride(q: &QsaConfig) -> usize {
+    q.max_blocks() * q.compress_ratio + q.compress_ratio - 1
+}
+
 /// Grows the cache to hold at least `needed` tokens, keeping its contents (and the
-/// flash-decoding partials sized for that capacity).
+/// flash-decoding partials, or the QSA indexer's keys and scores, sized for that capacity).
 pub fn reserve(
     dev: &Device,
     cache: &mut KvCache,
     needed: usize,
-    a: &spindle_model::AttentionConfig,
+    config: &ModelConfig,
 ) -> Result<()> {
     if needed <= cache.capacity {
         return Ok(());
     }
+    let a = &config.attention;
     let row = a.num_kv_heads * a.head_dim;
     let capacity = needed.max(cache.capacity * 2).max(256);
     let mut keys = dev.zeros(capacity * row)?;
@@ -47,15 +63,33 @@ pub fn reserve(
     dev.copy(&cache.values, &mut values, cache.capacity * row)?;
     cache.keys = keys;
     cache.values = values;
-    cache.partials =
-        dev.zeros(MATVEC_MAX_TOKENS * a.num_heads * capacity.div_ceil(SPLIT) * (a.head_dim + 2))?;
+    match (cache.indexer.as_mut(), config.qsa.as_ref()) {
+        (Some(indexer), Some(q)) => {
+            // QSA layers attend through selection lists, never the flash path.
+            let (d_i, cr) = (q.head_dim, q.compress_ratio);
+            let blocks = capacity.div_ceil(cr);
+            let mut raw_keys = dev.zeros(capacity * d_i)?;
+            let mut block_keys = dev.zeros(blocks * d_i)?;
+            dev.copy(&indexer.raw_keys, &mut raw_keys, cache.capacity * d_i)?;
+            let old_blocks = indexer.block_keys.len();
+            dev.copy(&indexer.block_keys, &mut block_keys, old_blocks)?;
+            indexer.raw_keys = raw_keys;
+            indexer.block_keys = block_keys;
+            indexer.scores = dev.zeros(SCORE_TOKENS * blocks)?;
+        }
+        _ => {
+            cache.partials = dev.zeros(
+                MATVEC_MAX_TOKENS * a.num_heads * capacity.div_ceil(SPLIT) * (a.head_dim + 2),
+            )?;
+        }
+    }
     cache.capacity = capacity;
     cache.generation += 1;
     Ok(())
 }
 
-/// Runs `tokens` tokens at positions `start..` through one attention layer (input and output
-/// as `io`; QSA selection needs the split form, which qwen4_exp's hyper-connections give).
+/// Runs `tokens` tokens at positions `start..` (or from the position at `start_dev`, in a
+/// captured graph) through one attention layer, input and output as `io`.
 pub fn forward(
     dev: &Device,
     ctx: &AttentionCtx,
@@ -70,16 +104,8 @@ pub fn forward(
     let hidden = ctx.config.hidden_size;
     let (n_h, n_kv, d) = (a.num_heads, a.num_kv_heads, a.head_dim);
 
-    let selection = match io {
-        Io::Split(x) => select(dev, ctx, cache, x, tokens, start)?,
-        Io::Fused { .. } => {
-            debug_assert!(ctx.config.qsa.is_none(), "QSA layers run split");
-            None
-        }
-    };
-
     let qkv = io.project(dev, &w.qkv, hidden, tokens)?;
-    reserve(dev, cache, start + tokens, a)?;
+    reserve(dev, cache, start + tokens, ctx.config)?;
     let q = dev.scratch::<f32>(tokens * n_h * d)?;
     let gate = dev.scratch::<f32>(tokens * n_h * d)?;
     dev.launch(
@@ -106,6 +132,13 @@ pub fn forward(
             f(ctx.eps),
         ],
     )?;
+
+    let selection = match (&w.indexer, ctx.config.qsa.as_ref()) {
+        (Some(indexer), Some(q)) => Some(select(
+            dev, ctx, q, indexer, cache, &qkv, w.qkv.rows, tokens, start, start_dev,
+        )?),
+        _ => None,
+    };
 
     let out = dev.scratch::<f32>(tokens * n_h * d)?;
     let flash = selection.is_none()
@@ -157,7 +190,7 @@ pub fn forward(
         return io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens);
     }
     let (sel, counts, stride) = match &selection {
-        Some((sel, counts, stride)) => (sel.ptr(), counts.ptr(), *stride),
+        Some(s) => (s.positions.ptr(), s.counts.ptr(), s.stride),
         None => (0, 0, 0),
     };
     dev.launch(
@@ -185,51 +218,159 @@ pub fn forward(
     io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens)
 }
 
-/// Selected positions per token `[tokens, stride]` (i32), their counts, and the stride; `None`
-/// when every token attends to its whole causal prefix.
-type DeviceSelection = Option<(DevBuf<i32>, DevBuf<i32>, usize)>;
+/// The positions each token attends to, as `attn_decode` reads them.
+struct Selection {
+    /// `[tokens, stride]` (i32), ascending; the first `counts[t]` of row t are valid.
+    positions: DevBuf<i32>,
+    counts: DevBuf<i32>,
+    stride: usize,
+}
 
+/// QSA selection (MODEL_MATH §4.4) for `tokens` tokens from position `start` (or the position
+/// at `start_dev`), whose indexer projections are the columns `w.row..` of `qkv` (row stride
+/// `ld`). Appends their raw keys and any block they complete to the layer's indexer cache.
 fn select(
     dev: &Device,
     ctx: &AttentionCtx,
-    cache: &mut KvCache,
-    x: &DevBuf<f32>,
+    q: &QsaConfig,
+    w: &GpuIndexer,
+    cache: &KvCache,
+    qkv: &DevBuf<f32>,
+    ld: usize,
     tokens: usize,
     start: usize,
-) -> Result<DeviceSelection> {
-    let (MixerWeights::Attention(cpu), Some(cfg)) = (ctx.cpu, ctx.config.qsa.as_ref()) else {
-        return Ok(None);
+    start_dev: u64,
+) -> Result<Selection> {
+    let indexer = cache
+        .indexer
+        .as_ref()
+        .expect("a QSA layer's cache has an indexer (both follow the config)");
+    let (n_i, d_i, cr) = (q.n_heads, q.head_dim, q.compress_ratio);
+    let queries = dev.scratch::<f32>(tokens * n_i * d_i)?;
+    dev.launch(
+        "qsa_prep",
+        (tokens as u32, (n_i + 1) as u32, 1),
+        threads_for(d_i),
+        (d_i * 4) as u32,
+        &[
+            p(qkv.ptr()),
+            i(ld),
+            i(w.row),
+            p(w.q_norm.ptr()),
+            p(w.k_norm.ptr()),
+            p(ctx.inv_freq.ptr()),
+            i(ctx.config.rope.rotary_dim),
+            p(queries.ptr()),
+            p(indexer.raw_keys.ptr()),
+            p(indexer.block_keys.ptr()),
+            i(n_i),
+            i(d_i),
+            i(cr),
+            i(start),
+            p(start_dev),
+            f(ctx.eps),
+        ],
+    )?;
+
+    let stride = selection_stride(q);
+    let positions = dev.scratch::<i32>(tokens * stride)?;
+    let counts = dev.scratch::<i32>(tokens)?;
+    // A row of scores per token, as many as the cache can hold blocks. In a graph the
+    // position is on the device, so the grid covers all of them (a warp past the live blocks
+    // exits, and the graph stays valid until the cache grows); otherwise the live ones.
+    let blocks = cache.capacity.div_ceil(cr);
+    let scored = if start_dev == 0 {
+        (start + tokens) / cr
+    } else {
+        blocks
     };
-    let Some(indexer) = &cpu.indexer else {
-        return Ok(None);
-    };
-    let hidden = ctx.config.hidden_size;
-    let x_host = dev.download(x, 0, tokens * hidden)?;
-    let selection = qsa::select(
-        indexer,
-        cfg,
-        ctx.rope,
-        ctx.eps,
-        &mut cache.indexer,
-        &x_host,
-        tokens,
-        start,
+    for t0 in (0..tokens).step_by(SCORE_TOKENS) {
+        let rows = SCORE_TOKENS.min(tokens - t0);
+        dev.launch(
+            "qsa_scores",
+            (scored.div_ceil(QSA_WARPS).max(1) as u32, rows as u32, 1),
+            (QSA_WARPS * 32) as u32,
+            0,
+            &[
+                p(queries.ptr()),
+                p(indexer.block_keys.ptr()),
+                p(indexer.scores.ptr()),
+                i(blocks),
+                i(t0),
+                i(n_i),
+                i(d_i),
+                i(cr),
+                i(q.budget),
+                i(start),
+                p(start_dev),
+                f(1.0 / (d_i as f32).sqrt()),
+            ],
+        )?;
+        dev.launch(
+            "qsa_pick",
+            (rows as u32, 1, 1),
+            QSA_PICK_THREADS,
+            0,
+            &[
+                p(indexer.scores.ptr()),
+                i(blocks),
+                i(t0),
+                p(positions.ptr()),
+                p(counts.ptr()),
+                i(stride),
+                i(cr),
+                i(q.budget),
+                i(q.max_blocks()),
+                i(start),
+                p(start_dev),
+            ],
+        )?;
+    }
+    Ok(Selection {
+        positions,
+        counts,
+        stride,
+    })
+}
+
+/// The positions `qsa_pick` selects for one token that sees `visible` positions, from
+/// `scores` of its ⌊visible / cr⌋ complete blocks (host data in and out; for a GPU test
+/// against the CPU engine's selection).
+#[doc(hidden)]
+pub fn qsa_pick_on_host(
+    dev: &Device,
+    q: &QsaConfig,
+    scores: &[f32],
+    visible: usize,
+) -> Result<Vec<i32>> {
+    assert_eq!(
+        scores.len(),
+        visible / q.compress_ratio,
+        "one score per complete block"
     );
-    if selection.iter().all(Option::is_none) {
-        return Ok(None);
-    }
-    let lists: Vec<Vec<usize>> = selection
-        .into_iter()
-        .enumerate()
-        .map(|(t, s)| s.unwrap_or_else(|| (0..start + t + 1).collect()))
-        .collect();
-    let stride = lists.iter().map(Vec::len).max().unwrap_or(1).max(1);
-    let mut flat = vec![0i32; tokens * stride];
-    for (t, list) in lists.iter().enumerate() {
-        for (j, &pos) in list.iter().enumerate() {
-            flat[t * stride + j] = pos as i32;
-        }
-    }
-    let counts: Vec<i32> = lists.iter().map(|l| l.len() as i32).collect();
-    Ok(Some((dev.upload(&flat)?, dev.upload(&counts)?, stride)))
+    let scores = dev.upload(scores)?;
+    let stride = selection_stride(q);
+    let positions = dev.zeros::<i32>(stride)?;
+    let counts = dev.zeros::<i32>(1)?;
+    dev.launch(
+        "qsa_pick",
+        (1, 1, 1),
+        QSA_PICK_THREADS,
+        0,
+        &[
+            p(scores.ptr()),
+            i(scores.len()),
+            i(0),
+            p(positions.ptr()),
+            p(counts.ptr()),
+            i(stride),
+            i(q.compress_ratio),
+            i(q.budget),
+            i(q.max_blocks()),
+            i(visible - 1),
+            p(0),
+        ],
+    )?;
+    let count = dev.download(&counts, 0, 1)?[0] as usize;
+    dev.download(&positions, 0, count.min(stride))
 }

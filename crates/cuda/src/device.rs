@@ -66,6 +66,11 @@ const KERNELS: &[&str] = &[
     "hc_inject",
     "ple_gates",
     "ple_conv",
+    "ple_gather",
+    "ple_advance",
+    "qsa_prep",
+    "qsa_scores",
+    "qsa_pick",
     "dmv_bf16_t1",
     "dmv_q8_t1",
     "dmv_q4_t1",
@@ -630,6 +635,79 @@ impl Device {
     pub fn launch_elementwise(&self, name: &'static str, n: usize, args: &[Arg]) -> Result<()> {
         let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
         self.launch(name, (blocks, 1, 1), 256, 0, args)
+    }
+}
+
+/// Page-locked host memory mapped into the device's address space (`cuMemHostAlloc` with
+/// `DEVICEMAP`): kernels read it across the bus at [`MappedHost::ptr`], with no copy and no
+/// host code per use. For data too large for VRAM that a step reads a few rows of.
+pub struct MappedHost {
+    ctx: Arc<CudaContext>,
+    host: *mut c_void,
+    dev_ptr: u64,
+    bytes: usize,
+}
+
+// SAFETY: the allocation is owned by this value alone; the host side is written only through
+// `&mut self` and read by kernels, so sharing or moving it between threads is sound.
+unsafe impl Send for MappedHost {}
+// SAFETY: as above: `&self` gives out only the device address.
+unsafe impl Sync for MappedHost {}
+
+impl MappedHost {
+    /// The device address of byte 0.
+    pub fn ptr(&self) -> u64 {
+        self.dev_ptr
+    }
+
+    /// The memory, for filling from the host.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `host` points to `bytes` bytes allocated by cuMemHostAlloc and owned here;
+        // the exclusive borrow keeps any other host access out.
+        unsafe { std::slice::from_raw_parts_mut(self.host as *mut u8, self.bytes) }
+    }
+}
+
+impl Drop for MappedHost {
+    fn drop(&mut self) {
+        // No kernel may still be reading the memory: wait for the whole context.
+        if let Err(e) = self.ctx.synchronize() {
+            tracing::warn!(error = %e, "waiting for the GPU before freeing mapped host memory");
+            return;
+        }
+        // SAFETY: `host` came from cuMemHostAlloc and is freed once, here, with no kernel in
+        // flight (synchronised above).
+        if let Err(e) = unsafe { cudarc::driver::result::free_host(self.host) } {
+            tracing::warn!(error = %e, "freeing mapped host memory");
+        }
+    }
+}
+
+impl Device {
+    /// `bytes` bytes of page-locked host memory mapped into the device (uninitialised until
+    /// the caller fills it through [`MappedHost::bytes_mut`]).
+    pub fn mapped_host(&self, bytes: usize) -> Result<MappedHost> {
+        use cudarc::driver::sys;
+        self.ctx
+            .bind_to_thread()
+            .during("binding the CUDA context")?;
+        let what = format!("allocating {bytes} bytes of mapped, page-locked host memory");
+        // SAFETY: a plain allocation; the memory is only handed out as bytes (any value valid).
+        let host = unsafe {
+            cudarc::driver::result::malloc_host(bytes.max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP)
+        }
+        .during(&what)?;
+        let mut dev_ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `host` is a live DEVICEMAP allocation of this (current) context.
+        let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev_ptr, host, 0) }.result();
+        let buf = MappedHost {
+            ctx: self.ctx.clone(),
+            host,
+            dev_ptr,
+            bytes,
+        };
+        mapped.during("mapping page-locked host memory into the device")?;
+        Ok(buf)
     }
 }
 

@@ -2,9 +2,9 @@
 //! `spindle_engine`'s: embedding → per layer `h += Mixer(in(h)); h += FFN(in(h))` → head input
 //! → LM head. Activations and state are f32; weights bf16, Q8 or Q4. With plain norms and a
 //! small batch, each sublayer norms `h` and adds its output back inside its own first and
-//! last kernels ([`Io::Fused`]); a decode step is captured as a CUDA graph.
+//! last kernels ([`Io::Fused`]); a decode step is captured as a CUDA graph (qwen4_exp's too:
+//! its PLE and QSA steps are kernels that read the ids and the position on the device).
 
-use spindle_engine::weights::LayerWeights;
 use spindle_engine::LogitsFor;
 
 use crate::attention::{self, AttentionCtx};
@@ -173,10 +173,7 @@ pub(crate) fn forward_device(
         (buf.ptr(), Some(buf))
     };
     let _arena = small.then(|| Workspace::begin(dev, session));
-    let (logits, rows) = body(e, session, ids, ids.len(), ids_dev, start, 0, want)?;
-    if let Some(ple) = session.ple.as_mut() {
-        qwen4::advance_history(&mut ple.history, ids);
-    }
+    let (logits, rows) = body(e, session, ids.len(), ids_dev, start, 0, want)?;
     session.position += ids.len();
     let ptr = logits.ptr();
     let owned = logits.is_owned().then_some(logits);
@@ -199,16 +196,15 @@ pub(crate) fn forward(
         .download_raw(logits.ptr, logits.rows * e.gpu.lm_head().rows)
 }
 
-/// Grows every KV cache to hold `needed` tokens.
+/// Grows every KV cache (and QSA indexer cache) to hold `needed` tokens.
 pub(crate) fn ensure_capacity(
     e: &CudaEngine,
     session: &mut CudaSession,
     needed: usize,
 ) -> Result<()> {
-    let a = &e.config.attention;
     for layer in &mut session.layers {
         if let LayerState::Attention(cache) = layer {
-            attention::reserve(&e.dev, cache, needed, a)?;
+            attention::reserve(&e.dev, cache, needed, &e.config)?;
         }
     }
     Ok(())
@@ -242,7 +238,7 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
                 dev.end_workspace();
             })
             .during("beginning a CUDA graph capture")?;
-        let result = body(e, session, &[], 1, ids_dev, pos, start_dev, LogitsFor::Last);
+        let result = body(e, session, 1, ids_dev, pos, start_dev, LogitsFor::Last);
         let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         let (_, overflowed) = dev.end_workspace();
         let (logits, _) = result?;
@@ -274,11 +270,10 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
 
 /// The layers and the head for `tokens` tokens whose ids are at device address `ids_dev`,
 /// from position `start` — or, when `start_dev` is not 0, from the position stored there (a
-/// captured graph). `ids` (host) is needed only by PLE. Returns the logits and their rows.
+/// captured graph). Returns the logits and their rows.
 fn body(
     e: &CudaEngine,
     session: &mut CudaSession,
-    ids: &[u32],
     tokens: usize,
     ids_dev: u64,
     start: usize,
@@ -312,14 +307,13 @@ fn body(
 
     let mut ple_ordinal = 0;
     for (index, layer) in e.gpu.layers.iter().enumerate() {
-        let cpu: &LayerWeights = &e.cpu.layers[index];
-        if let (Some(w), Some(cpu_ple), Some(ple)) = (&layer.ple, &cpu.ple, session.ple.as_ref()) {
+        if let (Some(w), Some(ple)) = (&layer.ple, session.ple.as_ref()) {
             qwen4::add(
                 dev,
-                cpu_ple,
                 w,
                 &h,
-                ids,
+                ids_dev,
+                s.tokens,
                 &ple.history,
                 &ple.conv[ple_ordinal],
                 s.streams,
@@ -335,8 +329,6 @@ fn body(
                     let ctx = AttentionCtx {
                         config,
                         inv_freq: &e.inv_freq,
-                        rope: &e.rope,
-                        cpu: &cpu.mixer,
                         eps: s.eps,
                     };
                     attention::forward(dev, &ctx, w, cache, io, s.tokens, start, start_dev)
@@ -358,6 +350,10 @@ fn body(
                 GpuFfn::Moe(w) => ffn::moe(dev, config, w, io, s.tokens),
             },
         )?;
+    }
+
+    if let Some(ple) = session.ple.as_ref() {
+        qwen4::advance_history(dev, &ple.history, ids_dev, s.tokens)?;
     }
 
     let (rows, count) = match want {

@@ -7,10 +7,11 @@
 //!
 //! Weights can be quantized on load (`--quant q8|q4`) by the CPU engine's own quantizer, so
 //! the codes on the GPU are the CPU's. A decode step allocates nothing (a per-session
-//! workspace) and, for every family but qwen4_exp, is captured once as a CUDA graph and
-//! replayed per token. Host round-trips that remain (qwen4_exp only, which therefore decodes
-//! without a graph): QSA block selection runs on the CPU from the attention input, and PLE
-//! n-gram rows are gathered from the host-resident table.
+//! workspace), does no host work, and is captured once as a CUDA graph and replayed per
+//! token, for every family. For qwen4_exp that means hyper-connections, PLE and QSA selection
+//! all run as kernels: PLE hashes the n-grams on the device and gathers the n-gram table's
+//! rows from page-locked host memory mapped into the device (the one weight kept out of
+//! VRAM), and the QSA indexer keeps its keys in a device cache beside the KV cache.
 
 // `is_multiple_of` needs Rust 1.87 (the workspace supports 1.85); kernel launchers mirror
 // their CUDA signatures, so they take many arguments.
@@ -32,12 +33,12 @@ mod weights;
 
 use std::path::Path;
 
-use spindle_engine::weights::ModelWeights;
 use spindle_engine::{GreedyRun, LogitsFor};
-use spindle_kernels::rope::RopeFreqs;
 use spindle_model::quant::QuantFormat;
 use spindle_model::{Checkpoint, ModelConfig};
 
+#[doc(hidden)]
+pub use attention::qsa_pick_on_host;
 pub use device::{ptx_for, Device};
 #[doc(hidden)]
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
@@ -53,9 +54,6 @@ pub struct CudaEngine {
     dev: Device,
     config: ModelConfig,
     gpu: weights::GpuModel,
-    /// The CPU view of the weights: the QSA indexer and the PLE table are used from here.
-    cpu: ModelWeights,
-    rope: RopeFreqs,
     /// RoPE inverse frequencies (f64) on the device.
     inv_freq: device::DevBuf<f64>,
     /// Decode steps are captured as CUDA graphs (no host work inside a step).
@@ -63,8 +61,6 @@ pub struct CudaEngine {
     /// Bytes of a session's workspace.
     workspace_bytes: usize,
     quant: QuantFormat,
-    /// Kept alive for the memory maps `cpu` points into.
-    _checkpoint: Checkpoint,
 }
 
 impl CudaEngine {
@@ -107,7 +103,9 @@ impl CudaEngine {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "weights uploaded"
         );
-        let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
+        // The CPU view and the checkpoint's maps are not needed past the upload.
+        drop(cpu);
+        drop(checkpoint);
         let inv_freq: Vec<f64> = (0..config.rope.rotary_dim / 2)
             .map(|i| {
                 1.0 / config
@@ -117,22 +115,16 @@ impl CudaEngine {
             })
             .collect();
         let inv_freq = dev.upload(&inv_freq)?;
-        let graphs = config.qsa.is_none()
-            && config.ple.is_none()
-            && !dev.profiling()
-            && std::env::var_os("SPINDLE_CUDA_NO_GRAPHS").is_none();
+        let graphs = !dev.profiling() && std::env::var_os("SPINDLE_CUDA_NO_GRAPHS").is_none();
         let workspace_bytes = gpu.scratch_bytes(&config, linear::MATVEC_MAX_TOKENS);
         Ok(CudaEngine {
             dev,
             config,
             gpu,
-            cpu,
-            rope,
             inv_freq,
             graphs,
             workspace_bytes,
             quant,
-            _checkpoint: checkpoint,
         })
     }
 
@@ -287,6 +279,14 @@ fn check_supported(config: &ModelConfig) -> Result<()> {
             "linear_value_head_dim {} (at most 1024) or head_dim {} (at most 256) is too large",
             g.value_head_dim, a.head_dim
         )));
+    }
+    if let Some(q) = &config.qsa {
+        if q.head_dim > 1024 {
+            return Err(CudaError::Unsupported(format!(
+                "indexer_head_dim {} exceeds the 1024 dimensions a QSA kernel block holds (a thread each)",
+                q.head_dim
+            )));
+        }
     }
     if config.vocab_size * config.hidden_size > i32::MAX as usize {
         return Err(CudaError::Unsupported(format!(

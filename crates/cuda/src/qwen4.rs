@@ -1,9 +1,8 @@
-//! qwen4_exp on the device (MODEL_MATH §4): hyper-connections (§4.3) and PLE (§4.5). The PLE
-//! n-gram table stays in host memory: the host hashes each token's n-grams, gathers the rows
-//! and copies them over.
-
-use spindle_engine::qwen4::ngram;
-use spindle_engine::qwen4::PleWeights;
+//! qwen4_exp on the device (MODEL_MATH §4): hyper-connections (§4.3) and PLE (§4.5), all
+//! kernels, so a decode step holds no host work and is captured in a CUDA graph. PLE hashes
+//! each token's n-grams on the device from the ids and the session's n-gram history (§4.6) and
+//! gathers the rows straight from the n-gram table, which stays in page-locked host memory
+//! mapped into the device (`ple_gather`). QSA selection (§4.4) is with attention.
 
 use crate::device::{f, i, p, threads_for, DevBuf, Device};
 use crate::error::Result;
@@ -126,38 +125,44 @@ pub fn inject(
     )
 }
 
-/// Computes PLE for `ids` and adds it to the streams `hs [T, n·H]` (MODEL_MATH §4.5).
-/// `history` is the n-gram history before these ids; `conv_state` is updated.
+/// Computes PLE for the `tokens` ids at device address `ids` (i32) and adds it to the streams
+/// `hs [T, n·H]` (MODEL_MATH §4.5). `history` is the n-gram history before these ids (device,
+/// i32, advanced by [`advance_history`] after the last PLE layer); `conv_state` is updated.
 pub fn add(
     dev: &Device,
-    cpu: &PleWeights,
     w: &GpuPle,
     hs: &DevBuf<f32>,
-    ids: &[u32],
-    history: &[u32],
+    ids: u64,
+    tokens: usize,
+    history: &DevBuf<i32>,
     conv_state: &DevBuf<f32>,
     streams: usize,
     hidden: usize,
     eps: f32,
 ) -> Result<()> {
-    let tokens = ids.len();
     let width = streams * hidden;
     let ple_dim = w.kv_proj.cols;
-    let heads = cpu.hash.vocab_sizes.len();
-    let head_dim = ple_dim / heads;
 
-    // Eng: one table row per hash head, gathered on the host.
-    let rows = cpu.hash.rows(history, ids);
-    let mut eng = vec![0.0f32; tokens * ple_dim];
-    let table = &cpu.table;
-    for (chunk, &row) in eng.chunks_mut(head_dim).zip(&rows) {
-        let (shard, local) = (
-            row as usize / table.shard_rows,
-            row as usize % table.shard_rows,
-        );
-        table.shards[shard].mat().row_to_f32(local, chunk);
-    }
-    let eng = dev.upload(&eng)?;
+    // Eng: one table row per hash head, hashed and gathered on the device.
+    let eng = dev.scratch::<f32>(tokens * ple_dim)?;
+    dev.launch(
+        "ple_gather",
+        (tokens as u32, w.heads as u32, 1),
+        threads_for(w.table.dim).min(256),
+        0,
+        &[
+            p(ids),
+            p(history.ptr()),
+            p(w.hash.ptr()),
+            i(w.ngram_size),
+            i(w.heads_per_ngram),
+            i(w.eos as usize),
+            p(w.table.memory.ptr()),
+            i(w.table.dtype),
+            i(w.table.dim),
+            p(eng.ptr()),
+        ],
+    )?;
 
     let kv = project(dev, &w.kv_proj, eng.ptr(), ple_dim, tokens)?; // [T, n·H + H]
     let ld = w.kv_proj.rows;
@@ -207,12 +212,19 @@ pub fn add(
             i(tokens),
             i(width),
             i(kernel),
-            i(cpu.dilation()),
+            i(w.dilation),
         ],
     )
 }
 
-/// Appends `ids` to the n-gram history.
-pub fn advance_history(history: &mut [u32], ids: &[u32]) {
-    ngram::advance_history(history, ids);
+/// Shifts the `tokens` ids at device address `ids` into the n-gram history (which keeps its
+/// length, ngram_size − 1), on the device.
+pub fn advance_history(dev: &Device, history: &DevBuf<i32>, ids: u64, tokens: usize) -> Result<()> {
+    dev.launch(
+        "ple_advance",
+        (1, 1, 1),
+        32,
+        0,
+        &[p(history.ptr()), p(ids), i(tokens), i(history.len())],
+    )
 }

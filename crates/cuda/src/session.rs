@@ -1,7 +1,6 @@
 //! One sequence's state on the device: KV caches, GDN conv and recurrent state (f32), and for
-//! qwen4_exp the PLE conv rows. The QSA indexer cache and the n-gram history stay on the host.
+//! qwen4_exp the QSA indexer caches, the PLE n-gram history and the PLE conv rows.
 
-use spindle_engine::qwen4::IndexerCache;
 use spindle_model::{MixerKind, ModelConfig};
 
 use crate::device::{DevBuf, Device};
@@ -14,12 +13,26 @@ pub struct KvCache {
     /// Token rows allocated.
     pub capacity: usize,
     /// Flash-decoding partials: (max, sum, Σp·v) per (token, head, split of 32 keys) for
-    /// `MATVEC_MAX_TOKENS` tokens at this capacity.
+    /// `MATVEC_MAX_TOKENS` tokens at this capacity (empty for a QSA layer, which attends
+    /// through selection lists).
     pub partials: DevBuf<f32>,
     /// Bumped whenever the cache is reallocated (a captured graph holds its addresses).
     pub generation: u64,
-    /// qwen4_exp: raw indexer keys and pooled block keys, on the host.
-    pub indexer: IndexerCache,
+    /// qwen4_exp: the QSA indexer's keys, grown with the cache.
+    pub indexer: Option<IndexerCache>,
+}
+
+/// The QSA indexer's device state for one attention layer (MODEL_MATH §4.4), at the KV cache's
+/// capacity; rows below the position are valid.
+pub struct IndexerCache {
+    /// `[capacity, d_i]`: each position's raw key (not normalised, not rotated).
+    pub raw_keys: DevBuf<f32>,
+    /// `[blocks, d_i]`, blocks = ⌈capacity / cr⌉: each complete block's key (pooled, k_norm,
+    /// RoPE at its first position); it never changes once written.
+    pub block_keys: DevBuf<f32>,
+    /// `[attention::SCORE_TOKENS, blocks]`: block scores of the tokens being selected for
+    /// (scratch of one selection launch).
+    pub scores: DevBuf<f32>,
 }
 
 /// GDN state: the last K−1 raw conv inputs `[K−1, C]` and S `[n_v, d_k, d_v]`.
@@ -28,14 +41,16 @@ pub struct GdnState {
     pub recurrent: DevBuf<f32>,
 }
 
+#[allow(clippy::large_enum_variant)] // one per layer
 pub enum LayerState {
     Attention(KvCache),
     Gdn(GdnState),
 }
 
-/// qwen4_exp PLE state: the n-gram history (host) and each PLE layer's conv rows (device).
+/// qwen4_exp PLE state: the n-gram history (the last ngram_size − 1 ids, EOS at the start;
+/// shared by the PLE layers, advanced after the last of them) and each PLE layer's conv rows.
 pub struct PleState {
-    pub history: Vec<u32>,
+    pub history: DevBuf<i32>,
     pub conv: Vec<DevBuf<f32>>,
 }
 
@@ -98,7 +113,14 @@ impl CudaSession {
                         partials: dev.zeros(0)?,
                         capacity: 0,
                         generation: 0,
-                        indexer: IndexerCache::default(),
+                        indexer: match config.qsa {
+                            Some(_) => Some(IndexerCache {
+                                raw_keys: dev.zeros(0)?,
+                                block_keys: dev.zeros(0)?,
+                                scores: dev.zeros(0)?,
+                            }),
+                            None => None,
+                        },
                     }),
                     MixerKind::LinearAttention => LayerState::Gdn(GdnState {
                         conv: dev.zeros((g.conv_kernel - 1) * g.conv_channels())?,
@@ -113,7 +135,7 @@ impl CudaSession {
                 let width = config.hyper.as_ref().map_or(1, |h| h.streams) * config.hidden_size;
                 let rows = (ple.conv_kernel - 1) * ple.ngram_size;
                 Some(PleState {
-                    history: vec![ple.eos; ple.ngram_size - 1],
+                    history: dev.upload(&vec![ple.eos as i32; ple.ngram_size - 1])?,
                     conv: (0..ple.layers.len())
                         .map(|_| dev.zeros(rows * width))
                         .collect::<Result<Vec<_>>>()?,

@@ -1,24 +1,36 @@
 //! The model's weights in VRAM, uploaded from the memory-mapped checkpoint through the CPU
 //! engine's validated [`ModelWeights`]. Projections that read the same input are fused into
-//! one matrix so a sublayer starts with one matvec/GEMM.
+//! one matrix so a sublayer starts with one matvec/GEMM. The one exception to VRAM is
+//! qwen4_exp's PLE n-gram table (about 100 GB in the released model): it is copied, in its
+//! stored dtype, into page-locked host memory that kernels read through a device mapping.
 
-use spindle_engine::qwen4::HyperWeights;
+use spindle_engine::qwen4::{HyperWeights, PleWeights};
 use spindle_engine::weights::{
     FfnWeights, GdnProjection, HeadInput, MixerWeights, MlpWeights, ModelWeights, MoeWeights,
     Residual,
 };
-use spindle_model::ModelConfig;
+use spindle_model::{DType, ModelConfig};
 
-use crate::device::{DevBuf, Device};
-use crate::error::Result;
+use crate::device::{DevBuf, Device, MappedHost};
+use crate::error::{CudaError, Result};
 use spindle_engine::weights::Linear;
 
 use crate::linear::{DevMatrix, DevPart, Source};
 
-/// Gated attention: `qkv` = [q_proj (n_h·2d) | k_proj | v_proj] rows.
+/// Gated attention: `qkv` = [q_proj (n_h·2d) | k_proj | v_proj | index_qk_proj (qwen4_exp's
+/// QSA indexer, (n_i + 1)·d_i)] rows.
 pub struct GpuAttention {
     pub qkv: DevMatrix,
     pub o_proj: DevMatrix,
+    pub q_norm: DevBuf<f32>,
+    pub k_norm: DevBuf<f32>,
+    pub indexer: Option<GpuIndexer>,
+}
+
+/// The QSA indexer (MODEL_MATH §4.4): its projection is the rows of `GpuAttention::qkv` from
+/// `row`.
+pub struct GpuIndexer {
+    pub row: usize,
     pub q_norm: DevBuf<f32>,
     pub k_norm: DevBuf<f32>,
 }
@@ -61,13 +73,31 @@ pub struct GpuHyper {
     pub lowrank: usize,
 }
 
-/// PLE: `kv_proj` = [key_proj (n·H) | value_proj (H)] rows. The n-gram table stays on the host.
+/// PLE: `kv_proj` = [key_proj (n·H) | value_proj (H)] rows; the n-gram hash and table.
 pub struct GpuPle {
     pub kv_proj: DevMatrix,
     pub norm_key: DevBuf<f32>,
     pub norm_query: DevBuf<f32>,
     pub norm_conv: DevBuf<f32>,
     pub conv: DevBuf<f32>,
+    /// `[multipliers (ngram_size) | head sizes (heads) | head offsets (heads)]`.
+    pub hash: DevBuf<u64>,
+    pub ngram_size: usize,
+    pub heads: usize,
+    pub heads_per_ngram: usize,
+    pub eos: u32,
+    /// The conv's dilation (ngram_size).
+    pub dilation: usize,
+    pub table: NgramTable,
+}
+
+/// The PLE n-gram table `[rows, dim]`, the checkpoint's shards back to back in their stored
+/// dtype, in host memory the device reads.
+pub struct NgramTable {
+    pub memory: MappedHost,
+    /// The `ple_gather` code of the dtype: 0 bf16, 1 f16, 2 f32.
+    pub dtype: usize,
+    pub dim: usize,
 }
 
 pub enum GpuMixer {
@@ -75,6 +105,7 @@ pub enum GpuMixer {
     Gdn(GpuGdn),
 }
 
+#[allow(clippy::large_enum_variant)] // one per layer
 pub enum GpuFfn {
     Dense(GpuMlp),
     Moe(GpuMoe),
@@ -165,10 +196,18 @@ impl GpuModel {
                 rows += 2 * (attn.down_inject.rows + mlp.down_inject.rows + attn.lowrank);
             }
             if let Some(ple) = &layer.ple {
-                rows += ple.kv_proj.rows + 2 * width;
+                // + the gathered n-gram rows.
+                rows += ple.kv_proj.rows + ple.kv_proj.cols + 2 * width;
             }
             rows += match &layer.mixer {
-                GpuMixer::Attention(w) => w.qkv.rows + 3 * a.num_heads * a.head_dim,
+                GpuMixer::Attention(w) => {
+                    // + the QSA queries and the selected positions and their count (i32).
+                    let qsa = config.qsa.as_ref().filter(|_| w.indexer.is_some());
+                    let selection = qsa.map_or(0, |q| {
+                        q.n_heads * q.head_dim + crate::attention::selection_stride(q) + 1
+                    });
+                    w.qkv.rows + 3 * a.num_heads * a.head_dim + selection
+                }
                 GpuMixer::Gdn(w) => {
                     w.in_proj.rows + g.conv_channels() + g.num_value_heads * g.value_head_dim
                 }
@@ -207,22 +246,11 @@ pub fn upload(dev: &Device, w: &ModelWeights, config: &ModelConfig) -> Result<Gp
                     },
                 },
                 ple: match &layer.ple {
-                    Some(ple) => Some(GpuPle {
-                        kv_proj: DevMatrix::stack(dev, &[&ple.key_proj, &ple.value_proj])?,
-                        norm_key: dev.upload(&ple.norm_key)?,
-                        norm_query: dev.upload(&ple.norm_query)?,
-                        norm_conv: dev.upload(&ple.norm_conv)?,
-                        conv: dev.upload(&ple.conv)?,
-                    }),
+                    Some(ple) => Some(upload_ple(dev, ple)?),
                     None => None,
                 },
                 mixer: match &layer.mixer {
-                    MixerWeights::Attention(a) => GpuMixer::Attention(GpuAttention {
-                        qkv: DevMatrix::stack(dev, &[&a.q_proj, &a.k_proj, &a.v_proj])?,
-                        o_proj: DevMatrix::upload(dev, &a.o_proj)?,
-                        q_norm: dev.upload(&a.q_norm)?,
-                        k_norm: dev.upload(&a.k_norm)?,
-                    }),
+                    MixerWeights::Attention(a) => GpuMixer::Attention(upload_attention(dev, a)?),
                     MixerWeights::Gdn(g) => GpuMixer::Gdn(upload_gdn(dev, g, config)?),
                 },
                 ffn: match &layer.ffn {
@@ -248,6 +276,115 @@ pub fn upload(dev: &Device, w: &ModelWeights, config: &ModelConfig) -> Result<Gp
         layers,
         head_input,
         lm_head,
+    })
+}
+
+fn upload_attention(
+    dev: &Device,
+    a: &spindle_engine::weights::AttentionWeights,
+) -> Result<GpuAttention> {
+    let (qkv, indexer) = match &a.indexer {
+        Some(ix) => (
+            DevMatrix::stack(dev, &[&a.q_proj, &a.k_proj, &a.v_proj, &ix.qk_proj])?,
+            Some(GpuIndexer {
+                row: a.q_proj.rows() + a.k_proj.rows() + a.v_proj.rows(),
+                q_norm: dev.upload(&ix.q_norm)?,
+                k_norm: dev.upload(&ix.k_norm)?,
+            }),
+        ),
+        None => (
+            DevMatrix::stack(dev, &[&a.q_proj, &a.k_proj, &a.v_proj])?,
+            None,
+        ),
+    };
+    Ok(GpuAttention {
+        qkv,
+        o_proj: DevMatrix::upload(dev, &a.o_proj)?,
+        q_norm: dev.upload(&a.q_norm)?,
+        k_norm: dev.upload(&a.k_norm)?,
+        indexer,
+    })
+}
+
+fn upload_ple(dev: &Device, ple: &PleWeights) -> Result<GpuPle> {
+    let hash = &ple.hash;
+    let mut words = hash.multipliers.clone();
+    words.extend_from_slice(&hash.vocab_sizes);
+    words.extend_from_slice(&hash.offsets);
+    Ok(GpuPle {
+        kv_proj: DevMatrix::stack(dev, &[&ple.key_proj, &ple.value_proj])?,
+        norm_key: dev.upload(&ple.norm_key)?,
+        norm_query: dev.upload(&ple.norm_query)?,
+        norm_conv: dev.upload(&ple.norm_conv)?,
+        conv: dev.upload(&ple.conv)?,
+        hash: dev.upload(&words)?,
+        ngram_size: hash.ngram_size(),
+        heads: hash.vocab_sizes.len(),
+        heads_per_ngram: hash.heads_per_ngram,
+        eos: hash.eos,
+        dilation: ple.dilation(),
+        table: upload_table(dev, &ple.table)?,
+    })
+}
+
+/// Copies the n-gram table's shards, as stored, into mapped host memory.
+fn upload_table(
+    dev: &Device,
+    table: &spindle_engine::qwen4::ple::NgramTable,
+) -> Result<NgramTable> {
+    let shards = table
+        .shards
+        .iter()
+        .map(|shard| match shard {
+            Linear::Mapped(m) => Ok(m),
+            _ => Err(CudaError::Unsupported(
+                "the PLE n-gram table is not as the checkpoint stores it".into(),
+            )),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let Some(&first) = shards.first() else {
+        return Err(CudaError::Unsupported(
+            "the PLE n-gram table has no shards".into(),
+        ));
+    };
+    if let Some(odd) = shards
+        .iter()
+        .find(|m| m.dtype != first.dtype || m.cols != first.cols)
+    {
+        return Err(CudaError::Unsupported(format!(
+            "the PLE n-gram table's shards differ: [{}, {}] {} and [{}, {}] {}",
+            first.rows,
+            first.cols,
+            first.dtype.name(),
+            odd.rows,
+            odd.cols,
+            odd.dtype.name()
+        )));
+    }
+    let dtype = match first.dtype {
+        DType::Bf16 => 0,
+        DType::F16 => 1,
+        DType::F32 => 2,
+    };
+    let bytes: usize = shards.iter().map(|m| m.bytes().len()).sum();
+    let started = std::time::Instant::now();
+    let mut memory = dev.mapped_host(bytes)?;
+    let mut at = 0;
+    let dst = memory.bytes_mut();
+    for m in &shards {
+        let src = m.bytes();
+        dst[at..at + src.len()].copy_from_slice(src);
+        at += src.len();
+    }
+    tracing::info!(
+        bytes,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "PLE n-gram table copied to mapped host memory"
+    );
+    Ok(NgramTable {
+        memory,
+        dtype,
+        dim: first.cols,
     })
 }
 

@@ -362,3 +362,76 @@ fn graph_decode_equals_eager_decode() {
         assert!(same_argmax, "{name}: device argmax differs");
     }
 }
+
+/// qwen4_exp decodes through a captured CUDA graph, PLE and QSA selection included, and gives
+/// the CPU engine's logits: the fixture's prompt (EOS inside, so the n-gram history resets)
+/// and its generated ids teacher-forced, every step past the QSA budget of 8 positions, within
+/// 1e-4; then 300 more steps (the KV and indexer caches grow past 256 positions, so the graph
+/// is captured again; QSA picks among up to 89 blocks; an EOS every 37 steps) within the
+/// bound of `long_prompt_matches_cpu_engine`.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn qwen4_exp_graph_decode_matches_cpu_engine() {
+    let name = "qwen4_exp";
+    let reference = Reference::load(name);
+    let prompt = reference.ids("prompt_ids");
+    let gen = reference.ids("gen_ids");
+    let cpu = Engine::load(&fixture(name)).unwrap();
+    let gpu = load(name);
+    assert!(gpu.uses_graphs(), "{name}: decode does not use CUDA graphs");
+    let qsa = gpu.config().qsa.clone().expect("qwen4_exp has QSA");
+    assert!(
+        prompt.len() > qsa.budget,
+        "the fixture prompt is within the QSA budget"
+    );
+    let eos = gpu.config().ple.as_ref().expect("qwen4_exp has PLE").eos;
+
+    let mut cs = cpu.new_session();
+    let mut gs = gpu.new_session().unwrap();
+    let want = cpu.forward(&mut cs, &prompt, LogitsFor::Last).unwrap();
+    let got = gpu.forward(&mut gs, &prompt, LogitsFor::Last).unwrap();
+    let prefill_err = max_abs_diff(&got, &want);
+    let mut step = |id: u32| {
+        let want = cpu.forward(&mut cs, &[id], LogitsFor::Last).unwrap();
+        let got = gpu.forward(&mut gs, &[id], LogitsFor::Last).unwrap();
+        assert!(
+            gs.graph.is_some() && !gs.graph_failed,
+            "{name}: the decode step at position {} did not replay a graph",
+            gs.position - 1
+        );
+        (
+            max_abs_diff(&got, &want),
+            spindle_kernels::softmax::argmax(&want) as u32,
+        )
+    };
+    let mut fixture_err = 0.0f32;
+    let mut next = 0;
+    for &id in &gen {
+        let (err, argmax) = step(id);
+        fixture_err = fixture_err.max(err);
+        next = argmax;
+    }
+    let mut long_err = 0.0f32;
+    for n in 1..=300u32 {
+        let id = if n % 37 == 0 { eos } else { next };
+        let (err, argmax) = step(id);
+        long_err = long_err.max(err);
+        next = argmax;
+    }
+    println!(
+        "{name} on {}: graph decode vs CPU engine max|Δ| prefill {prefill_err:.2e}, fixture steps {fixture_err:.2e}, 300 more {long_err:.2e}",
+        gpu.device_name()
+    );
+    assert!(
+        prefill_err < 1e-4,
+        "{name}: prefill differs by {prefill_err}"
+    );
+    assert!(
+        fixture_err < 1e-4,
+        "{name}: graph decode differs by {fixture_err}"
+    );
+    assert!(
+        long_err < 2e-3,
+        "{name}: long graph decode differs by {long_err}"
+    );
+}

@@ -1,4 +1,5 @@
-// Gated full attention (MODEL_MATH §1.4) over a device KV cache [capacity, n_kv, d].
+// Gated full attention (MODEL_MATH §1.4) over a device KV cache [capacity, n_kv, d], and
+// qwen4_exp's QSA selection of the positions each query sees (MODEL_MATH §4.4).
 
 // Partial NeoX RoPE of one head vector held one element per thread (x = this thread's value,
 // sh = the whole vector in shared memory). cos/sin in f64 from inv_freq, cast to f32 (as the CPU).
@@ -253,5 +254,217 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* __re
         for (int s = 0; s < used; s++) o += wsp[s] * base[(size_t)s * (d + 2) + 2 + e];
         size_t at = ((size_t)t * n_h + h) * d + e;
         out[at] = o / total * sigmoid_f(gate[at]);
+    }
+}
+
+// ---- QSA indexer (MODEL_MATH §4.4): the cached positions each query's attention sees ----
+// Row t of qk (stride ld, from column col0) holds the indexer's [queries (n_i·d_i) | raw key
+// (d_i)] for position start + t. The device cache keeps every raw key [capacity, d_i] and the
+// key of every complete block of cr positions [capacity / cr, d_i].
+
+// Block (t, head), a thread per dimension: head < n_i norms query head `head` (q_norm) and
+// rotates it at start + t into q_out [T, n_i, d_i]. head == n_i stores the raw key of start + t
+// and, when that position ends a block, finishes the block's key as `extend_block_keys` on
+// the CPU: the f32 mean of its cr raw keys in position order (earlier launches' from raw_keys,
+// this launch's from qk), k_norm, RoPE at the block's first position.
+extern "C" __global__ void qsa_prep(const float* __restrict__ qk, int ld, int col0,
+                                    const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                    const double* __restrict__ inv_freq, int rot, float* __restrict__ q_out,
+                                    float* __restrict__ raw_keys, float* __restrict__ block_keys, int n_i,
+                                    int d_i, int cr, int start, const int* __restrict__ startp, float eps) {
+    extern __shared__ float sh[];  // [d_i]
+    __shared__ float red[33];
+    if (startp) start = *startp;
+    int t = blockIdx.x, head = blockIdx.y, j = threadIdx.x;
+    bool live = j < d_i;
+    const float* row = qk + (size_t)t * ld + col0;
+    int pos = start + t;
+    float x;
+    int at;  // the position x is rotated at
+    if (head < n_i) {
+        x = live ? row[head * d_i + j] : 0.0f;
+        float s = 1.0f / sqrtf(block_sum(x * x, red) / d_i + eps);
+        x = live ? x * (s * (1.0f + q_norm[j])) : 0.0f;
+        at = pos;
+    } else {
+        if (live) raw_keys[(size_t)pos * d_i + j] = row[n_i * d_i + j];
+        if ((pos + 1) % cr != 0) return;  // the same for the whole block
+        at = pos + 1 - cr;
+        float sum = 0.0f;
+        for (int p = at; p <= pos; p++) {
+            if (!live) continue;
+            sum += p < start ? raw_keys[(size_t)p * d_i + j]
+                             : qk[(size_t)(p - start) * ld + col0 + n_i * d_i + j];
+        }
+        x = sum / (float)cr;
+        float s = 1.0f / sqrtf(block_sum(x * x, red) / d_i + eps);
+        x = live ? x * (s * (1.0f + k_norm[j])) : 0.0f;
+    }
+    if (live) sh[j] = x;
+    __syncthreads();
+    if (!live) return;
+    float r = rope_elem(x, sh, j, rot, at, inv_freq);
+    if (head < n_i) {
+        q_out[((size_t)t * n_i + head) * d_i + j] = r;
+    } else {
+        block_keys[(size_t)(at / cr) * d_i + j] = r;
+    }
+}
+
+#define QSA_WARPS 8
+
+// Block (chunk, r), a warp per key block: token t = t0 + r scores block b = chunk·QSA_WARPS +
+// warp as scores[r·ld + b] = Σ_h max(0, q_h·K_b) · scale, for each of its complete blocks
+// (b < (start + t + 1) / cr) when it sees more than `budget` positions. Warps past the live
+// blocks exit at once, so the grid can cover the cache's capacity (fixed in a graph).
+extern "C" __global__ void __launch_bounds__(QSA_WARPS * 32) qsa_scores(const float* __restrict__ q,
+                                                                       const float* __restrict__ block_keys,
+                                                                       float* __restrict__ scores, int ld, int t0,
+                                                                       int n_i, int d_i, int cr, int budget,
+                                                                       int start, const int* __restrict__ startp,
+                                                                       float scale) {
+    if (startp) start = *startp;
+    int r = blockIdx.y, t = t0 + r;
+    int visible = start + t + 1;
+    int b = blockIdx.x * QSA_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (visible <= budget || b >= visible / cr) return;  // the same for the whole warp
+    const float* key = block_keys + (size_t)b * d_i;
+    const float* qt = q + (size_t)t * n_i * d_i;
+    float total = 0.0f;
+    for (int h = 0; h < n_i; h++) {
+        float dot = 0.0f;
+        for (int e = lane; e < d_i; e += 32) dot += qt[h * d_i + e] * key[e];
+        total += fmaxf(warp_sum(dot), 0.0f);
+    }
+    if (lane == 0) scores[(size_t)r * ld + b] = total * scale;
+}
+
+// A float's place in Rust's f32::total_cmp order, as an unsigned integer.
+__device__ __forceinline__ unsigned int total_order_key(float x) {
+    unsigned int u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// How many threads of the block before this one, and in all, have `flag` set (every thread
+// of the block calls it; `warp_counts` is shared scratch of 32 ints).
+__device__ void block_count(bool flag, int* before, int* total, int* warp_counts) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    unsigned int ballot = __ballot_sync(0xffffffffu, flag);
+    __syncthreads();  // the previous call's counts are read
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    int off = 0, all = 0;
+    for (int w = 0; w < warps; w++) {
+        int c = warp_counts[w];
+        off += w < warp ? c : 0;
+        all += c;
+    }
+    *before = off + __popc(ballot & ((1u << lane) - 1u));
+    *total = all;
+}
+
+#define QSA_PICK_THREADS 512
+
+// Block r: the positions token t = t0 + r attends to, ascending, into sel[t·stride ..] and
+// their count into counts[t] (what attn_decode reads). Within the budget: every visible
+// position. Beyond it: the tokens of the top min(max_blocks, nb) of its nb complete blocks by
+// score (scores row r; ties to the earlier block, as the CPU's top_k), then the partial tail.
+// The k-th largest score is found by a radix select over total_cmp keys (8 bits a pass), then
+// the blocks above it and the earliest ones equal to it are written in block order.
+extern "C" __global__ void __launch_bounds__(QSA_PICK_THREADS) qsa_pick(const float* __restrict__ scores,
+                                                                       int ld, int t0, int* __restrict__ sel,
+                                                                       int* __restrict__ counts, int stride, int cr,
+                                                                       int budget, int max_blocks, int start,
+                                                                       const int* __restrict__ startp) {
+    __shared__ unsigned int hist[256];
+    __shared__ int warp_counts[32];
+    __shared__ unsigned int pick_prefix;
+    __shared__ int pick_remaining;
+    if (startp) start = *startp;
+    int r = blockIdx.x, t = t0 + r;
+    int visible = start + t + 1;
+    int* out = sel + (size_t)t * stride;
+    if (visible <= budget) {
+        for (int j = threadIdx.x; j < visible; j += blockDim.x) out[j] = j;
+        if (threadIdx.x == 0) counts[t] = visible;
+        return;
+    }
+    int nb = visible / cr;
+    int k = min(max_blocks, nb);  // ≥ 1: the config makes budget a positive multiple of cr
+    const float* sc = scores + (size_t)r * ld;
+    int lane = threadIdx.x & 31;
+    int tail = nb * cr;
+    for (int j = threadIdx.x; j < visible - tail; j += blockDim.x) out[k * cr + j] = tail + j;
+    if (threadIdx.x == 0) counts[t] = k * cr + visible - tail;
+
+    // Radix select: after the pass at `shift`, `prefix` holds the top bits of the k-th largest
+    // key and `remaining` how many keys with those bits still count towards k.
+    unsigned int prefix = 0, mask = 0;
+    int remaining = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int base = 0; base < nb; base += blockDim.x) {
+            int b = base + threadIdx.x;
+            unsigned int u = b < nb ? total_order_key(sc[b]) : 0u;
+            unsigned int digit = (b < nb && (u & mask) == prefix) ? (u >> shift) & 255u : 256u;
+            // Lanes with the same digit add once (scores often share their top bits); 256
+            // marks a lane with no candidate.
+            unsigned int peers = __match_any_sync(0xffffffffu, digit);
+            if (digit < 256u && lane == __ffs(peers) - 1) atomicAdd(&hist[digit], (unsigned int)__popc(peers));
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            // Lane l holds digits 255 − 8l down to 248 − 8l; a scan from the top finds the digit
+            // at which the count of larger-or-equal keys reaches `remaining`.
+            unsigned int c[8], own = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                c[i] = hist[255 - 8 * lane - i];
+                own += c[i];
+            }
+            unsigned int incl = own;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                unsigned int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            unsigned int above = incl - own, need = (unsigned int)remaining;
+            if (above < need && incl >= need) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    if (above + c[i] >= need) {
+                        pick_prefix = prefix | ((unsigned int)(255 - 8 * lane - i) << shift);
+                        pick_remaining = (int)(need - above);
+                        break;
+                    }
+                    above += c[i];
+                }
+            }
+        }
+        __syncthreads();
+        prefix = pick_prefix;
+        remaining = pick_remaining;
+        mask |= 255u << shift;
+        __syncthreads();  // everyone has read pick_* and hist before the next pass
+    }
+
+    // The k − remaining blocks above the threshold and the first `remaining` equal to it.
+    int taken_equal = 0, written = 0;
+    for (int base = 0; base < nb; base += blockDim.x) {
+        int b = base + threadIdx.x;
+        unsigned int u = b < nb ? total_order_key(sc[b]) : 0u;
+        bool above = b < nb && u > prefix, equal = b < nb && u == prefix;
+        int eq_before, eq_total;
+        block_count(equal, &eq_before, &eq_total, warp_counts);
+        bool take = above || (equal && taken_equal + eq_before < remaining);
+        int take_before, take_total;
+        block_count(take, &take_before, &take_total, warp_counts);
+        if (take) {
+            int* dst = out + (size_t)(written + take_before) * cr;
+            for (int j = 0; j < cr; j++) dst[j] = b * cr + j;
+        }
+        taken_equal += eq_total;
+        written += take_total;
     }
 }

@@ -1,5 +1,6 @@
-// qwen4_exp pieces (MODEL_MATH §4): hyper-connection mixing and injection, PLE gates and its
-// dilated causal conv.
+// qwen4_exp pieces (MODEL_MATH §4): hyper-connection mixing and injection; PLE gates, its
+// dilated causal conv, and its n-gram rows hashed and gathered on the device. (QSA selection
+// is with attention, in attention.cu.)
 
 // x[t, i] = (1/n) Σ_s sigmoid(a[t, s·H + i]) · normed[t, s·H + i].
 extern "C" __global__ void hc_mix(const float* __restrict__ a, const float* __restrict__ normed,
@@ -67,5 +68,58 @@ extern "C" __global__ void ple_conv(float* __restrict__ hs, const float* __restr
     for (int r = 0; r < past; r++) {
         int src = T + r;
         state[(size_t)r * W + c] = src < past ? state[(size_t)src * W + c] : normed[(size_t)(src - past) * W + c];
+    }
+}
+
+// PLE n-gram rows (MODEL_MATH §4.6), as NgramHash::rows on the CPU. Block (t, h): thread 0
+// hashes the n-gram of hash head h (order h / heads_per_ngram + 2) ending at token t of
+// [hist (the n − 1 ids before ids[0]) | ids]; a shift past an EOS reads EOS. Then the block
+// widens that table row (dtype 0 bf16, 1 f16, 2 f32; `dim` values) into eng[t, h·dim ..].
+// hash = [multipliers (n) | head sizes (heads) | head offsets (heads)], heads = gridDim.y. The
+// table is host memory mapped into the device: each row crosses the bus once.
+extern "C" __global__ void ple_gather(const int* __restrict__ ids, const int* __restrict__ hist,
+                                      const unsigned long long* __restrict__ hash, int n, int heads_per_ngram,
+                                      int eos, const void* __restrict__ table, int dtype, int dim,
+                                      float* __restrict__ eng) {
+    __shared__ unsigned long long row;
+    int t = blockIdx.x, h = blockIdx.y, heads = gridDim.y;
+    if (threadIdx.x == 0) {
+        int past = n - 1, order = h / heads_per_ngram + 2;
+        unsigned long long mix = 0;
+        bool reset = false;
+        for (int s = 0; s < order; s++) {
+            int j = past + t - s;  // index into [hist | ids]
+            int id = j >= past ? ids[j - past] : hist[j];
+            if (s > 0) {
+                reset |= id == eos;
+                if (reset) id = eos;
+            }
+            mix ^= (unsigned long long)(unsigned int)id * hash[s];
+        }
+        row = mix % hash[n + h] + hash[n + heads + h];
+    }
+    __syncthreads();
+    size_t base = (size_t)row * dim;
+    float* out = eng + ((size_t)t * heads + h) * dim;
+    for (int e = threadIdx.x; e < dim; e += blockDim.x) {
+        float v;
+        if (dtype == 0) {
+            v = bf16_to_f32(((const bf16_t*)table)[base + e]);
+        } else if (dtype == 1) {
+            v = f16_to_f32(((const unsigned short*)table)[base + e]);
+        } else {
+            v = ((const float*)table)[base + e];
+        }
+        out[e] = v;
+    }
+}
+
+// hist ← the last `past` ids of [hist | ids (T)], in place (one thread: slot r reads slot
+// T + r > r, not yet written).
+extern "C" __global__ void ple_advance(int* __restrict__ hist, const int* __restrict__ ids, int T, int past) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    for (int r = 0; r < past; r++) {
+        int src = T + r;
+        hist[r] = src < past ? hist[src] : ids[src - past];
     }
 }
