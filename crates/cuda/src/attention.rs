@@ -189,33 +189,119 @@ pub fn forward(
         )?;
         return io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens);
     }
-    let (sel, counts, stride) = match &selection {
-        Some(s) => (s.positions.ptr(), s.counts.ptr(), s.stride),
-        None => (0, 0, 0),
-    };
+    let heads = Heads { n_h, n_kv, d };
+    let (q, gate, out) = (q.ptr(), gate.ptr(), out.ptr());
+    let (keys, values) = (cache.keys.ptr(), cache.values.ptr());
+    let tiled = selection.is_none()
+        && tokens > MATVEC_MAX_TOKENS
+        && attend_tiled(dev, heads, q, gate, keys, values, out, tokens, start)?;
+    if !tiled {
+        let sel = selection
+            .as_ref()
+            .map(|s| (s.positions.ptr(), s.counts.ptr(), s.stride));
+        attend_serial(
+            dev, heads, q, gate, keys, values, sel, out, tokens, start, start_dev,
+        )?;
+    }
+    io.finish(dev, &w.o_proj, out, n_h * d, hidden, tokens)
+}
+
+/// Query heads, KV heads and head size.
+#[derive(Clone, Copy)]
+pub(crate) struct Heads {
+    pub n_h: usize,
+    pub n_kv: usize,
+    pub d: usize,
+}
+
+/// Rows (query heads × tokens) and keys of one `attn_prefill` tile (`AP_ROWS`, `AP_KEYS`).
+const PREFILL_ROWS: usize = 64;
+const PREFILL_KEYS: usize = 32;
+
+/// Causal attention of `tokens` tokens at positions `start..` over the cache through the
+/// tiled prefill kernel (a block per kv head and run of tokens: every K/V row read once per
+/// block); false, launching nothing, when the shape does not suit it. All addresses are of
+/// f32 data: q, gate and out `[tokens, n_h·d]`, keys and values `[capacity, n_kv·d]`.
+pub(crate) fn attend_tiled(
+    dev: &Device,
+    h: Heads,
+    q: u64,
+    gate: u64,
+    keys: u64,
+    values: u64,
+    out: u64,
+    tokens: usize,
+    start: usize,
+) -> Result<bool> {
+    if h.n_h % h.n_kv != 0 || h.n_h / h.n_kv > PREFILL_ROWS || h.d % 16 != 0 || h.d > 256 {
+        return Ok(false);
+    }
+    let shared =
+        4 * ((PREFILL_ROWS + 2 * PREFILL_KEYS) * (h.d + 4) + PREFILL_ROWS * (PREFILL_KEYS + 1));
+    if shared > dev.shared_limit("attn_prefill") {
+        return Ok(false);
+    }
+    let per = PREFILL_ROWS / (h.n_h / h.n_kv);
+    dev.launch(
+        "attn_prefill",
+        (tokens.div_ceil(per) as u32, h.n_kv as u32, 1),
+        256,
+        shared as u32,
+        &[
+            p(q),
+            p(gate),
+            p(keys),
+            p(values),
+            p(out),
+            i(tokens),
+            i(h.n_h),
+            i(h.n_kv),
+            i(h.d),
+            i(start),
+            f(1.0 / (h.d as f32).sqrt()),
+        ],
+    )?;
+    Ok(true)
+}
+
+/// Attention through `attn_decode` (a block per (token, head)): over the causal prefix, or,
+/// with `sel = Some((positions, counts, stride))`, over each token's selected positions.
+pub(crate) fn attend_serial(
+    dev: &Device,
+    h: Heads,
+    q: u64,
+    gate: u64,
+    keys: u64,
+    values: u64,
+    sel: Option<(u64, u64, usize)>,
+    out: u64,
+    tokens: usize,
+    start: usize,
+    start_dev: u64,
+) -> Result<()> {
+    let (sel, counts, stride) = sel.unwrap_or((0, 0, 0));
     dev.launch(
         "attn_decode",
-        (tokens as u32, n_h as u32, 1),
+        (tokens as u32, h.n_h as u32, 1),
         128,
         0,
         &[
-            p(q.ptr()),
-            p(gate.ptr()),
-            p(cache.keys.ptr()),
-            p(cache.values.ptr()),
+            p(q),
+            p(gate),
+            p(keys),
+            p(values),
             p(sel),
             p(counts),
             i(stride),
-            p(out.ptr()),
-            i(n_h),
-            i(n_kv),
-            i(d),
+            p(out),
+            i(h.n_h),
+            i(h.n_kv),
+            i(h.d),
             i(start),
             p(start_dev),
-            f(1.0 / (d as f32).sqrt()),
+            f(1.0 / (h.d as f32).sqrt()),
         ],
-    )?;
-    io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens)
+    )
 }
 
 /// The positions each token attends to, as `attn_decode` reads them.

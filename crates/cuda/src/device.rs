@@ -27,6 +27,7 @@ const SOURCES: &[&str] = &[
     include_str!("kernels/attention.cu"),
     include_str!("kernels/qwen4.cu"),
     include_str!("kernels/tgemm.cu"),
+    include_str!("kernels/attn_prefill.cu"),
 ];
 
 /// Every `extern "C" __global__` function the sources define.
@@ -38,6 +39,7 @@ const KERNELS: &[&str] = &[
     "tg_prep_bf16",
     "moe_sort",
     "moe_combine",
+    "attn_prefill",
     "matvec_bf16",
     "matvec_q8",
     "matvec_q4",
@@ -332,7 +334,10 @@ impl Device {
     /// Turns the tensor-core GEMMs off (or back on where the device has them), for
     /// side-by-side comparisons.
     pub fn set_tensor_cores(&self, on: bool) {
-        let able = self.ctx.compute_capability().is_ok_and(|(major, _)| major >= 8);
+        let able = self
+            .ctx
+            .compute_capability()
+            .is_ok_and(|(major, _)| major >= 8);
         self.tensor_cores
             .store(on && able, std::sync::atomic::Ordering::Relaxed);
     }

@@ -3,6 +3,7 @@
 
 use spindle_engine::weights::Linear;
 
+use crate::attention::{attend_serial, attend_tiled, Heads};
 use crate::device::Device;
 use crate::error::Result;
 use crate::ffn::{routed_experts, Routes};
@@ -54,4 +55,37 @@ pub fn routed_experts_of(
     };
     routed_experts(dev, &gu, &dn, &routes, &x, &y, inter, hidden)?;
     dev.download(&y, 0, tokens * hidden)
+}
+
+/// Causal gated attention of `tokens` tokens at positions `start..` over `keys`/`values`
+/// (`[start + tokens, n_kv·d]`, the new tokens' rows included): through the tiled prefill
+/// kernel when `tiled` (None if the shape does not suit it), else a block per (token, head).
+pub fn attention_of(
+    dev: &Device,
+    q: &[f32],
+    gate: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    (n_h, n_kv, d): (usize, usize, usize),
+    tokens: usize,
+    start: usize,
+    tiled: bool,
+) -> Result<Option<Vec<f32>>> {
+    let heads = Heads { n_h, n_kv, d };
+    let (q, gate) = (dev.upload(q)?, dev.upload(gate)?);
+    let (keys, values) = (dev.upload(keys)?, dev.upload(values)?);
+    let out = dev.zeros::<f32>(tokens * n_h * d)?;
+    let args = (q.ptr(), gate.ptr(), keys.ptr(), values.ptr(), out.ptr());
+    if tiled {
+        if !attend_tiled(
+            dev, heads, args.0, args.1, args.2, args.3, args.4, tokens, start,
+        )? {
+            return Ok(None);
+        }
+    } else {
+        attend_serial(
+            dev, heads, args.0, args.1, args.2, args.3, None, args.4, tokens, start, 0,
+        )?;
+    }
+    Ok(Some(dev.download(&out, 0, tokens * n_h * d)?))
 }

@@ -90,7 +90,10 @@ fn relative_error(got: &[f32], want: &[f32]) -> f32 {
 #[ignore = "needs a CUDA GPU"]
 fn tensor_gemm_matches_cpu_linear() {
     let dev = device();
-    assert!(dev.tensor_cores(), "this test needs a GPU with tensor cores (sm_80+)");
+    assert!(
+        dev.tensor_cores(),
+        "this test needs a GPU with tensor cores (sm_80+)"
+    );
     let mut rng = Rng(7);
     let shapes = [
         (200, 64, 9),
@@ -191,5 +194,38 @@ fn grouped_experts_match_cpu() {
         // ulps off can round to the neighbouring int8 code before the down projection.
         let bound = if format == Format::Bf16 { 5e-5 } else { 2e-3 };
         assert!(err < bound, "{format:?}: grouped experts differ by {err}");
+    }
+}
+
+/// The tiled prefill attention against the per-(token, head) kernel (the decode path the
+/// fixtures check) on random data of the real head shapes: 35B-A3B (16 query heads on 2 KV
+/// heads of 256), 27B (24 on 4: six rows of tokens per tile), one head per KV head, and the
+/// fixtures' 16-wide heads; with and without cached positions before the new tokens.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tiled_prefill_attention_matches_serial() {
+    let dev = device();
+    let mut rng = Rng(23);
+    for (heads, tokens, start) in [
+        ((16, 2, 256), 100, 37),
+        ((24, 4, 256), 77, 0),
+        ((8, 8, 128), 9, 300),
+        ((4, 2, 16), 40, 5),
+        ((16, 2, 256), 600, 0),
+    ] {
+        let (n_h, n_kv, d) = heads;
+        let q = rng.vec(tokens * n_h * d, 1.0);
+        let gate = rng.vec(tokens * n_h * d, 2.0);
+        let keys = rng.vec((start + tokens) * n_kv * d, 1.0);
+        let values = rng.vec((start + tokens) * n_kv * d, 1.0);
+        let run = |tiled| {
+            testing::attention_of(&dev, &q, &gate, &keys, &values, heads, tokens, start, tiled)
+                .unwrap()
+        };
+        let tiled = run(true).expect("the tiled kernel takes these shapes");
+        let serial = run(false).unwrap();
+        let err = relative_error(&tiled, &serial);
+        println!("heads {heads:?}, {tokens} tokens after {start}: tiled vs serial {err:.2e}");
+        assert!(err < 1e-5, "{heads:?} {tokens} after {start}: {err}");
     }
 }

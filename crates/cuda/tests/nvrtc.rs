@@ -43,6 +43,7 @@ fn kernels_compile_for_hopper() {
         "tg_prep_bf16",
         "moe_sort",
         "moe_combine",
+        "attn_prefill",
         "gdn_chunk_prep",
         "gdn_chunk_scan",
         "gdn_gated_norm",
