@@ -92,11 +92,7 @@ pub fn run(engine: &CudaEngine, options: &BenchOptions) -> Result<BenchReport> {
     for _ in 0..runs {
         prefill.push(prompt.len() as f64 / prefill_once(engine, &prompt)?);
     }
-    print_profile(
-        engine,
-        &format!("prefill of {} tokens", prompt.len()),
-        runs,
-    )?;
+    print_profile(engine, &format!("prefill of {} tokens", prompt.len()), runs)?;
     tracing::info!(
         tokens_per_s = Stat::of(prefill.clone()).median,
         "prefill measured"

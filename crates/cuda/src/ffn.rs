@@ -8,8 +8,8 @@ use spindle_model::ModelConfig;
 use crate::device::{i, p, threads_for, DevBuf, Device};
 use crate::error::Result;
 use crate::linear::{
-    decode_linear, linear, project, staged_bytes, tensor_gemm, tensor_gemm_ok, DecodeIn,
-    DecodeOut, DevPart, GemmActs, GemmRows, Io, WFormat, GROUP_TILE, MATVEC_MAX_TOKENS,
+    decode_linear, linear, project, staged_bytes, tensor_gemm, tensor_gemm_ok, DecodeIn, DecodeOut,
+    DevPart, GemmActs, GemmRows, Io, WFormat, GROUP_TILE, MATVEC_MAX_TOKENS,
 };
 use crate::weights::{GpuMlp, GpuMoe};
 
@@ -572,7 +572,15 @@ fn routed_grouped(
         inter,
     )?;
     let out = dev.scratch::<f32>(pairs * hidden)?;
-    tensor_gemm(dev, down, &act, out.ptr(), hidden, false, grouped(1, hidden))?;
+    tensor_gemm(
+        dev,
+        down,
+        &act,
+        out.ptr(),
+        hidden,
+        false,
+        grouped(1, hidden),
+    )?;
     dev.launch_elementwise(
         "moe_combine",
         r.tokens * hidden,

@@ -427,7 +427,11 @@ pub fn tensor_gemm(
     accumulate: bool,
     rows: GemmRows,
 ) -> Result<()> {
-    assert_eq!(acts.int8, w.fmt.int8_acts(), "activations prepared for another format");
+    assert_eq!(
+        acts.int8,
+        w.fmt.int8_acts(),
+        "activations prepared for another format"
+    );
     assert_eq!(acts.cols, w.cols, "activations of another width");
     let (n, m, m_tiles, tiles, order, a_div) = match rows {
         GemmRows::Dense(tokens) => (w.rows, tokens, tokens.div_ceil(TG_M), 0, 0, 1),
