@@ -61,6 +61,7 @@ const KERNELS: &[&str] = &[
     "moe_down_q8",
     "moe_down_q4",
     "gdn_conv",
+    "gdn_conv_state",
     "gdn_recurrent",
     "attn_prep",
     "attn_decode",

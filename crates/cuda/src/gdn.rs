@@ -2,7 +2,8 @@
 //! its state, then the delta rule with the gated norm. What runs when:
 //! - decode (≤ 8 tokens): the conv fused into the projection's matvec, then `gdn_heads`, a
 //!   block per value head;
-//! - prefill (> 8 tokens): `gdn_conv`, then the chunked form ("Chunked prefill form", chunks
+//! - prefill (> 8 tokens): the conv (`gdn_conv`, a thread per token and channel, then
+//!   `gdn_conv_state` keeps the last rows), then the chunked form ("Chunked prefill form", chunks
 //!   of 64 tokens as on the CPU): `gdn_chunk_prep` builds every chunk's state-independent
 //!   products in parallel, `gdn_chunk_scan` carries S through the chunks (a block per 32
 //!   columns of each S_h), `gdn_gated_norm` applies the output norm;
@@ -100,8 +101,22 @@ pub fn forward(
     let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
 
     let u = dev.scratch::<f32>(tokens * channels)?;
-    dev.launch(
+    dev.launch_elementwise(
         "gdn_conv",
+        tokens * channels,
+        &[
+            p(proj.ptr()),
+            i(width),
+            p(state.conv.ptr()),
+            p(w.conv.ptr()),
+            p(u.ptr()),
+            i(tokens),
+            i(channels),
+            i(g.conv_kernel),
+        ],
+    )?;
+    dev.launch(
+        "gdn_conv_state",
         (channels.div_ceil(128) as u32, 1, 1),
         128,
         0,
@@ -109,8 +124,6 @@ pub fn forward(
             p(proj.ptr()),
             i(width),
             p(state.conv.ptr()),
-            p(w.conv.ptr()),
-            p(u.ptr()),
             i(tokens),
             i(channels),
             i(g.conv_kernel),

@@ -123,8 +123,14 @@ fn tensor_gemm_matches_cpu_linear() {
                 relative_error(&simt, &want)
             );
             // Q8/Q4: the CPU's integer dots, f32 sums in another order. bf16: exact products,
-            // activations split into bf16 hi + lo (within 2^-17 of each).
-            let bound = if format == Format::Bf16 { 5e-5 } else { 1e-5 };
+            // activations split into bf16 hi + lo (within 2^-17 of each). At most 8 tokens
+            // run the plain matvec, which keeps Q8/Q4 activations in f32 (the fused decode
+            // kernels, not this general layer, quantize them as the CPU does).
+            let bound = match format {
+                Format::Bf16 => 5e-5,
+                _ if tokens <= 8 => 1e-2,
+                _ => 1e-5,
+            };
             assert!(err < bound, "{format:?} [{rows}, {cols}] × {tokens}: {err}");
         }
     }

@@ -5,23 +5,32 @@
 //   gdn_chunk_scan (S carried through the chunks), then gdn_gated_norm;
 // - the fallback for shapes those refuse: gdn_recurrent, token-serial, gated norm fused in.
 
-// One thread per channel c: u[t, c] = silu(Σ_j w[c, j] · x_{t−K+1+j}[c]) over the window
-// [state (K−1 rows) | x rows]; x row t is proj[t·ld + c]. The state keeps the last K−1 raw rows.
-extern "C" __global__ void gdn_conv(const float* __restrict__ proj, int ld, float* __restrict__ state,
+// u[t, c] = silu(Σ_j w[c, j] · x_{t−K+1+j}[c]) over the window [state (K−1 rows) | x rows];
+// x row t is proj[t·ld + c]. A thread per (t, c), grid-stride; the state is read, not
+// changed (gdn_conv_state moves it on afterwards).
+extern "C" __global__ void gdn_conv(const float* __restrict__ proj, int ld, const float* __restrict__ state,
                                     const float* __restrict__ w, float* __restrict__ u, int T, int C, int K) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
     int past = K - 1;
-    for (int t = 0; t < T; t++) {
+    size_t all = (size_t)T * C, step = gridDim.x * (size_t)blockDim.x;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < all; e += step) {
+        int t = (int)(e / C), c = (int)(e - (size_t)t * C);
         float acc = 0.0f;
         for (int j = 0; j < K; j++) {
             int r = t + j;  // window row
             float v = r < past ? state[(size_t)r * C + c] : proj[(size_t)(r - past) * ld + c];
             acc += w[c * K + j] * v;
         }
-        u[(size_t)t * C + c] = silu_f(acc);
+        u[e] = silu_f(acc);
     }
-    // New state row r = window row T + r; ascending r only reads rows not yet overwritten.
+}
+
+// The conv state after T more rows: the last K−1 raw rows of [state | x]. A thread per channel;
+// ascending rows only read rows not yet overwritten.
+extern "C" __global__ void gdn_conv_state(const float* __restrict__ proj, int ld, float* __restrict__ state, int T,
+                                          int C, int K) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    int past = K - 1;
     for (int r = 0; r < past; r++) {
         int src = T + r;
         state[(size_t)r * C + c] = src < past ? state[(size_t)src * C + c] : proj[(size_t)(src - past) * ld + c];

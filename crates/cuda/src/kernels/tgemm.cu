@@ -136,6 +136,25 @@ __device__ __forceinline__ void tg_load(unsigned char* st, const unsigned char* 
 }
 #endif
 
+// Group g's scales for this thread's fragments: weights (f16 bits) of its 8 columns, the
+// activations' (f32) of its 4 rows (xrow −1: none).
+__device__ __forceinline__ void tg_fetch_scales(const unsigned short* __restrict__ S, const float* __restrict__ ad,
+                                                size_t w_row0, int n0, int N, int groups, const int (&xrow)[2][2],
+                                                int g, unsigned short (&ws)[4][2], float (&xd)[2][2]) {
+    int lane = threadIdx.x & 31, wn = (threadIdx.x >> 5) >> 1, tig = lane & 3;
+#pragma unroll
+    for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int n = n0 + wn * 32 + ni * 8 + tig * 2 + j;
+            ws[ni][j] = n < N ? __ldg(S + (w_row0 + n) * groups + g) : (unsigned short)0;
+        }
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) xd[mi][h] = xrow[mi][h] >= 0 ? __ldg(ad + (size_t)xrow[mi][h] * groups + g) : 0.0f;
+}
+
 template <int FMT>
 __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, const unsigned short* __restrict__ S,
                                            const unsigned char* __restrict__ A, const unsigned char* __restrict__ Aaux,
@@ -184,6 +203,9 @@ __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, 
         for (int h = 0; h < 2; h++) xrow[mi][h] = a_row[wm * 32 + mi * 16 + g8 + 8 * h];
 
     int KT = (K + TG_K - 1) / TG_K;
+    unsigned short ws_next[4][2];  // Q8/Q4: the next group's scales, fetched a group ahead
+    float xd_next[2][2];
+    if (FMT != 0) tg_fetch_scales(S, (const float*)Aaux, w_row0, n0, N, groups, xrow, 0, ws_next, xd_next);
 #pragma unroll
     for (int s = 0; s < TG_STAGES - 1; s++) {
         if (s < KT) tg_load<FMT>(tg_smem + s * L::STAGE, A, Aaux, W, a_row, w_row0, n0, N, K, s);
@@ -226,21 +248,18 @@ __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, 
                 }
             }
         } else {
-            // This group's scales: weights (f16) per column, activations (f32) per row.
+            // This group's scales (fetched during the previous group), then the next group's
+            // fetch, in flight while this one's mma run.
             float ws[4][2], xd[2][2];
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    int n = n0 + wn * 32 + ni * 8 + tig * 2 + j;
-                    ws[ni][j] = n < N ? f16_to_f32(__ldg(S + (w_row0 + n) * groups + kt)) : 0.0f;
-                }
-            const float* ad = (const float*)Aaux;
+                for (int j = 0; j < 2; j++) ws[ni][j] = f16_to_f32(ws_next[ni][j]);
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    xd[mi][h] = xrow[mi][h] >= 0 ? __ldg(ad + (size_t)xrow[mi][h] * groups + kt) : 0.0f;
+                for (int h = 0; h < 2; h++) xd[mi][h] = xd_next[mi][h];
+            if (kt + 1 < KT) tg_fetch_scales(S, (const float*)Aaux, w_row0, n0, N, groups, xrow, kt + 1, ws_next, xd_next);
             int a[2][4];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++) {
