@@ -216,7 +216,7 @@ pub(crate) struct Heads {
 
 /// Rows (query heads × tokens) and keys of one `attn_prefill` tile (`AP_ROWS`, `AP_KEYS`).
 const PREFILL_ROWS: usize = 64;
-const PREFILL_KEYS: usize = 16;
+const PREFILL_KEYS: usize = 32;
 
 /// Causal attention of `tokens` tokens at positions `start..` over the cache through the
 /// tiled prefill kernel (a block per kv head and run of tokens: every K/V row read once per

@@ -6,9 +6,9 @@
 // and its keys j, j + 4, ... of each tile and its value columns 4j, 4j + 16, ...
 
 #define AP_ROWS 64
-#define AP_KEYS 16  // 104 KB of shared memory for d = 256: two blocks per SM
+#define AP_KEYS 32
 
-extern "C" __global__ void __launch_bounds__(256, 2) attn_prefill(
+extern "C" __global__ void __launch_bounds__(256) attn_prefill(
     const float* __restrict__ q, const float* __restrict__ gate, const float* __restrict__ k_cache,
     const float* __restrict__ v_cache, float* __restrict__ out, int T, int n_h, int n_kv, int d, int start,
     float scale) {
