@@ -60,7 +60,7 @@ impl WFormat {
         }
     }
 
-    /// Whether the tensor-core GEMM reads int8 activations (Q8, Q4) or bf16 hi/lo (bf16).
+    /// Whether the tensor-core GEMM reads int8 activations (Q8, Q4) or bf16 planes (bf16).
     pub fn int8_acts(self) -> bool {
         self != WFormat::Bf16
     }
@@ -321,13 +321,13 @@ pub fn tensor_gemm_ok(dev: &Device, fmt: WFormat, cols: usize) -> bool {
 }
 
 /// Activations in the form the tensor-core GEMM reads: for bf16 weights the f32 values split
-/// into bf16 hi + lo; for Q8/Q4 weights int8 codes and f32 scales per group of 32, quantized
-/// exactly as the CPU engine does.
+/// into three bf16 planes (hi + mid + lo, within ~2^-24 of each value); for Q8/Q4 weights
+/// int8 codes and f32 scales per group of 32, quantized exactly as the CPU engine does.
 pub struct GemmActs {
-    /// bf16 hi `[rows, cols]` or i8 codes `[rows, cols]`.
+    /// bf16 rows `[rows, 3·cols]` (hi, mid, lo), or i8 codes `[rows, cols]`.
     a: DevBuf<u8>,
-    /// bf16 lo `[rows, cols]` or f32 scales `[rows, cols/32]`.
-    aux: DevBuf<u8>,
+    /// f32 scales `[rows, cols/32]` (Q8/Q4), or nothing.
+    aux: Option<DevBuf<u8>>,
     int8: bool,
     cols: usize,
 }
@@ -355,19 +355,18 @@ impl GemmActs {
             dev.launch_elementwise("tg_prep_q", rows * cols, &args)?;
             Ok(GemmActs {
                 a,
-                aux,
+                aux: Some(aux),
                 int8: true,
                 cols,
             })
         } else {
-            let a = dev.scratch::<u8>(rows * cols * 2)?;
-            let aux = dev.scratch::<u8>(rows * cols * 2)?;
+            let a = dev.scratch::<u8>(rows * 3 * cols * 2)?;
             let mut args = common.to_vec();
-            args.extend([p(a.ptr()), p(aux.ptr())]);
+            args.push(p(a.ptr()));
             dev.launch_elementwise("tg_prep_bf16", rows * cols, &args)?;
             Ok(GemmActs {
                 a,
-                aux,
+                aux: None,
                 int8: false,
                 cols,
             })
@@ -410,7 +409,7 @@ fn tensor_gemm_kernel(fmt: WFormat) -> &'static str {
 /// (`TgLayout` in tgemm.cu).
 fn tensor_gemm_shared(fmt: WFormat) -> usize {
     let (a_row, planes, b_row) = match fmt {
-        WFormat::Bf16 => (80, 2, 80),
+        WFormat::Bf16 => (80, 3, 80),
         WFormat::Q8 => (48, 1, 48),
         WFormat::Q4 => (48, 1, 16),
     };
@@ -455,7 +454,7 @@ pub fn tensor_gemm(
             p(w.codes.ptr()),
             p(w.scales.ptr()),
             p(acts.a.ptr()),
-            p(acts.aux.ptr()),
+            p(acts.aux.as_ref().map_or(0, DevBuf::ptr)),
             p(y),
             i(ldy),
             i(accumulate as usize),

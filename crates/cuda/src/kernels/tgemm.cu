@@ -7,9 +7,10 @@
 //    CPU engine does (tg_prep_q = spindle_kernels::quant::quantize_acts_ref); each group is an
 //    int8 mma m16n8k32 and then acc += (f16(s)·d)·isum, the CPU's (and the decode kernels')
 //    arithmetic. Q4 nibbles become the signed codes n − 8 on their way into the fragment.
-//  - bf16 weights: A holds the f32 activations split into bf16 hi + lo (tg_prep_bf16) and each
-//    k16 step runs two bf16 mma (hi, then lo) into f32: the products are exact, the split
-//    leaves ~2^-17 of each activation out.
+//  - bf16 weights: A holds the f32 activations split into three bf16 planes hi + mid + lo
+//    (tg_prep_bf16, together within ~2^-24 of each value, as f32) and each k16 step runs three
+//    bf16 mma into f32: the products are exact, so the result is the f32 GEMM's up to the order
+//    of the sums.
 // Dense: rows m = blockIdx.y·64 + r < M, A row = Y row = m. Grouped (MoE): `tiles` holds
 // (expert, first, count) per blockIdx.y over `order` (pair ids sorted by expert, moe_sort);
 // A row = pair / a_div, Y row = pair, and expert e's weights are rows e·N .. e·N + N − 1.
@@ -25,7 +26,7 @@ template <int FMT>
 struct TgLayout {
     static constexpr int A_ROW = FMT == 0 ? 80 : 48;
     static constexpr int B_ROW = FMT == 0 ? 80 : (FMT == 1 ? 48 : 16);
-    static constexpr int A_PLANES = FMT == 0 ? 2 : 1;  // bf16: hi and lo
+    static constexpr int A_PLANES = FMT == 0 ? 3 : 1;  // bf16: hi, mid, lo
     static constexpr int A_CHUNKS = FMT == 0 ? 4 : 2;  // 16-byte chunks per staged A row
     static constexpr int B_CHUNKS = FMT == 0 ? 4 : (FMT == 1 ? 2 : 1);
     static constexpr int A_BYTES = TG_M * A_ROW * A_PLANES;
@@ -62,16 +63,21 @@ extern "C" __global__ void tg_prep_q(const float* __restrict__ x, int ldx, int u
     }
 }
 
-// bf16 hi/lo activations for the bf16 GEMM: hi + lo ≈ x to ~2^-17 (grid-stride).
+// bf16 activations for the bf16 GEMM: row r of `out` is [hi | mid | lo] (3·cols values) with
+// hi + mid + lo ≈ x to ~2^-24 (grid-stride).
 extern "C" __global__ void tg_prep_bf16(const float* __restrict__ x, int ldx, int up, int rows, int cols,
-                                        bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
+                                        bf16_t* __restrict__ out) {
     size_t all = (size_t)rows * cols, step = gridDim.x * (size_t)blockDim.x;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < all; e += step) {
         int r = (int)(e / cols), c = (int)(e - (size_t)r * cols);
         float v = tg_input(x, ldx, up, r, c);
+        bf16_t* row = out + (size_t)r * 3 * cols;
         bf16_t h = f32_to_bf16_rn(v);
-        hi[e] = h;
-        lo[e] = f32_to_bf16_rn(v - bf16_to_f32(h));
+        float rest = v - bf16_to_f32(h);
+        bf16_t m = f32_to_bf16_rn(rest);
+        row[c] = h;
+        row[cols + c] = m;
+        row[2 * cols + c] = f32_to_bf16_rn(rest - bf16_to_f32(m));
     }
 }
 
@@ -106,7 +112,7 @@ __device__ __forceinline__ void mma_bf16(float* c, const unsigned int* a, unsign
 // One stage: A rows (token rows a_row[r], −1 = none) and B rows n0.. of k0 = kt·32 .. + 31.
 template <int FMT>
 __device__ __forceinline__ void tg_load(unsigned char* st, const unsigned char* __restrict__ A,
-                                        const unsigned char* __restrict__ Alo, const unsigned char* __restrict__ W,
+                                        const unsigned char* __restrict__ W,
                                         const int* a_row, size_t w_row0, int n0, int N, int K, int kt) {
     typedef TgLayout<FMT> L;
     int tid = threadIdx.x, k0 = kt * TG_K;
@@ -119,8 +125,8 @@ __device__ __forceinline__ void tg_load(unsigned char* st, const unsigned char* 
         int kb = k0 + ch * per_chunk;
         int src = a_row[r];
         bool ok = src >= 0 && kb < K;
-        const unsigned char* base = plane ? Alo : A;
-        const unsigned char* g = ok ? base + ((size_t)src * K + kb) * elem : base;
+        // A row src holds its planes one after another (bf16: hi, mid, lo).
+        const unsigned char* g = ok ? A + ((size_t)src * K * L::A_PLANES + (size_t)plane * K + kb) * elem : A;
         cp_async16_zfill(st + plane * TG_M * L::A_ROW + r * L::A_ROW + ch * 16, g, ok);
     }
     unsigned char* bs = st + L::A_BYTES;
@@ -208,7 +214,7 @@ __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, 
     if (FMT != 0) tg_fetch_scales(S, (const float*)Aaux, w_row0, n0, N, groups, xrow, 0, ws_next, xd_next);
 #pragma unroll
     for (int s = 0; s < TG_STAGES - 1; s++) {
-        if (s < KT) tg_load<FMT>(tg_smem + s * L::STAGE, A, Aaux, W, a_row, w_row0, n0, N, K, s);
+        if (s < KT) tg_load<FMT>(tg_smem + s * L::STAGE, A, W, a_row, w_row0, n0, N, K, s);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int kt = 0; kt < KT; kt++) {
@@ -216,7 +222,7 @@ __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, 
         __syncthreads();
         int next = kt + TG_STAGES - 1;
         if (next < KT)
-            tg_load<FMT>(tg_smem + (next % TG_STAGES) * L::STAGE, A, Aaux, W, a_row, w_row0, n0, N, K, next);
+            tg_load<FMT>(tg_smem + (next % TG_STAGES) * L::STAGE, A, W, a_row, w_row0, n0, N, K, next);
         asm volatile("cp.async.commit_group;\n" ::);
 
         const unsigned char* as = tg_smem + (kt % TG_STAGES) * L::STAGE;
@@ -224,15 +230,16 @@ __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, 
         if (FMT == 0) {
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                unsigned int ahi[2][4], alo[2][4];
+                unsigned int ap[3][2][4];  // hi, mid, lo fragments
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++) {
                     int r = wm * 32 + mi * 16 + g8;
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
                         int off = (r + 8 * (q & 1)) * L::A_ROW + h * 32 + 16 * (q >> 1) + tig * 4;
-                        ahi[mi][q] = *(const unsigned int*)(as + off);
-                        alo[mi][q] = *(const unsigned int*)(as + TG_M * L::A_ROW + off);
+#pragma unroll
+                        for (int pl = 0; pl < 3; pl++)
+                            ap[pl][mi][q] = *(const unsigned int*)(as + pl * TG_M * L::A_ROW + off);
                     }
                 }
 #pragma unroll
@@ -242,8 +249,8 @@ __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, 
                     unsigned int b1 = *(const unsigned int*)(bs + n * L::B_ROW + h * 32 + 16 + tig * 4);
 #pragma unroll
                     for (int mi = 0; mi < 2; mi++) {
-                        mma_bf16(acc[mi][ni], ahi[mi], b0, b1);
-                        mma_bf16(acc[mi][ni], alo[mi], b0, b1);
+#pragma unroll
+                        for (int pl = 0; pl < 3; pl++) mma_bf16(acc[mi][ni], ap[pl][mi], b0, b1);
                     }
                 }
             }
