@@ -123,11 +123,12 @@ fn tensor_gemm_matches_cpu_linear() {
                 relative_error(&simt, &want)
             );
             // Q8/Q4: the CPU's integer dots, f32 sums in another order. bf16: exact products,
-            // activations split into three bf16 planes (within 2^-24 of each). At most 8 tokens
+            // activations split into three bf16 planes (within 2^-24 of each), summed by the
+            // tensor cores' f32 accumulation (measured ≤ 9.1e-6 at K = 2048). At most 8 tokens
             // run the plain matvec, which keeps Q8/Q4 activations in f32 (the fused decode
             // kernels, not this general layer, quantize them as the CPU does).
             let bound = match format {
-                Format::Bf16 => 1e-5,
+                Format::Bf16 => 3e-5,
                 _ if tokens <= 8 => 1e-2,
                 _ => 1e-5,
             };
