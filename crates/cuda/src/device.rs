@@ -30,8 +30,8 @@ const SOURCES: &[&str] = &[
     include_str!("kernels/attn_prefill.cu"),
 ];
 
-/// Every `extern "C" __global__` function the sources define.
-const KERNELS: &[&str] = &[
+/// Every `extern "C" __global__` function the sources define (each is looked up at open).
+pub const KERNELS: &[&str] = &[
     "tgemm_bf16",
     "tgemm_q8",
     "tgemm_q4",

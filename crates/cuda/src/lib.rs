@@ -39,7 +39,7 @@ use spindle_model::{Checkpoint, ModelConfig};
 
 #[doc(hidden)]
 pub use attention::qsa_pick_on_host;
-pub use device::{ptx_for, Device};
+pub use device::{ptx_for, Device, KERNELS};
 pub use error::{CudaError, Result};
 #[doc(hidden)]
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
