@@ -18,7 +18,10 @@ fn kernels_compile_for_hopper() {
         );
     }
     // And no kernel the module defines goes unlisted (unused).
-    for entry in ptx.lines().filter_map(|l| l.trim().strip_prefix(".visible .entry ")) {
+    for entry in ptx
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+    {
         let name = entry.split('(').next().unwrap_or(entry);
         assert!(
             spindle_cuda::KERNELS.contains(&name),
