@@ -34,12 +34,7 @@ pub fn forward(
 ) -> Result<Option<DevBuf<f32>>> {
     let g = &config.gdn;
     let hidden = config.hidden_size;
-    let (nk, nv, dk, dv) = (
-        g.num_key_heads,
-        g.num_value_heads,
-        g.key_head_dim,
-        g.value_head_dim,
-    );
+    let (nk, nv, dk, dv) = g.dims();
     let channels = g.conv_channels();
     let width = w.in_proj.rows; // C + n_v·d_v + 2·n_v
     let o = dev.scratch::<f32>(tokens * nv * dv)?;
@@ -203,12 +198,7 @@ fn delta_rule(dev: &Device, g: &GdnConfig, r: &DeltaRows, form: DeltaForm) -> Re
             return Ok(DeltaForm::Chunked);
         }
     }
-    let (nk, nv, dk, dv) = (
-        g.num_key_heads,
-        g.num_value_heads,
-        g.key_head_dim,
-        g.value_head_dim,
-    );
+    let (nk, nv, dk, dv) = g.dims();
     dev.launch(
         "gdn_recurrent",
         (nv as u32, 1, 1),
@@ -267,12 +257,7 @@ struct ChunkShape {
 impl ChunkShape {
     /// The layout, or None when the chunked kernels do not take this shape on this device.
     fn of(dev: &Device, g: &GdnConfig) -> Option<Self> {
-        let (nk, nv, dk, dv) = (
-            g.num_key_heads,
-            g.num_value_heads,
-            g.key_head_dim,
-            g.value_head_dim,
-        );
+        let (nk, nv, dk, dv) = g.dims();
         if dk == 0 || dk > CHUNK_MAX_DK || dv == 0 || nk == 0 || nv % nk != 0 {
             return None;
         }
@@ -303,12 +288,7 @@ fn delta_rule_chunked(
     r: &DeltaRows,
     shape: &ChunkShape,
 ) -> Result<()> {
-    let (nk, nv, dk, dv) = (
-        g.num_key_heads,
-        g.num_value_heads,
-        g.key_head_dim,
-        g.value_head_dim,
-    );
+    let (nk, nv, dk, dv) = g.dims();
     let channels = g.conv_channels();
     let window = WINDOW_CHUNKS * CHUNK;
     let records = dev.scratch::<f32>(nv * r.tokens.min(window).div_ceil(CHUNK) * shape.record)?;
@@ -380,12 +360,7 @@ fn delta_rule_chunked(
 /// it: (threads, row groups R, dynamic shared bytes).
 fn heads_launch(dev: &Device, config: &ModelConfig, tokens: usize) -> Option<(u32, usize, usize)> {
     let g = &config.gdn;
-    let (nk, nv, dk, dv) = (
-        g.num_key_heads,
-        g.num_value_heads,
-        g.key_head_dim,
-        g.value_head_dim,
-    );
+    let (nk, nv, dk, dv) = g.dims();
     if nv % nk != 0 || (dk * dv) % 4 != 0 || !(dv % 32 == 0 || (dv < 32 && dv.is_power_of_two())) {
         return None;
     }

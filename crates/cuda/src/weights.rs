@@ -442,12 +442,7 @@ fn upload_gdn(
     config: &ModelConfig,
 ) -> Result<GpuGdn> {
     let c = &config.gdn;
-    let (nk, nv, dk, dv) = (
-        c.num_key_heads,
-        c.num_value_heads,
-        c.key_head_dim,
-        c.value_head_dim,
-    );
+    let (nk, nv, dk, dv) = c.dims();
     let channels = c.conv_channels();
     let in_proj = match &g.projection {
         GdnProjection::Split { qkv, z, b, a } => DevMatrix::stack(dev, &[qkv, z, b, a])?,

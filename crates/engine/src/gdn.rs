@@ -32,12 +32,7 @@ fn project(w: &GdnWeights, g: &GdnConfig, x: &[f32], tokens: usize) -> Projected
             a: a.forward(x, tokens),
         },
         GdnProjection::Fused { qkvz, ba } => {
-            let (nk, nv, dk, dv) = (
-                g.num_key_heads,
-                g.num_value_heads,
-                g.key_head_dim,
-                g.value_head_dim,
-            );
+            let (nk, nv, dk, dv) = g.dims();
             let rho = nv / nk;
             let qkvz_out = qkvz.forward(x, tokens);
             let ba_out = ba.forward(x, tokens);
@@ -82,12 +77,7 @@ pub fn forward(
     x: &[f32],
     tokens: usize,
 ) -> Vec<f32> {
-    let (nk, nv, dk, dv) = (
-        g.num_key_heads,
-        g.num_value_heads,
-        g.key_head_dim,
-        g.value_head_dim,
-    );
+    let (nk, nv, dk, dv) = g.dims();
     let rho = nv / nk;
     let channels = g.conv_channels();
     let p = project(w, g, x, tokens);

@@ -363,12 +363,7 @@ fn load_gdn(
     let g = &config.gdn;
     let h = config.hidden_size;
     let t = |s: &str| names.layer(i, &format!("linear_attn.{s}"));
-    let (nk, nv, dk, dv) = (
-        g.num_key_heads,
-        g.num_value_heads,
-        g.key_head_dim,
-        g.value_head_dim,
-    );
+    let (nk, nv, dk, dv) = g.dims();
     let channels = g.conv_channels();
     let projection = if src.contains(&t("in_proj_qkvz.weight")) {
         GdnProjection::Fused {

@@ -174,12 +174,7 @@ pub fn checkpoint_tensors(config: &ModelConfig, experts: ExpertKeys) -> Vec<Tens
             MixerKind::LinearAttention => {
                 let g = &config.gdn;
                 let c = TensorClass::Gdn;
-                let (nk, nv, dk, dv) = (
-                    g.num_key_heads,
-                    g.num_value_heads,
-                    g.key_head_dim,
-                    g.value_head_dim,
-                );
+                let (nk, nv, dk, dv) = g.dims();
                 if config.family == crate::Family::Qwen3Next {
                     push(
                         l("linear_attn.in_proj_qkvz.weight"),

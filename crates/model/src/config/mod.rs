@@ -78,6 +78,16 @@ pub struct GdnConfig {
 }
 
 impl GdnConfig {
+    /// (n_k, n_v, d_k, d_v): key heads, value heads, key and value head sizes.
+    pub fn dims(&self) -> (usize, usize, usize, usize) {
+        (
+            self.num_key_heads,
+            self.num_value_heads,
+            self.key_head_dim,
+            self.value_head_dim,
+        )
+    }
+
     /// Conv channels C = 2·n_k·d_k + n_v·d_v, ordered `[q | k | v]`.
     pub fn conv_channels(&self) -> usize {
         2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
