@@ -419,22 +419,18 @@ fn moe_general(
         k,
         experts: e_count,
     };
-    routed_experts(
-        dev,
-        &w.experts_gate_up,
-        &w.experts_down,
-        &routes,
-        x,
-        &y,
-        inter,
-        hidden,
-    )?;
+    debug_assert_eq!(
+        (w.experts_gate_up.cols, w.experts_down.cols),
+        (hidden, inter)
+    );
+    routed_experts(dev, &w.experts_gate_up, &w.experts_down, &routes, x, &y)?;
     Ok(y)
 }
 
 /// Adds the routed experts' weighted outputs for `x [tokens, H]` into `y`: through the
 /// grouped tensor-core GEMMs for prefill when the shapes suit them, otherwise through the
 /// per-pair kernels (every (token, expert) pair's SwiGLU, then the weighted down rows).
+/// `gu` is `[E·2I, H]` (each expert's gate rows, then its up rows), `down` is `[E·H, I]`.
 pub(crate) fn routed_experts(
     dev: &Device,
     gu: &DevPart,
@@ -442,16 +438,15 @@ pub(crate) fn routed_experts(
     r: &Routes,
     x: &DevBuf<f32>,
     y: &DevBuf<f32>,
-    inter: usize,
-    hidden: usize,
 ) -> Result<()> {
     let (tokens, k) = (r.tokens, r.k);
+    let (hidden, inter) = (gu.cols, down.cols);
     if tokens > MATVEC_MAX_TOKENS
         && tensor_gemm_ok(dev, gu.fmt, hidden)
         && tensor_gemm_ok(dev, down.fmt, inter)
         && 3 * 4 * r.experts <= dev.shared_limit("moe_sort")
     {
-        return routed_grouped(dev, gu, down, r, x, y, inter, hidden);
+        return routed_grouped(dev, gu, down, r, x, y);
     }
     let act = dev.scratch::<f32>(tokens * k * inter)?;
     let gate_up_kernel = match gu.fmt {
@@ -523,9 +518,8 @@ fn routed_grouped(
     r: &Routes,
     x: &DevBuf<f32>,
     y: &DevBuf<f32>,
-    inter: usize,
-    hidden: usize,
 ) -> Result<()> {
+    let (hidden, inter) = (gu.cols, down.cols);
     let pairs = r.tokens * r.k;
     let max_tiles = pairs.div_ceil(GROUP_TILE) + r.experts.min(pairs);
     let order = dev.scratch::<i32>(pairs)?;

@@ -32,7 +32,6 @@ pub fn routed_experts_of(
     k: usize,
 ) -> Result<Vec<f32>> {
     let hidden = gate_up.cols();
-    let inter = down.cols();
     let experts = down.rows() / hidden;
     let single = |m: DevMatrix| {
         m.parts
@@ -53,7 +52,7 @@ pub fn routed_experts_of(
         k,
         experts,
     };
-    routed_experts(dev, &gu, &dn, &routes, &x, &y, inter, hidden)?;
+    routed_experts(dev, &gu, &dn, &routes, &x, &y)?;
     dev.download(&y, 0, tokens * hidden)
 }
 
