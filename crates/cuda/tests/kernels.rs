@@ -8,29 +8,13 @@ use spindle_engine::weights::Linear;
 use spindle_kernels::quant::QuantizedMatrix;
 use spindle_model::tensor::{Matrix, Storage};
 use spindle_model::DType;
+use spindle_testkit::Rng;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Format {
     Bf16,
     Q8,
     Q4,
-}
-
-/// Deterministic values in [-1, 1).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * scale).collect()
-    }
 }
 
 fn bf16_bits(v: f32) -> u16 {
@@ -104,8 +88,8 @@ fn tensor_gemm_matches_cpu_linear() {
         (136, 512, 5),
     ];
     for (rows, cols, tokens) in shapes {
-        let w = rng.vec(rows * cols, 0.1);
-        let x = rng.vec(tokens * cols, 1.0);
+        let w = rng.signed_vec(rows * cols, 0.1);
+        let x = rng.signed_vec(tokens * cols, 1.0);
         for format in [Format::Bf16, Format::Q8, Format::Q4] {
             if format != Format::Bf16 && cols % 32 != 0 {
                 continue;
@@ -149,9 +133,9 @@ fn grouped_experts_match_cpu() {
     let dev = device();
     let (experts, k, hidden, inter, tokens) = (16, 4, 128, 64, 150);
     let mut rng = Rng(11);
-    let gu_values = rng.vec(experts * 2 * inter * hidden, 0.1);
-    let down_values = rng.vec(experts * hidden * inter, 0.1);
-    let x = rng.vec(tokens * hidden, 1.0);
+    let gu_values = rng.signed_vec(experts * 2 * inter * hidden, 0.1);
+    let down_values = rng.signed_vec(experts * hidden * inter, 0.1);
+    let x = rng.signed_vec(tokens * hidden, 1.0);
     // Distinct experts per token (a step of 1..3 modulo the prime 13), skewed towards the
     // low experts so that some get several tiles of tokens and experts 13..15 none.
     let mut idx = Vec::new();
@@ -159,7 +143,9 @@ fn grouped_experts_match_cpu() {
         let (base, step) = (t * t % 5, 1 + t % 3);
         idx.extend((0..k).map(|j| ((base + j * step) % 13) as i32));
     }
-    let wt: Vec<f32> = (0..tokens * k).map(|_| 0.5 + 0.5 * rng.next()).collect();
+    let wt: Vec<f32> = (0..tokens * k)
+        .map(|_| 0.5 + 0.5 * rng.signed(1.0))
+        .collect();
     for format in [Format::Bf16, Format::Q8, Format::Q4] {
         let gu = matrix(format, &gu_values, experts * 2 * inter, hidden);
         let down = matrix(format, &down_values, experts * hidden, inter);
@@ -221,10 +207,10 @@ fn tiled_prefill_attention_matches_serial() {
         ((16, 2, 256), 600, 0),
     ] {
         let (n_h, n_kv, d) = heads;
-        let q = rng.vec(tokens * n_h * d, 1.0);
-        let gate = rng.vec(tokens * n_h * d, 2.0);
-        let keys = rng.vec((start + tokens) * n_kv * d, 1.0);
-        let values = rng.vec((start + tokens) * n_kv * d, 1.0);
+        let q = rng.signed_vec(tokens * n_h * d, 1.0);
+        let gate = rng.signed_vec(tokens * n_h * d, 2.0);
+        let keys = rng.signed_vec((start + tokens) * n_kv * d, 1.0);
+        let values = rng.signed_vec((start + tokens) * n_kv * d, 1.0);
         let run = |tiled| {
             testing::attention_of(&dev, &q, &gate, &keys, &values, heads, tokens, start, tiled)
                 .unwrap()

@@ -9,6 +9,7 @@
 use spindle_cuda::{qsa_pick_on_host, Device};
 use spindle_kernels::softmax::top_k;
 use spindle_model::QsaConfig;
+use spindle_testkit::Rng;
 
 /// The CPU engine's selection for one token (as `spindle_engine::qwen4::qsa::select`).
 fn cpu_pick(q: &QsaConfig, scores: &[f32], visible: usize) -> Vec<i32> {
@@ -27,24 +28,11 @@ fn cpu_pick(q: &QsaConfig, scores: &[f32], visible: usize) -> Vec<i32> {
     picked
 }
 
-/// Deterministic values in [0, 1).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
-
 /// Scores of `blocks` blocks in one of several shapes.
 fn scores(rng: &mut Rng, blocks: usize, shape: usize) -> Vec<f32> {
     (0..blocks)
         .map(|_| {
-            let u = rng.next();
+            let u = rng.unit();
             match shape {
                 // Distinct values.
                 0 => u * 3.0,

@@ -101,3 +101,28 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// Deterministic pseudo-random numbers for tests on random data (a 64-bit LCG: the same seed
+/// gives the same values on every machine).
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// Uniform in [0, 1), 24 bits.
+    pub fn unit(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Uniform in [−scale, scale).
+    pub fn signed(&mut self, scale: f32) -> f32 {
+        (self.unit() * 2.0 - 1.0) * scale
+    }
+
+    /// `n` values uniform in [−scale, scale).
+    pub fn signed_vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.signed(scale)).collect()
+    }
+}
