@@ -1,9 +1,9 @@
 """Builds the embedded demo model's tokenizer: the Qwen3.5/3.6 byte-level BPE tokenizer
-(../shared/fixtures/tokenizer/tokenizer.json) cut down to its first RANKS ranks, with the same
+(fixtures/tokenizer/tokenizer.json, unpacked from its .gz by the tests) cut down to its first RANKS ranks, with the same
 pre-tokenizer and the same 33 special tokens renumbered after the ranks. The result encodes any
 text (byte-level), just in more tokens than the full vocabulary would.
 
-    python3 tools/make_demo_tokenizer.py ../shared/fixtures/tokenizer/tokenizer.json models/demo
+    python3 tools/make_demo_tokenizer.py fixtures/tokenizer/tokenizer.json models/demo
 """
 import json
 import os

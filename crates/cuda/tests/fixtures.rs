@@ -1,6 +1,6 @@
 //! The CUDA backend against every fixture's reference logits, and against the CPU engine.
 //! Needs a CUDA GPU: `cargo test --release -p spindle-cuda -- --ignored`. Fixtures are read
-//! from `$SPINDLE_FIXTURES` (default `../shared/fixtures` beside the repository).
+//! from the repository's `fixtures/` (or `$SPINDLE_FIXTURES`).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -21,18 +21,7 @@ const FAMILIES: [&str; 5] = [
 ];
 
 fn fixture(name: &str) -> PathBuf {
-    let root = std::env::var_os("SPINDLE_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
-        });
-    let dir = root.join(name);
-    assert!(
-        dir.exists(),
-        "fixture {} is missing (set SPINDLE_FIXTURES)",
-        dir.display()
-    );
-    dir
+    spindle_testkit::fixture(name)
 }
 
 fn device_ordinal() -> usize {

@@ -1,4 +1,4 @@
-//! Every family against the logits transformers computed (`../shared/fixtures`).
+//! Every family against the logits transformers computed (the repository's `fixtures/`).
 
 mod common;
 

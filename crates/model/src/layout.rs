@@ -406,10 +406,9 @@ pub fn parameters_by_class(config: &ModelConfig) -> Vec<(TensorClass, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     fn config(name: &str) -> ModelConfig {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures");
+        let dir = spindle_testkit::fixtures();
         ModelConfig::from_file(&dir.join(name)).unwrap()
     }
 
@@ -440,7 +439,7 @@ mod tests {
     #[test]
     fn fixture_tensor_list_matches_the_fixture_checkpoint() {
         // Every tensor the layout names exists in the fixture with the same shape.
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures");
+        let dir = spindle_testkit::fixtures();
         for (name, keys) in [
             ("qwen3_next_moe", ExpertKeys::PerExpert),
             ("qwen3_5_dense", ExpertKeys::PerExpert),

@@ -2,26 +2,56 @@
 //! and the tensors of a fixture's `reference.safetensors`. A test that needs a fixture fails
 //! loudly when it is missing; it never skips.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use safetensors::{Dtype, SafeTensors};
 use tempfile::TempDir;
 
-/// `../shared/fixtures` beside the repository (or `$SPINDLE_FIXTURES`).
+/// The repository's `fixtures/` directory (or `$SPINDLE_FIXTURES`), with every compressed
+/// file in it unpacked beside itself (`tokenizer/tokenizer.json.gz` → `tokenizer.json`) so
+/// tests read plain files. A clone runs its tests with nothing beside it.
 pub fn fixtures() -> PathBuf {
     let dir = match std::env::var_os("SPINDLE_FIXTURES") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/fixtures"
-        )),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures")),
     };
     assert!(
         dir.is_dir(),
         "fixtures directory {} is missing",
         dir.display()
     );
+    static UNPACKED: OnceLock<()> = OnceLock::new();
+    UNPACKED.get_or_init(|| unpack_gz_files(&dir));
     dir
+}
+
+/// Writes `X` beside every `X.gz` under `dir` that lacks it (through a temporary file and a
+/// rename, so test binaries running at once never read a partial file).
+fn unpack_gz_files(dir: &Path) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("fixture entry").path();
+        if path.is_dir() {
+            unpack_gz_files(&path);
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "gz") {
+            continue;
+        }
+        let plain = path.with_extension("");
+        if plain.is_file() {
+            continue;
+        }
+        let packed =
+            std::fs::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let tmp = plain.with_extension(format!("unpacking.{}", std::process::id()));
+        let mut out =
+            std::fs::File::create(&tmp).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
+        std::io::copy(&mut flate2::read::GzDecoder::new(packed), &mut out)
+            .unwrap_or_else(|e| panic!("unpacking {}: {e}", path.display()));
+        std::fs::rename(&tmp, &plain).unwrap_or_else(|e| panic!("{}: {e}", plain.display()));
+    }
 }
 
 /// The checkpoint fixture `name` (a directory with a config.json).

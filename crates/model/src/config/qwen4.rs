@@ -231,17 +231,13 @@ fn parse_ple(f: &Fields, layers: &[LayerSpec], eos: &[u32]) -> Result<Option<Ple
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
     use serde_json::Value;
 
     use crate::config::{Family, MixerKind, ModelConfig};
 
-    fn fixtures() -> PathBuf {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures");
-        assert!(dir.exists(), "fixtures missing at {}", dir.display());
-        dir
-    }
+    use spindle_testkit::fixtures;
 
     fn fixture_config() -> Value {
         let path = fixtures().join("qwen4_exp/config.json");

@@ -6,18 +6,11 @@ use std::sync::{Arc, OnceLock};
 
 use spindle_text::Tokenizer;
 
-/// `shared/fixtures`, relative to this crate.
+/// `relative` inside the repository's fixtures (through `spindle_testkit`, which unpacks the
+/// compressed tokenizer).
 pub fn fixture(relative: &str) -> PathBuf {
-    let path = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures"
-    ))
-    .join(relative);
-    assert!(
-        path.exists(),
-        "fixture {} is missing: these tests need shared/fixtures beside the checkout",
-        path.display()
-    );
+    let path = spindle_testkit::fixtures().join(relative);
+    assert!(path.exists(), "fixture {} is missing", path.display());
     path
 }
 
