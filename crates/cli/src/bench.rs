@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use spindle_engine::Engine;
 use spindle_runtime::bench::{self, BenchOptions};
+use spindle_runtime::Device;
 
-use crate::device::Device;
 use crate::load_args::LoadArgs;
 use crate::model_dir;
 

@@ -9,9 +9,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use spindle_engine::{Engine, GreedyRun};
 use spindle_model::ModelConfig;
+use spindle_runtime::Device;
 
 use crate::compare::compare;
-use crate::device::Device;
 use crate::tensor_file::{self, Tensor, Values};
 
 #[derive(Debug, Args)]

@@ -3,7 +3,6 @@
 //! decode loop, sampling, stop strings, chat templates and tool parsing above them are one
 //! code path; only loading, sessions and the forward pass differ.
 
-use std::fmt;
 #[cfg(feature = "cuda")]
 use std::mem::ManuallyDrop;
 use std::path::Path;
@@ -16,30 +15,10 @@ use spindle_engine::experts::{ExpertCounters, ExpertResidency, ExpertStats};
 use spindle_engine::{Engine, LoadOptions, LogitsFor, Session};
 use spindle_model::ModelConfig;
 
+pub use crate::device::Device;
 use crate::error::Result;
 #[cfg(feature = "cuda")]
 use crate::error::RuntimeError;
-
-/// Where a model runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Device {
-    /// The CPU engine (every feature: installs, expert streaming, SIMD kernels).
-    #[default]
-    Cpu,
-    /// CUDA GPU N (Hugging Face checkpoints only, every expert in GPU memory).
-    #[cfg(feature = "cuda")]
-    Cuda(usize),
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(n) => write!(f, "cuda:{n}"),
-        }
-    }
-}
 
 /// Why `options` (or the directory) cannot be run by the CUDA backend, naming the option at
 /// fault: the CUDA engine reads Hugging Face checkpoints only and keeps every expert in GPU
@@ -324,13 +303,5 @@ mod tests {
                 && why.contains(&tmp.display().to_string()),
             "{why}"
         );
-    }
-
-    #[test]
-    fn devices_print_as_the_flag_spells_them() {
-        assert_eq!(Device::Cpu.to_string(), "cpu");
-        assert_eq!(Device::default(), Device::Cpu);
-        #[cfg(feature = "cuda")]
-        assert_eq!(Device::Cuda(2).to_string(), "cuda:2");
     }
 }

@@ -8,13 +8,15 @@ pub mod backend;
 pub mod bench;
 pub mod conversation;
 pub mod demo;
+pub mod device;
 pub mod error;
 pub mod generate;
 pub mod model;
 
-pub use backend::{Backend, BackendSession, Device};
+pub use backend::{Backend, BackendSession};
 pub use conversation::{Conversation, Turn};
 pub use demo::{demo_dir, DEMO_MODEL_ID};
+pub use device::Device;
 pub use error::{Result, RuntimeError};
 pub use generate::{Completion, Finish, Flow, GenerateOptions};
 pub use model::{Model, PreparedPrompt, Prompt};
