@@ -9,7 +9,6 @@ mod flow;
 mod gdn;
 pub mod measure;
 pub mod qwen4;
-pub mod sampling;
 pub mod session;
 pub mod weights;
 

@@ -94,7 +94,7 @@ fn one_run(engine: &Engine, prompt: &[u32], gen: usize) -> spindle_engine::Resul
 }
 
 fn spindle_kernels_argmax(logits: &[f32]) -> u32 {
-    spindle_engine::sampling::argmax(logits)
+    spindle_kernels::softmax::argmax(logits) as u32
 }
 
 pub fn run(engine: &Engine, options: &BenchOptions) -> spindle_engine::Result<BenchReport> {

@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 
-use spindle_engine::sampling::InvalidSamplingParams;
 use spindle_engine::EngineError;
 use spindle_text::TextError;
+
+use crate::sampling::InvalidSamplingParams;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {

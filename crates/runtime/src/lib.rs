@@ -12,6 +12,7 @@ pub mod device;
 pub mod error;
 pub mod generate;
 pub mod model;
+pub mod sampling;
 
 pub use backend::{Backend, BackendSession};
 pub use conversation::{Conversation, Turn};
