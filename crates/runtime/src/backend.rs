@@ -1,7 +1,9 @@
-//! Which engine runs the model: the CPU [`Engine`], or (with the `cuda` feature) the CUDA
-//! engine on one GPU. Both take a session and token ids and return logits on the host, so the
-//! decode loop, sampling, stop strings, chat templates and tool parsing above them are one
-//! code path; only loading, sessions and the forward pass differ.
+//! The backend interface: which engine runs the model, the CPU [`Engine`] or (with the `cuda`
+//! feature) the CUDA engine on one GPU. Every front end goes through here: `load`, a new
+//! session, `forward` (token ids in, logits on the host out, the input checked once here for
+//! every backend), the state a session holds, and what the bench measures beside them (a
+//! greedy decode step, the memory-bandwidth probe, the CUDA kernel profile). Above this the
+//! decode loop, sampling, stop strings, chat templates and tool parsing are one code path.
 
 #[cfg(feature = "cuda")]
 use std::mem::ManuallyDrop;
@@ -12,13 +14,14 @@ use std::sync::Mutex;
 
 use spindle_engine::experts::load::Placement;
 use spindle_engine::experts::{ExpertCounters, ExpertResidency, ExpertStats};
-use spindle_engine::{Engine, LoadOptions, LogitsFor, Session};
+use spindle_engine::{Engine, GreedyRun, LoadOptions, LogitsFor, Session};
+use spindle_kernels::softmax::argmax;
 use spindle_model::ModelConfig;
 
+use crate::bench::{measure_read_bandwidth, KernelTime};
 pub use crate::device::Device;
-use crate::error::Result;
-#[cfg(feature = "cuda")]
-use crate::error::RuntimeError;
+use crate::error::{Result, RuntimeError};
+use crate::input::check_input;
 
 /// Why `options` (or the directory) cannot be run by the CUDA backend, naming the option at
 /// fault: the CUDA engine reads Hugging Face checkpoints only and keeps every expert in GPU
@@ -129,6 +132,16 @@ impl BackendSession {
         }
     }
 
+    /// Bytes held by the session's caches and states (KV caches, GDN and PLE states), on the
+    /// device that runs it.
+    pub fn state_bytes(&self) -> usize {
+        match self {
+            BackendSession::Cpu(s) => s.state_bytes(),
+            #[cfg(feature = "cuda")]
+            BackendSession::Cuda(s) => s.session.state_bytes(),
+        }
+    }
+
     /// The CPU session, when this is one.
     pub fn cpu(&self) -> Option<&Session> {
         match self {
@@ -145,15 +158,33 @@ impl Backend {
     /// machine without CUDA gets the CUDA engine's "CUDA is not available" error before any
     /// weight is read.
     pub fn load(dir: &Path, device: Device, options: &LoadOptions) -> Result<Self> {
+        Self::load_layers(dir, device, options, None)
+    }
+
+    /// [`Backend::load`], keeping only the first `layers` layers when given (the per-layer
+    /// costs of a truncated model, for the bench). The CPU engine runs whole models only.
+    pub fn load_layers(
+        dir: &Path,
+        device: Device,
+        options: &LoadOptions,
+        layers: Option<usize>,
+    ) -> Result<Self> {
         match device {
-            Device::Cpu => Ok(Backend::Cpu(Engine::load_with(dir, options)?)),
+            Device::Cpu => {
+                if let Some(n) = layers {
+                    return Err(RuntimeError::Unsupported(format!(
+                        "--layers {n} is not available with --device cpu: the CPU engine runs whole models (use --device cuda)"
+                    )));
+                }
+                Ok(Backend::Cpu(Engine::load_with(dir, options)?))
+            }
             #[cfg(feature = "cuda")]
             Device::Cuda(ordinal) => {
                 if let Some(reason) = cuda_refusal(dir, options) {
                     return Err(RuntimeError::Unsupported(reason));
                 }
                 let engine =
-                    spindle_cuda::CudaEngine::load_with(dir, ordinal, options.quant, None)?;
+                    spindle_cuda::CudaEngine::load_with(dir, ordinal, options.quant, layers)?;
                 tracing::info!(
                     device = %engine.device_name(),
                     graphs = engine.uses_graphs(),
@@ -173,6 +204,15 @@ impl Backend {
             Backend::Cpu(_) => Device::Cpu,
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => Device::Cuda(c.ordinal),
+        }
+    }
+
+    /// The processor by name: `cpu`, or the GPU's, e.g. `NVIDIA H200 (sm_90)`.
+    pub fn device_name(&self) -> String {
+        match self {
+            Backend::Cpu(_) => "cpu".into(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.engine.device_name(),
         }
     }
 
@@ -204,13 +244,28 @@ impl Backend {
 
     /// A fresh session (empty caches). On CUDA this allocates device memory and may fail.
     pub fn new_session(&self) -> Result<BackendSession> {
+        self.new_session_with_capacity(0)
+    }
+
+    /// A fresh session whose caches already hold `tokens` tokens where the backend allocates
+    /// them ahead (CUDA: a captured decode graph stays valid until the context passes them;
+    /// the CPU's caches grow as they fill).
+    pub fn new_session_with_capacity(&self, tokens: usize) -> Result<BackendSession> {
         match self {
-            Backend::Cpu(e) => Ok(BackendSession::Cpu(e.new_session())),
+            Backend::Cpu(e) => {
+                let _grown_as_filled = tokens;
+                Ok(BackendSession::Cpu(e.new_session()))
+            }
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => {
                 let _held = c.lock.lock().unwrap_or_else(|e| e.into_inner());
+                let session = if tokens == 0 {
+                    c.engine.new_session()?
+                } else {
+                    c.engine.new_session_with_capacity(tokens)?
+                };
                 Ok(BackendSession::Cuda(Box::new(CudaSessionGuard {
-                    session: ManuallyDrop::new(c.engine.new_session()?),
+                    session: ManuallyDrop::new(session),
                     lock: Arc::clone(&c.lock),
                 })))
             }
@@ -218,13 +273,16 @@ impl Backend {
     }
 
     /// Feeds `ids` to `session` and returns logits `[rows, V]` on the host for the positions
-    /// `want` asks for (the same values on every backend, within float rounding).
+    /// `want` asks for (the same values on every backend, within float rounding). The input is
+    /// checked here, once, before any backend runs: an empty input, a token outside the
+    /// vocabulary or a sequence past the context is refused by name.
     pub fn forward(
         &self,
         session: &mut BackendSession,
         ids: &[u32],
         want: LogitsFor,
     ) -> Result<Vec<f32>> {
+        check_input(self.config(), session.position(), ids)?;
         match (self, session) {
             (Backend::Cpu(e), BackendSession::Cpu(s)) => Ok(e.forward(s, ids, want)?),
             #[cfg(feature = "cuda")]
@@ -233,10 +291,103 @@ impl Backend {
                 Ok(c.engine.forward(&mut s.session, ids, want)?)
             }
             #[cfg(feature = "cuda")]
-            (backend, _) => Err(RuntimeError::Request(format!(
-                "a session of another backend was given to the model on {}",
-                backend.device()
-            ))),
+            (backend, _) => Err(backend.foreign_session()),
+        }
+    }
+
+    /// Feeds one token and returns the greedy next token ([`argmax`] of its logits): on the
+    /// CPU from the logits row, on CUDA chosen on the device (4 bytes come back instead of the
+    /// row; the device argmax keeps the lowest index on ties, as [`argmax`] does).
+    pub fn decode_greedy(&self, session: &mut BackendSession, id: u32) -> Result<u32> {
+        check_input(self.config(), session.position(), &[id])?;
+        match (self, session) {
+            (Backend::Cpu(e), BackendSession::Cpu(s)) => {
+                Ok(argmax(&e.forward(s, &[id], LogitsFor::Last)?) as u32)
+            }
+            #[cfg(feature = "cuda")]
+            (Backend::Cuda(c), BackendSession::Cuda(s)) => {
+                let _held = c.lock.lock().unwrap_or_else(|e| e.into_inner());
+                Ok(c.engine.decode_argmax(&mut s.session, id)?)
+            }
+            #[cfg(feature = "cuda")]
+            (backend, _) => Err(backend.foreign_session()),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn foreign_session(&self) -> RuntimeError {
+        RuntimeError::Request(format!(
+            "a session of another backend was given to the model on {}",
+            self.device()
+        ))
+    }
+
+    /// Prefills `prompt` in a fresh session and decodes `steps` tokens greedily, one at a time
+    /// with the cache, in the layout of the fixtures' `reference.safetensors`.
+    pub fn greedy(&self, prompt: &[u32], steps: usize) -> Result<GreedyRun> {
+        let mut session = self.new_session()?;
+        GreedyRun::collect(self.config().vocab_size, prompt, steps, |ids, want| {
+            self.forward(&mut session, ids, want)
+        })
+    }
+
+    /// Average bytes of weights one decode step reads (routed experts counted top_k / E).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        match self {
+            Backend::Cpu(e) => e.weight_bytes_per_token(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.engine.weight_bytes_per_token(),
+        }
+    }
+
+    /// Waits until the work queued on the device is done (a no-op on the CPU, whose forward
+    /// pass returns when it is done).
+    pub fn sync(&self) -> Result<()> {
+        match self {
+            Backend::Cpu(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => Ok(c.engine.sync()?),
+        }
+    }
+
+    /// Read bandwidth of the memory the weights live in, bytes/s, measured now over a fresh
+    /// `bytes`-byte buffer: on the CPU the median of parallel passes summing host memory
+    /// ([`measure_read_bandwidth`]), on CUDA the best pass of a read kernel over device memory.
+    pub fn measure_bandwidth(&self, bytes: usize) -> Result<f64> {
+        match self {
+            Backend::Cpu(_) => Ok(measure_read_bandwidth(bytes)),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => Ok(c.engine.measure_bandwidth(bytes)?),
+        }
+    }
+
+    /// Whether decode steps replay a captured CUDA graph (never on the CPU).
+    pub fn uses_graphs(&self) -> bool {
+        match self {
+            Backend::Cpu(_) => false,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.engine.uses_graphs(),
+        }
+    }
+
+    /// The kernel time recorded since the last call, by kernel and grid, largest first: CUDA
+    /// with `SPINDLE_CUDA_PROFILE=1` (every launch timed, no graphs); empty otherwise.
+    pub fn kernel_profile(&self) -> Result<Vec<KernelTime>> {
+        match self {
+            Backend::Cpu(_) => Ok(Vec::new()),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => Ok(c
+                .engine
+                .device()
+                .profile_report()?
+                .into_iter()
+                .map(|k| KernelTime {
+                    name: k.name,
+                    grid: k.grid,
+                    calls: k.calls,
+                    total_us: k.total_us,
+                })
+                .collect()),
         }
     }
 

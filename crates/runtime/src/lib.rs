@@ -11,6 +11,7 @@ pub mod demo;
 pub mod device;
 pub mod error;
 pub mod generate;
+pub mod input;
 pub mod model;
 pub mod sampling;
 
@@ -20,4 +21,5 @@ pub use demo::{demo_dir, DEMO_MODEL_ID};
 pub use device::Device;
 pub use error::{Result, RuntimeError};
 pub use generate::{Completion, Finish, Flow, GenerateOptions};
+pub use input::InputError;
 pub use model::{Model, PreparedPrompt, Prompt};
