@@ -5,15 +5,13 @@
 //! greedy decode step, the memory-bandwidth probe, the CUDA kernel profile). Above this the
 //! decode loop, sampling, stop strings, chat templates and tool parsing are one code path.
 
-#[cfg(feature = "cuda")]
-use std::mem::ManuallyDrop;
+mod cuda;
+
 use std::path::Path;
 use std::sync::Arc;
-#[cfg(feature = "cuda")]
-use std::sync::Mutex;
 
 use spindle_engine::experts::load::Placement;
-use spindle_engine::experts::{ExpertCounters, ExpertResidency, ExpertStats};
+use spindle_engine::experts::{ExpertCounters, ExpertStats};
 use spindle_engine::{Engine, GreedyRun, LoadOptions, LogitsFor, Session};
 use spindle_kernels::softmax::argmax;
 use spindle_model::ModelConfig;
@@ -22,39 +20,9 @@ use crate::bench::{measure_read_bandwidth, KernelTime};
 pub use crate::device::Device;
 use crate::error::{Result, RuntimeError};
 use crate::input::check_input;
-
-/// Why `options` (or the directory) cannot be run by the CUDA backend, naming the option at
-/// fault: the CUDA engine reads Hugging Face checkpoints only and keeps every expert in GPU
-/// memory, so installs, `--experts mapped|streamed` and `--expert-slots` are CPU features.
-/// `None` when the CUDA backend can take them. (Available in every build, so the refusals are
-/// tested without a GPU.)
-pub fn cuda_refusal(dir: &Path, options: &LoadOptions) -> Option<String> {
-    if spindle_model::install::is_install(dir) {
-        return Some(format!(
-            "{} is a spindle install (it has a manifest.json); the CUDA backend reads Hugging Face \
-             checkpoints only: point --model at the checkpoint the install was converted from \
-             (with --quant for q8/q4), or run the install with --device cpu",
-            dir.display()
-        ));
-    }
-    match options.experts {
-        ExpertResidency::Resident | ExpertResidency::Auto => {}
-        other => {
-            return Some(format!(
-                "--experts {} is not available with --device cuda: the CUDA backend keeps every \
-                 expert in GPU memory (use --experts resident or auto, or --device cpu)",
-                other.name()
-            ))
-        }
-    }
-    if let Some(slots) = options.expert_slots {
-        return Some(format!(
-            "--expert-slots {slots} is not available with --device cuda: expert slots are a \
-             feature of the CPU engine's expert streaming (drop the option, or use --device cpu)"
-        ));
-    }
-    None
-}
+pub use cuda::cuda_refusal;
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaBackend, CudaSessionGuard};
 
 /// A loaded model on one backend.
 // One per loaded model: the size of the variants does not matter.
@@ -65,55 +33,11 @@ pub enum Backend {
     Cuda(CudaBackend),
 }
 
-/// The CUDA engine and the lock that serializes its use.
-///
-/// One engine has one stream and one scratch arena, and captures decode steps as CUDA graphs
-/// on that stream, so two sessions must never run (or free device memory) at the same time:
-/// every forward pass, session creation and session drop holds `lock`. Sessions of a server
-/// with `--parallel N` therefore take turns step by step on the GPU.
-#[cfg(feature = "cuda")]
-pub struct CudaBackend {
-    engine: spindle_cuda::CudaEngine,
-    ordinal: usize,
-    lock: Arc<Mutex<()>>,
-}
-
-#[cfg(feature = "cuda")]
-impl CudaBackend {
-    pub fn engine(&self) -> &spindle_cuda::CudaEngine {
-        &self.engine
-    }
-}
-
 /// One sequence's state on the backend that created it.
 pub enum BackendSession {
     Cpu(Session),
     #[cfg(feature = "cuda")]
     Cuda(Box<CudaSessionGuard>),
-}
-
-/// A CUDA session that is dropped under its engine's lock (freeing device memory enqueues
-/// work on the engine's stream).
-#[cfg(feature = "cuda")]
-pub struct CudaSessionGuard {
-    session: ManuallyDrop<spindle_cuda::CudaSession>,
-    lock: Arc<Mutex<()>>,
-}
-
-#[cfg(feature = "cuda")]
-impl CudaSessionGuard {
-    pub fn session(&self) -> &spindle_cuda::CudaSession {
-        &self.session
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl Drop for CudaSessionGuard {
-    fn drop(&mut self) {
-        let _held = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: `session` is dropped exactly once, here, and never used afterwards.
-        unsafe { ManuallyDrop::drop(&mut self.session) }
-    }
 }
 
 impl From<Session> for BackendSession {
@@ -128,7 +52,7 @@ impl BackendSession {
         match self {
             BackendSession::Cpu(s) => s.position,
             #[cfg(feature = "cuda")]
-            BackendSession::Cuda(s) => s.session.position,
+            BackendSession::Cuda(s) => s.session().position,
         }
     }
 
@@ -138,7 +62,7 @@ impl BackendSession {
         match self {
             BackendSession::Cpu(s) => s.state_bytes(),
             #[cfg(feature = "cuda")]
-            BackendSession::Cuda(s) => s.session.state_bytes(),
+            BackendSession::Cuda(s) => s.session().state_bytes(),
         }
     }
 
@@ -179,23 +103,9 @@ impl Backend {
                 Ok(Backend::Cpu(Engine::load_with(dir, options)?))
             }
             #[cfg(feature = "cuda")]
-            Device::Cuda(ordinal) => {
-                if let Some(reason) = cuda_refusal(dir, options) {
-                    return Err(RuntimeError::Unsupported(reason));
-                }
-                let engine =
-                    spindle_cuda::CudaEngine::load_with(dir, ordinal, options.quant, layers)?;
-                tracing::info!(
-                    device = %engine.device_name(),
-                    graphs = engine.uses_graphs(),
-                    "model loaded onto CUDA device {ordinal}"
-                );
-                Ok(Backend::Cuda(CudaBackend {
-                    engine,
-                    ordinal,
-                    lock: Arc::new(Mutex::new(())),
-                }))
-            }
+            Device::Cuda(ordinal) => Ok(Backend::Cuda(CudaBackend::load(
+                dir, ordinal, options, layers,
+            )?)),
         }
     }
 
@@ -203,7 +113,7 @@ impl Backend {
         match self {
             Backend::Cpu(_) => Device::Cpu,
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => Device::Cuda(c.ordinal),
+            Backend::Cuda(c) => Device::Cuda(c.ordinal()),
         }
     }
 
@@ -212,7 +122,7 @@ impl Backend {
         match self {
             Backend::Cpu(_) => "cpu".into(),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => c.engine.device_name(),
+            Backend::Cuda(c) => c.engine().device_name(),
         }
     }
 
@@ -221,7 +131,7 @@ impl Backend {
         match self {
             Backend::Cpu(_) => "cpu".into(),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => format!("cuda:{} ({})", c.ordinal, c.engine.device_name()),
+            Backend::Cuda(c) => format!("cuda:{} ({})", c.ordinal(), c.engine().device_name()),
         }
     }
 
@@ -229,7 +139,7 @@ impl Backend {
         match self {
             Backend::Cpu(e) => e.config(),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => c.engine.config(),
+            Backend::Cuda(c) => c.engine().config(),
         }
     }
 
@@ -257,18 +167,7 @@ impl Backend {
                 Ok(BackendSession::Cpu(e.new_session()))
             }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => {
-                let _held = c.lock.lock().unwrap_or_else(|e| e.into_inner());
-                let session = if tokens == 0 {
-                    c.engine.new_session()?
-                } else {
-                    c.engine.new_session_with_capacity(tokens)?
-                };
-                Ok(BackendSession::Cuda(Box::new(CudaSessionGuard {
-                    session: ManuallyDrop::new(session),
-                    lock: Arc::clone(&c.lock),
-                })))
-            }
+            Backend::Cuda(c) => Ok(BackendSession::Cuda(Box::new(c.new_session(tokens)?))),
         }
     }
 
@@ -286,10 +185,7 @@ impl Backend {
         match (self, session) {
             (Backend::Cpu(e), BackendSession::Cpu(s)) => Ok(e.forward(s, ids, want)?),
             #[cfg(feature = "cuda")]
-            (Backend::Cuda(c), BackendSession::Cuda(s)) => {
-                let _held = c.lock.lock().unwrap_or_else(|e| e.into_inner());
-                Ok(c.engine.forward(&mut s.session, ids, want)?)
-            }
+            (Backend::Cuda(c), BackendSession::Cuda(s)) => c.forward(s, ids, want),
             #[cfg(feature = "cuda")]
             (backend, _) => Err(backend.foreign_session()),
         }
@@ -305,10 +201,7 @@ impl Backend {
                 Ok(argmax(&e.forward(s, &[id], LogitsFor::Last)?) as u32)
             }
             #[cfg(feature = "cuda")]
-            (Backend::Cuda(c), BackendSession::Cuda(s)) => {
-                let _held = c.lock.lock().unwrap_or_else(|e| e.into_inner());
-                Ok(c.engine.decode_argmax(&mut s.session, id)?)
-            }
+            (Backend::Cuda(c), BackendSession::Cuda(s)) => c.decode_greedy(s, id),
             #[cfg(feature = "cuda")]
             (backend, _) => Err(backend.foreign_session()),
         }
@@ -336,7 +229,7 @@ impl Backend {
         match self {
             Backend::Cpu(e) => e.weight_bytes_per_token(),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => c.engine.weight_bytes_per_token(),
+            Backend::Cuda(c) => c.engine().weight_bytes_per_token(),
         }
     }
 
@@ -346,7 +239,7 @@ impl Backend {
         match self {
             Backend::Cpu(_) => Ok(()),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => Ok(c.engine.sync()?),
+            Backend::Cuda(c) => Ok(c.engine().sync()?),
         }
     }
 
@@ -357,7 +250,7 @@ impl Backend {
         match self {
             Backend::Cpu(_) => Ok(measure_read_bandwidth(bytes)),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => Ok(c.engine.measure_bandwidth(bytes)?),
+            Backend::Cuda(c) => Ok(c.engine().measure_bandwidth(bytes)?),
         }
     }
 
@@ -366,7 +259,7 @@ impl Backend {
         match self {
             Backend::Cpu(_) => false,
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => c.engine.uses_graphs(),
+            Backend::Cuda(c) => c.engine().uses_graphs(),
         }
     }
 
@@ -376,18 +269,7 @@ impl Backend {
         match self {
             Backend::Cpu(_) => Ok(Vec::new()),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => Ok(c
-                .engine
-                .device()
-                .profile_report()?
-                .into_iter()
-                .map(|k| KernelTime {
-                    name: k.name,
-                    grid: k.grid,
-                    calls: k.calls,
-                    total_us: k.total_us,
-                })
-                .collect()),
+            Backend::Cuda(c) => c.kernel_profile(),
         }
     }
 
@@ -405,54 +287,5 @@ impl Backend {
     /// Where the routed experts live on the CPU; `None` on CUDA.
     pub fn expert_placement(&self) -> Option<Placement> {
         self.cpu().map(Engine::expert_placement)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cuda_refuses_cpu_only_options_by_name() {
-        let dir = Path::new("no-such-checkpoint");
-        assert_eq!(cuda_refusal(dir, &LoadOptions::default()), None);
-        let auto = LoadOptions {
-            experts: ExpertResidency::Auto,
-            ..LoadOptions::default()
-        };
-        assert_eq!(cuda_refusal(dir, &auto), None);
-        for (experts, name) in [
-            (ExpertResidency::Streamed, "--experts streamed"),
-            (ExpertResidency::Mapped, "--experts mapped"),
-        ] {
-            let options = LoadOptions {
-                experts,
-                ..LoadOptions::default()
-            };
-            let why = cuda_refusal(dir, &options).expect("refused");
-            assert!(why.contains(name) && why.contains("--device cpu"), "{why}");
-        }
-        let slots = LoadOptions {
-            expert_slots: Some(8),
-            ..LoadOptions::default()
-        };
-        let why = cuda_refusal(dir, &slots).expect("refused");
-        assert!(why.contains("--expert-slots 8"), "{why}");
-    }
-
-    #[test]
-    fn cuda_refuses_an_install_naming_the_directory() {
-        let tmp = std::env::temp_dir().join(format!("spindle-backend-test-{}", std::process::id()));
-        std::fs::create_dir_all(&tmp).unwrap();
-        std::fs::write(tmp.join("manifest.json"), "{}").unwrap();
-        let why = cuda_refusal(&tmp, &LoadOptions::default()).expect("refused");
-        let _ = std::fs::remove_dir_all(&tmp);
-        assert!(
-            why.contains("spindle install")
-                && why.contains("Hugging Face")
-                && why.contains("--device cpu")
-                && why.contains(&tmp.display().to_string()),
-            "{why}"
-        );
     }
 }
