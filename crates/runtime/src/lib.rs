@@ -1,8 +1,9 @@
-//! Text in, text out over the engine: a model directory (weights, tokenizer, chat template,
-//! generation defaults), the decode loop with sampling and streaming detokenization, and
-//! multi-turn conversations. The CLI and the server both drive generation through here, on
-//! whichever [`Backend`] runs the model (the CPU engine, or a CUDA GPU with the `cuda`
-//! feature).
+//! The backend interface and text in, text out over it. [`Backend`] runs a model on the CPU
+//! engine or (with the `cuda` feature) a CUDA GPU, chosen by [`Device`]: load, sessions, the
+//! forward pass with its input checked once ([`input`]), and what [`bench`] measures. Above it:
+//! a model directory (weights, tokenizer, chat template, generation defaults), the decode loop
+//! with [`sampling`] and streaming detokenization, and multi-turn conversations. The CLI and
+//! the server both drive generation, logits and benchmarks through here.
 
 pub mod backend;
 pub mod bench;
