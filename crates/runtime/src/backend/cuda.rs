@@ -55,8 +55,9 @@ pub fn cuda_refusal(dir: &Path, options: &LoadOptions) -> Option<String> {
 ///
 /// One engine has one stream and one scratch arena, and captures decode steps as CUDA graphs
 /// on that stream, so two sessions must never run (or free device memory) at the same time:
-/// every forward pass, session creation and session drop holds `lock`. Sessions of a server
-/// with `--parallel N` therefore take turns step by step on the GPU.
+/// every forward pass, session creation and drop, and every bench call (sync, bandwidth probe,
+/// kernel profile) holds `lock`. Sessions of a server with `--parallel N` therefore take turns
+/// step by step on the GPU.
 #[cfg(feature = "cuda")]
 pub struct CudaBackend {
     engine: spindle_cuda::CudaEngine,
@@ -134,8 +135,21 @@ impl CudaBackend {
         Ok(self.engine.decode_argmax(&mut session.session, id)?)
     }
 
+    /// Waits for the device.
+    pub(super) fn sync(&self) -> Result<()> {
+        let _held = self.held();
+        Ok(self.engine.sync()?)
+    }
+
+    /// Read bandwidth of device memory, bytes/s (see `CudaEngine::measure_bandwidth`).
+    pub(super) fn measure_bandwidth(&self, bytes: usize) -> Result<f64> {
+        let _held = self.held();
+        Ok(self.engine.measure_bandwidth(bytes)?)
+    }
+
     /// The kernel time recorded since the last call (`SPINDLE_CUDA_PROFILE=1`; else empty).
     pub(super) fn kernel_profile(&self) -> Result<Vec<KernelTime>> {
+        let _held = self.held();
         let lines = self.engine.device().profile_report()?;
         Ok(lines
             .into_iter()

@@ -239,7 +239,7 @@ impl Backend {
         match self {
             Backend::Cpu(_) => Ok(()),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => Ok(c.engine().sync()?),
+            Backend::Cuda(c) => c.sync(),
         }
     }
 
@@ -250,7 +250,7 @@ impl Backend {
         match self {
             Backend::Cpu(_) => Ok(measure_read_bandwidth(bytes)),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => Ok(c.engine().measure_bandwidth(bytes)?),
+            Backend::Cuda(c) => c.measure_bandwidth(bytes),
         }
     }
 
