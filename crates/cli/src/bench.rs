@@ -1,15 +1,19 @@
 //! `spindle bench`: prefill and decode speed, peak memory, and decode as a fraction of the
-//! memory-bandwidth roofline measured in the same run.
+//! memory-bandwidth roofline measured in the same run, on any backend (the measurements are
+//! `spindle_runtime::bench`'s; this prints them).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use serde_json::{json, Value};
 use spindle_engine::Engine;
-use spindle_runtime::bench::{self, BenchOptions};
+use spindle_model::quant::QuantFormat;
+use spindle_runtime::bench::{self, BenchOptions, BenchReport};
+use spindle_runtime::{Backend, Device};
 
-use crate::device::Device;
 use crate::load_args::LoadArgs;
 use crate::model_dir;
 
@@ -56,43 +60,102 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(ordinal) = args.device {
-        return cuda::run(args, ordinal);
-    }
-    if !args.context.is_empty() || args.layers.is_some() {
+    let cpu = args.device == Device::Cpu;
+    if cpu && (!args.context.is_empty() || args.layers.is_some()) {
         anyhow::bail!("--context and --layers are options of the CUDA bench (--device cuda)");
     }
     let dir = model_dir::resolve(args.model.as_ref())?;
-    let engine = Engine::load_with(&dir, &args.load.options())
-        .with_context(|| format!("loading {}", dir.display()))?;
+    let started = Instant::now();
+    let backend = Backend::load_layers(&dir, args.device, &args.load.options(), args.layers)
+        .with_context(|| {
+            if cpu {
+                format!("loading {}", dir.display())
+            } else {
+                format!("loading {} onto {}", dir.display(), args.device)
+            }
+        })?;
+    let load_s = started.elapsed().as_secs_f64();
     let report = bench::run(
-        &engine,
+        &backend,
         &BenchOptions {
             prompt_tokens: args.prompt,
             gen_tokens: args.gen,
             runs: args.runs,
             probe_bytes: args.probe_mib << 20,
+            contexts: args.context.clone(),
         },
     )?;
-    // Expert counters cover the warm-up and the measured runs.
+    print_profiles(&report);
+    match backend.cpu() {
+        Some(engine) => print_cpu(args, &dir, engine, &report),
+        None => print_gpu(args, &dir, &backend, &report, load_s),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// With `SPINDLE_CUDA_PROFILE=1`: the kernel time of one prefill and of one decode step by
+/// kernel and grid, on stderr (the timed work ran without graphs, one event pair per launch).
+fn print_profiles(report: &BenchReport) {
+    for profile in &report.profiles {
+        let times = profile.times.max(1);
+        let total: f64 = profile.lines.iter().map(|l| l.total_us).sum();
+        let launches: usize = profile.lines.iter().map(|l| l.calls).sum();
+        eprintln!(
+            "kernel time per {}: {:.1} us in {} launches",
+            profile.what,
+            total / times as f64,
+            launches / times
+        );
+        for l in &profile.lines {
+            eprintln!(
+                "  {:>9.1} us {:>5.1}% {:>5}x {:<20} grid {:?}",
+                l.total_us / times as f64,
+                100.0 * l.total_us / total,
+                l.calls / times,
+                l.name,
+                l.grid
+            );
+        }
+    }
+}
+
+fn gb(bytes: f64) -> f64 {
+    bytes / 1e9
+}
+
+/// The CPU report: one decode figure (after the prompt), the engine's threads and its expert
+/// counters (which cover the warm-up and the measured runs).
+fn print_cpu(args: &BenchArgs, dir: &Path, engine: &Engine, report: &BenchReport) {
     let experts = engine.expert_stats();
     // An install carries its own format; a checkpoint is quantized as asked.
-    let quant = engine
+    let quant: QuantFormat = engine
         .install()
         .map_or(args.load.quant, |i| i.manifest().quant_format());
+    let decode = report.decode[0].tokens_per_s;
     if args.json {
-        let mut value = serde_json::to_value(&report)?;
-        value["model"] = dir.display().to_string().into();
-        value["quant"] = quant.name().into();
-        value["experts"] = format!("{:?}", engine.expert_placement()).into();
-        value["expert_hit_rate"] = experts.hit_rate().into();
-        value["expert_bytes_read"] = experts.bytes_read.into();
-        value["expert_stall_s"] = experts.stall_s.into();
+        let value = json!({
+            "prompt_tokens": report.prompt_tokens,
+            "gen_tokens": report.gen_tokens,
+            "runs": report.runs,
+            "threads": report.threads,
+            "prefill_tokens_per_s": report.prefill_tokens_per_s(),
+            "prefill": report.prefill,
+            "decode_tokens_per_s": report.decode_tokens_per_s(),
+            "decode": decode,
+            "weight_bytes_per_token": report.weight_bytes_per_token,
+            "measured_bandwidth_bytes_per_s": report.measured_bandwidth_bytes_per_s,
+            "decode_roofline_fraction": report.decode_roofline_fraction(),
+            "peak_rss_bytes": report.peak_rss_bytes,
+            "model": dir.display().to_string(),
+            "quant": quant.name(),
+            "experts": format!("{:?}", engine.expert_placement()),
+            "expert_hit_rate": experts.hit_rate(),
+            "expert_bytes_read": experts.bytes_read,
+            "expert_stall_s": experts.stall_s,
+        });
         println!("{value}");
-        return Ok(ExitCode::SUCCESS);
+        return;
     }
-    let gb = |b: f64| b / 1e9;
     println!(
         "model        {} ({}, {} threads)",
         dir.display(),
@@ -101,7 +164,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     );
     println!(
         "prefill      {:>10.1} tok/s  (median of {}, min {:.1}, max {:.1}; {} tokens)",
-        report.prefill_tokens_per_s,
+        report.prefill_tokens_per_s(),
         report.runs,
         report.prefill.min,
         report.prefill.max,
@@ -109,10 +172,10 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     );
     println!(
         "decode       {:>10.2} tok/s  (median of {}, min {:.2}, max {:.2}; {} tokens)",
-        report.decode_tokens_per_s,
+        report.decode_tokens_per_s(),
         report.runs,
-        report.decode.min,
-        report.decode.max,
+        decode.min,
+        decode.max,
         report.gen_tokens
     );
     println!(
@@ -125,12 +188,12 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     );
     println!(
         "roofline     {:>10.2} tok/s  → decode at {:.1}% of it",
-        report.measured_bandwidth_bytes_per_s / report.weight_bytes_per_token as f64,
-        report.decode_roofline_fraction * 100.0
+        report.roofline_tokens_per_s(),
+        report.decode_roofline_fraction() * 100.0
     );
     println!(
         "prefill/decode ratio {:.1}x",
-        report.prefill_tokens_per_s / report.decode_tokens_per_s
+        report.prefill_tokens_per_s() / report.decode_tokens_per_s()
     );
     println!("peak RSS     {:>10.2} GB", gb(report.peak_rss_bytes as f64));
     if experts.hits + experts.misses > 0 {
@@ -142,131 +205,87 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             experts.stall_s
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
-/// `spindle bench --device cuda[:N]`: the same measurements on a GPU (decode after each
-/// `--context`), with the same JSON keys as the CPU bench.
-#[cfg(feature = "cuda")]
-mod cuda {
-    use std::process::ExitCode;
-
-    use anyhow::{Context, Result};
-    use spindle_cuda::bench::{self, BenchOptions};
-    use spindle_cuda::CudaEngine;
-
-    use super::BenchArgs;
-    use crate::model_dir;
-
-    fn stat(s: &bench::Stat) -> serde_json::Value {
-        serde_json::json!({ "median": s.median, "min": s.min, "max": s.max })
-    }
-
-    pub fn run(args: &BenchArgs, ordinal: usize) -> Result<ExitCode> {
-        let dir = model_dir::resolve(args.model.as_ref())?;
-        if let Some(reason) = spindle_runtime::backend::cuda_refusal(&dir, &args.load.options()) {
-            anyhow::bail!(reason);
-        }
-        let started = std::time::Instant::now();
-        let engine = CudaEngine::load_with(&dir, ordinal, args.load.quant, args.layers)
-            .with_context(|| format!("loading {} onto CUDA device {ordinal}", dir.display()))?;
-        let load_s = started.elapsed().as_secs_f64();
-        let contexts = if args.context.is_empty() {
-            vec![args.prompt]
-        } else {
-            args.context.clone()
-        };
-        let report = bench::run(
-            &engine,
-            &BenchOptions {
-                prompt_tokens: args.prompt,
-                gen_tokens: args.gen,
-                runs: args.runs,
-                probe_bytes: args.probe_mib << 20,
-                contexts,
-            },
-        )?;
-        let layers = engine.config().num_layers();
-        if args.json {
-            let decode: Vec<serde_json::Value> = report
-                .decode
-                .iter()
-                .map(|d| {
-                    serde_json::json!({
-                        "context": d.context,
-                        "tokens_per_s": d.tokens_per_s.median,
-                        "decode": stat(&d.tokens_per_s),
-                        "roofline_fraction": d.tokens_per_s.median / report.roofline_tokens_per_s(),
-                    })
+/// The GPU report: decode after each `--context`, the device, CUDA graphs and the load time
+/// (the JSON keys the CPU report shares have the same meaning).
+fn print_gpu(args: &BenchArgs, dir: &Path, backend: &Backend, report: &BenchReport, load_s: f64) {
+    let layers = backend.config().num_layers();
+    let roofline = report.roofline_tokens_per_s();
+    if args.json {
+        let decode: Vec<Value> = report
+            .decode
+            .iter()
+            .map(|d| {
+                json!({
+                    "context": d.context,
+                    "tokens_per_s": d.tokens_per_s.median,
+                    "decode": d.tokens_per_s,
+                    "roofline_fraction": d.tokens_per_s.median / roofline,
                 })
-                .collect();
-            let value = serde_json::json!({
-                "model": dir.display().to_string(),
-                "device": report.device,
-                "quant": args.load.quant.name(),
-                "layers": layers,
-                "cuda_graphs": report.graphs,
-                "load_s": load_s,
-                "prompt_tokens": report.prompt_tokens,
-                "gen_tokens": report.gen_tokens,
-                "runs": report.runs,
-                "prefill_tokens_per_s": report.prefill_tokens_per_s(),
-                "prefill": stat(&report.prefill),
-                "decode_tokens_per_s": report.decode_tokens_per_s(),
-                "decode_by_context": decode,
-                "weight_bytes_per_token": report.weight_bytes_per_token,
-                "measured_bandwidth_bytes_per_s": report.measured_bandwidth_bytes_per_s,
-                "decode_roofline_fraction": report.decode_roofline_fraction(),
-                "peak_rss_bytes": report.peak_rss_bytes,
-            });
-            println!("{value}");
-            return Ok(ExitCode::SUCCESS);
-        }
-        let gb = |b: f64| b / 1e9;
-        println!(
-            "model        {} ({}, {} layers) on {}{}",
-            dir.display(),
-            args.load.quant.name(),
-            layers,
-            report.device,
-            if report.graphs { ", CUDA graphs" } else { "" }
-        );
-        println!(
-            "prefill      {:>10.1} tok/s  (median of {}, min {:.1}, max {:.1}; {} tokens)",
-            report.prefill.median,
-            report.runs,
-            report.prefill.min,
-            report.prefill.max,
-            report.prompt_tokens
-        );
-        for d in &report.decode {
-            println!(
-                "decode       {:>10.2} tok/s  after {} tokens (median of {}, min {:.2}, max {:.2}; {} tokens each) = {:.1}% of the roofline",
-                d.tokens_per_s.median,
-                d.context,
-                report.runs,
-                d.tokens_per_s.min,
-                d.tokens_per_s.max,
-                report.gen_tokens,
-                d.tokens_per_s.median / report.roofline_tokens_per_s() * 100.0
-            );
-        }
-        println!(
-            "weights/tok  {:>10.3} GB",
-            gb(report.weight_bytes_per_token as f64)
-        );
-        println!(
-            "bandwidth    {:>10.2} GB/s (device read kernel, same run)",
-            gb(report.measured_bandwidth_bytes_per_s)
-        );
-        println!(
-            "roofline     {:>10.2} tok/s",
-            report.roofline_tokens_per_s()
-        );
-        println!(
-            "peak RSS     {:>10.2} GB (host)",
-            gb(report.peak_rss_bytes as f64)
-        );
-        Ok(ExitCode::SUCCESS)
+            })
+            .collect();
+        let value = json!({
+            "model": dir.display().to_string(),
+            "device": report.device,
+            "quant": args.load.quant.name(),
+            "layers": layers,
+            "cuda_graphs": report.graphs,
+            "load_s": load_s,
+            "prompt_tokens": report.prompt_tokens,
+            "gen_tokens": report.gen_tokens,
+            "runs": report.runs,
+            "prefill_tokens_per_s": report.prefill_tokens_per_s(),
+            "prefill": report.prefill,
+            "decode_tokens_per_s": report.decode_tokens_per_s(),
+            "decode_by_context": decode,
+            "weight_bytes_per_token": report.weight_bytes_per_token,
+            "measured_bandwidth_bytes_per_s": report.measured_bandwidth_bytes_per_s,
+            "decode_roofline_fraction": report.decode_roofline_fraction(),
+            "peak_rss_bytes": report.peak_rss_bytes,
+        });
+        println!("{value}");
+        return;
     }
+    println!(
+        "model        {} ({}, {} layers) on {}{}",
+        dir.display(),
+        args.load.quant.name(),
+        layers,
+        report.device,
+        if report.graphs { ", CUDA graphs" } else { "" }
+    );
+    println!(
+        "prefill      {:>10.1} tok/s  (median of {}, min {:.1}, max {:.1}; {} tokens)",
+        report.prefill.median,
+        report.runs,
+        report.prefill.min,
+        report.prefill.max,
+        report.prompt_tokens
+    );
+    for d in &report.decode {
+        println!(
+            "decode       {:>10.2} tok/s  after {} tokens (median of {}, min {:.2}, max {:.2}; {} tokens each) = {:.1}% of the roofline",
+            d.tokens_per_s.median,
+            d.context,
+            report.runs,
+            d.tokens_per_s.min,
+            d.tokens_per_s.max,
+            report.gen_tokens,
+            d.tokens_per_s.median / roofline * 100.0
+        );
+    }
+    println!(
+        "weights/tok  {:>10.3} GB",
+        gb(report.weight_bytes_per_token as f64)
+    );
+    println!(
+        "bandwidth    {:>10.2} GB/s (device read kernel, same run)",
+        gb(report.measured_bandwidth_bytes_per_s)
+    );
+    println!("roofline     {:>10.2} tok/s", roofline);
+    println!(
+        "peak RSS     {:>10.2} GB (host)",
+        gb(report.peak_rss_bytes as f64)
+    );
 }

@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use spindle_engine::{Engine, GreedyRun};
+use spindle_engine::GreedyRun;
 use spindle_model::ModelConfig;
+use spindle_runtime::{Backend, Device};
 
 use crate::compare::compare;
-use crate::device::Device;
 use crate::tensor_file::{self, Tensor, Values};
 
 #[derive(Debug, Args)]
@@ -103,11 +103,7 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
             args.model.display()
         );
     }
-    let (config, run) = match args.device {
-        Device::Cpu => run_cpu(args, &prompt)?,
-        #[cfg(feature = "cuda")]
-        Device::Cuda(ordinal) => run_cuda(args, &prompt, ordinal)?,
-    };
+    let (config, run) = run_on_device(args, &prompt)?;
     let config = &config;
 
     let (t, v, g) = (prompt.len(), config.vocab_size, run.gen_ids.len());
@@ -180,42 +176,26 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
     }
 }
 
-/// Loads the model on the CPU and runs the prompt and its greedy continuation.
-fn run_cpu(args: &LogitsArgs, prompt: &[u32]) -> Result<(ModelConfig, GreedyRun)> {
-    let started = Instant::now();
-    let engine = Engine::load_with(&args.model, &args.load.options())
-        .with_context(|| format!("cannot load the model at {}", args.model.display()))?;
-    log_loaded(args, engine.config(), started, "cpu");
-    let started = Instant::now();
-    let run = engine
-        .greedy(prompt, args.decode)
-        .with_context(|| format!("cannot run the model at {}", args.model.display()))?;
-    log_done(args, prompt, started);
-    Ok((engine.config().clone(), run))
-}
-
-/// As [`run_cpu`], on CUDA device `ordinal`.
-#[cfg(feature = "cuda")]
-fn run_cuda(args: &LogitsArgs, prompt: &[u32], ordinal: usize) -> Result<(ModelConfig, GreedyRun)> {
-    if let Some(reason) = spindle_runtime::backend::cuda_refusal(&args.model, &args.load.options())
-    {
-        bail!(reason);
-    }
-    let started = Instant::now();
-    let engine = spindle_cuda::CudaEngine::load_with(&args.model, ordinal, args.load.quant, None)
-        .with_context(|| {
-        format!(
-            "cannot load the model at {} onto CUDA device {ordinal}",
-            args.model.display()
+/// Loads the model on `--device` and runs the prompt and its greedy continuation.
+fn run_on_device(args: &LogitsArgs, prompt: &[u32]) -> Result<(ModelConfig, GreedyRun)> {
+    let (onto, on) = if args.device == Device::Cpu {
+        (String::new(), String::new())
+    } else {
+        (
+            format!(" onto {}", args.device),
+            format!(" on {}", args.device),
         )
-    })?;
-    log_loaded(args, engine.config(), started, &engine.device_name());
+    };
     let started = Instant::now();
-    let run = engine
+    let backend = Backend::load(&args.model, args.device, &args.load.options())
+        .with_context(|| format!("cannot load the model at {}{onto}", args.model.display()))?;
+    log_loaded(args, backend.config(), started, &backend.device_name());
+    let started = Instant::now();
+    let run = backend
         .greedy(prompt, args.decode)
-        .with_context(|| format!("cannot run the model at {} on CUDA", args.model.display()))?;
+        .with_context(|| format!("cannot run the model at {}{on}", args.model.display()))?;
     log_done(args, prompt, started);
-    Ok((engine.config().clone(), run))
+    Ok((backend.config().clone(), run))
 }
 
 fn log_loaded(args: &LogitsArgs, config: &ModelConfig, started: Instant, device: &str) {

@@ -4,7 +4,6 @@
 mod bench;
 mod compare;
 mod convert;
-mod device;
 mod inspect;
 mod load_args;
 mod logits;

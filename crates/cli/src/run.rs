@@ -11,9 +11,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{json, Map, Value};
-use spindle_runtime::{Completion, Conversation, Flow, GenerateOptions, Model, Prompt};
+use spindle_runtime::{Completion, Conversation, Device, Flow, GenerateOptions, Model, Prompt};
 
-use crate::device::Device;
 use crate::model_dir;
 use crate::sampling_args::SamplingArgs;
 
@@ -92,7 +91,7 @@ fn load(args: &RunArgs) -> Result<Model> {
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_message(format!("loading {}", dir.display()));
     spinner.enable_steady_tick(Duration::from_millis(100));
-    let model = Model::load_on(&dir, args.device.into(), &args.load.options())
+    let model = Model::load_on(&dir, args.device, &args.load.options())
         .with_context(|| format!("loading {} on {}", dir.display(), args.device));
     spinner.finish_and_clear();
     model

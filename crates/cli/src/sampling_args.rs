@@ -1,7 +1,7 @@
 //! Sampling flags shared by the commands that generate text.
 
 use clap::Args;
-use spindle_engine::sampling::SamplingParams;
+use spindle_runtime::sampling::SamplingParams;
 
 #[derive(Debug, Args, Clone, Default)]
 pub struct SamplingArgs {

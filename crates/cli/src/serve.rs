@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use spindle_runtime::Device;
 use spindle_server::{open_model_on, shutdown_signal, Server, ServerConfig};
-
-use crate::device::Device;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -61,7 +60,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         args.model.as_deref(),
         args.model_id.clone(),
         &args.load.options(),
-        args.device.into(),
+        args.device,
     )?;
     tracing::info!(device = %model.backend.describe(), "serving {id}");
     let config = ServerConfig {

@@ -97,10 +97,12 @@ fn without_the_cuda_feature_run_and_serve_refuse_cuda_naming_the_feature() {
 /// Whether this machine can run CUDA at all (a driver and NVRTC), asked of the backend.
 #[cfg(feature = "cuda")]
 fn cuda_present() -> bool {
-    !matches!(
-        spindle_cuda::CudaEngine::load(Path::new("/no/such/model"), 0),
-        Err(spindle_cuda::CudaError::NoDriver | spindle_cuda::CudaError::NoNvrtc)
-    )
+    let load = spindle_runtime::Backend::load(
+        Path::new("/no/such/model"),
+        spindle_runtime::Device::Cuda(0),
+        &spindle_engine::LoadOptions::default(),
+    );
+    !matches!(load, Err(e) if e.is_cuda_unavailable())
 }
 
 /// Options only the CPU engine has are refused by name before any device is opened, so these

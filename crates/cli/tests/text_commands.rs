@@ -3,7 +3,7 @@
 use std::process::Command;
 
 use serde_json::{json, Map, Value};
-use spindle_engine::sampling::SamplingParams;
+use spindle_runtime::sampling::SamplingParams;
 use spindle_runtime::{demo_dir, Flow, GenerateOptions, Model, Prompt};
 use spindle_testkit::fixtures;
 

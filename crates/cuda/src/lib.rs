@@ -18,7 +18,6 @@
 #![allow(clippy::manual_is_multiple_of, clippy::too_many_arguments)]
 
 mod attention;
-pub mod bench;
 mod device;
 mod error;
 mod ffn;
@@ -172,7 +171,6 @@ impl CudaEngine {
     /// Feeds one token and returns the greedy next token, chosen on the device (4 bytes come
     /// back instead of the logits row).
     pub fn decode_argmax(&self, session: &mut CudaSession, id: u32) -> Result<u32> {
-        self.check_ids(session, &[id])?;
         let logits = flow::forward_device(self, session, &[id], LogitsFor::Last)?;
         let next = session.step_io.at(flow::STEP_NEXT);
         let vocab = self.config.vocab_size;
@@ -227,19 +225,15 @@ impl CudaEngine {
         Ok(best)
     }
 
-    fn check_ids(&self, session: &CudaSession, ids: &[u32]) -> Result<()> {
-        spindle_engine::check_input(&self.config, session.position, ids).map_err(Into::into)
-    }
-
     /// Feeds `ids` to the session and returns logits `[rows, V]` (row-major) for the positions
-    /// `want` asks for, as [`spindle_engine::Engine::forward`] does.
+    /// `want` asks for, as [`spindle_engine::Engine::forward`] does. `ids` are checked input
+    /// (see `spindle_runtime::Backend::forward`, which checks them for every backend).
     pub fn forward(
         &self,
         session: &mut CudaSession,
         ids: &[u32],
         want: LogitsFor,
     ) -> Result<Vec<f32>> {
-        self.check_ids(session, ids)?;
         let chunks: Vec<&[u32]> = ids.chunks(MAX_CHUNK).collect();
         let mut logits = Vec::new();
         for (n, chunk) in chunks.iter().enumerate() {

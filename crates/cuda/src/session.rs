@@ -87,6 +87,30 @@ pub struct CudaSession {
 }
 
 impl CudaSession {
+    /// Bytes held by the caches and states on the device (KV caches with their QSA indexer
+    /// keys, GDN conv and recurrent states, PLE conv rows), as the CPU session counts them.
+    pub fn state_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Attention(kv) => {
+                    kv.keys.len()
+                        + kv.values.len()
+                        + kv.indexer
+                            .as_ref()
+                            .map_or(0, |i| i.raw_keys.len() + i.block_keys.len())
+                }
+                LayerState::Gdn(s) => s.conv.len() + s.recurrent.len(),
+            })
+            .sum();
+        let ple = self
+            .ple
+            .as_ref()
+            .map_or(0, |p| p.conv.iter().map(|c| c.len()).sum());
+        (layers + ple) * std::mem::size_of::<f32>()
+    }
+
     /// The sum of the KV caches' generations (changes when any cache is reallocated).
     pub fn cache_generation(&self) -> u64 {
         self.layers

@@ -7,19 +7,6 @@ pub enum EngineError {
     #[error(transparent)]
     Model(#[from] ModelError),
 
-    #[error("token id {id} at prompt position {position} is outside the vocabulary (vocab_size {vocab_size})")]
-    InvalidToken {
-        id: u32,
-        position: usize,
-        vocab_size: usize,
-    },
-
-    #[error("the sequence would reach {requested} tokens, beyond the model's context of {limit} (max_position_embeddings)")]
-    ContextOverflow { requested: usize, limit: usize },
-
-    #[error("forward called with no tokens")]
-    EmptyInput,
-
     #[error("{message}; this sequence's state is incomplete, start a new one")]
     ExpertRead { message: String },
 

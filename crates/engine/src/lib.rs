@@ -7,9 +7,7 @@ pub mod experts;
 pub mod ffn;
 mod flow;
 mod gdn;
-pub mod measure;
 pub mod qwen4;
-pub mod sampling;
 pub mod session;
 pub mod weights;
 
@@ -208,13 +206,21 @@ impl Engine {
 
     /// Feeds `ids` to the session and returns logits `[rows, V]` (row-major) for the positions
     /// `want` asks for. A prompt is one call (prefill); decoding is one call per token.
+    ///
+    /// `ids` must be checked input: at least one token, every id below `vocab_size`, and
+    /// `session.position + ids.len()` within `max_position_embeddings`. Front ends run the
+    /// model through `spindle_runtime::Backend::forward`, which checks them once for every
+    /// backend; a token outside the vocabulary panics here.
     pub fn forward(&self, session: &mut Session, ids: &[u32], want: LogitsFor) -> Result<Vec<f32>> {
         if let Some(cause) = &session.broken {
             return Err(EngineError::BrokenSession {
                 cause: cause.clone(),
             });
         }
-        check_input(&self.config, session.position, ids)?;
+        debug_assert!(
+            !ids.is_empty() && ids.iter().all(|&id| (id as usize) < self.config.vocab_size),
+            "unchecked input to Engine::forward (spindle_runtime::Backend::forward checks it)"
+        );
         // A step that fails part-way (a streamed expert could not be read) has already
         // updated some layers' state: the session refuses further steps.
         flow::forward(&self.config, &self.weights, &self.rope, session, ids, want)
@@ -228,34 +234,6 @@ impl Engine {
             self.forward(&mut session, ids, want)
         })
     }
-}
-
-/// Refuses an empty input, a token outside the vocabulary and a sequence longer than the
-/// context: the checks every backend makes before a forward pass from `position`.
-pub fn check_input(config: &ModelConfig, position: usize, ids: &[u32]) -> Result<()> {
-    if ids.is_empty() {
-        return Err(EngineError::EmptyInput);
-    }
-    let vocab_size = config.vocab_size;
-    if let Some((i, &id)) = ids
-        .iter()
-        .enumerate()
-        .find(|(_, &id)| id as usize >= vocab_size)
-    {
-        return Err(EngineError::InvalidToken {
-            id,
-            position: position + i,
-            vocab_size,
-        });
-    }
-    let requested = position + ids.len();
-    if requested > config.max_position_embeddings {
-        return Err(EngineError::ContextOverflow {
-            requested,
-            limit: config.max_position_embeddings,
-        });
-    }
-    Ok(())
 }
 
 impl GreedyRun {

@@ -5,6 +5,7 @@ mod common;
 
 use common::{fixture, Reference};
 use spindle_engine::{Engine, LoadOptions, LogitsFor};
+use spindle_kernels::softmax::argmax;
 use spindle_model::quant::QuantFormat;
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
@@ -43,13 +44,6 @@ fn quality(name: &str, format: QuantFormat) -> (f64, f64, f64) {
         let kl: f64 = lb.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum();
         sum += kl;
         max = max.max(kl);
-        let argmax = |v: &[f32]| {
-            v.iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .unwrap()
-                .0
-        };
         agree += (argmax(b) == argmax(q)) as usize;
     }
     let rows = ids.len() as f64;

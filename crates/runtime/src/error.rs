@@ -2,14 +2,20 @@
 
 use std::path::PathBuf;
 
-use spindle_engine::sampling::InvalidSamplingParams;
 use spindle_engine::EngineError;
 use spindle_text::TextError;
+
+use crate::input::InputError;
+use crate::sampling::InvalidSamplingParams;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error(transparent)]
     Engine(#[from] EngineError),
+
+    /// Token ids a forward pass refuses (checked once, before any backend runs).
+    #[error(transparent)]
+    Input(#[from] InputError),
 
     /// The CUDA engine's errors (no driver, no such device, out of memory, ...).
     #[cfg(feature = "cuda")]
@@ -34,6 +40,21 @@ pub enum RuntimeError {
 
     #[error("the prompt has {prompt} tokens but the context holds {limit}")]
     PromptTooLong { prompt: usize, limit: usize },
+}
+
+impl RuntimeError {
+    /// Whether this is the CUDA backend's "CUDA is not available": this machine has no CUDA
+    /// driver, or no NVRTC to compile the kernels (always false without the `cuda` feature).
+    pub fn is_cuda_unavailable(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        if let RuntimeError::Cuda(
+            spindle_cuda::CudaError::NoDriver | spindle_cuda::CudaError::NoNvrtc,
+        ) = self
+        {
+            return true;
+        }
+        false
+    }
 }
 
 pub type Result<T> = std::result::Result<T, RuntimeError>;

@@ -3,13 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use spindle_engine::sampling::{Sampler, SamplingParams};
 use spindle_engine::LogitsFor;
 use spindle_text::{FinishReason, StopConditions, TextStream};
 
 use crate::backend::BackendSession;
 use crate::error::{Result, RuntimeError};
 use crate::model::Model;
+use crate::sampling::{Sampler, SamplingParams};
 
 /// How to generate.
 #[derive(Clone, Debug, Default)]

@@ -1,20 +1,26 @@
-//! Text in, text out over the engine: a model directory (weights, tokenizer, chat template,
-//! generation defaults), the decode loop with sampling and streaming detokenization, and
-//! multi-turn conversations. The CLI and the server both drive generation through here, on
-//! whichever [`Backend`] runs the model (the CPU engine, or a CUDA GPU with the `cuda`
-//! feature).
+//! The backend interface and text in, text out over it. [`Backend`] runs a model on the CPU
+//! engine or (with the `cuda` feature) a CUDA GPU, chosen by [`Device`]: load, sessions, the
+//! forward pass with its input checked once ([`input`]), and what [`bench`] measures. Above it:
+//! a model directory (weights, tokenizer, chat template, generation defaults), the decode loop
+//! with [`sampling`] and streaming detokenization, and multi-turn conversations. The CLI and
+//! the server both drive generation, logits and benchmarks through here.
 
 pub mod backend;
 pub mod bench;
 pub mod conversation;
 pub mod demo;
+pub mod device;
 pub mod error;
 pub mod generate;
+pub mod input;
 pub mod model;
+pub mod sampling;
 
-pub use backend::{Backend, BackendSession, Device};
+pub use backend::{Backend, BackendSession};
 pub use conversation::{Conversation, Turn};
 pub use demo::{demo_dir, DEMO_MODEL_ID};
+pub use device::Device;
 pub use error::{Result, RuntimeError};
 pub use generate::{Completion, Finish, Flow, GenerateOptions};
+pub use input::InputError;
 pub use model::{Model, PreparedPrompt, Prompt};

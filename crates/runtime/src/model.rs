@@ -5,13 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use spindle_engine::sampling::{GenerationConfigValues, SamplingParams};
 use spindle_engine::LoadOptions;
 use spindle_model::ModelConfig;
 use spindle_text::{ChatTemplate, Tokenizer};
 
 use crate::backend::{Backend, BackendSession, Device};
 use crate::error::{Result, RuntimeError};
+use crate::sampling::{GenerationConfigValues, SamplingParams};
 
 /// What a request asks the model to continue.
 #[derive(Clone, Debug)]

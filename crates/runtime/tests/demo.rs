@@ -1,7 +1,7 @@
 //! Generation on the embedded demo checkpoint.
 
 use serde_json::{json, Map};
-use spindle_engine::sampling::SamplingParams;
+use spindle_runtime::sampling::SamplingParams;
 use spindle_runtime::{demo_dir, Conversation, Finish, Flow, GenerateOptions, Model, Prompt};
 
 fn greedy(max_tokens: usize) -> GenerateOptions {

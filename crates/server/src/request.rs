@@ -5,7 +5,7 @@
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use spindle_engine::sampling::SamplingParams;
+use spindle_runtime::sampling::SamplingParams;
 use spindle_runtime::GenerateOptions;
 
 use crate::error::ApiError;

@@ -1,24 +1,28 @@
-//! `--device`: which backend runs the model, for every command that runs one (`run`, `serve`,
-//! `logits`, `bench`).
+//! `Device`: which backend runs a model, as `--device` spells it (`cpu`, `cuda`, `cuda:N`).
+//! Parsed once here for every front end (the CLI's `run`, `serve`, `logits` and `bench`).
 
 use std::fmt;
 use std::str::FromStr;
 
-/// The backends a command can run a model on: the CPU, and CUDA GPU N in a build with the
-/// `cuda` feature.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where a model runs: the CPU, or CUDA GPU N in a build with the `cuda` feature.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Device {
+    /// The CPU engine (every feature: installs, expert streaming, SIMD kernels).
+    #[default]
     Cpu,
+    /// CUDA GPU N (Hugging Face checkpoints only, every expert in GPU memory).
     #[cfg(feature = "cuda")]
     Cuda(usize),
 }
 
-/// The devices `--device` accepts, for messages.
-pub const AVAILABLE: &str = if cfg!(feature = "cuda") {
-    "cpu, cuda, cuda:N"
-} else {
-    "cpu"
-};
+impl Device {
+    /// The devices this build accepts, for messages.
+    pub const AVAILABLE: &'static str = if cfg!(feature = "cuda") {
+        "cpu, cuda, cuda:N"
+    } else {
+        "cpu"
+    };
+}
 
 fn is_cuda(s: &str) -> bool {
     s == "cuda" || s.starts_with("cuda:")
@@ -27,7 +31,10 @@ fn is_cuda(s: &str) -> bool {
 impl FromStr for Device {
     type Err = String;
 
+    /// `cpu`, `cuda` (GPU 0) or `cuda:N`; an error names the text and lists the devices this
+    /// build has (a build without the `cuda` feature names the feature for `cuda[:N]`).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let available = Device::AVAILABLE;
         match s {
             "cpu" => Ok(Device::Cpu),
             #[cfg(feature = "cuda")]
@@ -41,10 +48,10 @@ impl FromStr for Device {
             },
             #[cfg(not(feature = "cuda"))]
             cuda if is_cuda(cuda) => Err(format!(
-                "device {cuda:?} is not available: this spindle was built without the CUDA backend (build with `--features cuda`; available devices: {AVAILABLE})"
+                "device {cuda:?} is not available: this spindle was built without the CUDA backend (build with `--features cuda`; available devices: {available})"
             )),
             other => Err(format!(
-                "unknown device {other:?} (available devices: {AVAILABLE})"
+                "unknown device {other:?} (available devices: {available})"
             )),
         }
     }
@@ -52,16 +59,10 @@ impl FromStr for Device {
 
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        spindle_runtime::Device::from(*self).fmt(f)
-    }
-}
-
-impl From<Device> for spindle_runtime::Device {
-    fn from(device: Device) -> Self {
-        match device {
-            Device::Cpu => spindle_runtime::Device::Cpu,
+        match self {
+            Device::Cpu => f.write_str("cpu"),
             #[cfg(feature = "cuda")]
-            Device::Cuda(n) => spindle_runtime::Device::Cuda(n),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
         }
     }
 }
@@ -71,12 +72,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn devices_print_as_the_flag_spells_them() {
+        assert_eq!(Device::Cpu.to_string(), "cpu");
+        assert_eq!(Device::default(), Device::Cpu);
+        #[cfg(feature = "cuda")]
+        assert_eq!(Device::Cuda(2).to_string(), "cuda:2");
+    }
+
+    #[test]
     fn cpu_is_always_accepted_and_unknown_devices_list_the_available_ones() {
         assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
-        assert_eq!(Device::Cpu.to_string(), "cpu");
         let tpu = "tpu".parse::<Device>().unwrap_err();
         assert!(
-            tpu.contains("unknown device \"tpu\"") && tpu.contains(AVAILABLE),
+            tpu.contains("unknown device \"tpu\"") && tpu.contains(Device::AVAILABLE),
             "{tpu}"
         );
         assert!("gpu".parse::<Device>().is_err());
@@ -90,10 +98,6 @@ mod tests {
             assert_eq!("cuda".parse::<Device>(), Ok(Device::Cuda(0)));
             assert_eq!("cuda:3".parse::<Device>(), Ok(Device::Cuda(3)));
             assert_eq!(Device::Cuda(3).to_string(), "cuda:3");
-            assert_eq!(
-                spindle_runtime::Device::from(Device::Cuda(1)),
-                spindle_runtime::Device::Cuda(1)
-            );
             let bad = "cuda:x".parse::<Device>().unwrap_err();
             assert!(bad.contains("\"x\"") && bad.contains("cuda:0"), "{bad}");
             assert!("cuda:-1".parse::<Device>().is_err());

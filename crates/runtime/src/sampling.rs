@@ -2,12 +2,13 @@
 //!
 //! The order is the one Hugging Face transformers and vLLM use: penalties on the raw logits,
 //! then temperature, then the top-k, top-p and min-p filters, then a draw from the softmax of
-//! what is left. Temperature 0 is greedy decoding: the arg-max, lowest id on ties.
+//! what is left. Temperature 0 is greedy decoding: [`argmax`], lowest id on ties, never NaN.
 
 use std::fmt;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use spindle_kernels::softmax::argmax;
 
 /// How to pick the next token. Neutral values switch a step off: `top_k` 0, `top_p` 1,
 /// `min_p` 0, `repetition_penalty` 1, presence and frequency penalties 0.
@@ -186,7 +187,7 @@ impl Sampler {
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         self.apply_penalties(logits, history);
         if self.params.is_greedy() {
-            return argmax(logits);
+            return argmax(logits) as u32;
         }
         let inv_t = 1.0 / self.params.temperature;
         self.candidates.clear();
@@ -198,7 +199,7 @@ impl Sampler {
                 .map(|(i, &l)| (i as u32, l * inv_t, 0.0)),
         );
         if self.candidates.is_empty() {
-            return argmax(logits);
+            return argmax(logits) as u32;
         }
         self.keep_top_k();
         self.softmax_sorted();
@@ -309,20 +310,6 @@ fn by_logit_desc(a: &(u32, f32, f64), b: &(u32, f32, f64)) -> std::cmp::Ordering
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
-/// Index of the largest logit, the lowest index on ties; NaN never wins; 0 for no candidate.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &l) in logits.iter().enumerate() {
-        if l.is_nan() {
-            continue;
-        }
-        if best.is_none_or(|(_, b)| l > b) {
-            best = Some((i, l));
-        }
-    }
-    best.map_or(0, |(i, _)| i as u32)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,7 +368,6 @@ mod tests {
         assert_eq!(s.sample(&mut [0.1, 3.0, -1.0, 3.0], &[]), 1);
         assert_eq!(s.sample(&mut [f32::NAN, -5.0, f32::NAN], &[]), 1);
         assert_eq!(s.sample(&mut [f32::NEG_INFINITY; 3], &[]), 0);
-        assert_eq!(argmax(&[]), 0);
     }
 
     #[test]

@@ -1,0 +1,237 @@
+//! The CUDA backend behind [`super::Backend`]: what it refuses to run, and the lock its
+//! sessions take turns under. The refusals are compiled in every build, so they are tested
+//! without a GPU.
+
+#[cfg(feature = "cuda")]
+use std::mem::ManuallyDrop;
+use std::path::Path;
+#[cfg(feature = "cuda")]
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use spindle_engine::experts::ExpertResidency;
+use spindle_engine::LoadOptions;
+#[cfg(feature = "cuda")]
+use spindle_engine::LogitsFor;
+
+#[cfg(feature = "cuda")]
+use crate::bench::KernelTime;
+#[cfg(feature = "cuda")]
+use crate::error::{Result, RuntimeError};
+
+/// Why `options` (or the directory) cannot be run by the CUDA backend, naming the option at
+/// fault: the CUDA engine reads Hugging Face checkpoints only and keeps every expert in GPU
+/// memory, so installs, `--experts mapped|streamed` and `--expert-slots` are CPU features.
+/// `None` when the CUDA backend can take them. (Available in every build, so the refusals are
+/// tested without a GPU.)
+pub fn cuda_refusal(dir: &Path, options: &LoadOptions) -> Option<String> {
+    if spindle_model::install::is_install(dir) {
+        return Some(format!(
+            "{} is a spindle install (it has a manifest.json); the CUDA backend reads Hugging Face \
+             checkpoints only: point --model at the checkpoint the install was converted from \
+             (with --quant for q8/q4), or run the install with --device cpu",
+            dir.display()
+        ));
+    }
+    match options.experts {
+        ExpertResidency::Resident | ExpertResidency::Auto => {}
+        other => {
+            return Some(format!(
+                "--experts {} is not available with --device cuda: the CUDA backend keeps every \
+                 expert in GPU memory (use --experts resident or auto, or --device cpu)",
+                other.name()
+            ))
+        }
+    }
+    if let Some(slots) = options.expert_slots {
+        return Some(format!(
+            "--expert-slots {slots} is not available with --device cuda: expert slots are a \
+             feature of the CPU engine's expert streaming (drop the option, or use --device cpu)"
+        ));
+    }
+    None
+}
+
+/// The CUDA engine and the lock that serializes its use.
+///
+/// One engine has one stream and one scratch arena, and captures decode steps as CUDA graphs
+/// on that stream, so two sessions must never run (or free device memory) at the same time:
+/// every forward pass, session creation and drop, and every bench call (sync, bandwidth probe,
+/// kernel profile) holds `lock`. Sessions of a server with `--parallel N` therefore take turns
+/// step by step on the GPU.
+#[cfg(feature = "cuda")]
+pub struct CudaBackend {
+    engine: spindle_cuda::CudaEngine,
+    ordinal: usize,
+    lock: Arc<Mutex<()>>,
+}
+
+#[cfg(feature = "cuda")]
+impl CudaBackend {
+    /// Loads `dir` onto GPU `ordinal` (the first `layers` layers when given), after refusing
+    /// what only the CPU engine runs (see [`cuda_refusal`]).
+    pub(super) fn load(
+        dir: &Path,
+        ordinal: usize,
+        options: &LoadOptions,
+        layers: Option<usize>,
+    ) -> Result<Self> {
+        if let Some(reason) = cuda_refusal(dir, options) {
+            return Err(RuntimeError::Unsupported(reason));
+        }
+        let engine = spindle_cuda::CudaEngine::load_with(dir, ordinal, options.quant, layers)?;
+        tracing::info!(
+            device = %engine.device_name(),
+            graphs = engine.uses_graphs(),
+            "model loaded onto CUDA device {ordinal}"
+        );
+        Ok(CudaBackend {
+            engine,
+            ordinal,
+            lock: Arc::new(Mutex::new(())),
+        })
+    }
+
+    pub fn engine(&self) -> &spindle_cuda::CudaEngine {
+        &self.engine
+    }
+
+    /// The GPU's number (`cuda:N`).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    fn held(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A fresh session, its KV caches allocated for `tokens` tokens when not 0.
+    pub(super) fn new_session(&self, tokens: usize) -> Result<CudaSessionGuard> {
+        let _held = self.held();
+        let session = if tokens == 0 {
+            self.engine.new_session()?
+        } else {
+            self.engine.new_session_with_capacity(tokens)?
+        };
+        Ok(CudaSessionGuard {
+            session: ManuallyDrop::new(session),
+            lock: Arc::clone(&self.lock),
+        })
+    }
+
+    /// The engine's forward pass over checked input.
+    pub(super) fn forward(
+        &self,
+        session: &mut CudaSessionGuard,
+        ids: &[u32],
+        want: LogitsFor,
+    ) -> Result<Vec<f32>> {
+        let _held = self.held();
+        Ok(self.engine.forward(&mut session.session, ids, want)?)
+    }
+
+    /// One decode step of a checked token, the next token chosen on the device.
+    pub(super) fn decode_greedy(&self, session: &mut CudaSessionGuard, id: u32) -> Result<u32> {
+        let _held = self.held();
+        Ok(self.engine.decode_argmax(&mut session.session, id)?)
+    }
+
+    /// Waits for the device.
+    pub(super) fn sync(&self) -> Result<()> {
+        let _held = self.held();
+        Ok(self.engine.sync()?)
+    }
+
+    /// Read bandwidth of device memory, bytes/s (see `CudaEngine::measure_bandwidth`).
+    pub(super) fn measure_bandwidth(&self, bytes: usize) -> Result<f64> {
+        let _held = self.held();
+        Ok(self.engine.measure_bandwidth(bytes)?)
+    }
+
+    /// The kernel time recorded since the last call (`SPINDLE_CUDA_PROFILE=1`; else empty).
+    pub(super) fn kernel_profile(&self) -> Result<Vec<KernelTime>> {
+        let _held = self.held();
+        let lines = self.engine.device().profile_report()?;
+        Ok(lines
+            .into_iter()
+            .map(|k| KernelTime {
+                name: k.name,
+                grid: k.grid,
+                calls: k.calls,
+                total_us: k.total_us,
+            })
+            .collect())
+    }
+}
+
+/// A CUDA session that is dropped under its engine's lock (freeing device memory enqueues
+/// work on the engine's stream).
+#[cfg(feature = "cuda")]
+pub struct CudaSessionGuard {
+    session: ManuallyDrop<spindle_cuda::CudaSession>,
+    lock: Arc<Mutex<()>>,
+}
+
+#[cfg(feature = "cuda")]
+impl CudaSessionGuard {
+    pub fn session(&self) -> &spindle_cuda::CudaSession {
+        &self.session
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for CudaSessionGuard {
+    fn drop(&mut self) {
+        let _held = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: `session` is dropped exactly once, here, and never used afterwards.
+        unsafe { ManuallyDrop::drop(&mut self.session) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_refuses_cpu_only_options_by_name() {
+        let dir = Path::new("no-such-checkpoint");
+        assert_eq!(cuda_refusal(dir, &LoadOptions::default()), None);
+        let auto = LoadOptions {
+            experts: ExpertResidency::Auto,
+            ..LoadOptions::default()
+        };
+        assert_eq!(cuda_refusal(dir, &auto), None);
+        for (experts, name) in [
+            (ExpertResidency::Streamed, "--experts streamed"),
+            (ExpertResidency::Mapped, "--experts mapped"),
+        ] {
+            let options = LoadOptions {
+                experts,
+                ..LoadOptions::default()
+            };
+            let why = cuda_refusal(dir, &options).expect("refused");
+            assert!(why.contains(name) && why.contains("--device cpu"), "{why}");
+        }
+        let slots = LoadOptions {
+            expert_slots: Some(8),
+            ..LoadOptions::default()
+        };
+        let why = cuda_refusal(dir, &slots).expect("refused");
+        assert!(why.contains("--expert-slots 8"), "{why}");
+    }
+
+    #[test]
+    fn cuda_refuses_an_install_naming_the_directory() {
+        let tmp = std::env::temp_dir().join(format!("spindle-backend-test-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        std::fs::write(tmp.join("manifest.json"), "{}").unwrap();
+        let why = cuda_refusal(&tmp, &LoadOptions::default()).expect("refused");
+        let _ = std::fs::remove_dir_all(&tmp);
+        assert!(
+            why.contains("spindle install")
+                && why.contains("Hugging Face")
+                && why.contains("--device cpu")
+                && why.contains(&tmp.display().to_string()),
+            "{why}"
+        );
+    }
+}

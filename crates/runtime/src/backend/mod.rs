@@ -1,0 +1,291 @@
+//! The backend interface: which engine runs the model, the CPU [`Engine`] or (with the `cuda`
+//! feature) the CUDA engine on one GPU. Every front end goes through here: `load`, a new
+//! session, `forward` (token ids in, logits on the host out, the input checked once here for
+//! every backend), the state a session holds, and what the bench measures beside them (a
+//! greedy decode step, the memory-bandwidth probe, the CUDA kernel profile). Above this the
+//! decode loop, sampling, stop strings, chat templates and tool parsing are one code path.
+
+mod cuda;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use spindle_engine::experts::load::Placement;
+use spindle_engine::experts::{ExpertCounters, ExpertStats};
+use spindle_engine::{Engine, GreedyRun, LoadOptions, LogitsFor, Session};
+use spindle_kernels::softmax::argmax;
+use spindle_model::ModelConfig;
+
+use crate::bench::{measure_read_bandwidth, KernelTime};
+pub use crate::device::Device;
+use crate::error::{Result, RuntimeError};
+use crate::input::check_input;
+pub use cuda::cuda_refusal;
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaBackend, CudaSessionGuard};
+
+/// A loaded model on one backend.
+// One per loaded model: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum Backend {
+    Cpu(Engine),
+    #[cfg(feature = "cuda")]
+    Cuda(CudaBackend),
+}
+
+/// One sequence's state on the backend that created it.
+pub enum BackendSession {
+    Cpu(Session),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<CudaSessionGuard>),
+}
+
+impl From<Session> for BackendSession {
+    fn from(session: Session) -> Self {
+        BackendSession::Cpu(session)
+    }
+}
+
+impl BackendSession {
+    /// Tokens already processed (the next token's position).
+    pub fn position(&self) -> usize {
+        match self {
+            BackendSession::Cpu(s) => s.position,
+            #[cfg(feature = "cuda")]
+            BackendSession::Cuda(s) => s.session().position,
+        }
+    }
+
+    /// Bytes held by the session's caches and states (KV caches, GDN and PLE states), on the
+    /// device that runs it.
+    pub fn state_bytes(&self) -> usize {
+        match self {
+            BackendSession::Cpu(s) => s.state_bytes(),
+            #[cfg(feature = "cuda")]
+            BackendSession::Cuda(s) => s.session().state_bytes(),
+        }
+    }
+
+    /// The CPU session, when this is one.
+    pub fn cpu(&self) -> Option<&Session> {
+        match self {
+            BackendSession::Cpu(s) => Some(s),
+            #[cfg(feature = "cuda")]
+            BackendSession::Cuda(_) => None,
+        }
+    }
+}
+
+impl Backend {
+    /// Loads the model in `dir` onto `device` with `options`. On CUDA only `options.quant` is
+    /// used; options only the CPU engine has are refused by name (see [`cuda_refusal`]), and a
+    /// machine without CUDA gets the CUDA engine's "CUDA is not available" error before any
+    /// weight is read.
+    pub fn load(dir: &Path, device: Device, options: &LoadOptions) -> Result<Self> {
+        Self::load_layers(dir, device, options, None)
+    }
+
+    /// [`Backend::load`], keeping only the first `layers` layers when given (the per-layer
+    /// costs of a truncated model, for the bench). The CPU engine runs whole models only.
+    pub fn load_layers(
+        dir: &Path,
+        device: Device,
+        options: &LoadOptions,
+        layers: Option<usize>,
+    ) -> Result<Self> {
+        match device {
+            Device::Cpu => {
+                if let Some(n) = layers {
+                    return Err(RuntimeError::Unsupported(format!(
+                        "--layers {n} is not available with --device cpu: the CPU engine runs whole models (use --device cuda)"
+                    )));
+                }
+                Ok(Backend::Cpu(Engine::load_with(dir, options)?))
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(ordinal) => Ok(Backend::Cuda(CudaBackend::load(
+                dir, ordinal, options, layers,
+            )?)),
+        }
+    }
+
+    pub fn device(&self) -> Device {
+        match self {
+            Backend::Cpu(_) => Device::Cpu,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => Device::Cuda(c.ordinal()),
+        }
+    }
+
+    /// The processor by name: `cpu`, or the GPU's, e.g. `NVIDIA H200 (sm_90)`.
+    pub fn device_name(&self) -> String {
+        match self {
+            Backend::Cpu(_) => "cpu".into(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.engine().device_name(),
+        }
+    }
+
+    /// The device in words: `cpu`, or e.g. `cuda:0 (NVIDIA H200 (sm_90))`.
+    pub fn describe(&self) -> String {
+        match self {
+            Backend::Cpu(_) => "cpu".into(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => format!("cuda:{} ({})", c.ordinal(), c.engine().device_name()),
+        }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            Backend::Cpu(e) => e.config(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.engine().config(),
+        }
+    }
+
+    /// The CPU engine, when the model runs on the CPU.
+    pub fn cpu(&self) -> Option<&Engine> {
+        match self {
+            Backend::Cpu(e) => Some(e),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => None,
+        }
+    }
+
+    /// A fresh session (empty caches). On CUDA this allocates device memory and may fail.
+    pub fn new_session(&self) -> Result<BackendSession> {
+        self.new_session_with_capacity(0)
+    }
+
+    /// A fresh session whose caches already hold `tokens` tokens where the backend allocates
+    /// them ahead (CUDA: a captured decode graph stays valid until the context passes them;
+    /// the CPU's caches grow as they fill).
+    pub fn new_session_with_capacity(&self, tokens: usize) -> Result<BackendSession> {
+        match self {
+            Backend::Cpu(e) => {
+                let _grown_as_filled = tokens;
+                Ok(BackendSession::Cpu(e.new_session()))
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => Ok(BackendSession::Cuda(Box::new(c.new_session(tokens)?))),
+        }
+    }
+
+    /// Feeds `ids` to `session` and returns logits `[rows, V]` on the host for the positions
+    /// `want` asks for (the same values on every backend, within float rounding). The input is
+    /// checked here, once, before any backend runs: an empty input, a token outside the
+    /// vocabulary or a sequence past the context is refused by name.
+    pub fn forward(
+        &self,
+        session: &mut BackendSession,
+        ids: &[u32],
+        want: LogitsFor,
+    ) -> Result<Vec<f32>> {
+        check_input(self.config(), session.position(), ids)?;
+        match (self, session) {
+            (Backend::Cpu(e), BackendSession::Cpu(s)) => Ok(e.forward(s, ids, want)?),
+            #[cfg(feature = "cuda")]
+            (Backend::Cuda(c), BackendSession::Cuda(s)) => c.forward(s, ids, want),
+            #[cfg(feature = "cuda")]
+            (backend, _) => Err(backend.foreign_session()),
+        }
+    }
+
+    /// Feeds one token and returns the greedy next token ([`argmax`] of its logits): on the
+    /// CPU from the logits row, on CUDA chosen on the device (4 bytes come back instead of the
+    /// row; the device argmax keeps the lowest index on ties, as [`argmax`] does).
+    pub fn decode_greedy(&self, session: &mut BackendSession, id: u32) -> Result<u32> {
+        check_input(self.config(), session.position(), &[id])?;
+        match (self, session) {
+            (Backend::Cpu(e), BackendSession::Cpu(s)) => {
+                Ok(argmax(&e.forward(s, &[id], LogitsFor::Last)?) as u32)
+            }
+            #[cfg(feature = "cuda")]
+            (Backend::Cuda(c), BackendSession::Cuda(s)) => c.decode_greedy(s, id),
+            #[cfg(feature = "cuda")]
+            (backend, _) => Err(backend.foreign_session()),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn foreign_session(&self) -> RuntimeError {
+        RuntimeError::Request(format!(
+            "a session of another backend was given to the model on {}",
+            self.device()
+        ))
+    }
+
+    /// Prefills `prompt` in a fresh session and decodes `steps` tokens greedily, one at a time
+    /// with the cache, in the layout of the fixtures' `reference.safetensors`.
+    pub fn greedy(&self, prompt: &[u32], steps: usize) -> Result<GreedyRun> {
+        let mut session = self.new_session()?;
+        GreedyRun::collect(self.config().vocab_size, prompt, steps, |ids, want| {
+            self.forward(&mut session, ids, want)
+        })
+    }
+
+    /// Average bytes of weights one decode step reads (routed experts counted top_k / E).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        match self {
+            Backend::Cpu(e) => e.weight_bytes_per_token(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.engine().weight_bytes_per_token(),
+        }
+    }
+
+    /// Waits until the work queued on the device is done (a no-op on the CPU, whose forward
+    /// pass returns when it is done).
+    pub fn sync(&self) -> Result<()> {
+        match self {
+            Backend::Cpu(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.sync(),
+        }
+    }
+
+    /// Read bandwidth of the memory the weights live in, bytes/s, measured now over a fresh
+    /// `bytes`-byte buffer: on the CPU the median of parallel passes summing host memory
+    /// ([`measure_read_bandwidth`]), on CUDA the best pass of a read kernel over device memory.
+    pub fn measure_bandwidth(&self, bytes: usize) -> Result<f64> {
+        match self {
+            Backend::Cpu(_) => Ok(measure_read_bandwidth(bytes)),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.measure_bandwidth(bytes),
+        }
+    }
+
+    /// Whether decode steps replay a captured CUDA graph (never on the CPU).
+    pub fn uses_graphs(&self) -> bool {
+        match self {
+            Backend::Cpu(_) => false,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.engine().uses_graphs(),
+        }
+    }
+
+    /// The kernel time recorded since the last call, by kernel and grid, largest first: CUDA
+    /// with `SPINDLE_CUDA_PROFILE=1` (every launch timed, no graphs); empty otherwise.
+    pub fn kernel_profile(&self) -> Result<Vec<KernelTime>> {
+        match self {
+            Backend::Cpu(_) => Ok(Vec::new()),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.kernel_profile(),
+        }
+    }
+
+    /// The CPU engine's expert counters (slot-cache hits and misses); `None` on CUDA, where
+    /// every expert is resident in GPU memory.
+    pub fn expert_counters(&self) -> Option<Arc<ExpertCounters>> {
+        self.cpu().map(Engine::expert_counters)
+    }
+
+    /// Expert lookups since load; `None` on CUDA.
+    pub fn expert_stats(&self) -> Option<ExpertStats> {
+        self.cpu().map(Engine::expert_stats)
+    }
+
+    /// Where the routed experts live on the CPU; `None` on CUDA.
+    pub fn expert_placement(&self) -> Option<Placement> {
+        self.cpu().map(Engine::expert_placement)
+    }
+}
