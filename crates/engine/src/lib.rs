@@ -20,7 +20,7 @@ use spindle_kernels::rope::RopeFreqs;
 use spindle_kernels::softmax::argmax;
 use spindle_model::install::plan::{MemoryPlan, Residency};
 use spindle_model::install::{self, Install, Verify};
-use spindle_model::quant::QuantFormat;
+use spindle_model::quant::WeightFormat;
 use spindle_model::{Checkpoint, ModelConfig, ModelError};
 
 use experts::load::{ExpertSetup, Placement};
@@ -35,7 +35,7 @@ pub use session::Session;
 #[derive(Clone, Default)]
 pub struct LoadOptions {
     /// Weight format of the large projections: as stored (bf16), or quantized on load.
-    pub quant: QuantFormat,
+    pub quant: WeightFormat,
     /// Called as projections are re-encoded: (done, total).
     pub progress: Option<std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>>,
     /// Where the routed experts live (streamed needs an install).
@@ -101,7 +101,7 @@ impl Engine {
         let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
         // A checkpoint's experts are memory-mapped (bf16) or quantized into the heap.
         let placement = match (options.experts, options.quant) {
-            (ExpertResidency::Mapped, QuantFormat::Bf16) => Placement::Mapped,
+            (ExpertResidency::Mapped, WeightFormat::Bf16) => Placement::Mapped,
             _ => Placement::Resident,
         };
         Ok(Engine {
@@ -119,7 +119,7 @@ impl Engine {
         let install = Install::open(dir, options.verify).map_err(ModelError::from)?;
         let config = ModelConfig::from_dir(dir)?;
         let quant = install.manifest().quant_format();
-        if options.quant != QuantFormat::Bf16 && options.quant != quant {
+        if options.quant != WeightFormat::Bf16 && options.quant != quant {
             return Err(ModelError::Unsupported {
                 path: dir.to_owned(),
                 message: format!(

@@ -3,9 +3,8 @@
 
 use std::sync::Arc;
 
-use spindle_kernels::quant::QuantizedMatrix;
-use spindle_kernels::{MatRef, Weights};
-use spindle_model::quant::QuantFormat;
+use spindle_model::quant::{QuantizedMatrix, WeightFormat};
+use spindle_model::view::{MatRef, Weights};
 use spindle_model::{
     Checkpoint, DType, ExpertLayout, FfnKind, Matrix, MixerKind, ModelConfig, Result, TensorNames,
 };
@@ -111,12 +110,10 @@ impl Linear {
 
     /// This layer in `format`; unchanged for bf16, or when the row length is not a whole
     /// number of quantization groups.
-    pub fn quantized(&self, format: QuantFormat) -> Linear {
-        let q4 = match format {
-            QuantFormat::Bf16 => return self.clone(),
-            QuantFormat::Q8 => false,
-            QuantFormat::Q4 => true,
-        };
+    pub fn quantized(&self, format: WeightFormat) -> Linear {
+        if format == WeightFormat::Bf16 {
+            return self.clone();
+        }
         if !format.fits(self.cols()) || matches!(self, Linear::Quantized(_) | Linear::Packed(_)) {
             return self.clone();
         }
@@ -125,7 +122,7 @@ impl Linear {
         for (r, row) in values.chunks_mut(mat.cols).enumerate() {
             mat.row_to_f32(r, row);
         }
-        let quantized = QuantizedMatrix::quantize(&values, mat.rows, mat.cols, q4);
+        let quantized = QuantizedMatrix::quantize(&values, mat.rows, mat.cols, format);
         if let Linear::Mapped(m) = self {
             // The bf16 pages are not read again: keep them out of the resident set.
             m.release_pages();
@@ -560,8 +557,8 @@ impl ModelWeights {
     }
 
     /// Re-encodes the projections in `format` (in parallel), calling `progress(done, total)`.
-    pub fn quantize(&mut self, format: QuantFormat, progress: &(dyn Fn(usize, usize) + Sync)) {
-        if format == QuantFormat::Bf16 {
+    pub fn quantize(&mut self, format: WeightFormat, progress: &(dyn Fn(usize, usize) + Sync)) {
+        if format == WeightFormat::Bf16 {
             return;
         }
         use rayon::prelude::*;

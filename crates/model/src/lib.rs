@@ -11,6 +11,7 @@ pub mod ngram;
 pub mod quant;
 pub mod synth;
 pub mod tensor;
+pub mod view;
 pub mod writer;
 
 pub use checkpoint::Checkpoint;

@@ -4,9 +4,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use spindle_kernels::{MatRef, Weights};
 use spindle_model::install::{MappedFile, PartLayout, QuantTensor};
-use spindle_model::quant::QuantFormat;
+use spindle_model::quant::WeightFormat;
+use spindle_model::view::{MatRef, Weights};
 
 use super::buf::AlignedBuf;
 use crate::weights::{Linear, MlpWeights};
@@ -101,7 +101,7 @@ impl PackedMatrix {
     pub fn from_resident(q: &QuantTensor) -> Self {
         PackedMatrix {
             format: match q.format {
-                QuantFormat::Q4 => PackedFormat::Q4,
+                WeightFormat::Q4 => PackedFormat::Q4,
                 _ => PackedFormat::Q8,
             },
             rows: q.rows,

@@ -24,7 +24,7 @@ use super::{
     SCALES_SUFFIX,
 };
 use crate::layout::TensorClass;
-use crate::quant::QuantFormat;
+use crate::quant::WeightFormat;
 use crate::tensor::{decode_f32, DType, Matrix};
 use crate::{Checkpoint, ExpertLayout, FfnKind, ModelConfig, TensorNames};
 
@@ -112,7 +112,7 @@ enum Resident {
     Quantized {
         name: String,
         matrix: Matrix,
-        format: QuantFormat,
+        format: WeightFormat,
     },
 }
 
@@ -157,7 +157,7 @@ impl Resident {
                 format,
             } => {
                 let (codes_dtype, code_cols) = match format {
-                    QuantFormat::Q8 => ("I8", m.cols),
+                    WeightFormat::Q8 => ("I8", m.cols),
                     _ => ("U8", m.cols / 2),
                 };
                 let groups = m.cols / crate::quant::GROUP;
@@ -204,7 +204,7 @@ fn for_row_blocks(m: &Matrix, f: &mut dyn FnMut(&[f32]) -> Result<()>) -> Result
 }
 
 /// Writes a quantized matrix's codes, returning its scales (1/16 of the codes for q8).
-fn write_quantized(out: &mut HashedFile, m: &Matrix, format: QuantFormat) -> Result<Vec<u8>> {
+fn write_quantized(out: &mut HashedFile, m: &Matrix, format: WeightFormat) -> Result<Vec<u8>> {
     let mut scales = Vec::new();
     for_row_blocks(m, &mut |values| {
         let mut codes = Vec::new();
@@ -218,7 +218,7 @@ fn resident_tensors(
     ck: &Checkpoint,
     config: &ModelConfig,
     names: &TensorNames,
-    quant: QuantFormat,
+    quant: WeightFormat,
 ) -> Result<Vec<Resident>> {
     let expert_prefixes: Vec<String> = moe_layers(config)
         .map(|i| names.layer(i, "mlp.experts."))
@@ -246,7 +246,7 @@ fn resident_tensors(
         };
         out.push(match source {
             Source::Float(m)
-                if quant != QuantFormat::Bf16
+                if quant != WeightFormat::Bf16
                     && shape.len() == 2
                     && quantizable(name)
                     && quant.fits(m.cols) =>
@@ -272,7 +272,7 @@ fn resident_tensors(
         });
     }
     // A tied LM head is quantized on load from the embedding; an install stores it so.
-    if config.tie_word_embeddings && quant != QuantFormat::Bf16 && quant.fits(config.hidden_size) {
+    if config.tie_word_embeddings && quant != WeightFormat::Bf16 && quant.fits(config.hidden_size) {
         let embed = ck.matrix(
             &names.trunk("embed_tokens.weight"),
             &[config.vocab_size, config.hidden_size],
@@ -394,8 +394,8 @@ fn expert_record(parts: &[Matrix; 3], layout: &ExpertLayerLayout) -> Result<Vec<
     let mut record = vec![0u8; layout.stride as usize];
     for (m, part) in parts.iter().zip(&layout.parts) {
         let at = part.codes_offset as usize;
-        match part.format.parse::<QuantFormat>() {
-            Ok(format @ (QuantFormat::Q8 | QuantFormat::Q4)) => {
+        match part.format.parse::<WeightFormat>() {
+            Ok(format @ (WeightFormat::Q8 | WeightFormat::Q4)) => {
                 let (mut codes, mut scales) = (Vec::new(), Vec::new());
                 for_row_blocks(m, &mut |values| {
                     quantize_rows(format, values, m.cols, &mut codes, &mut scales);
@@ -411,7 +411,7 @@ fn expert_record(parts: &[Matrix; 3], layout: &ExpertLayerLayout) -> Result<Vec<
     Ok(record)
 }
 
-fn expert_layout_of(i: usize, experts: &[[Matrix; 3]], quant: QuantFormat) -> ExpertLayerLayout {
+fn expert_layout_of(i: usize, experts: &[[Matrix; 3]], quant: WeightFormat) -> ExpertLayerLayout {
     let align = |x: u64| x.div_ceil(64) * 64;
     let mut offset = 0u64;
     let parts = ["gate", "up", "down"]
@@ -420,7 +420,7 @@ fn expert_layout_of(i: usize, experts: &[[Matrix; 3]], quant: QuantFormat) -> Ex
         .map(|(&name, m)| {
             // Matrices whose rows are not whole groups, and every matrix at bf16, keep the
             // checkpoint's element type.
-            let format = if quant != QuantFormat::Bf16 && quant.fits(m.cols) {
+            let format = if quant != WeightFormat::Bf16 && quant.fits(m.cols) {
                 quant.name()
             } else {
                 m.dtype.name()
@@ -458,7 +458,7 @@ fn expert_layout_of(i: usize, experts: &[[Matrix; 3]], quant: QuantFormat) -> Ex
 pub fn convert(
     src: &Path,
     dst: &Path,
-    quant: QuantFormat,
+    quant: WeightFormat,
     progress: &mut dyn FnMut(&Progress) -> bool,
 ) -> Result<Manifest> {
     if dst.exists() {
@@ -498,7 +498,7 @@ pub fn convert(
 fn write_install(
     src: &Path,
     root: &Path,
-    quant: QuantFormat,
+    quant: WeightFormat,
     progress: &mut dyn FnMut(&Progress) -> bool,
 ) -> Result<Manifest> {
     let config = ModelConfig::from_dir(src)?;
