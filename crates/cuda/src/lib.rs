@@ -33,7 +33,7 @@ mod weights;
 
 use std::path::Path;
 
-use spindle_engine::{GreedyRun, LogitsFor};
+use spindle_model::forward::{GreedyRun, LogitsFor};
 use spindle_model::quant::WeightFormat;
 use spindle_model::{Checkpoint, ModelConfig};
 
@@ -86,7 +86,7 @@ impl CudaEngine {
         }
         check_supported(&config)?;
         let checkpoint = Checkpoint::open(dir)?;
-        let mut cpu = spindle_engine::weights::load(&checkpoint, &config)?;
+        let mut cpu = spindle_model::weights::load(&checkpoint, &config)?;
         if quant != WeightFormat::Bf16 {
             let started = std::time::Instant::now();
             cpu.quantize(quant, &|_, _| {});
@@ -257,9 +257,13 @@ impl CudaEngine {
     /// the layout of [`spindle_engine::Engine::greedy`].
     pub fn greedy(&self, prompt: &[u32], steps: usize) -> Result<GreedyRun> {
         let mut session = self.new_session()?;
-        GreedyRun::collect(self.config.vocab_size, prompt, steps, |ids, want| {
-            self.forward(&mut session, ids, want)
-        })
+        GreedyRun::collect(
+            self.config.vocab_size,
+            prompt,
+            steps,
+            spindle_kernels::softmax::argmax,
+            |ids, want| self.forward(&mut session, ids, want),
+        )
     }
 }
 

@@ -5,8 +5,8 @@
 //! ones a tiled GEMM. [`Io`] is how a sublayer takes its input and gives its output, fused
 //! with the residual on the decode path.
 
-use spindle_engine::weights::Linear;
 use spindle_model::quant::{QuantizedMatrix, WeightFormat};
+use spindle_model::weights::Linear;
 use spindle_model::DType;
 
 use crate::device::{f, i, p, Arg, DevBuf, Device};

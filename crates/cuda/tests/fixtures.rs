@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use safetensors::{Dtype, SafeTensors};
 use spindle_cuda::CudaEngine;
-use spindle_engine::{Engine, LogitsFor};
+use spindle_engine::Engine;
+use spindle_model::forward::LogitsFor;
 
 /// Bound on max |Δlogit| against the float64 reference.
 const TOLERANCE: f32 = 1e-3;

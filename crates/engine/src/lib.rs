@@ -3,15 +3,14 @@
 
 mod attention;
 pub mod error;
-pub mod experts;
 pub mod ffn;
 mod flow;
 mod gdn;
+pub mod linear;
 pub mod measure;
 pub mod qwen4;
 pub mod sampling;
 pub mod session;
-pub mod weights;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,13 +22,20 @@ use spindle_model::install::{self, Install, Verify};
 use spindle_model::quant::WeightFormat;
 use spindle_model::{Checkpoint, ModelConfig, ModelError};
 
-use experts::load::{ExpertSetup, Placement};
-use experts::pool::ReadPool;
-use experts::{CachePolicy, ExpertCounters, ExpertResidency, ExpertStats, StreamOptions};
+use spindle_model::experts::load::{ExpertSetup, Placement};
+use spindle_model::experts::pool::ReadPool;
+use spindle_model::experts::{
+    CachePolicy, ExpertCounters, ExpertResidency, ExpertStats, StreamOptions,
+};
+use spindle_model::weights::{self, ModelWeights};
 
 pub use error::{EngineError, Result};
-pub use flow::LogitsFor;
+pub use linear::LinearExt;
 pub use session::Session;
+/// The expert provider's types live in `spindle_model::experts`; re-exported for the front ends.
+pub use spindle_model::experts;
+/// Backend-neutral forward-pass types (`spindle_model::forward`), re-exported for the front ends.
+pub use spindle_model::forward::{GreedyRun, LogitsFor};
 
 /// How to load a model.
 #[derive(Clone, Default)]
@@ -60,7 +66,7 @@ const AUTO_BUDGET_FRACTION: f64 = 0.85;
 /// A loaded model, ready to run sessions.
 pub struct Engine {
     config: ModelConfig,
-    weights: weights::ModelWeights,
+    weights: ModelWeights,
     rope: RopeFreqs,
     /// Kept alive for the memory maps the weights point into.
     _checkpoint: Checkpoint,
@@ -196,7 +202,7 @@ impl Engine {
         &self.config
     }
 
-    /// Average bytes of weights one decode step reads (see [`weights::ModelWeights::bytes_per_token`]).
+    /// Average bytes of weights one decode step reads (see [`ModelWeights::bytes_per_token`]).
     pub fn weight_bytes_per_token(&self) -> usize {
         self.weights
             .bytes_per_token(self.config.moe.as_ref().map_or(0, |m| m.top_k))
@@ -224,9 +230,13 @@ impl Engine {
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache.
     pub fn greedy(&self, prompt: &[u32], steps: usize) -> Result<GreedyRun> {
         let mut session = self.new_session();
-        GreedyRun::collect(self.config.vocab_size, prompt, steps, |ids, want| {
-            self.forward(&mut session, ids, want)
-        })
+        GreedyRun::collect(
+            self.config.vocab_size,
+            prompt,
+            steps,
+            argmax,
+            |ids, want| self.forward(&mut session, ids, want),
+        )
     }
 }
 
@@ -256,45 +266,6 @@ pub fn check_input(config: &ModelConfig, position: usize, ids: &[u32]) -> Result
         });
     }
     Ok(())
-}
-
-impl GreedyRun {
-    /// Prefill of `prompt`, then `steps` greedy tokens fed back one at a time through
-    /// `forward(ids, want)` (a session's forward pass on any backend).
-    pub fn collect<E>(
-        vocab: usize,
-        prompt: &[u32],
-        steps: usize,
-        mut forward: impl FnMut(&[u32], LogitsFor) -> std::result::Result<Vec<f32>, E>,
-    ) -> std::result::Result<GreedyRun, E> {
-        let prefill_logits = forward(prompt, LogitsFor::All)?;
-        let mut decode_logits = Vec::with_capacity(steps * vocab);
-        let mut gen_ids = Vec::with_capacity(steps);
-        let mut last = prefill_logits[prefill_logits.len() - vocab..].to_vec();
-        for step in 0..steps {
-            let next = argmax(&last) as u32;
-            gen_ids.push(next);
-            decode_logits.extend_from_slice(&last);
-            if step + 1 < steps {
-                last = forward(&[next], LogitsFor::Last)?;
-            }
-        }
-        Ok(GreedyRun {
-            prefill_logits,
-            gen_ids,
-            decode_logits,
-        })
-    }
-}
-
-/// The result of [`Engine::greedy`], in the layout of the fixtures' `reference.safetensors`.
-pub struct GreedyRun {
-    /// `[T, V]`.
-    pub prefill_logits: Vec<f32>,
-    /// `[G]`.
-    pub gen_ids: Vec<u32>,
-    /// `[G, V]`: row g holds the logits `gen_ids[g]` was picked from.
-    pub decode_logits: Vec<f32>,
 }
 
 /// Resolves `--experts` for an install: `auto` keeps every expert resident when the plan fits

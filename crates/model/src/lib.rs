@@ -4,6 +4,8 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod experts;
+pub mod forward;
 pub mod install;
 pub mod layout;
 pub mod names;
@@ -12,6 +14,7 @@ pub mod quant;
 pub mod synth;
 pub mod tensor;
 pub mod view;
+pub mod weights;
 pub mod writer;
 
 pub use checkpoint::Checkpoint;
