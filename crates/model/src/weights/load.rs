@@ -1,8 +1,12 @@
-//! Reading every tensor the forward pass needs from a checkpoint or an install, each
-//! shape-checked against the config.
+//! Reading every tensor the forward pass needs from a checkpoint or an install, by the keys
+//! and shapes of the weight schema (`crate::layout::schema`), each shape-checked.
 
 use crate::experts::load::{load_layer, ExpertSetup, LayerExperts};
 use crate::install::Install;
+use crate::layout::{
+    AttentionSchema, GdnSchema, HyperSchema, MlpSchema, MoeSchema, NormsSchema, TensorDef,
+    TrunkSchema,
+};
 use crate::{
     Checkpoint, ExpertLayout, FfnKind, MixerKind, ModelConfig, ModelError, Result, TensorNames,
 };
@@ -49,6 +53,60 @@ impl Source<'_> {
     }
 }
 
+/// Tensor keys below one prefix (the trunk, or one layer) of a [`Source`], mapped to the
+/// checkpoint's names (text-only or VLM trunk prefix).
+pub(super) struct At<'a> {
+    pub src: &'a Source<'a>,
+    names: &'a TensorNames,
+    layer: Option<usize>,
+}
+
+impl<'a> At<'a> {
+    pub fn trunk(src: &'a Source<'a>, names: &'a TensorNames) -> Self {
+        At {
+            src,
+            names,
+            layer: None,
+        }
+    }
+
+    pub fn layer(src: &'a Source<'a>, names: &'a TensorNames, layer: usize) -> Self {
+        At {
+            src,
+            names,
+            layer: Some(layer),
+        }
+    }
+
+    /// The checkpoint key of `d`.
+    pub fn name(&self, d: &TensorDef) -> String {
+        match self.layer {
+            Some(i) => self.names.layer(i, &d.key),
+            None => self.names.trunk(&d.key),
+        }
+    }
+
+    /// Whether `d` exists, as stored or quantized.
+    pub fn contains(&self, d: &TensorDef) -> bool {
+        self.src.contains(&self.name(d))
+    }
+
+    /// Matrix `d`: quantized as an install stores it, or as mapped.
+    pub fn linear(&self, d: &TensorDef) -> Result<Linear> {
+        self.src.linear(&self.name(d), &d.shape)
+    }
+
+    /// Matrix `d` as the checkpoint maps it (tensors an install never quantizes).
+    pub fn mapped(&self, d: &TensorDef) -> Result<Linear> {
+        Ok(Linear::Mapped(self.src.ck.matrix(&self.name(d), &d.shape)?))
+    }
+
+    /// Small vector `d` copied as f32.
+    pub fn values(&self, d: &TensorDef) -> Result<Vec<f32>> {
+        self.src.ck.f32_values(&self.name(d), &d.shape)
+    }
+}
+
 /// Reads and shape-checks every tensor the forward pass needs.
 pub fn load(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<ModelWeights> {
     load_from(
@@ -62,31 +120,24 @@ pub fn load(checkpoint: &Checkpoint, config: &ModelConfig) -> Result<ModelWeight
 
 /// [`load`] from a checkpoint or an install.
 pub fn load_from(src: &Source, config: &ModelConfig) -> Result<ModelWeights> {
-    let checkpoint = src.ck;
-    let names = TensorNames::detect(checkpoint)?;
-    let h = config.hidden_size;
-    let embed = Linear::Mapped(
-        checkpoint.matrix(&names.trunk("embed_tokens.weight"), &[config.vocab_size, h])?,
-    );
+    let names = TensorNames::detect(src.ck)?;
+    let trunk = TrunkSchema::new(config);
+    let at = At::trunk(src, &names);
+    let embed = at.mapped(&trunk.embed)?;
     // An install stores a tied head apart when it quantized it.
-    let stored_head = src.install.is_some() && src.contains("lm_head.weight");
+    let head = &trunk.lm_head;
+    let stored_head = src.install.is_some() && src.contains(&head.key);
     let lm_head = if config.tie_word_embeddings && !stored_head {
         embed.clone()
     } else {
-        src.linear("lm_head.weight", &[config.vocab_size, h])?
+        src.linear(&head.key, &head.shape)?
     };
     let layers = (0..config.num_layers())
-        .map(|i| load_layer_weights(src, &names, config, i))
+        .map(|i| load_layer_weights(&At::layer(src, &names, i), config, i))
         .collect::<Result<Vec<_>>>()?;
-    let head_input = match &config.hyper {
-        Some(hc) => HeadInput::HyperMixer(load_hyper(
-            checkpoint,
-            &names.trunk("hyper_connection_mixer"),
-            hc,
-            h,
-            false,
-        )?),
-        None => HeadInput::Norm(checkpoint.f32_values(&names.trunk("norm.weight"), &[h])?),
+    let head_input = match &trunk.hyper_mixer {
+        Some(mixer) => HeadInput::HyperMixer(load_hyper(&at, mixer)?),
+        None => HeadInput::Norm(at.values(&trunk.norm)?),
     };
     Ok(ModelWeights {
         embed,
@@ -96,45 +147,37 @@ pub fn load_from(src: &Source, config: &ModelConfig) -> Result<ModelWeights> {
     })
 }
 
-fn load_layer_weights(
-    src: &Source,
-    names: &TensorNames,
-    config: &ModelConfig,
-    i: usize,
-) -> Result<LayerWeights> {
-    let ck = src.ck;
+fn load_layer_weights(at: &At, config: &ModelConfig, i: usize) -> Result<LayerWeights> {
     let h = config.hidden_size;
     let spec = config.layers[i];
     let mixer = match spec.mixer {
-        MixerKind::FullAttention => MixerWeights::Attention(load_attention(src, names, config, i)?),
-        MixerKind::LinearAttention => MixerWeights::Gdn(load_gdn(src, names, config, i)?),
+        MixerKind::FullAttention => MixerWeights::Attention(load_attention(at, config)?),
+        MixerKind::LinearAttention => MixerWeights::Gdn(load_gdn(at, config)?),
     };
     let ffn = match spec.ffn {
         FfnKind::Dense => {
             let inter = config
                 .intermediate_size
                 .expect("validated: dense layers have intermediate_size");
-            FfnWeights::Dense(load_mlp(
-                src,
-                &|s| names.layer(i, &format!("mlp.{s}")),
-                h,
-                inter,
-            )?)
+            FfnWeights::Dense(load_mlp(at, &MlpSchema::dense(config, inter))?)
         }
-        FfnKind::Moe => FfnWeights::Moe(load_moe(src, names, config, i)?),
+        FfnKind::Moe => FfnWeights::Moe(load_moe(at, config, i)?),
     };
     let residual = match &config.hyper {
         Some(hc) => Residual::Hyper {
-            attn: load_hyper(ck, &names.layer(i, "attn_hyper_connection"), hc, h, true)?,
-            mlp: load_hyper(ck, &names.layer(i, "mlp_hyper_connection"), hc, h, true)?,
+            attn: load_hyper(at, &HyperSchema::new("attn_hyper_connection", hc, h, true))?,
+            mlp: load_hyper(at, &HyperSchema::new("mlp_hyper_connection", hc, h, true))?,
         },
-        None => Residual::Norms {
-            input: ck.f32_values(&names.layer(i, "input_layernorm.weight"), &[h])?,
-            post: ck.f32_values(&names.layer(i, "post_attention_layernorm.weight"), &[h])?,
-        },
+        None => {
+            let norms = NormsSchema::new(h);
+            Residual::Norms {
+                input: at.values(&norms.input)?,
+                post: at.values(&norms.post)?,
+            }
+        }
     };
     let ple = match &config.ple {
-        Some(ple) if ple.layers.contains(&i) => Some(load_ple(ck, names, config, ple, i)?),
+        Some(ple) if ple.layers.contains(&i) => Some(load_ple(at, config, ple, i)?),
         _ => None,
     };
     Ok(LayerWeights {
@@ -145,94 +188,66 @@ fn load_layer_weights(
     })
 }
 
-fn load_attention(
-    src: &Source,
-    names: &TensorNames,
-    config: &ModelConfig,
-    i: usize,
-) -> Result<AttentionWeights> {
-    let ck = src.ck;
-    let a = &config.attention;
-    let h = config.hidden_size;
-    let t = |s: &str| names.layer(i, &format!("self_attn.{s}"));
+fn load_attention(at: &At, config: &ModelConfig) -> Result<AttentionWeights> {
+    let s = AttentionSchema::new(config);
     Ok(AttentionWeights {
-        q_proj: src.linear(&t("q_proj.weight"), &[a.num_heads * a.head_dim * 2, h])?,
-        k_proj: src.linear(&t("k_proj.weight"), &[a.num_kv_heads * a.head_dim, h])?,
-        v_proj: src.linear(&t("v_proj.weight"), &[a.num_kv_heads * a.head_dim, h])?,
-        o_proj: src.linear(&t("o_proj.weight"), &[h, a.num_heads * a.head_dim])?,
-        q_norm: ck.f32_values(&t("q_norm.weight"), &[a.head_dim])?,
-        k_norm: ck.f32_values(&t("k_norm.weight"), &[a.head_dim])?,
-        indexer: match &config.qsa {
-            Some(qsa) => Some(load_indexer(ck, &t("indexer"), qsa, h)?),
+        q_proj: at.linear(&s.q_proj)?,
+        k_proj: at.linear(&s.k_proj)?,
+        v_proj: at.linear(&s.v_proj)?,
+        o_proj: at.linear(&s.o_proj)?,
+        q_norm: at.values(&s.q_norm)?,
+        k_norm: at.values(&s.k_norm)?,
+        indexer: match &s.indexer {
+            Some(indexer) => Some(load_indexer(at, indexer)?),
             None => None,
         },
     })
 }
 
-fn load_gdn(
-    src: &Source,
-    names: &TensorNames,
-    config: &ModelConfig,
-    i: usize,
-) -> Result<GdnWeights> {
-    let ck = src.ck;
-    let g = &config.gdn;
-    let h = config.hidden_size;
-    let t = |s: &str| names.layer(i, &format!("linear_attn.{s}"));
-    let (nk, nv, dk, dv) = g.dims();
-    let channels = g.conv_channels();
-    let projection = if src.contains(&t("in_proj_qkvz.weight")) {
+fn load_gdn(at: &At, config: &ModelConfig) -> Result<GdnWeights> {
+    let s = GdnSchema::new(config);
+    let projection = if at.contains(&s.qkvz) {
         GdnProjection::Fused {
-            qkvz: src.linear(&t("in_proj_qkvz.weight"), &[2 * nk * dk + 2 * nv * dv, h])?,
-            ba: src.linear(&t("in_proj_ba.weight"), &[2 * nv, h])?,
+            qkvz: at.linear(&s.qkvz)?,
+            ba: at.linear(&s.ba)?,
         }
     } else {
         GdnProjection::Split {
-            qkv: src.linear(&t("in_proj_qkv.weight"), &[channels, h])?,
-            z: src.linear(&t("in_proj_z.weight"), &[nv * dv, h])?,
-            b: src.linear(&t("in_proj_b.weight"), &[nv, h])?,
-            a: src.linear(&t("in_proj_a.weight"), &[nv, h])?,
+            qkv: at.linear(&s.qkv)?,
+            z: at.linear(&s.z)?,
+            b: at.linear(&s.b)?,
+            a: at.linear(&s.a)?,
         }
     };
     Ok(GdnWeights {
         projection,
-        conv: ck.f32_values(&t("conv1d.weight"), &[channels, 1, g.conv_kernel])?,
-        a_log: ck.f32_values(&t("A_log"), &[nv])?,
-        dt_bias: ck.f32_values(&t("dt_bias"), &[nv])?,
-        norm: ck.f32_values(&t("norm.weight"), &[dv])?,
-        out_proj: src.linear(&t("out_proj.weight"), &[h, nv * dv])?,
+        conv: at.values(&s.conv)?,
+        a_log: at.values(&s.a_log)?,
+        dt_bias: at.values(&s.dt_bias)?,
+        norm: at.values(&s.norm)?,
+        out_proj: at.linear(&s.out_proj)?,
     })
 }
 
-fn load_mlp(
-    src: &Source,
-    name: &dyn Fn(&str) -> String,
-    h: usize,
-    inter: usize,
-) -> Result<MlpWeights> {
+fn load_mlp(at: &At, s: &MlpSchema) -> Result<MlpWeights> {
     Ok(MlpWeights {
-        gate: src.linear(&name("gate_proj.weight"), &[inter, h])?,
-        up: src.linear(&name("up_proj.weight"), &[inter, h])?,
-        down: src.linear(&name("down_proj.weight"), &[h, inter])?,
+        gate: at.linear(&s.gate)?,
+        up: at.linear(&s.up)?,
+        down: at.linear(&s.down)?,
     })
 }
 
-fn load_moe(
-    src: &Source,
-    names: &TensorNames,
-    config: &ModelConfig,
-    i: usize,
-) -> Result<MoeWeights> {
-    let ck = src.ck;
+fn load_moe(at: &At, config: &ModelConfig, i: usize) -> Result<MoeWeights> {
+    let ck = at.src.ck;
     let moe = config
         .moe
         .as_ref()
         .expect("validated: MoE layers have a MoE config");
+    let s = MoeSchema::new(config, moe);
     let h = config.hidden_size;
     let (e_count, inter) = (moe.num_experts, moe.expert_intermediate);
-    let t = |s: &str| names.layer(i, &format!("mlp.{s}"));
     let mut streamed = None;
-    let experts = if let Some((install, setup)) = src.install {
+    let experts = if let Some((install, setup)) = at.src.install {
         match load_layer(install, i, setup)? {
             LayerExperts::InMemory(experts) => experts,
             LayerExperts::Streamed(s) => {
@@ -241,13 +256,13 @@ fn load_moe(
             }
         }
     } else {
-        match names.expert_layout(ck, i)? {
+        match at.names.expert_layout(ck, i)? {
             ExpertLayout::PerExpert => (0..e_count)
-                .map(|e| load_mlp(src, &|s| t(&format!("experts.{e}.{s}")), h, inter))
+                .map(|e| load_mlp(at, &s.expert(e)))
                 .collect::<Result<Vec<_>>>()?,
             ExpertLayout::Fused => {
-                let gate_up = ck.matrix(&t("experts.gate_up_proj"), &[e_count, 2 * inter, h])?;
-                let down = ck.matrix(&t("experts.down_proj"), &[e_count, h, inter])?;
+                let gate_up = ck.matrix(&at.name(&s.gate_up), &s.gate_up.shape)?;
+                let down = ck.matrix(&at.name(&s.down), &s.down.shape)?;
                 (0..e_count)
                     .map(|e| MlpWeights {
                         gate: Linear::Mapped(gate_up.rows_slice(e * 2 * inter, inter)),
@@ -259,15 +274,10 @@ fn load_moe(
         }
     };
     Ok(MoeWeights {
-        router: src.linear(&t("gate.weight"), &[e_count, h])?,
+        router: at.linear(&s.router)?,
         experts,
         streamed,
-        shared: load_mlp(
-            src,
-            &|s| t(&format!("shared_expert.{s}")),
-            h,
-            moe.shared_intermediate,
-        )?,
-        shared_gate: src.linear(&t("shared_expert_gate.weight"), &[1, h])?,
+        shared: load_mlp(at, &s.shared)?,
+        shared_gate: at.linear(&s.shared_gate)?,
     })
 }
