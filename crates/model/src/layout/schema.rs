@@ -1,6 +1,6 @@
 //! The weight schema, written once: for the trunk and each part of a layer, the key, shape and
 //! class of every tensor a checkpoint of a config holds. [`super::checkpoint_tensors`] lists
-//! them (synth, parameter counts, the memory plan); `crate::weights::load` reads the tensors
+//! them (synth, parameter counts, the memory plan); the weight loader reads the tensors
 //! by these keys and checks them against these shapes.
 
 use crate::config::{HyperConfig, ModelConfig, MoeConfig, PleConfig};

@@ -5,7 +5,7 @@ use crate::layout::{HyperSchema, IndexerSchema, PleSchema, TensorDef};
 use crate::ngram::NgramHash;
 use crate::{ModelConfig, ModelError, PleConfig, Result};
 
-use super::load::At;
+use super::source::At;
 use super::{HyperWeights, IndexerWeights, NgramTable, PleWeights};
 
 /// Loads a hyper-connection block (with `block_inject_weight` unless it is the final mixer).

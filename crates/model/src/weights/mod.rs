@@ -12,14 +12,16 @@ mod mlp;
 mod moe;
 pub mod packed;
 mod qwen4;
+mod source;
 
 pub use attention::{AttentionWeights, IndexerWeights};
 pub use gdn::{GdnProjection, GdnWeights};
 pub use linear::Linear;
-pub use load::{load, load_from, Source};
+pub use load::{load, load_from};
 pub use mlp::MlpWeights;
 pub use moe::MoeWeights;
 pub use qwen4::{HyperWeights, NgramTable, PleWeights};
+pub use source::Source;
 
 use crate::quant::WeightFormat;
 
