@@ -7,8 +7,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{fixture, Reference};
-use spindle_engine::experts::{CachePolicy, ExpertResidency};
 use spindle_engine::{Engine, GreedyRun, LoadOptions};
+use spindle_model::experts::{CachePolicy, ExpertResidency};
 use spindle_model::install::{self, Verify};
 use spindle_model::quant::WeightFormat;
 
@@ -313,7 +313,11 @@ fn a_failed_expert_read_is_an_error_not_a_crash() {
     let prompt = Reference::load("qwen3_5_moe").ids("prompt_ids");
     let mut session = engine.new_session();
     let err = engine
-        .forward(&mut session, &prompt, spindle_engine::LogitsFor::Last)
+        .forward(
+            &mut session,
+            &prompt,
+            spindle_model::forward::LogitsFor::Last,
+        )
         .expect_err("the experts of layer 0 cannot be read")
         .to_string();
     assert!(
@@ -321,7 +325,11 @@ fn a_failed_expert_read_is_an_error_not_a_crash() {
         "{err}"
     );
     let again = engine
-        .forward(&mut session, &prompt[..1], spindle_engine::LogitsFor::Last)
+        .forward(
+            &mut session,
+            &prompt[..1],
+            spindle_model::forward::LogitsFor::Last,
+        )
         .expect_err("the session is incomplete")
         .to_string();
     assert!(again.contains("incomplete"), "{again}");
@@ -329,6 +337,6 @@ fn a_failed_expert_read_is_an_error_not_a_crash() {
     std::fs::write(&path, &whole).unwrap();
     let mut fresh = engine.new_session();
     engine
-        .forward(&mut fresh, &prompt, spindle_engine::LogitsFor::Last)
+        .forward(&mut fresh, &prompt, spindle_model::forward::LogitsFor::Last)
         .unwrap();
 }

@@ -177,7 +177,7 @@ impl Manifest {
 
     pub fn write(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).expect("manifests serialize");
-        super::writer::write_synced(path, (text + "\n").as_bytes())
+        write_synced(path, (text + "\n").as_bytes())
     }
 
     pub fn quant_format(&self) -> WeightFormat {
@@ -187,4 +187,12 @@ impl Manifest {
     pub fn expert_layer(&self, layer: usize) -> Option<&ExpertLayerLayout> {
         self.experts.iter().find(|l| l.layer == layer)
     }
+}
+
+/// Writes `bytes` to `path` and syncs it.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).map_err(InstallError::io(path))?;
+    file.write_all(bytes).map_err(InstallError::io(path))?;
+    file.sync_all().map_err(InstallError::io(path))
 }

@@ -86,13 +86,6 @@ impl HashedFile {
     }
 }
 
-/// Writes `bytes` to `path` and syncs it.
-pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut file = File::create(path).map_err(InstallError::io(path))?;
-    file.write_all(bytes).map_err(InstallError::io(path))?;
-    file.sync_all().map_err(InstallError::io(path))
-}
-
 fn sync_dir(path: &Path) -> Result<()> {
     File::open(path)
         .and_then(|d| d.sync_all())

@@ -1,59 +1,19 @@
 //! The tensors a checkpoint of a given config holds: names (text-only `model.` prefix, per-key
 //! or fused experts), shapes and the class each belongs to. One list serves the synthetic
 //! checkpoint writer, parameter counts and the memory plan; it is drawn from the weight schema
-//! ([`schema`]) the loader reads by, so a tensor's key and shape are stated once.
+//! ([`TensorDef`] and the `*Schema` types) the loader reads by, so a tensor's key and shape are stated once.
 
 mod schema;
+mod schema_qwen4;
+mod tensor_def;
 
 pub use schema::{
-    AttentionSchema, GdnSchema, HyperSchema, IndexerSchema, MlpSchema, MoeSchema, NormsSchema,
-    PleSchema, TensorDef, TrunkSchema,
+    AttentionSchema, GdnSchema, IndexerSchema, MlpSchema, MoeSchema, NormsSchema, TrunkSchema,
 };
+pub use schema_qwen4::{ngram_table_rows, HyperSchema, PleSchema};
+pub use tensor_def::{TensorClass, TensorDef};
 
 use crate::config::{FfnKind, MixerKind, ModelConfig};
-
-/// What a tensor is for: the unit of parameter counts and memory plans.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum TensorClass {
-    Embedding,
-    LmHead,
-    /// Layer norms and the final norm.
-    Norm,
-    /// Full-attention projections, q/k norms and the QSA indexer.
-    Attention,
-    /// Gated DeltaNet projections, conv, decay parameters and output norm.
-    Gdn,
-    DenseMlp,
-    Router,
-    SharedExpert,
-    /// The routed experts: the bytes that can be streamed from disk.
-    RoutedExperts,
-    /// qwen4_exp hyper-connection blocks.
-    HyperConnection,
-    /// qwen4_exp PLE projections, norms and conv.
-    Ple,
-    /// qwen4_exp hashed n-gram table (read a few rows per token).
-    NgramTable,
-}
-
-impl TensorClass {
-    pub fn name(self) -> &'static str {
-        match self {
-            TensorClass::Embedding => "embedding",
-            TensorClass::LmHead => "lm_head",
-            TensorClass::Norm => "norms",
-            TensorClass::Attention => "attention",
-            TensorClass::Gdn => "gdn",
-            TensorClass::DenseMlp => "dense_mlp",
-            TensorClass::Router => "router",
-            TensorClass::SharedExpert => "shared_expert",
-            TensorClass::RoutedExperts => "routed_experts",
-            TensorClass::HyperConnection => "hyper_connections",
-            TensorClass::Ple => "ple",
-            TensorClass::NgramTable => "ngram_table",
-        }
-    }
-}
 
 /// Element type of a tensor in a written checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,13 +155,6 @@ pub fn checkpoint_tensors(config: &ModelConfig, experts: ExpertKeys) -> Vec<Tens
         }
     }
     out
-}
-
-/// Rows of the n-gram table of PLE ordinal `p`: the sum of its heads' prime sizes, padded.
-pub fn ngram_table_rows(ple: &crate::PleConfig, ordinal: usize) -> u64 {
-    let sizes = crate::ngram::head_vocab_sizes(ple.vocab_size_base, ordinal, ple.heads());
-    let total: u64 = sizes.iter().sum();
-    total.div_ceil(ple.vocab_divisible_by) * ple.vocab_divisible_by
 }
 
 /// Parameter totals per class.

@@ -21,25 +21,24 @@ impl QuantizedMatrix {
     /// Quantizes row-major f32 `src` to `format` (Q8 or Q4; bf16 is not a block format and
     /// panics).
     pub fn quantize(src: &[f32], rows: usize, cols: usize, format: WeightFormat) -> Self {
-        let q4 = match format {
-            WeightFormat::Q8 => false,
-            WeightFormat::Q4 => true,
-            WeightFormat::Bf16 => panic!("bf16 is not a block-quantized format"),
-        };
+        assert_ne!(
+            format,
+            WeightFormat::Bf16,
+            "bf16 is not a block-quantized format"
+        );
         assert_eq!(
             src.len(),
             rows * cols,
             "matrix data does not match its shape"
         );
-        let code_bytes = if q4 { cols / 2 } else { cols };
+        let code_bytes = format.code_bytes(1, cols);
         let mut qs = vec![0u8; rows * code_bytes];
         let mut scales = vec![0u16; rows * cols / GROUP];
         let rows_iter = src.chunks_exact(cols).zip(qs.chunks_exact_mut(code_bytes));
         for ((row, q), s) in rows_iter.zip(scales.chunks_exact_mut(cols / GROUP)) {
-            if q4 {
-                quantize_q4_row(row, q, s);
-            } else {
-                quantize_q8_row(row, bytemuck::cast_slice_mut(q), s);
+            match format {
+                WeightFormat::Q4 => quantize_q4_row(row, q, s),
+                _ => quantize_q8_row(row, bytemuck::cast_slice_mut(q), s),
             }
         }
         QuantizedMatrix {
