@@ -140,33 +140,6 @@ fn every_residency_and_slot_count_gives_identical_outputs() {
     }
 }
 
-#[test]
-fn the_quantizer_restated_for_convert_matches_the_kernels() {
-    use spindle_model::quant::QuantizedMatrix;
-    let (rows, cols) = (7, 96);
-    let mut state = 0x1234_5678u64;
-    let values: Vec<f32> = (0..rows * cols)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.3
-        })
-        .collect();
-    for format in [WeightFormat::Q8, WeightFormat::Q4] {
-        let (mut codes, mut scales) = (Vec::new(), Vec::new());
-        install::quantize::quantize_rows(format, &values, cols, &mut codes, &mut scales);
-        let reference = QuantizedMatrix::quantize(&values, rows, cols, format);
-        assert_eq!(codes, reference.qs, "{format} codes");
-        let ref_scales: Vec<u8> = reference
-            .scales
-            .iter()
-            .flat_map(|s| s.to_le_bytes())
-            .collect();
-        assert_eq!(scales, ref_scales, "{format} scales");
-    }
-}
-
 fn load_err(dir: &Path, verify: Verify) -> String {
     match Engine::load_with(
         dir,
