@@ -1,5 +1,9 @@
-//! spindle's model description: validated configs, memory-mapped safetensors checkpoints and
-//! the mapping from logical tensors to checkpoint keys. Depends on no backend.
+//! spindle's model description, shared by every backend: validated configs, memory-mapped
+//! safetensors checkpoints and installs, the mapping from logical tensors to checkpoint keys,
+//! the weight schema ([`layout`]), the weight formats and their reference quantizers
+//! ([`quant`], [`view`]), the host-side weight tree and its loader ([`weights`]), expert
+//! residency and streaming storage ([`experts`]) and the forward-pass types ([`forward`]).
+//! Depends on no backend.
 
 pub mod checkpoint;
 pub mod config;

@@ -72,6 +72,7 @@ pub struct StreamOptions {
     pub direct_io: bool,
 }
 
+/// One MoE layer's experts behind a slot cache, read from the layer's expert file on a miss.
 pub struct StreamedExperts {
     layout: ExpertLayerLayout,
     path: PathBuf,

@@ -21,6 +21,7 @@ pub struct TrunkSchema {
 }
 
 impl TrunkSchema {
+    /// The schema for `config` (keys, shapes and classes derived from its dimensions).
     pub fn new(config: &ModelConfig) -> Self {
         let (v, h) = (config.vocab_size, config.hidden_size);
         TrunkSchema {
@@ -42,6 +43,7 @@ pub struct NormsSchema {
 }
 
 impl NormsSchema {
+    /// The norms of a residual `hidden` wide.
     pub fn new(hidden: usize) -> Self {
         NormsSchema {
             input: def("input_layernorm.weight", vec![hidden], TensorClass::Norm),
@@ -75,6 +77,7 @@ pub struct IndexerSchema {
 }
 
 impl AttentionSchema {
+    /// The schema for `config` (keys, shapes and classes derived from its dimensions).
     pub fn new(config: &ModelConfig) -> Self {
         let a = &config.attention;
         let h = config.hidden_size;
@@ -137,6 +140,7 @@ pub struct GdnSchema {
 }
 
 impl GdnSchema {
+    /// The schema for `config` (keys, shapes and classes derived from its dimensions).
     pub fn new(config: &ModelConfig) -> Self {
         let g = &config.gdn;
         let h = config.hidden_size;
@@ -190,6 +194,7 @@ pub struct MlpSchema {
 }
 
 impl MlpSchema {
+    /// The MLP under `prefix`, `hidden` → `inter` → `hidden`, counted as `class`.
     pub fn new(prefix: &str, hidden: usize, inter: usize, class: TensorClass) -> Self {
         MlpSchema {
             gate: def(
@@ -215,6 +220,7 @@ impl MlpSchema {
         MlpSchema::new("mlp", config.hidden_size, inter, TensorClass::DenseMlp)
     }
 
+    /// Gate, up, down.
     pub fn tensors(&self) -> [&TensorDef; 3] {
         [&self.gate, &self.up, &self.down]
     }
@@ -237,6 +243,7 @@ pub struct MoeSchema {
 }
 
 impl MoeSchema {
+    /// The schema for `config` (keys, shapes and classes derived from its dimensions).
     pub fn new(config: &ModelConfig, moe: &MoeConfig) -> Self {
         let h = config.hidden_size;
         let (e, inter) = (moe.num_experts, moe.expert_intermediate);

@@ -18,6 +18,7 @@ pub struct HyperSchema {
 }
 
 impl HyperSchema {
+    /// The block under `prefix`, with `block_inject_weight` when `inject`.
     pub fn new(prefix: &str, hc: &HyperConfig, hidden: usize, inject: bool) -> Self {
         let c = TensorClass::HyperConnection;
         let width = hc.streams * hidden;

@@ -2,6 +2,7 @@
 
 use super::Linear;
 
+/// A gated full-attention layer's projections and q/k norms.
 pub struct AttentionWeights {
     /// `[n_h·2d, H]`: per head, d query rows then d gate rows.
     pub q_proj: Linear,

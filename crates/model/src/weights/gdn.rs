@@ -15,6 +15,8 @@ pub enum GdnProjection {
     },
 }
 
+/// A Gated DeltaNet layer: input projections, conv taps, decay parameters, output norm and
+/// projection.
 pub struct GdnWeights {
     pub projection: GdnProjection,
     /// `[C, K]` depthwise conv taps.

@@ -20,6 +20,7 @@ pub enum Linear {
 }
 
 impl Linear {
+    /// The matrix as a borrowed view in its format.
     pub fn mat(&self) -> MatRef<'_> {
         match self {
             Linear::Mapped(m) => {
@@ -35,6 +36,7 @@ impl Linear {
         }
     }
 
+    /// Output features (rows of W).
     pub fn rows(&self) -> usize {
         match self {
             Linear::Mapped(m) => m.rows,
@@ -43,6 +45,7 @@ impl Linear {
         }
     }
 
+    /// Input features (columns of W).
     pub fn cols(&self) -> usize {
         match self {
             Linear::Mapped(m) => m.cols,
@@ -51,6 +54,7 @@ impl Linear {
         }
     }
 
+    /// Output features (rows of W).
     pub fn out_features(&self) -> usize {
         self.rows()
     }
