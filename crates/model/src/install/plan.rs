@@ -48,9 +48,7 @@ impl MemoryPlan {
         for t in checkpoint_tensors(config, ExpertKeys::Fused) {
             let cols = *t.shape.last().unwrap_or(&1);
             let rows = t.elements() / cols.max(1);
-            let quantized = quant != WeightFormat::Bf16
-                && quant.fits(cols)
-                && (t.class == TensorClass::RoutedExperts || super::quantizable(&t.name));
+            let quantized = quant != WeightFormat::Bf16 && quant.fits(cols) && t.quantizable;
             let element = match t.dtype {
                 crate::layout::SpecDtype::F32 => 4,
                 crate::layout::SpecDtype::I64 => 8,

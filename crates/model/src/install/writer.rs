@@ -23,7 +23,7 @@ use super::{
     classify, quantizable, AUX_FILES, CODES_SUFFIX, EXPERT_DIR, MANIFEST, RESIDENT_FILE,
     SCALES_SUFFIX,
 };
-use crate::layout::TensorClass;
+use crate::layout::{MoeSchema, TensorClass, TensorDef, TrunkSchema};
 use crate::quant::WeightFormat;
 use crate::tensor::{decode_f32, DType, Matrix};
 use crate::{Checkpoint, ExpertLayout, FfnKind, ModelConfig, TensorNames};
@@ -266,12 +266,10 @@ fn resident_tensors(
     }
     // A tied LM head is quantized on load from the embedding; an install stores it so.
     if config.tie_word_embeddings && quant != WeightFormat::Bf16 && quant.fits(config.hidden_size) {
-        let embed = ck.matrix(
-            &names.trunk("embed_tokens.weight"),
-            &[config.vocab_size, config.hidden_size],
-        )?;
+        let trunk = TrunkSchema::new(config);
+        let embed = ck.matrix(&names.trunk(&trunk.embed.key), &trunk.embed.shape)?;
         out.push(Resident::Quantized {
-            name: "lm_head.weight".into(),
+            name: trunk.lm_head.key,
             matrix: embed,
             format: quant,
         });
@@ -354,29 +352,21 @@ fn layer_experts(
         .moe
         .as_ref()
         .expect("validated: MoE layers have a MoE config");
-    let (e_count, inter, h) = (moe.num_experts, moe.expert_intermediate, config.hidden_size);
-    let t = |s: &str| names.layer(i, &format!("mlp.experts.{s}"));
+    let e_count = moe.num_experts;
+    let s = MoeSchema::new(config, moe);
+    let matrix = |d: &TensorDef| ck.matrix(&names.layer(i, &d.key), &d.shape);
     Ok(match names.expert_layout(ck, i)? {
         ExpertLayout::PerExpert => (0..e_count)
             .map(|e| {
-                Ok([
-                    ck.matrix(&t(&format!("{e}.gate_proj.weight")), &[inter, h])?,
-                    ck.matrix(&t(&format!("{e}.up_proj.weight")), &[inter, h])?,
-                    ck.matrix(&t(&format!("{e}.down_proj.weight")), &[h, inter])?,
-                ])
+                let x = s.expert(e);
+                Ok([matrix(&x.gate)?, matrix(&x.up)?, matrix(&x.down)?])
             })
             .collect::<crate::Result<Vec<_>>>()?,
         ExpertLayout::Fused => {
-            let gate_up = ck.matrix(&t("gate_up_proj"), &[e_count, 2 * inter, h])?;
-            let down = ck.matrix(&t("down_proj"), &[e_count, h, inter])?;
+            let gate_up = matrix(&s.gate_up)?;
+            let down = matrix(&s.down)?;
             (0..e_count)
-                .map(|e| {
-                    [
-                        gate_up.rows_slice(e * 2 * inter, inter),
-                        gate_up.rows_slice(e * 2 * inter + inter, inter),
-                        down.rows_slice(e * h, h),
-                    ]
-                })
+                .map(|e| s.fused_expert(&gate_up, &down, e))
                 .collect()
         }
     })

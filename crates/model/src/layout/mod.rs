@@ -32,6 +32,8 @@ pub struct TensorSpec {
     pub dtype: SpecDtype,
     /// The layer this tensor belongs to, if any.
     pub layer: Option<usize>,
+    /// Re-encoded when q8/q4 is asked for (see [`TensorDef::quantizable`]).
+    pub quantizable: bool,
 }
 
 impl TensorSpec {
@@ -58,6 +60,7 @@ pub fn checkpoint_tensors(config: &ModelConfig, experts: ExpertKeys) -> Vec<Tens
             class: d.class,
             dtype,
             layer,
+            quantizable: d.quantizable,
         })
     };
     let bf16 = SpecDtype::Bf16;

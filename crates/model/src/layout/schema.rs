@@ -4,9 +4,10 @@
 //! by these keys and checks them against these shapes.
 
 use crate::config::{ModelConfig, MoeConfig};
+use crate::tensor::Matrix;
 
 use super::schema_qwen4::HyperSchema;
-use super::tensor_def::{def, TensorClass, TensorDef};
+use super::tensor_def::{def, proj, TensorClass, TensorDef};
 
 /// The tensors outside the layers.
 pub struct TrunkSchema {
@@ -27,7 +28,7 @@ impl TrunkSchema {
         TrunkSchema {
             embed: def("embed_tokens.weight", vec![v, h], TensorClass::Embedding),
             norm: def("norm.weight", vec![h], TensorClass::Norm),
-            lm_head: def("lm_head.weight", vec![v, h], TensorClass::LmHead),
+            lm_head: proj("lm_head.weight", vec![v, h], TensorClass::LmHead),
             hyper_mixer: config
                 .hyper
                 .as_ref()
@@ -84,10 +85,10 @@ impl AttentionSchema {
         let c = TensorClass::Attention;
         let t = |s: &str| format!("self_attn.{s}");
         AttentionSchema {
-            q_proj: def(t("q_proj.weight"), vec![2 * a.num_heads * a.head_dim, h], c),
-            k_proj: def(t("k_proj.weight"), vec![a.num_kv_heads * a.head_dim, h], c),
-            v_proj: def(t("v_proj.weight"), vec![a.num_kv_heads * a.head_dim, h], c),
-            o_proj: def(t("o_proj.weight"), vec![h, a.num_heads * a.head_dim], c),
+            q_proj: proj(t("q_proj.weight"), vec![2 * a.num_heads * a.head_dim, h], c),
+            k_proj: proj(t("k_proj.weight"), vec![a.num_kv_heads * a.head_dim, h], c),
+            v_proj: proj(t("v_proj.weight"), vec![a.num_kv_heads * a.head_dim, h], c),
+            o_proj: proj(t("o_proj.weight"), vec![h, a.num_heads * a.head_dim], c),
             q_norm: def(t("q_norm.weight"), vec![a.head_dim], c),
             k_norm: def(t("k_norm.weight"), vec![a.head_dim], c),
             indexer: config.qsa.as_ref().map(|q| IndexerSchema {
@@ -149,21 +150,21 @@ impl GdnSchema {
         let (nk, nv, dk, dv) = g.dims();
         let channels = g.conv_channels();
         GdnSchema {
-            qkvz: def(
+            qkvz: proj(
                 t("in_proj_qkvz.weight"),
                 vec![2 * nk * dk + 2 * nv * dv, h],
                 c,
             ),
-            ba: def(t("in_proj_ba.weight"), vec![2 * nv, h], c),
-            qkv: def(t("in_proj_qkv.weight"), vec![channels, h], c),
-            z: def(t("in_proj_z.weight"), vec![nv * dv, h], c),
-            b: def(t("in_proj_b.weight"), vec![nv, h], c),
-            a: def(t("in_proj_a.weight"), vec![nv, h], c),
+            ba: proj(t("in_proj_ba.weight"), vec![2 * nv, h], c),
+            qkv: proj(t("in_proj_qkv.weight"), vec![channels, h], c),
+            z: proj(t("in_proj_z.weight"), vec![nv * dv, h], c),
+            b: proj(t("in_proj_b.weight"), vec![nv, h], c),
+            a: proj(t("in_proj_a.weight"), vec![nv, h], c),
             conv: def(t("conv1d.weight"), vec![channels, 1, g.conv_kernel], c),
             a_log: def(t("A_log"), vec![nv], c),
             dt_bias: def(t("dt_bias"), vec![nv], c),
             norm: def(t("norm.weight"), vec![dv], c),
-            out_proj: def(t("out_proj.weight"), vec![h, nv * dv], c),
+            out_proj: proj(t("out_proj.weight"), vec![h, nv * dv], c),
         }
     }
 
@@ -197,17 +198,17 @@ impl MlpSchema {
     /// The MLP under `prefix`, `hidden` → `inter` → `hidden`, counted as `class`.
     pub fn new(prefix: &str, hidden: usize, inter: usize, class: TensorClass) -> Self {
         MlpSchema {
-            gate: def(
+            gate: proj(
                 format!("{prefix}.gate_proj.weight"),
                 vec![inter, hidden],
                 class,
             ),
-            up: def(
+            up: proj(
                 format!("{prefix}.up_proj.weight"),
                 vec![inter, hidden],
                 class,
             ),
-            down: def(
+            down: proj(
                 format!("{prefix}.down_proj.weight"),
                 vec![hidden, inter],
                 class,
@@ -250,8 +251,8 @@ impl MoeSchema {
         let c = TensorClass::RoutedExperts;
         MoeSchema {
             router: def("mlp.gate.weight", vec![e, h], TensorClass::Router),
-            gate_up: def("mlp.experts.gate_up_proj", vec![e, 2 * inter, h], c),
-            down: def("mlp.experts.down_proj", vec![e, h, inter], c),
+            gate_up: proj("mlp.experts.gate_up_proj", vec![e, 2 * inter, h], c),
+            down: proj("mlp.experts.down_proj", vec![e, h, inter], c),
             shared: MlpSchema::new(
                 "mlp.shared_expert",
                 h,
@@ -266,6 +267,17 @@ impl MoeSchema {
             hidden: h,
             expert_inter: inter,
         }
+    }
+
+    /// Expert `e`'s gate, up and down matrices inside the fused tensors `gate_up` `[E, 2I, H]`
+    /// and `down` `[E, H, I]` (as mapped with [`Self::gate_up`] and [`Self::down`]'s shapes).
+    pub fn fused_expert(&self, gate_up: &Matrix, down: &Matrix, e: usize) -> [Matrix; 3] {
+        let (h, inter) = (self.hidden, self.expert_inter);
+        [
+            gate_up.rows_slice(e * 2 * inter, inter),
+            gate_up.rows_slice(e * 2 * inter + inter, inter),
+            down.rows_slice(e * h, h),
+        ]
     }
 
     /// Routed expert `e` stored per expert (`mlp.experts.{e}.*`).

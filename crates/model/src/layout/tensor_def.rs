@@ -50,13 +50,25 @@ pub struct TensorDef {
     pub key: String,
     pub shape: Vec<usize>,
     pub class: TensorClass,
+    /// Re-encoded when q8/q4 is asked for: the LM head, the attention and GDN projections,
+    /// every MLP (dense, shared and routed experts). Everything else stays as stored.
+    pub quantizable: bool,
 }
 
-/// Shorthand for a [`TensorDef`].
+/// A tensor kept as stored.
 pub(super) fn def(key: impl Into<String>, shape: Vec<usize>, class: TensorClass) -> TensorDef {
     TensorDef {
         key: key.into(),
         shape,
         class,
+        quantizable: false,
+    }
+}
+
+/// A large projection, re-encoded when q8/q4 is asked for.
+pub(super) fn proj(key: impl Into<String>, shape: Vec<usize>, class: TensorClass) -> TensorDef {
+    TensorDef {
+        quantizable: true,
+        ..def(key, shape, class)
     }
 }

@@ -151,8 +151,7 @@ fn load_moe(at: &At, config: &ModelConfig, i: usize) -> Result<MoeWeights> {
         .as_ref()
         .expect("validated: MoE layers have a MoE config");
     let s = MoeSchema::new(config, moe);
-    let h = config.hidden_size;
-    let (e_count, inter) = (moe.num_experts, moe.expert_intermediate);
+    let e_count = moe.num_experts;
     let mut streamed = None;
     let experts = if let Some((install, setup)) = at.src.install {
         match load_layer(install, i, setup)? {
@@ -171,10 +170,13 @@ fn load_moe(at: &At, config: &ModelConfig, i: usize) -> Result<MoeWeights> {
                 let gate_up = ck.matrix(&at.name(&s.gate_up), &s.gate_up.shape)?;
                 let down = ck.matrix(&at.name(&s.down), &s.down.shape)?;
                 (0..e_count)
-                    .map(|e| MlpWeights {
-                        gate: Linear::Mapped(gate_up.rows_slice(e * 2 * inter, inter)),
-                        up: Linear::Mapped(gate_up.rows_slice(e * 2 * inter + inter, inter)),
-                        down: Linear::Mapped(down.rows_slice(e * h, h)),
+                    .map(|e| {
+                        let [gate, up, down] = s.fused_expert(&gate_up, &down, e);
+                        MlpWeights {
+                            gate: Linear::Mapped(gate),
+                            up: Linear::Mapped(up),
+                            down: Linear::Mapped(down),
+                        }
                     })
                     .collect()
             }
