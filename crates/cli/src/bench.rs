@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
 use spindle_engine::Engine;
-use spindle_model::quant::QuantFormat;
+use spindle_model::quant::WeightFormat;
 use spindle_runtime::bench::{self, BenchOptions, BenchReport};
 use spindle_runtime::{Backend, Device};
 
@@ -128,7 +128,7 @@ fn gb(bytes: f64) -> f64 {
 fn print_cpu(args: &BenchArgs, dir: &Path, engine: &Engine, report: &BenchReport) {
     let experts = engine.expert_stats();
     // An install carries its own format; a checkpoint is quantized as asked.
-    let quant: QuantFormat = engine
+    let quant: WeightFormat = engine
         .install()
         .map_or(args.load.quant, |i| i.manifest().quant_format());
     let decode = report.decode[0].tokens_per_s;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 use spindle_model::install;
-use spindle_model::quant::QuantFormat;
+use spindle_model::quant::WeightFormat;
 
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
@@ -21,11 +21,11 @@ pub struct ConvertArgs {
 
     /// Format of the large projections and routed experts: bf16, q8 or q4.
     #[arg(long, default_value = "q8", value_parser = parse_quant)]
-    pub quant: QuantFormat,
+    pub quant: WeightFormat,
 }
 
-fn parse_quant(s: &str) -> Result<QuantFormat, String> {
-    s.parse::<QuantFormat>().map_err(|e| e.to_string())
+fn parse_quant(s: &str) -> Result<WeightFormat, String> {
+    s.parse::<WeightFormat>().map_err(|e| e.to_string())
 }
 
 pub fn run(args: &ConvertArgs) -> Result<ExitCode> {

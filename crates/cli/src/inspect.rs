@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use spindle_model::install::plan::{MemoryPlan, Residency};
 use spindle_model::install::{self, Manifest};
 use spindle_model::layout::{parameters_by_class, TensorClass};
-use spindle_model::quant::QuantFormat;
+use spindle_model::quant::WeightFormat;
 use spindle_model::{FfnKind, MixerKind, ModelConfig};
 
 #[derive(Debug, Args)]
@@ -28,8 +28,8 @@ pub struct InspectArgs {
 
     /// Weight format to plan for with a Hugging Face checkpoint (an install's own format is
     /// used for an install).
-    #[arg(long, default_value = "bf16", value_parser = |s: &str| s.parse::<QuantFormat>().map_err(|e| e.to_string()))]
-    pub quant: QuantFormat,
+    #[arg(long, default_value = "bf16", value_parser = |s: &str| s.parse::<WeightFormat>().map_err(|e| e.to_string()))]
+    pub quant: WeightFormat,
 }
 
 /// Parameters per tensor class (the model crate's layout) and the share one token uses.
@@ -107,7 +107,7 @@ fn slot_examples(plan: &MemoryPlan) -> Vec<usize> {
     slots
 }
 
-fn print_plan(plan: &MemoryPlan, quant: QuantFormat) {
+fn print_plan(plan: &MemoryPlan, quant: WeightFormat) {
     println!();
     println!(
         "  memory plan ({quant}, one session of {} tokens)",
@@ -149,7 +149,7 @@ fn print_plan(plan: &MemoryPlan, quant: QuantFormat) {
     }
 }
 
-fn plan_json(plan: &MemoryPlan, quant: QuantFormat) -> Value {
+fn plan_json(plan: &MemoryPlan, quant: WeightFormat) -> Value {
     let classes: serde_json::Map<String, Value> = plan
         .classes
         .iter()

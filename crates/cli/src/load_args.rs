@@ -6,7 +6,7 @@ use clap::Args;
 use spindle_engine::experts::{CachePolicy, ExpertResidency};
 use spindle_engine::LoadOptions;
 use spindle_model::install::Verify;
-use spindle_model::quant::QuantFormat;
+use spindle_model::quant::WeightFormat;
 
 #[derive(Debug, Args, Clone)]
 pub struct LoadArgs {
@@ -14,7 +14,7 @@ pub struct LoadArgs {
     /// (int8 / int4, one f16 scale per 32 weights). An install keeps the format it was
     /// converted to.
     #[arg(long, default_value = "bf16", value_parser = parse_quant)]
-    pub quant: QuantFormat,
+    pub quant: WeightFormat,
 
     /// Where the routed experts live: resident (in RAM), mapped (memory-mapped from an
     /// install; the page cache decides), streamed (a few slots per layer, misses read from an
@@ -43,8 +43,8 @@ pub struct LoadArgs {
     pub verify: bool,
 }
 
-fn parse_quant(s: &str) -> Result<QuantFormat, String> {
-    s.parse::<QuantFormat>().map_err(|e| e.to_string())
+fn parse_quant(s: &str) -> Result<WeightFormat, String> {
+    s.parse::<WeightFormat>().map_err(|e| e.to_string())
 }
 
 fn parse_residency(s: &str) -> Result<ExpertResidency, String> {
@@ -76,7 +76,7 @@ impl LoadArgs {
         };
         LoadOptions {
             quant: self.quant,
-            progress: (self.quant != QuantFormat::Bf16)
+            progress: (self.quant != WeightFormat::Bf16)
                 .then(|| Arc::new(progress) as Arc<dyn Fn(usize, usize) + Send + Sync>),
             experts: self.experts,
             expert_slots: self.expert_slots,

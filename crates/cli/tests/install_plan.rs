@@ -6,7 +6,7 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 use spindle_model::install;
-use spindle_model::quant::QuantFormat;
+use spindle_model::quant::WeightFormat;
 use spindle_model::synth::{shape_config, truncate_layers, write_checkpoint};
 
 fn spindle_json(args: &[&str]) -> Value {
@@ -37,7 +37,7 @@ fn small_install(root: &Path) -> PathBuf {
     let src = root.join("synth");
     write_checkpoint(&src, &config, 7, 1 << 30, &mut |_| {}).unwrap();
     let dst = root.join("install");
-    install::convert(&src, &dst, QuantFormat::Q8, &mut |_| true).unwrap();
+    install::convert(&src, &dst, WeightFormat::Q8, &mut |_| true).unwrap();
     std::fs::remove_dir_all(&src).unwrap();
     dst
 }

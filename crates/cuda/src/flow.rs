@@ -5,7 +5,7 @@
 //! last kernels ([`Io::Fused`]); a decode step is captured as a CUDA graph (qwen4_exp's too:
 //! its PLE and QSA steps are kernels that read the ids and the position on the device).
 
-use spindle_engine::LogitsFor;
+use spindle_model::forward::LogitsFor;
 
 use crate::attention::{self, AttentionCtx};
 use crate::device::{i, p, DevBuf, Device};

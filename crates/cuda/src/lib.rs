@@ -32,8 +32,8 @@ mod weights;
 
 use std::path::Path;
 
-use spindle_engine::{GreedyRun, LogitsFor};
-use spindle_model::quant::QuantFormat;
+use spindle_model::forward::{GreedyRun, LogitsFor};
+use spindle_model::quant::WeightFormat;
 use spindle_model::{Checkpoint, ModelConfig};
 
 #[doc(hidden)]
@@ -59,14 +59,14 @@ pub struct CudaEngine {
     graphs: bool,
     /// Bytes of a session's workspace.
     workspace_bytes: usize,
-    quant: QuantFormat,
+    quant: WeightFormat,
 }
 
 impl CudaEngine {
     /// Opens CUDA device `ordinal`, reads and validates the checkpoint in `dir` and uploads its
     /// weights (bf16, as stored).
     pub fn load(dir: &Path, ordinal: usize) -> Result<Self> {
-        Self::load_with(dir, ordinal, QuantFormat::Bf16, None)
+        Self::load_with(dir, ordinal, WeightFormat::Bf16, None)
     }
 
     /// As [`CudaEngine::load`], with the large projections quantized on load to `quant` by the
@@ -75,7 +75,7 @@ impl CudaEngine {
     pub fn load_with(
         dir: &Path,
         ordinal: usize,
-        quant: QuantFormat,
+        quant: WeightFormat,
         max_layers: Option<usize>,
     ) -> Result<Self> {
         let dev = Device::open(ordinal)?;
@@ -85,8 +85,8 @@ impl CudaEngine {
         }
         check_supported(&config)?;
         let checkpoint = Checkpoint::open(dir)?;
-        let mut cpu = spindle_engine::weights::load(&checkpoint, &config)?;
-        if quant != QuantFormat::Bf16 {
+        let mut cpu = spindle_model::weights::load(&checkpoint, &config)?;
+        if quant != WeightFormat::Bf16 {
             let started = std::time::Instant::now();
             cpu.quantize(quant, &|_, _| {});
             tracing::info!(
@@ -128,7 +128,7 @@ impl CudaEngine {
     }
 
     /// The weight format of the large projections.
-    pub fn quant(&self) -> QuantFormat {
+    pub fn quant(&self) -> WeightFormat {
         self.quant
     }
 
@@ -251,9 +251,13 @@ impl CudaEngine {
     /// the layout of [`spindle_engine::Engine::greedy`].
     pub fn greedy(&self, prompt: &[u32], steps: usize) -> Result<GreedyRun> {
         let mut session = self.new_session()?;
-        GreedyRun::collect(self.config.vocab_size, prompt, steps, |ids, want| {
-            self.forward(&mut session, ids, want)
-        })
+        GreedyRun::collect(
+            self.config.vocab_size,
+            prompt,
+            steps,
+            spindle_kernels::softmax::argmax,
+            |ids, want| self.forward(&mut session, ids, want),
+        )
     }
 }
 

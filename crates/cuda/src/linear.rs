@@ -5,8 +5,8 @@
 //! ones a tiled GEMM. [`Io`] is how a sublayer takes its input and gives its output, fused
 //! with the residual on the decode path.
 
-use spindle_engine::weights::Linear;
-use spindle_kernels::quant::QuantizedMatrix;
+use spindle_model::quant::{QuantizedMatrix, WeightFormat};
+use spindle_model::weights::Linear;
 use spindle_model::DType;
 
 use crate::device::{f, i, p, Arg, DevBuf, Device};
@@ -191,7 +191,11 @@ impl<'a> Source<'a> {
 
     fn quantized(q: &'a QuantizedMatrix) -> Self {
         Source {
-            fmt: if q.is_q4 { WFormat::Q4 } else { WFormat::Q8 },
+            fmt: if q.format == WeightFormat::Q4 {
+                WFormat::Q4
+            } else {
+                WFormat::Q8
+            },
             codes: &q.qs,
             scales: &q.scales,
             rows: q.rows,

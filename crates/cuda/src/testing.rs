@@ -1,7 +1,7 @@
 //! Kernel-level entry points for the GPU tests (`tests/kernels.rs`): each runs one device
 //! path on host data and returns the result to the host. Not a stable interface.
 
-use spindle_engine::weights::Linear;
+use spindle_model::weights::Linear;
 
 use crate::attention::{attend_serial, attend_tiled, Heads};
 use crate::device::Device;

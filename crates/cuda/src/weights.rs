@@ -4,16 +4,16 @@
 //! qwen4_exp's PLE n-gram table (about 100 GB in the released model): it is copied, in its
 //! stored dtype, into page-locked host memory that kernels read through a device mapping.
 
-use spindle_engine::qwen4::{HyperWeights, PleWeights};
-use spindle_engine::weights::{
+use spindle_model::weights::{
     FfnWeights, GdnProjection, HeadInput, MixerWeights, MlpWeights, ModelWeights, MoeWeights,
     Residual,
 };
+use spindle_model::weights::{HyperWeights, PleWeights};
 use spindle_model::{DType, ModelConfig};
 
 use crate::device::{DevBuf, Device, MappedHost};
 use crate::error::{CudaError, Result};
-use spindle_engine::weights::Linear;
+use spindle_model::weights::Linear;
 
 use crate::linear::{DevMatrix, DevPart, Source};
 
@@ -281,7 +281,7 @@ pub fn upload(dev: &Device, w: &ModelWeights, config: &ModelConfig) -> Result<Gp
 
 fn upload_attention(
     dev: &Device,
-    a: &spindle_engine::weights::AttentionWeights,
+    a: &spindle_model::weights::AttentionWeights,
 ) -> Result<GpuAttention> {
     let (qkv, indexer) = match &a.indexer {
         Some(ix) => (
@@ -328,10 +328,7 @@ fn upload_ple(dev: &Device, ple: &PleWeights) -> Result<GpuPle> {
 }
 
 /// Copies the n-gram table's shards, as stored, into mapped host memory.
-fn upload_table(
-    dev: &Device,
-    table: &spindle_engine::qwen4::ple::NgramTable,
-) -> Result<NgramTable> {
+fn upload_table(dev: &Device, table: &spindle_model::weights::NgramTable) -> Result<NgramTable> {
     let shards = table
         .shards
         .iter()
@@ -438,7 +435,7 @@ fn upload_moe(dev: &Device, m: &MoeWeights) -> Result<GpuMoe> {
 
 fn upload_gdn(
     dev: &Device,
-    g: &spindle_engine::weights::GdnWeights,
+    g: &spindle_model::weights::GdnWeights,
     config: &ModelConfig,
 ) -> Result<GpuGdn> {
     let c = &config.gdn;

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use safetensors::{Dtype, SafeTensors};
 use spindle_cuda::CudaEngine;
-use spindle_engine::{Engine, LogitsFor};
+use spindle_engine::Engine;
+use spindle_model::forward::LogitsFor;
 
 /// Bound on max |Δlogit| against the float64 reference.
 const TOLERANCE: f32 = 1e-3;
@@ -256,7 +257,7 @@ fn teacher_forced_gpu(engine: &CudaEngine, prompt: &[u32], gen: &[u32]) -> Vec<f
 #[ignore = "needs a CUDA GPU"]
 fn quantized_weights_match_cpu_engine() {
     use spindle_engine::LoadOptions;
-    use spindle_model::quant::QuantFormat;
+    use spindle_model::quant::WeightFormat;
     let mut results = Vec::new();
     for name in FAMILIES {
         let reference = Reference::load(name);
@@ -265,7 +266,7 @@ fn quantized_weights_match_cpu_engine() {
         let mut all = prompt.clone();
         all.extend_from_slice(&gen[..gen.len() - 1]);
         let full_ref = reference.f32("full_logits");
-        for quant in [QuantFormat::Q8, QuantFormat::Q4] {
+        for quant in [WeightFormat::Q8, WeightFormat::Q4] {
             let options = LoadOptions {
                 quant,
                 ..Default::default()
@@ -301,7 +302,7 @@ fn quantized_weights_match_cpu_engine() {
             mean < 1e-2,
             "{name} {quant}: GPU and CPU differ by {mean} on average"
         );
-        if quant == QuantFormat::Q4 {
+        if quant == WeightFormat::Q4 {
             assert!(
                 mean < 0.05 * cpu_err,
                 "{name} {quant}: GPU−CPU mean {mean} is not small against the Q4 error {cpu_err}"

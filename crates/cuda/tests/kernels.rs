@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use spindle_cuda::{testing, Device};
-use spindle_engine::weights::Linear;
-use spindle_kernels::quant::QuantizedMatrix;
+use spindle_engine::LinearExt;
+use spindle_model::quant::{QuantizedMatrix, WeightFormat};
 use spindle_model::tensor::{Matrix, Storage};
+use spindle_model::weights::Linear;
 use spindle_model::DType;
 use spindle_testkit::Rng;
 
@@ -41,7 +42,11 @@ fn matrix(format: Format, values: &[f32], rows: usize, cols: usize) -> Linear {
             values,
             rows,
             cols,
-            format == Format::Q4,
+            if format == Format::Q4 {
+                WeightFormat::Q4
+            } else {
+                WeightFormat::Q8
+            },
         ))),
     }
 }

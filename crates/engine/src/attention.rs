@@ -9,7 +9,9 @@ use spindle_model::{AttentionConfig, QsaConfig};
 
 use crate::qwen4::qsa;
 use crate::session::KvCache;
-use crate::weights::AttentionWeights;
+use spindle_model::weights::AttentionWeights;
+
+use crate::linear::LinearExt;
 
 /// Runs `tokens` new tokens starting at absolute position `start` through one attention layer,
 /// appending their keys and values to `cache`. `x` is the normed input `[tokens, H]`. With a

@@ -7,7 +7,9 @@ use spindle_kernels::softmax::{softmax_in_place, top_k};
 use spindle_model::MoeConfig;
 
 use crate::error::{EngineError, Result};
-use crate::weights::{MlpWeights, MoeWeights};
+use spindle_model::weights::{MlpWeights, MoeWeights};
+
+use crate::linear::LinearExt;
 
 /// `down(silu(gate(x)) ⊙ up(x))` for `[tokens, H]`.
 pub fn mlp(w: &MlpWeights, x: &[f32], tokens: usize) -> Vec<f32> {

@@ -12,17 +12,13 @@ use spindle_model::{GdnGate, ModelConfig};
 use crate::error::Result;
 use crate::qwen4::{hyper, ngram, ple};
 use crate::session::{LayerState, Session};
-use crate::weights::{FfnWeights, HeadInput, LayerWeights, MixerWeights, ModelWeights, Residual};
-use crate::{attention, ffn, gdn};
+use spindle_model::forward::LogitsFor;
+use spindle_model::weights::{
+    FfnWeights, HeadInput, LayerWeights, MixerWeights, ModelWeights, Residual,
+};
 
-/// Which positions' logits a forward pass returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogitsFor {
-    /// Every input position: `[tokens, V]`.
-    All,
-    /// Only the last input position: `[1, V]`.
-    Last,
-}
+use crate::linear::LinearExt;
+use crate::{attention, ffn, gdn};
 
 /// Norms every `[H]` row of `x` with a zero-centred RMSNorm.
 fn norm_rows(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {

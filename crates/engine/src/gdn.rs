@@ -9,7 +9,9 @@ use spindle_kernels::norm::{rms_norm_gated, GateActivation};
 use spindle_model::GdnConfig;
 
 use crate::session::GdnState;
-use crate::weights::{GdnProjection, GdnWeights};
+use spindle_model::weights::{GdnProjection, GdnWeights};
+
+use crate::linear::LinearExt;
 
 /// Projected inputs of a GDN layer for `tokens` tokens, in the split layout.
 struct Projected {

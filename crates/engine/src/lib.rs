@@ -3,13 +3,12 @@
 
 mod attention;
 pub mod error;
-pub mod experts;
 pub mod ffn;
 mod flow;
 mod gdn;
+pub mod linear;
 pub mod qwen4;
 pub mod session;
-pub mod weights;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,22 +17,29 @@ use spindle_kernels::rope::RopeFreqs;
 use spindle_kernels::softmax::argmax;
 use spindle_model::install::plan::{MemoryPlan, Residency};
 use spindle_model::install::{self, Install, Verify};
-use spindle_model::quant::QuantFormat;
+use spindle_model::quant::WeightFormat;
 use spindle_model::{Checkpoint, ModelConfig, ModelError};
 
-use experts::load::{ExpertSetup, Placement};
-use experts::pool::ReadPool;
-use experts::{CachePolicy, ExpertCounters, ExpertResidency, ExpertStats, StreamOptions};
+use spindle_model::experts::load::{ExpertSetup, Placement};
+use spindle_model::experts::pool::ReadPool;
+use spindle_model::experts::{
+    CachePolicy, ExpertCounters, ExpertResidency, ExpertStats, StreamOptions,
+};
+use spindle_model::weights::{self, ModelWeights};
 
 pub use error::{EngineError, Result};
-pub use flow::LogitsFor;
+pub use linear::LinearExt;
 pub use session::Session;
+/// The expert provider's types live in `spindle_model::experts`; re-exported for the front ends.
+pub use spindle_model::experts;
+/// Backend-neutral forward-pass types (`spindle_model::forward`), re-exported for the front ends.
+pub use spindle_model::forward::{GreedyRun, LogitsFor};
 
 /// How to load a model.
 #[derive(Clone, Default)]
 pub struct LoadOptions {
     /// Weight format of the large projections: as stored (bf16), or quantized on load.
-    pub quant: QuantFormat,
+    pub quant: WeightFormat,
     /// Called as projections are re-encoded: (done, total).
     pub progress: Option<std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>>,
     /// Where the routed experts live (streamed needs an install).
@@ -58,7 +64,7 @@ const AUTO_BUDGET_FRACTION: f64 = 0.85;
 /// A loaded model, ready to run sessions.
 pub struct Engine {
     config: ModelConfig,
-    weights: weights::ModelWeights,
+    weights: ModelWeights,
     rope: RopeFreqs,
     /// Kept alive for the memory maps the weights point into.
     _checkpoint: Checkpoint,
@@ -99,7 +105,7 @@ impl Engine {
         let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
         // A checkpoint's experts are memory-mapped (bf16) or quantized into the heap.
         let placement = match (options.experts, options.quant) {
-            (ExpertResidency::Mapped, QuantFormat::Bf16) => Placement::Mapped,
+            (ExpertResidency::Mapped, WeightFormat::Bf16) => Placement::Mapped,
             _ => Placement::Resident,
         };
         Ok(Engine {
@@ -117,7 +123,7 @@ impl Engine {
         let install = Install::open(dir, options.verify).map_err(ModelError::from)?;
         let config = ModelConfig::from_dir(dir)?;
         let quant = install.manifest().quant_format();
-        if options.quant != QuantFormat::Bf16 && options.quant != quant {
+        if options.quant != WeightFormat::Bf16 && options.quant != quant {
             return Err(ModelError::Unsupported {
                 path: dir.to_owned(),
                 message: format!(
@@ -194,7 +200,7 @@ impl Engine {
         &self.config
     }
 
-    /// Average bytes of weights one decode step reads (see [`weights::ModelWeights::bytes_per_token`]).
+    /// Average bytes of weights one decode step reads (see [`ModelWeights::bytes_per_token`]).
     pub fn weight_bytes_per_token(&self) -> usize {
         self.weights
             .bytes_per_token(self.config.moe.as_ref().map_or(0, |m| m.top_k))
@@ -230,49 +236,14 @@ impl Engine {
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache.
     pub fn greedy(&self, prompt: &[u32], steps: usize) -> Result<GreedyRun> {
         let mut session = self.new_session();
-        GreedyRun::collect(self.config.vocab_size, prompt, steps, |ids, want| {
-            self.forward(&mut session, ids, want)
-        })
+        GreedyRun::collect(
+            self.config.vocab_size,
+            prompt,
+            steps,
+            argmax,
+            |ids, want| self.forward(&mut session, ids, want),
+        )
     }
-}
-
-impl GreedyRun {
-    /// Prefill of `prompt`, then `steps` greedy tokens fed back one at a time through
-    /// `forward(ids, want)` (a session's forward pass on any backend).
-    pub fn collect<E>(
-        vocab: usize,
-        prompt: &[u32],
-        steps: usize,
-        mut forward: impl FnMut(&[u32], LogitsFor) -> std::result::Result<Vec<f32>, E>,
-    ) -> std::result::Result<GreedyRun, E> {
-        let prefill_logits = forward(prompt, LogitsFor::All)?;
-        let mut decode_logits = Vec::with_capacity(steps * vocab);
-        let mut gen_ids = Vec::with_capacity(steps);
-        let mut last = prefill_logits[prefill_logits.len() - vocab..].to_vec();
-        for step in 0..steps {
-            let next = argmax(&last) as u32;
-            gen_ids.push(next);
-            decode_logits.extend_from_slice(&last);
-            if step + 1 < steps {
-                last = forward(&[next], LogitsFor::Last)?;
-            }
-        }
-        Ok(GreedyRun {
-            prefill_logits,
-            gen_ids,
-            decode_logits,
-        })
-    }
-}
-
-/// The result of [`Engine::greedy`], in the layout of the fixtures' `reference.safetensors`.
-pub struct GreedyRun {
-    /// `[T, V]`.
-    pub prefill_logits: Vec<f32>,
-    /// `[G]`.
-    pub gen_ids: Vec<u32>,
-    /// `[G, V]`: row g holds the logits `gen_ids[g]` was picked from.
-    pub decode_logits: Vec<f32>,
 }
 
 /// Resolves `--experts` for an install: `auto` keeps every expert resident when the plan fits

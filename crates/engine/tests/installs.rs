@@ -7,10 +7,10 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{fixture, Reference};
-use spindle_engine::experts::{CachePolicy, ExpertResidency};
 use spindle_engine::{Engine, GreedyRun, LoadOptions};
+use spindle_model::experts::{CachePolicy, ExpertResidency};
 use spindle_model::install::{self, Verify};
-use spindle_model::quant::QuantFormat;
+use spindle_model::quant::WeightFormat;
 
 const MOE_FIXTURES: &[&str] = &[
     "qwen3_next_moe",
@@ -38,7 +38,7 @@ impl Drop for TempDir {
     }
 }
 
-fn convert(name: &str, quant: QuantFormat, dst: &Path) {
+fn convert(name: &str, quant: WeightFormat, dst: &Path) {
     install::convert(&fixture(name), dst, quant, &mut |_| true)
         .unwrap_or_else(|e| panic!("{name} {quant}: {e}"));
 }
@@ -80,7 +80,7 @@ fn every_residency_and_slot_count_gives_identical_outputs() {
         let reference = Reference::load(name);
         let prompt = reference.ids("prompt_ids");
         let steps = reference.ids("gen_ids").len();
-        for quant in [QuantFormat::Bf16, QuantFormat::Q8] {
+        for quant in [WeightFormat::Bf16, WeightFormat::Q8] {
             let dst = tmp.0.join(format!("{name}-{quant}"));
             convert(name, quant, &dst);
             let (base, _) = greedy(
@@ -140,33 +140,6 @@ fn every_residency_and_slot_count_gives_identical_outputs() {
     }
 }
 
-#[test]
-fn the_quantizer_restated_for_convert_matches_the_kernels() {
-    use spindle_kernels::quant::QuantizedMatrix;
-    let (rows, cols) = (7, 96);
-    let mut state = 0x1234_5678u64;
-    let values: Vec<f32> = (0..rows * cols)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.3
-        })
-        .collect();
-    for (format, q4) in [(QuantFormat::Q8, false), (QuantFormat::Q4, true)] {
-        let (mut codes, mut scales) = (Vec::new(), Vec::new());
-        install::quantize::quantize_rows(format, &values, cols, &mut codes, &mut scales);
-        let reference = QuantizedMatrix::quantize(&values, rows, cols, q4);
-        assert_eq!(codes, reference.qs, "{format} codes");
-        let ref_scales: Vec<u8> = reference
-            .scales
-            .iter()
-            .flat_map(|s| s.to_le_bytes())
-            .collect();
-        assert_eq!(scales, ref_scales, "{format} scales");
-    }
-}
-
 fn load_err(dir: &Path, verify: Verify) -> String {
     match Engine::load_with(
         dir,
@@ -185,7 +158,7 @@ fn damaged_installs_are_refused_by_file_name() {
     let tmp = TempDir::new("damaged");
     let fresh = |tag: &str| {
         let dst = tmp.0.join(tag);
-        convert("qwen3_5_moe", QuantFormat::Q8, &dst);
+        convert("qwen3_5_moe", WeightFormat::Q8, &dst);
         dst
     };
 
@@ -252,7 +225,7 @@ fn a_cancelled_convert_leaves_nothing() {
     let err = install::convert(
         &fixture("qwen3_next_moe"),
         &dst,
-        QuantFormat::Q4,
+        WeightFormat::Q4,
         &mut |p| {
             calls += 1;
             p.tensors_done < p.tensors_total / 2
@@ -274,7 +247,7 @@ fn a_cancelled_convert_leaves_nothing() {
     let err = install::convert(
         &fixture("qwen3_next_moe"),
         &dst,
-        QuantFormat::Q4,
+        WeightFormat::Q4,
         &mut |_| true,
     )
     .unwrap_err();
@@ -300,7 +273,7 @@ fn streaming_a_checkpoint_asks_for_a_convert() {
 fn a_failed_expert_read_is_an_error_not_a_crash() {
     let tmp = TempDir::new("read-error");
     let dst = tmp.0.join("install");
-    convert("qwen3_5_moe", QuantFormat::Q8, &dst);
+    convert("qwen3_5_moe", WeightFormat::Q8, &dst);
     let engine = Engine::load_with(&dst, &options(ExpertResidency::Streamed, Some(1))).unwrap();
     let path = dst.join("experts/layer-000.bin");
     let whole = std::fs::read(&path).unwrap();
@@ -313,7 +286,11 @@ fn a_failed_expert_read_is_an_error_not_a_crash() {
     let prompt = Reference::load("qwen3_5_moe").ids("prompt_ids");
     let mut session = engine.new_session();
     let err = engine
-        .forward(&mut session, &prompt, spindle_engine::LogitsFor::Last)
+        .forward(
+            &mut session,
+            &prompt,
+            spindle_model::forward::LogitsFor::Last,
+        )
         .expect_err("the experts of layer 0 cannot be read")
         .to_string();
     assert!(
@@ -321,7 +298,11 @@ fn a_failed_expert_read_is_an_error_not_a_crash() {
         "{err}"
     );
     let again = engine
-        .forward(&mut session, &prompt[..1], spindle_engine::LogitsFor::Last)
+        .forward(
+            &mut session,
+            &prompt[..1],
+            spindle_model::forward::LogitsFor::Last,
+        )
         .expect_err("the session is incomplete")
         .to_string();
     assert!(again.contains("incomplete"), "{again}");
@@ -329,6 +310,6 @@ fn a_failed_expert_read_is_an_error_not_a_crash() {
     std::fs::write(&path, &whole).unwrap();
     let mut fresh = engine.new_session();
     engine
-        .forward(&mut fresh, &prompt, spindle_engine::LogitsFor::Last)
+        .forward(&mut fresh, &prompt, spindle_model::forward::LogitsFor::Last)
         .unwrap();
 }

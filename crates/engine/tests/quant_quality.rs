@@ -6,7 +6,7 @@ mod common;
 use common::{fixture, Reference};
 use spindle_engine::{Engine, LoadOptions, LogitsFor};
 use spindle_kernels::softmax::argmax;
-use spindle_model::quant::QuantFormat;
+use spindle_model::quant::WeightFormat;
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
     let max = row.iter().cloned().fold(f32::MIN, f32::max) as f64;
@@ -20,7 +20,7 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
 }
 
 /// (mean KL(bf16 ‖ quant), max KL, top-1 agreement) over every position.
-fn quality(name: &str, format: QuantFormat) -> (f64, f64, f64) {
+fn quality(name: &str, format: WeightFormat) -> (f64, f64, f64) {
     let reference = Reference::load(name);
     let mut ids = reference.ids("prompt_ids");
     ids.extend(reference.ids("gen_ids"));
@@ -36,7 +36,7 @@ fn quality(name: &str, format: QuantFormat) -> (f64, f64, f64) {
         let mut session = engine.new_session();
         engine.forward(&mut session, &ids, LogitsFor::All).unwrap()
     };
-    let (base, quant) = (logits(QuantFormat::Bf16), logits(format));
+    let (base, quant) = (logits(WeightFormat::Bf16), logits(format));
     let vocab = base.len() / ids.len();
     let (mut sum, mut max, mut agree) = (0.0, 0.0f64, 0usize);
     for (b, q) in base.chunks(vocab).zip(quant.chunks(vocab)) {
@@ -60,8 +60,8 @@ fn q8_and_q4_stay_close_to_bf16() {
         "qwen3_5_moe",
         "qwen4_exp",
     ] {
-        let (k8, m8, a8) = quality(name, QuantFormat::Q8);
-        let (k4, m4, a4) = quality(name, QuantFormat::Q4);
+        let (k8, m8, a8) = quality(name, WeightFormat::Q8);
+        let (k4, m4, a4) = quality(name, WeightFormat::Q4);
         println!(
             "| {name} | {k8:.2e} | {m8:.2e} | {:.1}% | {k4:.2e} | {m4:.2e} | {:.1}% |",
             a8 * 100.0,

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use spindle_kernels::linear::{matmul_with, matvec_with};
-use spindle_kernels::{Isa, MatRef, QuantizedMatrix, Weights};
+use spindle_kernels::Isa;
+use spindle_model::quant::{QuantizedMatrix, WeightFormat};
+use spindle_model::view::{MatRef, Weights};
 
 const COLD_BYTES: usize = 512 << 20;
 
@@ -84,8 +86,8 @@ impl Formats {
         let f32s: Vec<f32> = (0..rows * cols)
             .map(|_| rng.random_range(-0.05..0.05f32))
             .collect();
-        let q8 = QuantizedMatrix::quantize(&f32s, rows, cols, false);
-        let q4 = QuantizedMatrix::quantize(&f32s, rows, cols, true);
+        let q8 = QuantizedMatrix::quantize(&f32s, rows, cols, WeightFormat::Q8);
+        let q4 = QuantizedMatrix::quantize(&f32s, rows, cols, WeightFormat::Q4);
         Formats {
             q8_codes: aligned(&q8.qs),
             q4_codes: aligned(&q4.qs),

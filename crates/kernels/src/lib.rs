@@ -14,11 +14,9 @@ pub mod quant;
 pub mod rope;
 pub mod simd;
 pub mod softmax;
-pub mod weights;
 
-pub use quant::{QuantizedActs, QuantizedMatrix};
+pub use quant::QuantizedActs;
 pub use simd::Isa;
-pub use weights::{MatRef, Weights};
 
 #[cfg(test)]
 pub(crate) mod testutil;

@@ -1,8 +1,8 @@
 //! Every SIMD path this CPU runs against the scalar references, per format and batch size.
 
 use super::*;
-use crate::quant::QuantizedMatrix;
 use crate::testutil::*;
+use spindle_model::quant::{QuantizedMatrix, WeightFormat};
 
 /// Owned test weights in one format.
 struct Owned {
@@ -38,8 +38,8 @@ fn formats(rng: &mut rand::rngs::StdRng, rows: usize, cols: usize) -> Vec<Owned>
         },
     ];
     if cols.is_multiple_of(GROUP) {
-        for (q4, name) in [(false, "q8"), (true, "q4")] {
-            let quant = Some(QuantizedMatrix::quantize(&wf, rows, cols, q4));
+        for (format, name) in [(WeightFormat::Q8, "q8"), (WeightFormat::Q4, "q4")] {
+            let quant = Some(QuantizedMatrix::quantize(&wf, rows, cols, format));
             out.push(Owned {
                 f32s: vec![],
                 u16s: vec![],
@@ -179,7 +179,7 @@ fn results_do_not_depend_on_where_the_weights_sit() {
         for shift in 0..32 {
             let mut buf = vec![0u16; shift + cols];
             buf[shift..].copy_from_slice(&row);
-            let w = crate::MatRef::new(crate::Weights::Bf16(&buf[shift..]), 1, cols);
+            let w = MatRef::new(Weights::Bf16(&buf[shift..]), 1, cols);
             let mut y = [0.0f32];
             matvec_with(isa, &w, &x, &mut y);
             let bits = y[0].to_bits();
@@ -192,25 +192,26 @@ fn results_do_not_depend_on_where_the_weights_sit() {
         // The same for q8 and q4 codes at every byte offset.
         let values = crate::testutil::vec(&mut r, 256, 1.0);
         let x = crate::testutil::vec(&mut r, 256, 1.0);
-        for q4 in [false, true] {
-            let q = QuantizedMatrix::quantize(&values, 1, 256, q4);
+        for format in [WeightFormat::Q8, WeightFormat::Q4] {
+            let q4 = format == WeightFormat::Q4;
+            let q = QuantizedMatrix::quantize(&values, 1, 256, format);
             let mut reference = None;
             for shift in 0..64 {
                 let mut buf = vec![0u8; shift + q.qs.len()];
                 buf[shift..].copy_from_slice(&q.qs);
                 let weights = if q4 {
-                    crate::Weights::Q4 {
+                    Weights::Q4 {
                         qs: &buf[shift..],
                         scales: &q.scales,
                     }
                 } else {
-                    crate::Weights::Q8 {
+                    Weights::Q8 {
                         qs: bytemuck::cast_slice(&buf[shift..]),
                         scales: &q.scales,
                     }
                 };
                 let mut y = [0.0f32];
-                matvec_with(isa, &crate::MatRef::new(weights, 1, 256), &x, &mut y);
+                matvec_with(isa, &MatRef::new(weights, 1, 256), &x, &mut y);
                 let bits = y[0].to_bits();
                 assert_eq!(
                     *reference.get_or_insert(bits),
@@ -253,8 +254,9 @@ fn gemm_results_do_not_depend_on_where_the_weights_sit_or_on_the_batch() {
     let (rows, cols) = (37, 160);
     let values = vec(&mut r, rows * cols, 1.0);
     let x = vec(&mut r, 40 * cols, 1.0);
-    for q4 in [false, true] {
-        let q = QuantizedMatrix::quantize(&values, rows, cols, q4);
+    for format in [WeightFormat::Q8, WeightFormat::Q4] {
+        let q4 = format == WeightFormat::Q4;
+        let q = QuantizedMatrix::quantize(&values, rows, cols, format);
         for isa in Isa::all_available() {
             for tokens in [2, 4, 9, 17, 40] {
                 let x = &x[..tokens * cols];

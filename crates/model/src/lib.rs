@@ -1,9 +1,15 @@
-//! spindle's model description: validated configs, memory-mapped safetensors checkpoints and
-//! the mapping from logical tensors to checkpoint keys. Depends on no backend.
+//! spindle's model description, shared by every backend: validated configs, memory-mapped
+//! safetensors checkpoints and installs, the mapping from logical tensors to checkpoint keys,
+//! the weight schema ([`layout`]), the weight formats and their reference quantizers
+//! ([`quant`], [`view`]), the host-side weight tree and its loader ([`weights`]), expert
+//! residency and streaming storage ([`experts`]) and the forward-pass types ([`forward`]).
+//! Depends on no backend.
 
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod experts;
+pub mod forward;
 pub mod install;
 pub mod layout;
 pub mod names;
@@ -11,6 +17,8 @@ pub mod ngram;
 pub mod quant;
 pub mod synth;
 pub mod tensor;
+pub mod view;
+pub mod weights;
 pub mod writer;
 
 pub use checkpoint::Checkpoint;

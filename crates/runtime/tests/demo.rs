@@ -126,11 +126,13 @@ fn second_turn_feeds_only_new_tokens() {
 fn a_failed_turn_leaves_the_conversation_usable() {
     use spindle_engine::experts::ExpertResidency;
     use spindle_engine::LoadOptions;
-    use spindle_model::quant::QuantFormat;
+    use spindle_model::quant::WeightFormat;
     let dir = std::env::temp_dir().join(format!("spindle-chat-failure-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    spindle_model::install::convert(&demo_dir().unwrap(), &dir, QuantFormat::Bf16, &mut |_| true)
-        .unwrap();
+    spindle_model::install::convert(&demo_dir().unwrap(), &dir, WeightFormat::Bf16, &mut |_| {
+        true
+    })
+    .unwrap();
     let options = LoadOptions {
         experts: ExpertResidency::Streamed,
         expert_slots: Some(1),

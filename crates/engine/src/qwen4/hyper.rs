@@ -4,19 +4,9 @@
 use spindle_kernels::activation::{sigmoid, silu};
 use spindle_kernels::norm::group_rms_norm_zc;
 
-use crate::weights::Linear;
+use spindle_model::weights::HyperWeights;
 
-/// One hyper-connection block (`*_hyper_connection` or the final `hyper_connection_mixer`).
-pub struct HyperWeights {
-    /// `[n·H]` grouped zero-centred norm weight.
-    pub norm: Vec<f32>,
-    /// `[lowrank, n·H]`.
-    pub mix_down: Linear,
-    /// `[n·H, lowrank]`.
-    pub mix_up: Linear,
-    /// `[n, n·H]`; absent in the final mixer (use_combine = False).
-    pub inject: Option<Linear>,
-}
+use crate::linear::LinearExt;
 
 /// The sublayer input `x [T, H]` and the injection weights `ω [T, n]`.
 pub struct HyperInput {

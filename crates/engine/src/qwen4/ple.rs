@@ -5,50 +5,9 @@
 use spindle_kernels::activation::{sigmoid, silu};
 use spindle_kernels::norm::group_rms_norm_zc;
 
-use super::ngram::NgramHash;
-use crate::weights::Linear;
+use spindle_model::weights::PleWeights;
 
-/// The n-gram table, as the checkpoint's shards (concatenated along rows).
-pub struct NgramTable {
-    pub shards: Vec<Linear>,
-    pub shard_rows: usize,
-}
-
-impl NgramTable {
-    fn row(&self, row: u64, out: &mut [f32]) {
-        let (shard, local) = (
-            row as usize / self.shard_rows,
-            row as usize % self.shard_rows,
-        );
-        self.shards[shard].mat().row_to_f32(local, out);
-    }
-}
-
-pub struct PleWeights {
-    pub hash: NgramHash,
-    pub table: NgramTable,
-    /// `[n·H, ple_dim]`.
-    pub key_proj: Linear,
-    /// `[H, ple_dim]`.
-    pub value_proj: Linear,
-    pub norm_key: Vec<f32>,
-    pub norm_query: Vec<f32>,
-    pub norm_conv: Vec<f32>,
-    /// `[n·H, K]` depthwise taps, dilation = ngram_size.
-    pub conv: Vec<f32>,
-    pub conv_kernel: usize,
-}
-
-impl PleWeights {
-    pub fn dilation(&self) -> usize {
-        self.hash.ngram_size()
-    }
-
-    /// Rows of normed gates the dilated conv needs from the past: (K − 1) · dilation.
-    pub fn conv_history(&self) -> usize {
-        (self.conv_kernel - 1) * self.dilation()
-    }
-}
+use crate::linear::LinearExt;
 
 /// Computes PLE for `ids` and adds it to the streams `hs [T, n·H]`.
 /// `history` is the n-gram history before these ids; `conv_state` holds the last

@@ -5,14 +5,9 @@ use spindle_kernels::norm::rms_norm_zc_in_place;
 use spindle_kernels::rope::{apply_partial_rope, RopeFreqs};
 use spindle_model::QsaConfig;
 
-use crate::weights::Linear;
+use spindle_model::weights::IndexerWeights;
 
-pub struct IndexerWeights {
-    /// `[(n_i + 1)·d_i, H]`: n_i query heads, then one raw key.
-    pub qk_proj: Linear,
-    pub q_norm: Vec<f32>,
-    pub k_norm: Vec<f32>,
-}
+use crate::linear::LinearExt;
 
 /// The indexer's per-sequence state: the raw key of every token and the finished block keys.
 #[derive(Clone, Debug, Default)]

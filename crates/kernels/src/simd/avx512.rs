@@ -8,7 +8,8 @@
 
 use std::arch::x86_64::*;
 
-use crate::quant::{QuantizedActs, GROUP, Q4_GROUP_BYTES};
+use crate::quant::QuantizedActs;
+use spindle_model::quant::{GROUP, Q4_GROUP_BYTES};
 
 /// Sixteen bf16 values at `p` as f32 (the caller guarantees 32 readable bytes).
 #[inline]
@@ -65,7 +66,7 @@ pub(crate) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
-    dot_f32_body!(w, x, load_bf16, crate::weights::bf16_to_f32)
+    dot_f32_body!(w, x, load_bf16, spindle_model::view::bf16_to_f32)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]

@@ -4,7 +4,7 @@
 
 use std::arch::aarch64::*;
 
-use crate::quant::{GROUP, Q4_GROUP_BYTES};
+use spindle_model::quant::{GROUP, Q4_GROUP_BYTES};
 
 /// Σ w·x, `$load(p)` giving four weights at `p` as f32.
 macro_rules! dot_f32_body {
@@ -49,7 +49,7 @@ pub(crate) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
 
 #[target_feature(enable = "neon")]
 pub(crate) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
-    dot_f32_body!(w, x, load_bf16, crate::weights::bf16_to_f32)
+    dot_f32_body!(w, x, load_bf16, spindle_model::view::bf16_to_f32)
 }
 
 #[target_feature(enable = "neon")]
@@ -85,7 +85,7 @@ pub(crate) fn dot_q8(qs: &[i8], scales: &[u16], xq: &[i8], xd: &[f32], _xsd: &[f
                 vld1q_s8(x.add(16)),
             )
         };
-        s += crate::quant::f16_to_f32(scales[g]) * xd[g] * isum as f32;
+        s += spindle_model::quant::blocks::f16_to_f32(scales[g]) * xd[g] * isum as f32;
     }
     s
 }
@@ -107,7 +107,7 @@ pub(crate) fn dot_q4(qs: &[u8], scales: &[u16], xq: &[i8], xd: &[f32], _xsd: &[f
             let hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(b)), eight);
             dot32(lo, hi, vld1q_s8(x), vld1q_s8(x.add(16)))
         };
-        s += crate::quant::f16_to_f32(scales[g]) * xd[g] * isum as f32;
+        s += spindle_model::quant::blocks::f16_to_f32(scales[g]) * xd[g] * isum as f32;
     }
     s
 }

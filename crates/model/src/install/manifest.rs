@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::error::{InstallError, Result};
-use crate::quant::QuantFormat;
+use crate::quant::WeightFormat;
 
 pub const FORMAT: &str = "spindle-install";
 pub const FORMAT_VERSION: u32 = 1;
@@ -100,7 +100,7 @@ pub fn part_bytes(format: &str, rows: usize, cols: usize) -> Option<(u64, u64)> 
         "bf16" | "f16" => 2,
         "f32" => 4,
         _ => {
-            let q: QuantFormat = format.parse().ok()?;
+            let q: WeightFormat = format.parse().ok()?;
             return q.fits(cols).then(|| {
                 (
                     q.code_bytes(rows, cols) as u64,
@@ -133,7 +133,7 @@ impl Manifest {
                 manifest.format_version
             )));
         }
-        if manifest.quant.parse::<QuantFormat>().is_err() {
+        if manifest.quant.parse::<WeightFormat>().is_err() {
             return Err(bad(format!(
                 "quant {:?} is not bf16, q8 or q4",
                 manifest.quant
@@ -177,14 +177,22 @@ impl Manifest {
 
     pub fn write(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).expect("manifests serialize");
-        super::writer::write_synced(path, (text + "\n").as_bytes())
+        write_synced(path, (text + "\n").as_bytes())
     }
 
-    pub fn quant_format(&self) -> QuantFormat {
+    pub fn quant_format(&self) -> WeightFormat {
         self.quant.parse().unwrap_or_default()
     }
 
     pub fn expert_layer(&self, layer: usize) -> Option<&ExpertLayerLayout> {
         self.experts.iter().find(|l| l.layer == layer)
     }
+}
+
+/// Writes `bytes` to `path` and syncs it.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).map_err(InstallError::io(path))?;
+    file.write_all(bytes).map_err(InstallError::io(path))?;
+    file.sync_all().map_err(InstallError::io(path))
 }

@@ -59,7 +59,8 @@ pub fn is_install(dir: &std::path::Path) -> bool {
 /// Whether the engine re-encodes tensor `name` when asked for q8/q4 (the large projections:
 /// LM head, attention and GDN projections, dense and shared-expert MLPs; the routed experts
 /// are handled apart). The embedding, router, shared-expert gate, norms, conv taps, hyper-
-/// connection, PLE and QSA-indexer tensors stay as stored.
+/// connection, PLE and QSA-indexer tensors stay as stored. This reads any checkpoint key;
+/// a test checks that it agrees with the weight schema's [`crate::layout::TensorDef::quantizable`].
 pub fn quantizable(name: &str) -> bool {
     const SUFFIXES: &[&str] = &[
         ".self_attn.q_proj.weight",
@@ -83,7 +84,8 @@ pub fn quantizable(name: &str) -> bool {
     name == "lm_head.weight" || SUFFIXES.iter().any(|s| name.ends_with(s))
 }
 
-/// The class of a checkpoint tensor, from its name.
+/// The class of a checkpoint tensor, from its name (a test checks that it agrees with the
+/// weight schema's classes).
 pub fn classify(name: &str) -> TensorClass {
     if name.contains("embed_tokens") {
         TensorClass::Embedding
@@ -109,5 +111,39 @@ pub fn classify(name: &str) -> TensorClass {
         TensorClass::Gdn
     } else {
         TensorClass::Norm
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{checkpoint_tensors, ExpertKeys};
+    use crate::ModelConfig;
+
+    #[test]
+    fn names_classify_and_quantize_as_the_schema_says() {
+        let fixtures = spindle_testkit::fixtures();
+        let mut configs: Vec<_> = [
+            "qwen3_next_moe",
+            "qwen3_5_dense",
+            "qwen3_5_moe",
+            "qwen4_exp",
+        ]
+        .iter()
+        .map(|name| ModelConfig::from_dir(&fixtures.join(name)).unwrap())
+        .collect();
+        for name in ["qwen3_6_35b_a3b", "qwen3_8_flash_next"] {
+            let path = fixtures.join(format!("configs/{name}.config.json"));
+            configs.push(ModelConfig::from_file(&path).unwrap());
+        }
+        for config in &configs {
+            for keys in [ExpertKeys::PerExpert, ExpertKeys::Fused] {
+                for t in checkpoint_tensors(config, keys) {
+                    assert_eq!(classify(&t.name), t.class, "{}", t.name);
+                    let routed = t.class == TensorClass::RoutedExperts;
+                    assert_eq!(quantizable(&t.name), t.quantizable && !routed, "{}", t.name);
+                }
+            }
+        }
     }
 }

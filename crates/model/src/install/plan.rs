@@ -4,7 +4,7 @@
 
 use crate::config::{MixerKind, ModelConfig};
 use crate::layout::{checkpoint_tensors, ExpertKeys, TensorClass};
-use crate::quant::QuantFormat;
+use crate::quant::WeightFormat;
 
 /// Process memory beyond weights and state: the binary, thread stacks, allocator slack and
 /// the forward pass's work buffers (measured with `spindle bench`: about 20 MB on the CPU backend).
@@ -42,15 +42,13 @@ pub struct MemoryPlan {
 impl MemoryPlan {
     /// The plan for `config` with the large projections in `quant` (the routed experts too),
     /// one session of `context` tokens.
-    pub fn new(config: &ModelConfig, quant: QuantFormat, context: usize) -> Self {
+    pub fn new(config: &ModelConfig, quant: WeightFormat, context: usize) -> Self {
         let mut classes: std::collections::BTreeMap<TensorClass, (u64, String)> =
             Default::default();
         for t in checkpoint_tensors(config, ExpertKeys::Fused) {
             let cols = *t.shape.last().unwrap_or(&1);
             let rows = t.elements() / cols.max(1);
-            let quantized = quant != QuantFormat::Bf16
-                && quant.fits(cols)
-                && (t.class == TensorClass::RoutedExperts || super::quantizable(&t.name));
+            let quantized = quant != WeightFormat::Bf16 && quant.fits(cols) && t.quantizable;
             let element = match t.dtype {
                 crate::layout::SpecDtype::F32 => 4,
                 crate::layout::SpecDtype::I64 => 8,
@@ -73,7 +71,7 @@ impl MemoryPlan {
                 entry.1.push_str(format);
             }
         }
-        if config.tie_word_embeddings && quant != QuantFormat::Bf16 {
+        if config.tie_word_embeddings && quant != WeightFormat::Bf16 {
             // The tied head is quantized apart from the embedding.
             let head = quant
                 .matrix_bytes(config.vocab_size, config.hidden_size)
@@ -84,7 +82,7 @@ impl MemoryPlan {
         let total: u64 = classes.values().map(|e| e.0).sum();
         let mut dense_bytes =
             total - bytes_of(TensorClass::RoutedExperts) - bytes_of(TensorClass::NgramTable);
-        if !(config.tie_word_embeddings && quant == QuantFormat::Bf16) {
+        if !(config.tie_word_embeddings && quant == WeightFormat::Bf16) {
             dense_bytes -= bytes_of(TensorClass::Embedding);
         }
 
@@ -101,7 +99,7 @@ impl MemoryPlan {
                         let f = if quant.fits(cols) {
                             quant
                         } else {
-                            QuantFormat::Bf16
+                            WeightFormat::Bf16
                         };
                         (
                             f.code_bytes(rows, cols) as u64,

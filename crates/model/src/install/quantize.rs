@@ -1,62 +1,14 @@
-//! The Q8/Q4 row quantizers a convert writes with. They restate, operation for operation, the
-//! reference quantizers of `spindle_kernels::quant` (this crate depends on no backend), so an
-//! install holds exactly the bytes that quantizing on load produces; the engine's install tests
-//! check the two byte for byte.
+//! The quantizer a convert writes with: whole matrices to Q8/Q4 with the reference row
+//! quantizers of [`crate::quant::blocks`], so an install holds exactly the bytes that
+//! quantizing on load produces.
 
-use half::f16;
-
-use crate::quant::{QuantFormat, GROUP};
-
-fn f16_bits(v: f32) -> u16 {
-    f16::from_f32(v).to_bits()
-}
-
-fn f16_to_f32(bits: u16) -> f32 {
-    f16::from_bits(bits).to_f32()
-}
-
-/// One row to Q8: `codes` has `src.len()` bytes (i8), `scales` `src.len()/32`.
-pub fn q8_row(src: &[f32], codes: &mut [u8], scales: &mut [u16]) {
-    for ((w, q), s) in src
-        .chunks_exact(GROUP)
-        .zip(codes.chunks_exact_mut(GROUP))
-        .zip(scales.iter_mut())
-    {
-        let amax = w.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        *s = f16_bits(amax / 127.0);
-        let d = f16_to_f32(*s);
-        let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
-        for (qi, &wi) in q.iter_mut().zip(w) {
-            *qi = ((wi * inv).round().clamp(-127.0, 127.0) as i8) as u8;
-        }
-    }
-}
-
-/// One row to Q4: `codes` has `src.len()/2` bytes, `scales` `src.len()/32`.
-pub fn q4_row(src: &[f32], codes: &mut [u8], scales: &mut [u16]) {
-    const HALF: usize = GROUP / 2;
-    for ((w, q), s) in src
-        .chunks_exact(GROUP)
-        .zip(codes.chunks_exact_mut(HALF))
-        .zip(scales.iter_mut())
-    {
-        let extreme = w
-            .iter()
-            .fold(0.0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
-        *s = f16_bits(extreme / -8.0);
-        let d = f16_to_f32(*s);
-        let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let code = |v: f32| ((v * inv).round() + 8.0).clamp(0.0, 15.0) as u8;
-        for j in 0..HALF {
-            q[j] = code(w[j]) | (code(w[j + HALF]) << 4);
-        }
-    }
-}
+use crate::quant::blocks::{quantize_q4_row, quantize_q8_row};
+use crate::quant::{WeightFormat, GROUP};
 
 /// Quantizes `rows` rows of `values` (row-major, `cols` wide) in `format` (q8 or q4), appending
 /// codes and little-endian f16 scales.
 pub fn quantize_rows(
-    format: QuantFormat,
+    format: WeightFormat,
     values: &[f32],
     cols: usize,
     codes: &mut Vec<u8>,
@@ -73,10 +25,42 @@ pub fn quantize_rows(
         .zip(c.par_chunks_mut(code_cols))
         .zip(s.par_chunks_mut(groups))
         .for_each(|((row, c), s)| match format {
-            QuantFormat::Q8 => q8_row(row, c, s),
-            QuantFormat::Q4 => q4_row(row, c, s),
-            QuantFormat::Bf16 => unreachable!("bf16 is not quantized"),
+            WeightFormat::Q8 => quantize_q8_row(row, bytemuck::cast_slice_mut(c), s),
+            WeightFormat::Q4 => quantize_q4_row(row, c, s),
+            WeightFormat::Bf16 => unreachable!("bf16 is not quantized"),
         });
     codes.extend_from_slice(&c);
     scales.extend(s.iter().flat_map(|v| v.to_le_bytes()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::QuantizedMatrix;
+
+    #[test]
+    fn convert_writes_the_bytes_quantizing_on_load_holds() {
+        let (rows, cols) = (7, 96);
+        let mut state = 0x1234_5678u64;
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.3
+            })
+            .collect();
+        for format in [WeightFormat::Q8, WeightFormat::Q4] {
+            let (mut codes, mut scales) = (Vec::new(), Vec::new());
+            quantize_rows(format, &values, cols, &mut codes, &mut scales);
+            let reference = QuantizedMatrix::quantize(&values, rows, cols, format);
+            assert_eq!(codes, reference.qs, "{format} codes");
+            let ref_scales: Vec<u8> = reference
+                .scales
+                .iter()
+                .flat_map(|s| s.to_le_bytes())
+                .collect();
+            assert_eq!(scales, ref_scales, "{format} scales");
+        }
+    }
 }

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::error::{InstallError, Result};
 use super::manifest::{ExpertLayerLayout, Manifest};
 use super::{sha256, MANIFEST, RECEIPT};
-use crate::quant::QuantFormat;
+use crate::quant::WeightFormat;
 
 /// How much of an install to check when it is opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,7 +64,7 @@ impl MappedFile {
 /// A quantized matrix of the resident file: codes and f16 scales, as byte ranges of the map.
 #[derive(Clone)]
 pub struct QuantTensor {
-    pub format: QuantFormat,
+    pub format: WeightFormat,
     pub rows: usize,
     pub cols: usize,
     pub file: Arc<MappedFile>,
@@ -145,8 +145,8 @@ impl Install {
             .get(&scales_name)
             .ok_or_else(|| bad(format!("{codes_name} has no {scales_name}")))?;
         let (format, cols) = match (codes.dtype, codes.shape.as_slice()) {
-            (Dtype::I8, &[_, c]) => (QuantFormat::Q8, c),
-            (Dtype::U8, &[_, c]) => (QuantFormat::Q4, c * 2),
+            (Dtype::I8, &[_, c]) => (WeightFormat::Q8, c),
+            (Dtype::U8, &[_, c]) => (WeightFormat::Q4, c * 2),
             (d, s) => {
                 return Err(bad(format!(
                     "codes are {d:?} {s:?}, expected I8 or U8 [rows, cols]"

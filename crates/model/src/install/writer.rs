@@ -23,8 +23,8 @@ use super::{
     classify, quantizable, AUX_FILES, CODES_SUFFIX, EXPERT_DIR, MANIFEST, RESIDENT_FILE,
     SCALES_SUFFIX,
 };
-use crate::layout::TensorClass;
-use crate::quant::QuantFormat;
+use crate::layout::{MoeSchema, TensorClass, TensorDef, TrunkSchema};
+use crate::quant::WeightFormat;
 use crate::tensor::{decode_f32, DType, Matrix};
 use crate::{Checkpoint, ExpertLayout, FfnKind, ModelConfig, TensorNames};
 
@@ -86,13 +86,6 @@ impl HashedFile {
     }
 }
 
-/// Writes `bytes` to `path` and syncs it.
-pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut file = File::create(path).map_err(InstallError::io(path))?;
-    file.write_all(bytes).map_err(InstallError::io(path))?;
-    file.sync_all().map_err(InstallError::io(path))
-}
-
 fn sync_dir(path: &Path) -> Result<()> {
     File::open(path)
         .and_then(|d| d.sync_all())
@@ -112,7 +105,7 @@ enum Resident {
     Quantized {
         name: String,
         matrix: Matrix,
-        format: QuantFormat,
+        format: WeightFormat,
     },
 }
 
@@ -157,7 +150,7 @@ impl Resident {
                 format,
             } => {
                 let (codes_dtype, code_cols) = match format {
-                    QuantFormat::Q8 => ("I8", m.cols),
+                    WeightFormat::Q8 => ("I8", m.cols),
                     _ => ("U8", m.cols / 2),
                 };
                 let groups = m.cols / crate::quant::GROUP;
@@ -204,7 +197,7 @@ fn for_row_blocks(m: &Matrix, f: &mut dyn FnMut(&[f32]) -> Result<()>) -> Result
 }
 
 /// Writes a quantized matrix's codes, returning its scales (1/16 of the codes for q8).
-fn write_quantized(out: &mut HashedFile, m: &Matrix, format: QuantFormat) -> Result<Vec<u8>> {
+fn write_quantized(out: &mut HashedFile, m: &Matrix, format: WeightFormat) -> Result<Vec<u8>> {
     let mut scales = Vec::new();
     for_row_blocks(m, &mut |values| {
         let mut codes = Vec::new();
@@ -218,7 +211,7 @@ fn resident_tensors(
     ck: &Checkpoint,
     config: &ModelConfig,
     names: &TensorNames,
-    quant: QuantFormat,
+    quant: WeightFormat,
 ) -> Result<Vec<Resident>> {
     let expert_prefixes: Vec<String> = moe_layers(config)
         .map(|i| names.layer(i, "mlp.experts."))
@@ -246,7 +239,7 @@ fn resident_tensors(
         };
         out.push(match source {
             Source::Float(m)
-                if quant != QuantFormat::Bf16
+                if quant != WeightFormat::Bf16
                     && shape.len() == 2
                     && quantizable(name)
                     && quant.fits(m.cols) =>
@@ -272,13 +265,11 @@ fn resident_tensors(
         });
     }
     // A tied LM head is quantized on load from the embedding; an install stores it so.
-    if config.tie_word_embeddings && quant != QuantFormat::Bf16 && quant.fits(config.hidden_size) {
-        let embed = ck.matrix(
-            &names.trunk("embed_tokens.weight"),
-            &[config.vocab_size, config.hidden_size],
-        )?;
+    if config.tie_word_embeddings && quant != WeightFormat::Bf16 && quant.fits(config.hidden_size) {
+        let trunk = TrunkSchema::new(config);
+        let embed = ck.matrix(&names.trunk(&trunk.embed.key), &trunk.embed.shape)?;
         out.push(Resident::Quantized {
-            name: "lm_head.weight".into(),
+            name: trunk.lm_head.key,
             matrix: embed,
             format: quant,
         });
@@ -361,29 +352,21 @@ fn layer_experts(
         .moe
         .as_ref()
         .expect("validated: MoE layers have a MoE config");
-    let (e_count, inter, h) = (moe.num_experts, moe.expert_intermediate, config.hidden_size);
-    let t = |s: &str| names.layer(i, &format!("mlp.experts.{s}"));
+    let e_count = moe.num_experts;
+    let s = MoeSchema::new(config, moe);
+    let matrix = |d: &TensorDef| ck.matrix(&names.layer(i, &d.key), &d.shape);
     Ok(match names.expert_layout(ck, i)? {
         ExpertLayout::PerExpert => (0..e_count)
             .map(|e| {
-                Ok([
-                    ck.matrix(&t(&format!("{e}.gate_proj.weight")), &[inter, h])?,
-                    ck.matrix(&t(&format!("{e}.up_proj.weight")), &[inter, h])?,
-                    ck.matrix(&t(&format!("{e}.down_proj.weight")), &[h, inter])?,
-                ])
+                let x = s.expert(e);
+                Ok([matrix(&x.gate)?, matrix(&x.up)?, matrix(&x.down)?])
             })
             .collect::<crate::Result<Vec<_>>>()?,
         ExpertLayout::Fused => {
-            let gate_up = ck.matrix(&t("gate_up_proj"), &[e_count, 2 * inter, h])?;
-            let down = ck.matrix(&t("down_proj"), &[e_count, h, inter])?;
+            let gate_up = matrix(&s.gate_up)?;
+            let down = matrix(&s.down)?;
             (0..e_count)
-                .map(|e| {
-                    [
-                        gate_up.rows_slice(e * 2 * inter, inter),
-                        gate_up.rows_slice(e * 2 * inter + inter, inter),
-                        down.rows_slice(e * h, h),
-                    ]
-                })
+                .map(|e| s.fused_expert(&gate_up, &down, e))
                 .collect()
         }
     })
@@ -394,8 +377,8 @@ fn expert_record(parts: &[Matrix; 3], layout: &ExpertLayerLayout) -> Result<Vec<
     let mut record = vec![0u8; layout.stride as usize];
     for (m, part) in parts.iter().zip(&layout.parts) {
         let at = part.codes_offset as usize;
-        match part.format.parse::<QuantFormat>() {
-            Ok(format @ (QuantFormat::Q8 | QuantFormat::Q4)) => {
+        match part.format.parse::<WeightFormat>() {
+            Ok(format @ (WeightFormat::Q8 | WeightFormat::Q4)) => {
                 let (mut codes, mut scales) = (Vec::new(), Vec::new());
                 for_row_blocks(m, &mut |values| {
                     quantize_rows(format, values, m.cols, &mut codes, &mut scales);
@@ -411,7 +394,7 @@ fn expert_record(parts: &[Matrix; 3], layout: &ExpertLayerLayout) -> Result<Vec<
     Ok(record)
 }
 
-fn expert_layout_of(i: usize, experts: &[[Matrix; 3]], quant: QuantFormat) -> ExpertLayerLayout {
+fn expert_layout_of(i: usize, experts: &[[Matrix; 3]], quant: WeightFormat) -> ExpertLayerLayout {
     let align = |x: u64| x.div_ceil(64) * 64;
     let mut offset = 0u64;
     let parts = ["gate", "up", "down"]
@@ -420,7 +403,7 @@ fn expert_layout_of(i: usize, experts: &[[Matrix; 3]], quant: QuantFormat) -> Ex
         .map(|(&name, m)| {
             // Matrices whose rows are not whole groups, and every matrix at bf16, keep the
             // checkpoint's element type.
-            let format = if quant != QuantFormat::Bf16 && quant.fits(m.cols) {
+            let format = if quant != WeightFormat::Bf16 && quant.fits(m.cols) {
                 quant.name()
             } else {
                 m.dtype.name()
@@ -458,7 +441,7 @@ fn expert_layout_of(i: usize, experts: &[[Matrix; 3]], quant: QuantFormat) -> Ex
 pub fn convert(
     src: &Path,
     dst: &Path,
-    quant: QuantFormat,
+    quant: WeightFormat,
     progress: &mut dyn FnMut(&Progress) -> bool,
 ) -> Result<Manifest> {
     if dst.exists() {
@@ -498,7 +481,7 @@ pub fn convert(
 fn write_install(
     src: &Path,
     root: &Path,
-    quant: QuantFormat,
+    quant: WeightFormat,
     progress: &mut dyn FnMut(&Progress) -> bool,
 ) -> Result<Manifest> {
     let config = ModelConfig::from_dir(src)?;

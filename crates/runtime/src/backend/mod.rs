@@ -219,9 +219,13 @@ impl Backend {
     /// with the cache, in the layout of the fixtures' `reference.safetensors`.
     pub fn greedy(&self, prompt: &[u32], steps: usize) -> Result<GreedyRun> {
         let mut session = self.new_session()?;
-        GreedyRun::collect(self.config().vocab_size, prompt, steps, |ids, want| {
-            self.forward(&mut session, ids, want)
-        })
+        GreedyRun::collect(
+            self.config().vocab_size,
+            prompt,
+            steps,
+            spindle_kernels::softmax::argmax,
+            |ids, want| self.forward(&mut session, ids, want),
+        )
     }
 
     /// Average bytes of weights one decode step reads (routed experts counted top_k / E).

@@ -11,14 +11,15 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
-use spindle_model::install::ExpertLayerLayout;
+use crate::install::ExpertLayerLayout;
 
 use super::buf::AlignedBuf;
-use super::packed::{expert_at, Owner};
 use super::pool::ReadPool;
+use super::record::expert_at;
 use super::slots::{CachePolicy, SlotCache};
 use super::ExpertCounters;
-use crate::weights::MlpWeights;
+use crate::weights::packed::Owner;
+use crate::weights::{Linear, MlpWeights};
 
 /// One expert held in a slot.
 pub struct LoadedExpert {
@@ -71,6 +72,7 @@ pub struct StreamOptions {
     pub direct_io: bool,
 }
 
+/// One MoE layer's experts behind a slot cache, read from the layer's expert file on a miss.
 pub struct StreamedExperts {
     layout: ExpertLayerLayout,
     path: PathBuf,
@@ -214,7 +216,7 @@ fn recycle(slot: Arc<Slot>, len: usize) -> AlignedBuf {
         let loaded = slot.state.into_inner().ok()??.ok()?;
         let LoadedExpert { weights } = Arc::try_unwrap(loaded).ok()?;
         let owner = match weights.gate {
-            crate::weights::Linear::Packed(p) => p.into_owner(),
+            Linear::Packed(p) => p.into_owner(),
             _ => return None,
         };
         drop(weights.up);

@@ -1,6 +1,9 @@
-//! Borrowed weight matrices in the formats the kernels read.
+//! Borrowed weight matrices in the formats of [`crate::quant`]: what every backend's kernels
+//! read and upload.
 
-use crate::quant::{self, GROUP, Q4_GROUP_BYTES};
+use crate::quant::blocks::{self, GROUP, Q4_GROUP_BYTES};
+
+pub use crate::quant::blocks::bf16_to_f32;
 
 /// Elements of a row-major weight matrix.
 #[derive(Clone, Copy, Debug)]
@@ -28,11 +31,6 @@ pub struct MatRef<'a> {
     pub weights: Weights<'a>,
     pub rows: usize,
     pub cols: usize,
-}
-
-#[inline(always)]
-pub fn bf16_to_f32(bits: u16) -> f32 {
-    f32::from_bits((bits as u32) << 16)
 }
 
 impl<'a> MatRef<'a> {
@@ -100,10 +98,12 @@ impl<'a> MatRef<'a> {
                 .zip(&w[a..b])
                 .for_each(|(o, &x)| *o = half::f16::from_bits(x).to_f32()),
             Weights::F32(w) => out.copy_from_slice(&w[a..b]),
-            Weights::Q8 { qs, scales } => quant::dequantize_q8_row(&qs[a..b], &scales[ga..gb], out),
+            Weights::Q8 { qs, scales } => {
+                blocks::dequantize_q8_row(&qs[a..b], &scales[ga..gb], out)
+            }
             Weights::Q4 { qs, scales } => {
                 let bytes = &qs[ga * Q4_GROUP_BYTES..gb * Q4_GROUP_BYTES];
-                quant::dequantize_q4_row(bytes, &scales[ga..gb], out)
+                blocks::dequantize_q4_row(bytes, &scales[ga..gb], out)
             }
         }
     }

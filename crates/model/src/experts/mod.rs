@@ -6,13 +6,16 @@
 //! - `streamed`: a few slots per layer ([`streamed`]), misses read from the install;
 //! - `auto`: chosen from the memory plan and the memory available.
 //!
+//! This module is the storage and bookkeeping both backends share (residency, slot cache, read
+//! pool, aligned buffers, counters); running the experts is each backend's.
+//!
 //! Residency changes speed, never results: an expert's bytes, and the order its output is
 //! added in, are the same whatever holds it.
 
 pub mod buf;
 pub mod load;
-pub mod packed;
 pub mod pool;
+pub mod record;
 pub mod slots;
 pub mod streamed;
 

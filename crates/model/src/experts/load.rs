@@ -3,14 +3,15 @@
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use spindle_model::install::{Install, MappedFile};
-use spindle_model::{ModelError, Result};
+use crate::install::{Install, MappedFile};
+use crate::{ModelError, Result};
 
 use super::buf::AlignedBuf;
-use super::packed::{expert_at, Owner};
 use super::pool::ReadPool;
+use super::record::expert_at;
 use super::streamed::{StreamOptions, StreamedExperts};
 use super::ExpertCounters;
+use crate::weights::packed::Owner;
 use crate::weights::MlpWeights;
 
 /// A residency with `auto` resolved.
@@ -39,7 +40,7 @@ pub fn load_layer(install: &Install, layer: usize, setup: &ExpertSetup) -> Resul
     let layout = install
         .expert_layer(layer)
         .ok_or_else(|| ModelError::Index {
-            path: install.path_of(spindle_model::install::MANIFEST),
+            path: install.path_of(crate::install::MANIFEST),
             message: format!(
                 "layer {layer} is a MoE layer but the manifest lists no expert file for it"
             ),

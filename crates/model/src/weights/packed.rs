@@ -4,12 +4,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use spindle_kernels::{MatRef, Weights};
-use spindle_model::install::{MappedFile, PartLayout, QuantTensor};
-use spindle_model::quant::QuantFormat;
-
-use super::buf::AlignedBuf;
-use crate::weights::{Linear, MlpWeights};
+use crate::experts::buf::AlignedBuf;
+use crate::install::{MappedFile, PartLayout, QuantTensor};
+use crate::quant::WeightFormat;
+use crate::view::{MatRef, Weights};
 
 /// Who keeps the bytes alive.
 #[derive(Clone)]
@@ -101,7 +99,7 @@ impl PackedMatrix {
     pub fn from_resident(q: &QuantTensor) -> Self {
         PackedMatrix {
             format: match q.format {
-                QuantFormat::Q4 => PackedFormat::Q4,
+                WeightFormat::Q4 => PackedFormat::Q4,
                 _ => PackedFormat::Q8,
             },
             rows: q.rows,
@@ -113,7 +111,7 @@ impl PackedMatrix {
     }
 
     /// One part of the expert record starting at byte `base` of `owner`.
-    fn from_part(owner: &Owner, base: usize, part: &PartLayout) -> Self {
+    pub(crate) fn from_part(owner: &Owner, base: usize, part: &PartLayout) -> Self {
         let at = |offset: u64, len: u64| base + offset as usize..base + (offset + len) as usize;
         PackedMatrix {
             format: PackedFormat::parse(&part.format)
@@ -124,15 +122,5 @@ impl PackedMatrix {
             codes: at(part.codes_offset, part.codes_bytes),
             scales: at(part.scales_offset, part.scales_bytes),
         }
-    }
-}
-
-/// The expert whose record starts at byte `base` of `owner` (parts: gate, up, down).
-pub fn expert_at(owner: &Owner, base: usize, parts: &[PartLayout]) -> MlpWeights {
-    let linear = |i: usize| Linear::Packed(PackedMatrix::from_part(owner, base, &parts[i]));
-    MlpWeights {
-        gate: linear(0),
-        up: linear(1),
-        down: linear(2),
     }
 }
