@@ -11,8 +11,9 @@
 
 use spindle_model::{ModelConfig, QsaConfig};
 
-use crate::device::{f, i, p, threads_for, DevBuf, Device};
+use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
+use crate::kernels::{self, i, p, Launch};
 use crate::linear::{Io, MATVEC_MAX_TOKENS};
 use crate::session::KvCache;
 use crate::weights::{GpuAttention, GpuIndexer};
@@ -108,29 +109,29 @@ pub fn forward(
     reserve(dev, cache, start + tokens, ctx.config)?;
     let q = dev.scratch::<f32>(tokens * n_h * d)?;
     let gate = dev.scratch::<f32>(tokens * n_h * d)?;
-    dev.launch(
-        "attn_prep",
-        (tokens as u32, (n_h + n_kv) as u32, 1),
-        threads_for(d),
-        (d * 4) as u32,
-        &[
-            p(qkv.ptr()),
-            i(w.qkv.rows),
-            p(w.q_norm.ptr()),
-            p(w.k_norm.ptr()),
-            p(ctx.inv_freq.ptr()),
-            i(ctx.config.rope.rotary_dim),
-            p(q.ptr()),
-            p(gate.ptr()),
-            p(cache.keys.ptr()),
-            p(cache.values.ptr()),
-            i(n_h),
-            i(n_kv),
-            i(d),
-            i(start),
-            p(start_dev),
-            f(ctx.eps),
-        ],
+    kernels::attention::AttnPrep::launch(
+        dev,
+        Launch::new(
+            (tokens as u32, (n_h + n_kv) as u32, 1),
+            threads_for(d),
+            (d * 4) as u32,
+        ),
+        qkv.arg(),
+        i(w.qkv.rows),
+        w.q_norm.arg(),
+        w.k_norm.arg(),
+        ctx.inv_freq.arg(),
+        i(ctx.config.rope.rotary_dim),
+        q.arg(),
+        gate.arg(),
+        cache.keys.arg(),
+        cache.values.arg(),
+        i(n_h),
+        i(n_kv),
+        i(d),
+        i(start),
+        p(start_dev),
+        ctx.eps,
     )?;
 
     let selection = match (&w.indexer, ctx.config.qsa.as_ref()) {
@@ -152,40 +153,36 @@ pub fn forward(
         && split_shared <= dev.shared_limit("attn_split")
         && 4 * splits <= dev.shared_limit("attn_combine")
     {
-        dev.launch(
-            "attn_split",
-            (n_kv as u32, splits as u32, tokens as u32),
-            256,
-            split_shared as u32,
-            &[
-                p(q.ptr()),
-                p(cache.keys.ptr()),
-                p(cache.values.ptr()),
-                p(cache.partials.ptr()),
-                i(splits),
-                i(n_h),
-                i(n_kv),
-                i(d),
-                i(start),
-                p(start_dev),
-                f(1.0 / (d as f32).sqrt()),
-            ],
+        kernels::attention::AttnSplit::launch(
+            dev,
+            Launch::new(
+                (n_kv as u32, splits as u32, tokens as u32),
+                256,
+                split_shared as u32,
+            ),
+            q.arg(),
+            cache.keys.arg(),
+            cache.values.arg(),
+            cache.partials.arg(),
+            i(splits),
+            i(n_h),
+            i(n_kv),
+            i(d),
+            i(start),
+            p(start_dev),
+            1.0 / (d as f32).sqrt(),
         )?;
-        dev.launch(
-            "attn_combine",
-            (n_h as u32, tokens as u32, 1),
-            256,
-            (4 * splits) as u32,
-            &[
-                p(cache.partials.ptr()),
-                i(splits),
-                p(gate.ptr()),
-                p(out.ptr()),
-                i(n_h),
-                i(d),
-                i(start),
-                p(start_dev),
-            ],
+        kernels::attention::AttnCombine::launch(
+            dev,
+            Launch::new((n_h as u32, tokens as u32, 1), 256, (4 * splits) as u32),
+            cache.partials.arg(),
+            i(splits),
+            gate.arg(),
+            out.arg(),
+            i(n_h),
+            i(d),
+            i(start),
+            p(start_dev),
         )?;
         return io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens);
     }
@@ -242,24 +239,24 @@ pub(crate) fn attend_tiled(
         return Ok(false);
     }
     let per = PREFILL_ROWS / (h.n_h / h.n_kv);
-    dev.launch(
-        "attn_prefill",
-        (tokens.div_ceil(per) as u32, h.n_kv as u32, 1),
-        256,
-        shared as u32,
-        &[
-            p(q),
-            p(gate),
-            p(keys),
-            p(values),
-            p(out),
-            i(tokens),
-            i(h.n_h),
-            i(h.n_kv),
-            i(h.d),
-            i(start),
-            f(1.0 / (h.d as f32).sqrt()),
-        ],
+    kernels::attn_prefill::AttnPrefill::launch(
+        dev,
+        Launch::new(
+            (tokens.div_ceil(per) as u32, h.n_kv as u32, 1),
+            256,
+            shared as u32,
+        ),
+        p(q),
+        p(gate),
+        p(keys),
+        p(values),
+        p(out),
+        i(tokens),
+        i(h.n_h),
+        i(h.n_kv),
+        i(h.d),
+        i(start),
+        1.0 / (h.d as f32).sqrt(),
     )?;
     Ok(true)
 }
@@ -280,27 +277,23 @@ pub(crate) fn attend_serial(
     start_dev: u64,
 ) -> Result<()> {
     let (sel, counts, stride) = sel.unwrap_or((0, 0, 0));
-    dev.launch(
-        "attn_decode",
-        (tokens as u32, h.n_h as u32, 1),
-        128,
-        0,
-        &[
-            p(q),
-            p(gate),
-            p(keys),
-            p(values),
-            p(sel),
-            p(counts),
-            i(stride),
-            p(out),
-            i(h.n_h),
-            i(h.n_kv),
-            i(h.d),
-            i(start),
-            p(start_dev),
-            f(1.0 / (h.d as f32).sqrt()),
-        ],
+    kernels::attention::AttnDecode::launch(
+        dev,
+        Launch::new((tokens as u32, h.n_h as u32, 1), 128, 0),
+        p(q),
+        p(gate),
+        p(keys),
+        p(values),
+        p(sel),
+        p(counts),
+        i(stride),
+        p(out),
+        i(h.n_h),
+        i(h.n_kv),
+        i(h.d),
+        i(start),
+        p(start_dev),
+        1.0 / (h.d as f32).sqrt(),
     )
 }
 
@@ -333,29 +326,29 @@ fn select(
         .expect("a QSA layer's cache has an indexer (both follow the config)");
     let (n_i, d_i, cr) = (q.n_heads, q.head_dim, q.compress_ratio);
     let queries = dev.scratch::<f32>(tokens * n_i * d_i)?;
-    dev.launch(
-        "qsa_prep",
-        (tokens as u32, (n_i + 1) as u32, 1),
-        threads_for(d_i),
-        (d_i * 4) as u32,
-        &[
-            p(qkv.ptr()),
-            i(ld),
-            i(w.row),
-            p(w.q_norm.ptr()),
-            p(w.k_norm.ptr()),
-            p(ctx.inv_freq.ptr()),
-            i(ctx.config.rope.rotary_dim),
-            p(queries.ptr()),
-            p(indexer.raw_keys.ptr()),
-            p(indexer.block_keys.ptr()),
-            i(n_i),
-            i(d_i),
-            i(cr),
-            i(start),
-            p(start_dev),
-            f(ctx.eps),
-        ],
+    kernels::attention::QsaPrep::launch(
+        dev,
+        Launch::new(
+            (tokens as u32, (n_i + 1) as u32, 1),
+            threads_for(d_i),
+            (d_i * 4) as u32,
+        ),
+        qkv.arg(),
+        i(ld),
+        i(w.row),
+        w.q_norm.arg(),
+        w.k_norm.arg(),
+        ctx.inv_freq.arg(),
+        i(ctx.config.rope.rotary_dim),
+        queries.arg(),
+        indexer.raw_keys.arg(),
+        indexer.block_keys.arg(),
+        i(n_i),
+        i(d_i),
+        i(cr),
+        i(start),
+        p(start_dev),
+        ctx.eps,
     )?;
 
     let stride = selection_stride(q);
@@ -372,44 +365,40 @@ fn select(
     };
     for t0 in (0..tokens).step_by(SCORE_TOKENS) {
         let rows = SCORE_TOKENS.min(tokens - t0);
-        dev.launch(
-            "qsa_scores",
-            (scored.div_ceil(QSA_WARPS).max(1) as u32, rows as u32, 1),
-            (QSA_WARPS * 32) as u32,
-            0,
-            &[
-                p(queries.ptr()),
-                p(indexer.block_keys.ptr()),
-                p(indexer.scores.ptr()),
-                i(blocks),
-                i(t0),
-                i(n_i),
-                i(d_i),
-                i(cr),
-                i(q.budget),
-                i(start),
-                p(start_dev),
-                f(1.0 / (d_i as f32).sqrt()),
-            ],
+        kernels::attention::QsaScores::launch(
+            dev,
+            Launch::new(
+                (scored.div_ceil(QSA_WARPS).max(1) as u32, rows as u32, 1),
+                (QSA_WARPS * 32) as u32,
+                0,
+            ),
+            queries.arg(),
+            indexer.block_keys.arg(),
+            indexer.scores.arg(),
+            i(blocks),
+            i(t0),
+            i(n_i),
+            i(d_i),
+            i(cr),
+            i(q.budget),
+            i(start),
+            p(start_dev),
+            1.0 / (d_i as f32).sqrt(),
         )?;
-        dev.launch(
-            "qsa_pick",
-            (rows as u32, 1, 1),
-            QSA_PICK_THREADS,
-            0,
-            &[
-                p(indexer.scores.ptr()),
-                i(blocks),
-                i(t0),
-                p(positions.ptr()),
-                p(counts.ptr()),
-                i(stride),
-                i(cr),
-                i(q.budget),
-                i(q.max_blocks()),
-                i(start),
-                p(start_dev),
-            ],
+        kernels::attention::QsaPick::launch(
+            dev,
+            Launch::new((rows as u32, 1, 1), QSA_PICK_THREADS, 0),
+            indexer.scores.arg(),
+            i(blocks),
+            i(t0),
+            positions.arg(),
+            counts.arg(),
+            i(stride),
+            i(cr),
+            i(q.budget),
+            i(q.max_blocks()),
+            i(start),
+            p(start_dev),
         )?;
     }
     Ok(Selection {
@@ -438,24 +427,20 @@ pub fn qsa_pick_on_host(
     let stride = selection_stride(q);
     let positions = dev.zeros::<i32>(stride)?;
     let counts = dev.zeros::<i32>(1)?;
-    dev.launch(
-        "qsa_pick",
-        (1, 1, 1),
-        QSA_PICK_THREADS,
-        0,
-        &[
-            p(scores.ptr()),
-            i(scores.len()),
-            i(0),
-            p(positions.ptr()),
-            p(counts.ptr()),
-            i(stride),
-            i(q.compress_ratio),
-            i(q.budget),
-            i(q.max_blocks()),
-            i(visible - 1),
-            p(0),
-        ],
+    kernels::attention::QsaPick::launch(
+        dev,
+        Launch::new((1, 1, 1), QSA_PICK_THREADS, 0),
+        scores.arg(),
+        i(scores.len()),
+        i(0),
+        positions.arg(),
+        counts.arg(),
+        i(stride),
+        i(q.compress_ratio),
+        i(q.budget),
+        i(q.max_blocks()),
+        i(visible - 1),
+        p(0),
     )?;
     let count = dev.download(&counts, 0, 1)?[0] as usize;
     dev.download(&positions, 0, count.min(stride))

@@ -16,91 +16,6 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use crate::error::{CudaError, DriverContext, Result};
 
-/// The CUDA C sources, concatenated into one program.
-const SOURCES: &[&str] = &[
-    include_str!("kernels/common.cuh"),
-    include_str!("kernels/linear.cu"),
-    include_str!("kernels/decode.cu"),
-    include_str!("kernels/elementwise.cu"),
-    include_str!("kernels/moe.cu"),
-    include_str!("kernels/gdn.cu"),
-    include_str!("kernels/attention.cu"),
-    include_str!("kernels/qwen4.cu"),
-    include_str!("kernels/tgemm.cu"),
-    include_str!("kernels/attn_prefill.cu"),
-];
-
-/// Every `extern "C" __global__` function the sources define (each is looked up at open).
-pub const KERNELS: &[&str] = &[
-    "tgemm_bf16",
-    "tgemm_q8",
-    "tgemm_q4",
-    "tg_prep_q",
-    "tg_prep_bf16",
-    "moe_sort",
-    "moe_combine",
-    "attn_prefill",
-    "matvec_bf16",
-    "matvec_q8",
-    "matvec_q4",
-    "gemm_bf16",
-    "gemm_q8",
-    "gemm_q4",
-    "embed_bf16",
-    "rms_norm_zc",
-    "add_in_place",
-    "swiglu",
-    "silu_scaled",
-    "scale_by_sigmoid",
-    "read_probe",
-    "moe_route",
-    "moe_gate_up_bf16",
-    "moe_gate_up_q8",
-    "moe_gate_up_q4",
-    "moe_down_bf16",
-    "moe_down_q8",
-    "moe_down_q4",
-    "gdn_conv",
-    "gdn_conv_state",
-    "gdn_recurrent",
-    "attn_prep",
-    "attn_decode",
-    "hc_mix",
-    "hc_inject",
-    "ple_gates",
-    "ple_conv",
-    "ple_gather",
-    "ple_advance",
-    "qsa_prep",
-    "qsa_scores",
-    "qsa_pick",
-    "dmv_bf16_t1",
-    "dmv_q8_t1",
-    "dmv_q4_t1",
-    "dmv_bf16_t8",
-    "dmv_q8_t8",
-    "dmv_q4_t8",
-    "dmoe_gate_up_bf16",
-    "dmoe_gate_up_q8",
-    "dmoe_gate_up_q4",
-    "dmoe_down_bf16",
-    "dmoe_down_q8",
-    "dmoe_down_q4",
-    "argmax_multi",
-    "attn_split",
-    "attn_combine",
-    "gdn_heads",
-    "dmvc_bf16_t1",
-    "dmvc_q8_t1",
-    "dmvc_q4_t1",
-    "dmvc_bf16_t8",
-    "dmvc_q8_t8",
-    "dmvc_q4_t8",
-    "gdn_chunk_prep",
-    "gdn_chunk_scan",
-    "gdn_gated_norm",
-];
-
 /// PTX of every kernel for `arch` (e.g. `sm_90`), compiled by NVRTC at most once per process.
 /// Needs only the NVRTC library, no GPU.
 pub fn ptx_for(arch: &str) -> Result<String> {
@@ -110,7 +25,7 @@ pub fn ptx_for(arch: &str) -> Result<String> {
     if let Some(ptx) = cache.get(arch) {
         return Ok(ptx.clone());
     }
-    let source = SOURCES.join("\n");
+    let source = crate::kernels::SOURCES.join("\n");
     let opts = CompileOptions {
         options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
         name: Some("spindle_kernels.cu".into()),
@@ -183,27 +98,6 @@ struct Arena {
     used: usize,
     /// Requests that did not fit (served by real allocations instead).
     overflowed: bool,
-}
-
-/// A kernel argument: a device address, an `int` or a `float`.
-#[derive(Clone, Copy, Debug)]
-pub enum Arg {
-    Ptr(u64),
-    Int(i32),
-    Float(f32),
-}
-
-pub fn p(addr: u64) -> Arg {
-    Arg::Ptr(addr)
-}
-
-/// An `int` argument (shapes, counts, offsets); they are checked to fit when the model loads.
-pub fn i(v: usize) -> Arg {
-    Arg::Int(v as i32)
-}
-
-pub fn f(v: f32) -> Arg {
-    Arg::Float(v)
 }
 
 /// Per-kernel timing (`SPINDLE_CUDA_PROFILE=1`): an event pair around every launch, summed
@@ -286,7 +180,7 @@ impl Device {
             .during("reading the shared memory limit")? as usize;
         let mut kernels = HashMap::new();
         let mut shared_limits = HashMap::new();
-        for &name in KERNELS {
+        for name in crate::kernels::declared().map(|k| k.name) {
             let func = module
                 .load_function(name)
                 .during(&format!("looking up kernel {name}"))?;
@@ -348,7 +242,7 @@ impl Device {
         *self
             .shared_limits
             .get(name)
-            .unwrap_or_else(|| panic!("kernel {name} is not in KERNELS"))
+            .unwrap_or_else(|| panic!("kernel {name} is not declared in kernels/"))
     }
 
     /// Blocks for a grid-stride kernel with `wanted` blocks of work: no more than fit on the
@@ -379,7 +273,7 @@ impl Device {
     fn function(&self, name: &'static str) -> &CudaFunction {
         self.kernels
             .get(name)
-            .unwrap_or_else(|| panic!("kernel {name} is not in KERNELS"))
+            .unwrap_or_else(|| panic!("kernel {name} is not declared in kernels/"))
     }
 
     /// e.g. "NVIDIA H200 (sm_90)".
@@ -554,25 +448,21 @@ impl Device {
         self.stream.synchronize().during("waiting for the GPU")
     }
 
-    /// Launches kernel `name` on the stream.
-    pub fn launch(
+    /// Launches kernel `name` on the stream with its arguments in 8-byte slots (the typed
+    /// launchers of [`crate::kernels`] build them from the kernel's declaration).
+    pub(crate) fn launch_slots(
         &self,
         name: &'static str,
-        grid: (u32, u32, u32),
-        block: u32,
-        shared_bytes: u32,
-        args: &[Arg],
+        cfg: crate::kernels::Launch,
+        slots: &[u64],
     ) -> Result<()> {
         let func = self.function(name);
-        // Each argument in an 8-byte slot; 4-byte values sit in the low half (little endian).
-        let mut slots: Vec<u64> = args
-            .iter()
-            .map(|a| match *a {
-                Arg::Ptr(v) => v,
-                Arg::Int(v) => v as u32 as u64,
-                Arg::Float(v) => v.to_bits() as u64,
-            })
-            .collect();
+        let crate::kernels::Launch {
+            grid,
+            block,
+            shared_bytes,
+        } = cfg;
+        let mut slots = slots.to_vec();
         let mut params: Vec<*mut c_void> = slots
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)
@@ -585,8 +475,9 @@ impl Device {
             Some(_) => Some(timing("recording a profiling event")?),
             None => None,
         };
-        // SAFETY: the argument list matches the kernel's signature (each call site mirrors the
-        // CUDA declaration), and every address points into a live buffer of the right size.
+        // SAFETY: the argument list matches the kernel's signature (the launcher is generated
+        // from its declaration, which tests/nvrtc.rs checks against the PTX), and every
+        // address points into a live buffer of the right size.
         unsafe {
             cudarc::driver::result::launch_kernel(
                 func.cu_function(),
@@ -635,12 +526,6 @@ impl Device {
         let mut lines: Vec<KernelTime> = by_kernel.into_values().collect();
         lines.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
         Ok(lines)
-    }
-
-    /// A grid-stride elementwise launch over `n` elements.
-    pub fn launch_elementwise(&self, name: &'static str, n: usize, args: &[Arg]) -> Result<()> {
-        let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
-        self.launch(name, (blocks, 1, 1), 256, 0, args)
     }
 }
 

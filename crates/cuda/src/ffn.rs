@@ -5,8 +5,11 @@
 
 use spindle_model::ModelConfig;
 
-use crate::device::{i, p, threads_for, DevBuf, Device};
+use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
+use crate::kernels::decode::{DecodeMoeDown, DecodeMoeGateUp};
+use crate::kernels::moe::{MoeDown, MoeGateUp};
+use crate::kernels::{self, i, p, Launch};
 use crate::linear::{
     decode_linear, linear, project, staged_bytes, tensor_gemm, tensor_gemm_ok, DecodeIn, DecodeOut,
     DevPart, GemmActs, GemmRows, Io, WFormat, GROUP_TILE, MATVEC_MAX_TOKENS,
@@ -37,18 +40,16 @@ pub fn mlp(
     };
     let gu = project(dev, &w.gate_up, x.ptr(), hidden, tokens)?;
     let act = dev.scratch::<f32>(tokens * inter)?;
-    dev.launch_elementwise(
-        "swiglu",
-        tokens * inter,
-        &[
-            p(gu.ptr()),
-            i(2 * inter),
-            i(0),
-            i(inter),
-            p(act.ptr()),
-            i(tokens),
-            i(inter),
-        ],
+    kernels::elementwise::Swiglu::launch(
+        dev,
+        Launch::elementwise(tokens * inter),
+        gu.arg(),
+        i(2 * inter),
+        i(0),
+        i(inter),
+        act.arg(),
+        i(tokens),
+        i(inter),
     )?;
     let y = dev.scratch::<f32>(tokens * hidden)?;
     linear(
@@ -155,8 +156,8 @@ impl DecodePlan {
             } else {
                 0
             };
-        let fits = gate_up_shared_bytes <= dev.shared_limit(gate_up_kernel(fmt))
-            && down_shared_bytes <= dev.shared_limit(down_kernel(fmt));
+        let fits = gate_up_shared_bytes <= dev.shared_limit(gate_up_kernel(fmt).name())
+            && down_shared_bytes <= dev.shared_limit(down_kernel(fmt).name());
         fits.then_some(DecodePlan {
             fmt,
             shared_gate_up,
@@ -167,19 +168,19 @@ impl DecodePlan {
     }
 }
 
-fn gate_up_kernel(fmt: WFormat) -> &'static str {
+fn gate_up_kernel(fmt: WFormat) -> DecodeMoeGateUp {
     match fmt {
-        WFormat::Bf16 => "dmoe_gate_up_bf16",
-        WFormat::Q8 => "dmoe_gate_up_q8",
-        WFormat::Q4 => "dmoe_gate_up_q4",
+        WFormat::Bf16 => DecodeMoeGateUp::BF16,
+        WFormat::Q8 => DecodeMoeGateUp::Q8,
+        WFormat::Q4 => DecodeMoeGateUp::Q4,
     }
 }
 
-fn down_kernel(fmt: WFormat) -> &'static str {
+fn down_kernel(fmt: WFormat) -> DecodeMoeDown {
     match fmt {
-        WFormat::Bf16 => "dmoe_down_bf16",
-        WFormat::Q8 => "dmoe_down_q8",
-        WFormat::Q4 => "dmoe_down_q4",
+        WFormat::Bf16 => DecodeMoeDown::BF16,
+        WFormat::Q8 => DecodeMoeDown::Q8,
+        WFormat::Q4 => DecodeMoeDown::Q4,
     }
 }
 
@@ -240,32 +241,33 @@ fn moe_decode(
     };
     let items = tokens * k * inter + if sgu != 0 { tokens * shared } else { 0 };
     let kernel = gate_up_kernel(plan.fmt);
-    let grid = dev.resident_grid(kernel, 256, plan.gate_up_shared_bytes, items.div_ceil(8))?;
-    dev.launch(
-        kernel,
-        (grid, 1, 1),
+    let grid = dev.resident_grid(
+        kernel.name(),
         256,
-        plan.gate_up_shared_bytes as u32,
-        &[
-            p(gu.codes.ptr()),
-            p(gu.scales.ptr()),
-            p(sgu),
-            p(sgs),
-            p(x),
-            i(tokens),
-            p(logits.ptr()),
-            i(ld),
-            i(e_count),
-            i(cfg.renormalize as usize),
-            p(idx.ptr()),
-            p(wt.ptr()),
-            i(k),
-            i(inter),
-            i(shared),
-            i(hidden),
-            p(act.ptr()),
-            p(act_s.ptr()),
-        ],
+        plan.gate_up_shared_bytes,
+        items.div_ceil(8),
+    )?;
+    kernel.launch(
+        dev,
+        Launch::new((grid, 1, 1), 256, plan.gate_up_shared_bytes as u32),
+        gu.codes.arg(),
+        gu.scales.arg(),
+        p(sgu),
+        p(sgs),
+        p(x),
+        i(tokens),
+        logits.arg(),
+        i(ld),
+        i(e_count),
+        i(cfg.renormalize as usize),
+        idx.arg(),
+        wt.arg(),
+        i(k),
+        i(inter),
+        i(shared),
+        i(hidden),
+        act.arg(),
+        act_s.arg(),
     )?;
     if sgu == 0 {
         let rows = ld..ld + 2 * shared;
@@ -291,36 +293,32 @@ fn moe_decode(
     };
     let kernel = down_kernel(plan.fmt);
     let grid = dev.resident_grid(
-        kernel,
+        kernel.name(),
         256,
         plan.down_shared_bytes,
         (tokens * hidden).div_ceil(8),
     )?;
-    dev.launch(
-        kernel,
-        (grid, 1, 1),
-        256,
-        plan.down_shared_bytes as u32,
-        &[
-            p(down.codes.ptr()),
-            p(down.scales.ptr()),
-            p(sdw),
-            p(sds),
-            p(act.ptr()),
-            p(act_s.ptr()),
-            p(idx.ptr()),
-            p(wt.ptr()),
-            p(logits.at(e_count)),
-            i(ld),
-            i(tokens),
-            i(k),
-            i(inter),
-            i(shared),
-            i(hidden),
-            p(y),
-            i(hidden),
-            i(accumulate as usize),
-        ],
+    kernel.launch(
+        dev,
+        Launch::new((grid, 1, 1), 256, plan.down_shared_bytes as u32),
+        down.codes.arg(),
+        down.scales.arg(),
+        p(sdw),
+        p(sds),
+        act.arg(),
+        act_s.arg(),
+        idx.arg(),
+        wt.arg(),
+        p(logits.at(e_count)),
+        i(ld),
+        i(tokens),
+        i(k),
+        i(inter),
+        i(shared),
+        i(hidden),
+        p(y),
+        i(hidden),
+        i(accumulate as usize),
     )?;
     if sdw == 0 {
         let out = DecodeOut::Accumulate {
@@ -358,36 +356,34 @@ fn moe_general(
 
     let idx = dev.scratch::<i32>(tokens * k)?;
     let wt = dev.scratch::<f32>(tokens * k)?;
-    dev.launch(
-        "moe_route",
-        (tokens as u32, 1, 1),
-        threads_for(e_count.max(k)),
-        (e_count * 4) as u32,
-        &[
-            p(big.ptr()),
-            i(width),
-            i(e_count),
-            i(k),
-            i(cfg.renormalize as usize),
-            p(idx.ptr()),
-            p(wt.ptr()),
-        ],
+    kernels::moe::MoeRoute::launch(
+        dev,
+        Launch::new(
+            (tokens as u32, 1, 1),
+            threads_for(e_count.max(k)),
+            (e_count * 4) as u32,
+        ),
+        big.arg(),
+        i(width),
+        i(e_count),
+        i(k),
+        i(cfg.renormalize as usize),
+        idx.arg(),
+        wt.arg(),
     )?;
 
     // Shared expert, scaled by sigmoid(shared_expert_gate(x)).
     let act_shared = dev.scratch::<f32>(tokens * shared)?;
-    dev.launch_elementwise(
-        "swiglu",
-        tokens * shared,
-        &[
-            p(big.ptr()),
-            i(width),
-            i(e_count + 1),
-            i(e_count + 1 + shared),
-            p(act_shared.ptr()),
-            i(tokens),
-            i(shared),
-        ],
+    kernels::elementwise::Swiglu::launch(
+        dev,
+        Launch::elementwise(tokens * shared),
+        big.arg(),
+        i(width),
+        i(e_count + 1),
+        i(e_count + 1 + shared),
+        act_shared.arg(),
+        i(tokens),
+        i(shared),
     )?;
     let y = dev.scratch::<f32>(tokens * hidden)?;
     linear(
@@ -400,16 +396,14 @@ fn moe_general(
         tokens,
         false,
     )?;
-    dev.launch_elementwise(
-        "scale_by_sigmoid",
-        tokens * hidden,
-        &[
-            p(y.ptr()),
-            p(big.at(e_count)),
-            i(width),
-            i(tokens),
-            i(hidden),
-        ],
+    kernels::elementwise::ScaleBySigmoid::launch(
+        dev,
+        Launch::elementwise(tokens * hidden),
+        y.arg(),
+        p(big.at(e_count)),
+        i(width),
+        i(tokens),
+        i(hidden),
     )?;
 
     let routes = Routes {
@@ -444,56 +438,48 @@ pub(crate) fn routed_experts(
     if tokens > MATVEC_MAX_TOKENS
         && tensor_gemm_ok(dev, gu.fmt, hidden)
         && tensor_gemm_ok(dev, down.fmt, inter)
-        && 3 * 4 * r.experts <= dev.shared_limit("moe_sort")
+        && 3 * 4 * r.experts <= dev.shared_limit(kernels::tgemm::MoeSort::NAME)
     {
         return routed_grouped(dev, gu, down, r, x, y);
     }
     let act = dev.scratch::<f32>(tokens * k * inter)?;
     let gate_up_kernel = match gu.fmt {
-        WFormat::Bf16 => "moe_gate_up_bf16",
-        WFormat::Q8 => "moe_gate_up_q8",
-        WFormat::Q4 => "moe_gate_up_q4",
+        WFormat::Bf16 => MoeGateUp::BF16,
+        WFormat::Q8 => MoeGateUp::Q8,
+        WFormat::Q4 => MoeGateUp::Q4,
     };
     let down_kernel = match down.fmt {
-        WFormat::Bf16 => "moe_down_bf16",
-        WFormat::Q8 => "moe_down_q8",
-        WFormat::Q4 => "moe_down_q4",
+        WFormat::Bf16 => MoeDown::BF16,
+        WFormat::Q8 => MoeDown::Q8,
+        WFormat::Q4 => MoeDown::Q4,
     };
-    dev.launch(
-        gate_up_kernel,
-        (inter.div_ceil(8) as u32, (tokens * k) as u32, 1),
-        256,
-        0,
-        &[
-            p(gu.codes.ptr()),
-            p(gu.scales.ptr()),
-            p(x.ptr()),
-            i(hidden),
-            p(r.idx.ptr()),
-            p(act.ptr()),
-            i(k),
-            i(inter),
-            i(hidden),
-            i((gu.vec_ok() && x.ptr() % 16 == 0 && hidden % 4 == 0) as usize),
-        ],
+    gate_up_kernel.launch(
+        dev,
+        Launch::new((inter.div_ceil(8) as u32, (tokens * k) as u32, 1), 256, 0),
+        gu.codes.arg(),
+        gu.scales.arg(),
+        x.arg(),
+        i(hidden),
+        r.idx.arg(),
+        act.arg(),
+        i(k),
+        i(inter),
+        i(hidden),
+        i((gu.vec_ok() && x.ptr() % 16 == 0 && hidden % 4 == 0) as usize),
     )?;
-    dev.launch(
-        down_kernel,
-        (hidden.div_ceil(8) as u32, tokens as u32, 1),
-        256,
-        0,
-        &[
-            p(down.codes.ptr()),
-            p(down.scales.ptr()),
-            p(act.ptr()),
-            p(r.idx.ptr()),
-            p(r.wt.ptr()),
-            p(y.ptr()),
-            i(k),
-            i(inter),
-            i(hidden),
-            i((down.vec_ok() && act.ptr() % 16 == 0 && inter % 4 == 0) as usize),
-        ],
+    down_kernel.launch(
+        dev,
+        Launch::new((hidden.div_ceil(8) as u32, tokens as u32, 1), 256, 0),
+        down.codes.arg(),
+        down.scales.arg(),
+        act.arg(),
+        r.idx.arg(),
+        r.wt.arg(),
+        y.arg(),
+        i(k),
+        i(inter),
+        i(hidden),
+        i((down.vec_ok() && act.ptr() % 16 == 0 && inter % 4 == 0) as usize),
     )
 }
 
@@ -524,19 +510,15 @@ fn routed_grouped(
     let max_tiles = pairs.div_ceil(GROUP_TILE) + r.experts.min(pairs);
     let order = dev.scratch::<i32>(pairs)?;
     let tiles = dev.scratch::<i32>(3 * max_tiles)?;
-    dev.launch(
-        "moe_sort",
-        (1, 1, 1),
-        1024,
-        (3 * 4 * r.experts) as u32,
-        &[
-            p(r.idx.ptr()),
-            i(pairs),
-            i(r.experts),
-            p(order.ptr()),
-            p(tiles.ptr()),
-            i(max_tiles),
-        ],
+    kernels::tgemm::MoeSort::launch(
+        dev,
+        Launch::new((1, 1, 1), 1024, (3 * 4 * r.experts) as u32),
+        r.idx.arg(),
+        i(pairs),
+        i(r.experts),
+        order.arg(),
+        tiles.arg(),
+        i(max_tiles),
     )?;
     let grouped = |a_div, rows| GemmRows::Grouped {
         tiles: tiles.ptr(),
@@ -575,16 +557,14 @@ fn routed_grouped(
         false,
         grouped(1, hidden),
     )?;
-    dev.launch_elementwise(
-        "moe_combine",
-        r.tokens * hidden,
-        &[
-            p(out.ptr()),
-            p(r.wt.ptr()),
-            p(y.ptr()),
-            i(r.tokens),
-            i(r.k),
-            i(hidden),
-        ],
+    kernels::tgemm::MoeCombine::launch(
+        dev,
+        Launch::elementwise(r.tokens * hidden),
+        out.arg(),
+        r.wt.arg(),
+        y.arg(),
+        i(r.tokens),
+        i(r.k),
+        i(hidden),
     )
 }

@@ -8,8 +8,9 @@
 use spindle_engine::LogitsFor;
 
 use crate::attention::{self, AttentionCtx};
-use crate::device::{i, p, DevBuf, Device};
+use crate::device::{DevBuf, Device};
 use crate::error::{DriverContext, Result};
+use crate::kernels::{self, i, p, Launch};
 use crate::linear::{decode_linear, project, DecodeIn, DecodeOut, Io, MATVEC_MAX_TOKENS};
 use crate::qwen4::{self, HyperInput};
 use crate::session::{CudaSession, DecodeGraph, LayerState};
@@ -68,10 +69,12 @@ fn enter<'w>(
 /// Adds the sublayer output `y` back into the residual.
 fn exit(dev: &Device, hyper: Injection, h: &DevBuf<f32>, y: &DevBuf<f32>, s: &Shape) -> Result<()> {
     match hyper {
-        None => dev.launch_elementwise(
-            "add_in_place",
-            h.len(),
-            &[p(h.ptr()), p(y.ptr()), i(h.len())],
+        None => kernels::elementwise::AddInPlace::launch(
+            dev,
+            Launch::elementwise(h.len()),
+            h.arg(),
+            y.arg(),
+            i(h.len()),
         ),
         Some((w, mix)) => qwen4::inject(dev, w, &mix, h, y, s.tokens, s.streams, s.hidden),
     }
@@ -292,17 +295,15 @@ fn body(
 
     // The embedding, replicated into every stream.
     let h = dev.scratch::<f32>(s.tokens * width)?;
-    dev.launch_elementwise(
-        "embed_bf16",
-        s.tokens * width,
-        &[
-            p(e.gpu.embed.bf16_ptr()?),
-            p(ids_dev),
-            p(h.ptr()),
-            i(s.tokens),
-            i(s.hidden),
-            i(s.streams),
-        ],
+    kernels::elementwise::EmbedBf16::launch(
+        dev,
+        Launch::elementwise(s.tokens * width),
+        p(e.gpu.embed.bf16_ptr()?),
+        p(ids_dev),
+        h.arg(),
+        i(s.tokens),
+        i(s.hidden),
+        i(s.streams),
     )?;
 
     let mut ple_ordinal = 0;

@@ -13,8 +13,9 @@
 
 use spindle_model::{GdnConfig, GdnGate, ModelConfig};
 
-use crate::device::{f, i, p, threads_for, DevBuf, Device};
+use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
+use crate::kernels::{self, i, p, Launch};
 use crate::linear::{decode_linear_conv, Io, MATVEC_MAX_TOKENS};
 use crate::session::GdnState;
 use crate::weights::GpuGdn;
@@ -63,31 +64,27 @@ pub fn forward(
             channels,
         )?;
         if fused {
-            dev.launch(
-                "gdn_heads",
-                (nv as u32, 1, 1),
-                threads,
-                shared as u32,
-                &[
-                    p(u.ptr()),
-                    i(width),
-                    i(tokens),
-                    i(nk),
-                    i(nv),
-                    i(dk),
-                    i(dv),
-                    i(z_off),
-                    i(b_off),
-                    i(a_off),
-                    p(state.recurrent.ptr()),
-                    p(w.a_log.ptr()),
-                    p(w.dt_bias.ptr()),
-                    p(w.norm.ptr()),
-                    p(o.ptr()),
-                    f(eps),
-                    i(gate_sigmoid),
-                    i(r),
-                ],
+            kernels::gdn::GdnHeads::launch(
+                dev,
+                Launch::new((nv as u32, 1, 1), threads, shared as u32),
+                u.arg(),
+                i(width),
+                i(tokens),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                i(z_off),
+                i(b_off),
+                i(a_off),
+                state.recurrent.arg(),
+                w.a_log.arg(),
+                w.dt_bias.arg(),
+                w.norm.arg(),
+                o.arg(),
+                eps,
+                i(gate_sigmoid),
+                i(r),
             )?;
             return io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens);
         }
@@ -96,33 +93,27 @@ pub fn forward(
     let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
 
     let u = dev.scratch::<f32>(tokens * channels)?;
-    dev.launch_elementwise(
-        "gdn_conv",
-        tokens * channels,
-        &[
-            p(proj.ptr()),
-            i(width),
-            p(state.conv.ptr()),
-            p(w.conv.ptr()),
-            p(u.ptr()),
-            i(tokens),
-            i(channels),
-            i(g.conv_kernel),
-        ],
+    kernels::gdn::GdnConv::launch(
+        dev,
+        Launch::elementwise(tokens * channels),
+        proj.arg(),
+        i(width),
+        state.conv.arg(),
+        w.conv.arg(),
+        u.arg(),
+        i(tokens),
+        i(channels),
+        i(g.conv_kernel),
     )?;
-    dev.launch(
-        "gdn_conv_state",
-        (channels.div_ceil(128) as u32, 1, 1),
-        128,
-        0,
-        &[
-            p(proj.ptr()),
-            i(width),
-            p(state.conv.ptr()),
-            i(tokens),
-            i(channels),
-            i(g.conv_kernel),
-        ],
+    kernels::gdn::GdnConvState::launch(
+        dev,
+        Launch::new((channels.div_ceil(128) as u32, 1, 1), 128, 0),
+        proj.arg(),
+        i(width),
+        state.conv.arg(),
+        i(tokens),
+        i(channels),
+        i(g.conv_kernel),
     )?;
 
     let form = if tokens > MATVEC_MAX_TOKENS {
@@ -199,32 +190,28 @@ fn delta_rule(dev: &Device, g: &GdnConfig, r: &DeltaRows, form: DeltaForm) -> Re
         }
     }
     let (nk, nv, dk, dv) = g.dims();
-    dev.launch(
-        "gdn_recurrent",
-        (nv as u32, 1, 1),
-        threads_for(dv),
-        0,
-        &[
-            p(r.u),
-            i(g.conv_channels()),
-            p(r.proj),
-            i(r.width),
-            i(r.z_off),
-            i(r.b_off),
-            i(r.a_off),
-            p(r.state),
-            p(r.a_log),
-            p(r.dt_bias),
-            p(r.norm),
-            p(r.out),
-            i(r.tokens),
-            i(nk),
-            i(nv),
-            i(dk),
-            i(dv),
-            f(r.eps),
-            i(r.gate_sigmoid as usize),
-        ],
+    kernels::gdn::GdnRecurrent::launch(
+        dev,
+        Launch::new((nv as u32, 1, 1), threads_for(dv), 0),
+        p(r.u),
+        i(g.conv_channels()),
+        p(r.proj),
+        i(r.width),
+        i(r.z_off),
+        i(r.b_off),
+        i(r.a_off),
+        p(r.state),
+        p(r.a_log),
+        p(r.dt_bias),
+        p(r.norm),
+        p(r.out),
+        i(r.tokens),
+        i(nk),
+        i(nv),
+        i(dk),
+        i(dv),
+        r.eps,
+        i(r.gate_sigmoid as usize),
     )?;
     Ok(DeltaForm::Serial)
 }
@@ -295,64 +282,64 @@ fn delta_rule_chunked(
     for t0 in (0..r.tokens).step_by(window) {
         let len = (r.tokens - t0).min(window);
         let row = |base: u64, width: usize| base + (t0 * width * 4) as u64;
-        dev.launch(
-            "gdn_chunk_prep",
-            (len.div_ceil(CHUNK) as u32, nv as u32, 1),
-            PREP_THREADS,
-            shape.prep_shared as u32,
-            &[
-                p(row(r.u, channels)),
-                i(channels),
-                p(row(r.proj, r.width)),
-                i(r.width),
-                i(r.b_off),
-                i(r.a_off),
-                p(r.a_log),
-                p(r.dt_bias),
-                p(records.ptr()),
-                i(len),
-                i(nk),
-                i(nv),
-                i(dk),
-                i(dv),
-                i(shape.ldk),
-            ],
+        kernels::gdn::GdnChunkPrep::launch(
+            dev,
+            Launch::new(
+                (len.div_ceil(CHUNK) as u32, nv as u32, 1),
+                PREP_THREADS,
+                shape.prep_shared as u32,
+            ),
+            p(row(r.u, channels)),
+            i(channels),
+            p(row(r.proj, r.width)),
+            i(r.width),
+            i(r.b_off),
+            i(r.a_off),
+            p(r.a_log),
+            p(r.dt_bias),
+            records.arg(),
+            i(len),
+            i(nk),
+            i(nv),
+            i(dk),
+            i(dv),
+            i(shape.ldk),
         )?;
-        dev.launch(
-            "gdn_chunk_scan",
-            (dv.div_ceil(SCAN_COLUMNS) as u32, nv as u32, 1),
-            SCAN_THREADS,
-            shape.scan_shared as u32,
-            &[
-                p(records.ptr()),
-                p(r.state),
-                p(row(r.out, nv * dv)),
-                i(len),
-                i(nv),
-                i(dk),
-                i(dv),
-                i(shape.ldk),
-            ],
+        kernels::gdn::GdnChunkScan::launch(
+            dev,
+            Launch::new(
+                (dv.div_ceil(SCAN_COLUMNS) as u32, nv as u32, 1),
+                SCAN_THREADS,
+                shape.scan_shared as u32,
+            ),
+            records.arg(),
+            p(r.state),
+            p(row(r.out, nv * dv)),
+            i(len),
+            i(nv),
+            i(dk),
+            i(dv),
+            i(shape.ldk),
         )?;
     }
     let rows_per_block = 8; // a warp per (token, v-head) row
-    dev.launch(
-        "gdn_gated_norm",
-        ((r.tokens * nv).div_ceil(rows_per_block) as u32, 1, 1),
-        32 * rows_per_block as u32,
-        0,
-        &[
-            p(r.out),
-            p(r.proj),
-            i(r.width),
-            i(r.z_off),
-            p(r.norm),
-            i(r.tokens),
-            i(nv),
-            i(dv),
-            f(r.eps),
-            i(r.gate_sigmoid as usize),
-        ],
+    kernels::gdn::GdnGatedNorm::launch(
+        dev,
+        Launch::new(
+            ((r.tokens * nv).div_ceil(rows_per_block) as u32, 1, 1),
+            32 * rows_per_block as u32,
+            0,
+        ),
+        p(r.out),
+        p(r.proj),
+        i(r.width),
+        i(r.z_off),
+        p(r.norm),
+        i(r.tokens),
+        i(nv),
+        i(dv),
+        r.eps,
+        i(r.gate_sigmoid as usize),
     )
 }
 

@@ -24,6 +24,7 @@ mod error;
 mod ffn;
 mod flow;
 mod gdn;
+pub mod kernels;
 mod linear;
 mod qwen4;
 mod session;
@@ -39,7 +40,7 @@ use spindle_model::{Checkpoint, ModelConfig};
 
 #[doc(hidden)]
 pub use attention::qsa_pick_on_host;
-pub use device::{ptx_for, Device, KERNELS};
+pub use device::{ptx_for, Device};
 pub use error::{CudaError, Result};
 #[doc(hidden)]
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
@@ -178,19 +179,16 @@ impl CudaEngine {
         let vocab = self.config.vocab_size;
         let parts = &session.argmax_parts;
         let blocks = vocab.div_ceil(256).min(session::ARGMAX_BLOCKS);
-        self.dev.launch(
-            "argmax_multi",
-            (blocks as u32, 1, 1),
-            256,
-            0,
-            &[
-                device::p(logits.ptr),
-                device::i(vocab),
-                device::p(parts.ptr()),
-                device::p(parts.at(session::ARGMAX_BLOCKS)),
-                device::p(parts.at(2 * session::ARGMAX_BLOCKS)),
-                device::p(next),
-            ],
+        use kernels::{i, p};
+        kernels::decode::ArgmaxMulti::launch(
+            &self.dev,
+            kernels::Launch::new((blocks as u32, 1, 1), 256, 0),
+            p(logits.ptr),
+            i(vocab),
+            p(parts.ptr()),
+            p(parts.at(session::ARGMAX_BLOCKS)),
+            p(parts.at(2 * session::ARGMAX_BLOCKS)),
+            p(next),
         )?;
         Ok(self.dev.download_raw::<i32>(next, 1)?[0] as u32)
     }
@@ -210,16 +208,12 @@ impl CudaEngine {
         for _ in 0..6 {
             self.dev.sync()?;
             let started = std::time::Instant::now();
-            self.dev.launch(
-                "read_probe",
-                (132 * 8, 1, 1),
-                512,
-                0,
-                &[
-                    device::p(buf.ptr()),
-                    device::p(words as u64),
-                    device::p(out.ptr()),
-                ],
+            kernels::elementwise::ReadProbe::launch(
+                &self.dev,
+                kernels::Launch::new((132 * 8, 1, 1), 512, 0),
+                buf.arg(),
+                words as u64,
+                out.arg(),
             )?;
             self.dev.sync()?;
             best = best.max((words * 16) as f64 / started.elapsed().as_secs_f64());

@@ -9,8 +9,12 @@ use spindle_engine::weights::Linear;
 use spindle_kernels::quant::QuantizedMatrix;
 use spindle_model::DType;
 
-use crate::device::{f, i, p, Arg, DevBuf, Device};
+use crate::device::{DevBuf, Device};
 use crate::error::{CudaError, Result};
+use crate::kernels::decode::{DecodeMatvec, DecodeMatvecConv};
+use crate::kernels::linear::{Gemm, Matvec};
+use crate::kernels::tgemm::TensorGemm;
+use crate::kernels::{self, i, p, Launch};
 
 /// Up to this many tokens a linear layer runs the matvec kernel (the weights are read once
 /// for all of them); more run the GEMM.
@@ -317,7 +321,7 @@ pub fn tensor_gemm_ok(dev: &Device, fmt: WFormat, cols: usize) -> bool {
     let kernel = tensor_gemm_kernel(fmt);
     dev.tensor_cores()
         && cols % fmt.tensor_k() == 0
-        && tensor_gemm_shared(fmt) <= dev.shared_limit(kernel)
+        && tensor_gemm_shared(fmt) <= dev.shared_limit(kernel.name())
 }
 
 /// Activations in the form the tensor-core GEMM reads: for bf16 weights the f32 values split
@@ -345,14 +349,21 @@ impl GemmActs {
         cols: usize,
     ) -> Result<Self> {
         let up = up.map_or(-1, |u| u as i32);
-        let common = [p(x), i(ldx), Arg::Int(up), i(rows), i(cols)];
         if fmt.int8_acts() {
             let a = dev.scratch::<u8>(rows * cols)?;
             let aux = dev.scratch::<u8>(rows * cols / 32 * 4)?;
-            let mut args = common.to_vec();
-            args.extend([p(a.ptr()), p(aux.ptr())]);
             // One warp per group of 32.
-            dev.launch_elementwise("tg_prep_q", rows * cols, &args)?;
+            kernels::tgemm::TgPrepQ::launch(
+                dev,
+                Launch::elementwise(rows * cols),
+                p(x),
+                i(ldx),
+                up,
+                i(rows),
+                i(cols),
+                p(a.ptr()),
+                p(aux.ptr()),
+            )?;
             Ok(GemmActs {
                 a,
                 aux: Some(aux),
@@ -361,9 +372,16 @@ impl GemmActs {
             })
         } else {
             let a = dev.scratch::<u8>(rows * 3 * cols * 2)?;
-            let mut args = common.to_vec();
-            args.push(p(a.ptr()));
-            dev.launch_elementwise("tg_prep_bf16", rows * cols, &args)?;
+            kernels::tgemm::TgPrepBf16::launch(
+                dev,
+                Launch::elementwise(rows * cols),
+                p(x),
+                i(ldx),
+                up,
+                i(rows),
+                i(cols),
+                p(a.ptr()),
+            )?;
             Ok(GemmActs {
                 a,
                 aux: None,
@@ -397,11 +415,11 @@ const TG_M: usize = 64;
 /// The rows of one grouped-GEMM tile (`moe_sort`).
 pub const GROUP_TILE: usize = TG_M;
 
-fn tensor_gemm_kernel(fmt: WFormat) -> &'static str {
+fn tensor_gemm_kernel(fmt: WFormat) -> TensorGemm {
     match fmt {
-        WFormat::Bf16 => "tgemm_bf16",
-        WFormat::Q8 => "tgemm_q8",
-        WFormat::Q4 => "tgemm_q4",
+        WFormat::Bf16 => TensorGemm::BF16,
+        WFormat::Q8 => TensorGemm::Q8,
+        WFormat::Q4 => TensorGemm::Q4,
     }
 }
 
@@ -445,26 +463,26 @@ pub fn tensor_gemm(
     if n == 0 || m_tiles == 0 {
         return Ok(());
     }
-    dev.launch(
-        tensor_gemm_kernel(w.fmt),
-        (n.div_ceil(TG_N) as u32, m_tiles as u32, 1),
-        256,
-        tensor_gemm_shared(w.fmt) as u32,
-        &[
-            p(w.codes.ptr()),
-            p(w.scales.ptr()),
-            p(acts.a.ptr()),
-            p(acts.aux.as_ref().map_or(0, DevBuf::ptr)),
-            p(y),
-            i(ldy),
-            i(accumulate as usize),
-            i(n),
-            i(w.cols),
-            i(m),
-            p(tiles),
-            p(order),
-            i(a_div),
-        ],
+    tensor_gemm_kernel(w.fmt).launch(
+        dev,
+        Launch::new(
+            (n.div_ceil(TG_N) as u32, m_tiles as u32, 1),
+            256,
+            tensor_gemm_shared(w.fmt) as u32,
+        ),
+        w.codes.arg(),
+        w.scales.arg(),
+        acts.a.arg(),
+        p(acts.aux.as_ref().map_or(0, DevBuf::ptr)),
+        p(y),
+        i(ldy),
+        i(accumulate as usize),
+        i(n),
+        i(w.cols),
+        i(m),
+        p(tiles),
+        p(order),
+        i(a_div),
     )
 }
 
@@ -481,43 +499,56 @@ fn linear_part(
     if tokens == 0 || w.rows == 0 {
         return Ok(());
     }
-    let common = [
-        p(w.codes.ptr()),
-        p(w.scales.ptr()),
-        p(x),
-        p(y),
-        i(w.rows),
-        i(w.cols),
-        i(tokens),
-        i(ldx),
-        i(ldy),
-        i(accumulate as usize),
-    ];
     if tokens <= MATVEC_MAX_TOKENS {
         let vec = w.vec_ok() && ldx % 4 == 0 && x % 16 == 0;
-        let mut args = common.to_vec();
-        args.push(i(vec as usize));
         let blocks = w.rows.div_ceil(8) as u32;
-        dev.launch(matvec_kernel(w.fmt), (blocks, 1, 1), 256, 0, &args)
+        matvec_kernel(w.fmt).launch(
+            dev,
+            Launch::new((blocks, 1, 1), 256, 0),
+            w.codes.arg(),
+            w.scales.arg(),
+            p(x),
+            p(y),
+            i(w.rows),
+            i(w.cols),
+            i(tokens),
+            i(ldx),
+            i(ldy),
+            i(accumulate as usize),
+            i(vec as usize),
+        )
     } else {
         let grid = (w.rows.div_ceil(64) as u32, tokens.div_ceil(64) as u32, 1);
-        dev.launch(gemm_kernel(w.fmt), grid, 256, 0, &common)
+        gemm_kernel(w.fmt).launch(
+            dev,
+            Launch::new(grid, 256, 0),
+            w.codes.arg(),
+            w.scales.arg(),
+            p(x),
+            p(y),
+            i(w.rows),
+            i(w.cols),
+            i(tokens),
+            i(ldx),
+            i(ldy),
+            i(accumulate as usize),
+        )
     }
 }
 
-fn matvec_kernel(fmt: WFormat) -> &'static str {
+fn matvec_kernel(fmt: WFormat) -> Matvec {
     match fmt {
-        WFormat::Bf16 => "matvec_bf16",
-        WFormat::Q8 => "matvec_q8",
-        WFormat::Q4 => "matvec_q4",
+        WFormat::Bf16 => Matvec::BF16,
+        WFormat::Q8 => Matvec::Q8,
+        WFormat::Q4 => Matvec::Q4,
     }
 }
 
-fn gemm_kernel(fmt: WFormat) -> &'static str {
+fn gemm_kernel(fmt: WFormat) -> Gemm {
     match fmt {
-        WFormat::Bf16 => "gemm_bf16",
-        WFormat::Q8 => "gemm_q8",
-        WFormat::Q4 => "gemm_q4",
+        WFormat::Bf16 => Gemm::BF16,
+        WFormat::Q8 => Gemm::Q8,
+        WFormat::Q4 => Gemm::Q4,
     }
 }
 
@@ -665,17 +696,23 @@ pub fn decode_linear_conv(
     if kernel == 0 || kernel - 1 + tokens > 16 || !dmv_fits(dev, part, &input, tokens) {
         return Ok(false);
     }
-    let name = match (part.fmt, tokens) {
-        (WFormat::Bf16, 1) => "dmvc_bf16_t1",
-        (WFormat::Q8, 1) => "dmvc_q8_t1",
-        (WFormat::Q4, 1) => "dmvc_q4_t1",
-        (WFormat::Bf16, _) => "dmvc_bf16_t8",
-        (WFormat::Q8, _) => "dmvc_q8_t8",
-        (WFormat::Q4, _) => "dmvc_q4_t8",
+    let conv = match (part.fmt, tokens) {
+        (WFormat::Bf16, 1) => DecodeMatvecConv::BF16_T1,
+        (WFormat::Q8, 1) => DecodeMatvecConv::Q8_T1,
+        (WFormat::Q4, 1) => DecodeMatvecConv::Q4_T1,
+        (WFormat::Bf16, _) => DecodeMatvecConv::BF16_T8,
+        (WFormat::Q8, _) => DecodeMatvecConv::Q8_T8,
+        (WFormat::Q4, _) => DecodeMatvecConv::Q4_T8,
+    };
+    let kernel = DmvKernel::Conv {
+        kernel: conv,
+        state: conv_state,
+        weights: conv_w,
+        taps: kernel,
+        channels,
     };
     let out = DecodeOut::Store { y, ldy };
-    let conv = [p(conv_state), p(conv_w), i(kernel), i(channels)];
-    dmv_launch(dev, name, part, 0, part.rows, input, tokens, out, 0, &conv)?;
+    dmv_launch(dev, kernel, part, 0, part.rows, input, tokens, out, 0)?;
     Ok(true)
 }
 
@@ -694,17 +731,41 @@ fn dmv_fits(dev: &Device, part: &DevPart, input: &DecodeIn, tokens: usize) -> bo
             .norm
             .is_none_or(|(w, _)| w.len() == cols && w.ptr() % 16 == 0)
         && input.normed_out % 16 == 0
-        && staged_bytes(part.fmt, tokens, cols) <= dev.shared_limit(dmv_kernel(part.fmt, tokens))
+        && staged_bytes(part.fmt, tokens, cols)
+            <= dev.shared_limit(dmv_kernel(part.fmt, tokens).name())
 }
 
-fn dmv_kernel(fmt: WFormat, tokens: usize) -> &'static str {
+fn dmv_kernel(fmt: WFormat, tokens: usize) -> DecodeMatvec {
     match (fmt, tokens) {
-        (WFormat::Bf16, 1) => "dmv_bf16_t1",
-        (WFormat::Q8, 1) => "dmv_q8_t1",
-        (WFormat::Q4, 1) => "dmv_q4_t1",
-        (WFormat::Bf16, _) => "dmv_bf16_t8",
-        (WFormat::Q8, _) => "dmv_q8_t8",
-        (WFormat::Q4, _) => "dmv_q4_t8",
+        (WFormat::Bf16, 1) => DecodeMatvec::BF16_T1,
+        (WFormat::Q8, 1) => DecodeMatvec::Q8_T1,
+        (WFormat::Q4, 1) => DecodeMatvec::Q4_T1,
+        (WFormat::Bf16, _) => DecodeMatvec::BF16_T8,
+        (WFormat::Q8, _) => DecodeMatvec::Q8_T8,
+        (WFormat::Q4, _) => DecodeMatvec::Q4_T8,
+    }
+}
+
+/// A decode matvec kernel; with the causal-conv epilogue, its arguments (state, weights
+/// `[channels, taps]`, taps, channels).
+#[derive(Clone, Copy)]
+enum DmvKernel {
+    Plain(DecodeMatvec),
+    Conv {
+        kernel: DecodeMatvecConv,
+        state: u64,
+        weights: u64,
+        taps: usize,
+        channels: usize,
+    },
+}
+
+impl DmvKernel {
+    fn name(self) -> &'static str {
+        match self {
+            DmvKernel::Plain(k) => k.name(),
+            DmvKernel::Conv { kernel, .. } => kernel.name(),
+        }
     }
 }
 
@@ -722,7 +783,7 @@ fn dmv(
 ) -> Result<()> {
     dmv_launch(
         dev,
-        dmv_kernel(part.fmt, tokens),
+        DmvKernel::Plain(dmv_kernel(part.fmt, tokens)),
         part,
         first,
         outs,
@@ -730,15 +791,14 @@ fn dmv(
         tokens,
         out,
         pair,
-        &[],
     )
 }
 
-/// Launches decode matvec kernel `name` (extra arguments after the common ones).
+/// Launches decode matvec `kernel`.
 #[allow(clippy::too_many_arguments)]
 fn dmv_launch(
     dev: &Device,
-    name: &'static str,
+    kernel: DmvKernel,
     part: &DevPart,
     first: usize,
     outs: usize,
@@ -746,7 +806,6 @@ fn dmv_launch(
     tokens: usize,
     out: DecodeOut,
     pair: usize,
-    extra: &[crate::device::Arg],
 ) -> Result<()> {
     if outs == 0 || tokens == 0 {
         return Ok(());
@@ -758,7 +817,7 @@ fn dmv_launch(
     let lpr = lanes_per_row(chunks);
     let per_block = 8 * (32 / lpr);
     let shared = staged_bytes(part.fmt, tokens, part.cols);
-    let grid = dev.resident_grid(name, 256, shared, outs.div_ceil(per_block))?;
+    let grid = dev.resident_grid(kernel.name(), 256, shared, outs.div_ceil(per_block))?;
     let (y, ldy, accumulate, gate, ldg) = match out {
         DecodeOut::Store { y, ldy } | DecodeOut::SwiGlu { y, ldy } => (y, ldy, false, 0, 0),
         DecodeOut::Accumulate { y, ldy, gate } => {
@@ -772,27 +831,63 @@ fn dmv_launch(
         Some((w, eps)) => (w.ptr(), eps),
         None => (0, 0.0),
     };
-    let mut args = vec![
-        p(part.codes.ptr() + (first * rb) as u64),
-        p(part.scales.ptr() + (first * rs * 2) as u64),
-        i(outs),
-        i(part.cols),
-        p(input.x),
-        i(input.ldx),
-        i(tokens),
-        p(norm),
-        f(eps),
-        p(input.normed_out),
-        p(y),
-        i(ldy),
-        i(accumulate as usize),
-        i(pair),
-        p(gate),
-        i(ldg),
-        i(lpr),
-    ];
-    args.extend_from_slice(extra);
-    dev.launch(name, (grid, 1, 1), 256, shared as u32, &args)
+    let cfg = Launch::new((grid, 1, 1), 256, shared as u32);
+    let codes = p(part.codes.ptr() + (first * rb) as u64);
+    let scales = p(part.scales.ptr() + (first * rs * 2) as u64);
+    match kernel {
+        DmvKernel::Plain(k) => k.launch(
+            dev,
+            cfg,
+            codes,
+            scales,
+            i(outs),
+            i(part.cols),
+            p(input.x),
+            i(input.ldx),
+            i(tokens),
+            p(norm),
+            eps,
+            p(input.normed_out),
+            p(y),
+            i(ldy),
+            i(accumulate as usize),
+            i(pair),
+            p(gate),
+            i(ldg),
+            i(lpr),
+        ),
+        DmvKernel::Conv {
+            kernel,
+            state,
+            weights,
+            taps,
+            channels,
+        } => kernel.launch(
+            dev,
+            cfg,
+            codes,
+            scales,
+            i(outs),
+            i(part.cols),
+            p(input.x),
+            i(input.ldx),
+            i(tokens),
+            p(norm),
+            eps,
+            p(input.normed_out),
+            p(y),
+            i(ldy),
+            i(accumulate as usize),
+            i(pair),
+            p(gate),
+            i(ldg),
+            i(lpr),
+            p(state),
+            p(weights),
+            i(taps),
+            i(channels),
+        ),
+    }
 }
 
 /// The same results through the general kernels: norm, matvec, then the epilogue.
@@ -847,18 +942,16 @@ fn decode_fallback(
         DecodeOut::SwiGlu { y, ldy } => {
             let half = n / 2;
             for t in 0..tokens {
-                dev.launch_elementwise(
-                    "swiglu",
-                    half,
-                    &[
-                        p(src + (t * w.rows * 4) as u64),
-                        i(w.rows),
-                        i(0),
-                        i(half),
-                        p(y + (t * ldy * 4) as u64),
-                        i(1),
-                        i(half),
-                    ],
+                kernels::elementwise::Swiglu::launch(
+                    dev,
+                    Launch::elementwise(half),
+                    p(src + (t * w.rows * 4) as u64),
+                    i(w.rows),
+                    i(0),
+                    i(half),
+                    p(y + (t * ldy * 4) as u64),
+                    i(1),
+                    i(half),
                 )?;
             }
             Ok(())
@@ -867,16 +960,22 @@ fn decode_fallback(
             for t in 0..tokens {
                 let row = src + (t * w.rows * 4) as u64;
                 if let Some((g, ldg)) = gate {
-                    dev.launch_elementwise(
-                        "scale_by_sigmoid",
-                        n,
-                        &[p(row), p(g + (t * ldg * 4) as u64), i(ldg), i(1), i(n)],
+                    kernels::elementwise::ScaleBySigmoid::launch(
+                        dev,
+                        Launch::elementwise(n),
+                        p(row),
+                        p(g + (t * ldg * 4) as u64),
+                        i(ldg),
+                        i(1),
+                        i(n),
                     )?;
                 }
-                dev.launch_elementwise(
-                    "add_in_place",
-                    n,
-                    &[p(y + (t * ldy * 4) as u64), p(row), i(n)],
+                kernels::elementwise::AddInPlace::launch(
+                    dev,
+                    Launch::elementwise(n),
+                    p(y + (t * ldy * 4) as u64),
+                    p(row),
+                    i(n),
                 )?;
             }
             Ok(())
@@ -977,10 +1076,12 @@ impl<'a> Io<'a> {
         match *self {
             Io::Split(_) => Ok(Some(y)),
             Io::Fused { h, .. } => {
-                dev.launch_elementwise(
-                    "add_in_place",
-                    y.len(),
-                    &[p(h.ptr()), p(y.ptr()), i(y.len())],
+                kernels::elementwise::AddInPlace::launch(
+                    dev,
+                    Launch::elementwise(y.len()),
+                    h.arg(),
+                    y.arg(),
+                    i(y.len()),
                 )?;
                 Ok(None)
             }

@@ -4,8 +4,9 @@
 //! gathers the rows straight from the n-gram table, which stays in page-locked host memory
 //! mapped into the device (`ple_gather`). QSA selection (§4.4) is with attention.
 
-use crate::device::{f, i, p, threads_for, DevBuf, Device};
+use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
+use crate::kernels::{self, i, p, Launch};
 use crate::linear::project;
 use crate::weights::{GpuHyper, GpuPle};
 
@@ -30,12 +31,20 @@ pub(crate) fn group_norm(
     group: usize,
     eps: f32,
 ) -> Result<()> {
-    dev.launch(
-        "rms_norm_zc",
-        (tokens as u32, groups as u32, 1),
-        threads_for(group).min(256),
-        0,
-        &[p(x), i(ldx), p(y), i(ldy), p(w.ptr()), i(group), f(eps)],
+    kernels::elementwise::RmsNormZc::launch(
+        dev,
+        Launch::new(
+            (tokens as u32, groups as u32, 1),
+            threads_for(group).min(256),
+            0,
+        ),
+        p(x),
+        i(ldx),
+        p(y),
+        i(ldy),
+        w.arg(),
+        i(group),
+        eps,
     )
 }
 
@@ -70,31 +79,27 @@ pub fn enter(
     let ld = w.down_inject.rows;
     let mix = project(dev, &w.down_inject, normed.ptr(), width, tokens)?;
     let m = dev.scratch::<f32>(tokens * w.lowrank)?;
-    dev.launch_elementwise(
-        "silu_scaled",
-        tokens * w.lowrank,
-        &[
-            p(mix.ptr()),
-            i(ld),
-            f(1.0 / streams as f32),
-            p(m.ptr()),
-            i(tokens),
-            i(w.lowrank),
-        ],
+    kernels::elementwise::SiluScaled::launch(
+        dev,
+        Launch::elementwise(tokens * w.lowrank),
+        mix.arg(),
+        i(ld),
+        1.0 / streams as f32,
+        m.arg(),
+        i(tokens),
+        i(w.lowrank),
     )?;
     let a = project(dev, &w.up, m.ptr(), w.lowrank, tokens)?;
     let x = dev.scratch::<f32>(tokens * hidden)?;
-    dev.launch_elementwise(
-        "hc_mix",
-        tokens * hidden,
-        &[
-            p(a.ptr()),
-            p(normed.ptr()),
-            p(x.ptr()),
-            i(tokens),
-            i(streams),
-            i(hidden),
-        ],
+    kernels::qwen4::HcMix::launch(
+        dev,
+        Launch::elementwise(tokens * hidden),
+        a.arg(),
+        normed.arg(),
+        x.arg(),
+        i(tokens),
+        i(streams),
+        i(hidden),
     )?;
     Ok(HyperInput { x, mix })
 }
@@ -110,18 +115,16 @@ pub fn inject(
     streams: usize,
     hidden: usize,
 ) -> Result<()> {
-    dev.launch_elementwise(
-        "hc_inject",
-        tokens * streams * hidden,
-        &[
-            p(hs.ptr()),
-            p(y.ptr()),
-            p(mix.at(w.lowrank)),
-            i(w.down_inject.rows),
-            i(tokens),
-            i(streams),
-            i(hidden),
-        ],
+    kernels::qwen4::HcInject::launch(
+        dev,
+        Launch::elementwise(tokens * streams * hidden),
+        hs.arg(),
+        y.arg(),
+        p(mix.at(w.lowrank)),
+        i(w.down_inject.rows),
+        i(tokens),
+        i(streams),
+        i(hidden),
     )
 }
 
@@ -145,23 +148,23 @@ pub fn add(
 
     // Eng: one table row per hash head, hashed and gathered on the device.
     let eng = dev.scratch::<f32>(tokens * ple_dim)?;
-    dev.launch(
-        "ple_gather",
-        (tokens as u32, w.heads as u32, 1),
-        threads_for(w.table.dim).min(256),
-        0,
-        &[
-            p(ids),
-            p(history.ptr()),
-            p(w.hash.ptr()),
-            i(w.ngram_size),
-            i(w.heads_per_ngram),
-            i(w.eos as usize),
-            p(w.table.memory.ptr()),
-            i(w.table.dtype),
-            i(w.table.dim),
-            p(eng.ptr()),
-        ],
+    kernels::qwen4::PleGather::launch(
+        dev,
+        Launch::new(
+            (tokens as u32, w.heads as u32, 1),
+            threads_for(w.table.dim).min(256),
+            0,
+        ),
+        p(ids),
+        history.arg(),
+        w.hash.arg(),
+        i(w.ngram_size),
+        i(w.heads_per_ngram),
+        i(w.eos as usize),
+        p(w.table.memory.ptr()),
+        i(w.table.dtype),
+        i(w.table.dim),
+        eng.arg(),
     )?;
 
     let kv = project(dev, &w.kv_proj, eng.ptr(), ple_dim, tokens)?; // [T, n·H + H]
@@ -181,50 +184,47 @@ pub fn add(
     )?;
     let queries = norm_rows(dev, hs.ptr(), &w.norm_query, tokens, streams, hidden, eps)?;
     let gates = dev.scratch::<f32>(tokens * width)?;
-    dev.launch(
-        "ple_gates",
-        (tokens as u32, streams as u32, 1),
-        threads_for(hidden).min(256),
-        0,
-        &[
-            p(keys.ptr()),
-            p(queries.ptr()),
-            p(kv.at(width)),
-            i(ld),
-            p(gates.ptr()),
-            i(streams),
-            i(hidden),
-        ],
+    kernels::qwen4::PleGates::launch(
+        dev,
+        Launch::new(
+            (tokens as u32, streams as u32, 1),
+            threads_for(hidden).min(256),
+            0,
+        ),
+        keys.arg(),
+        queries.arg(),
+        p(kv.at(width)),
+        i(ld),
+        gates.arg(),
+        i(streams),
+        i(hidden),
     )?;
     let normed = norm_rows(dev, gates.ptr(), &w.norm_conv, tokens, streams, hidden, eps)?;
     let kernel = w.conv.len() / width;
-    dev.launch(
-        "ple_conv",
-        (width.div_ceil(128) as u32, 1, 1),
-        128,
-        0,
-        &[
-            p(hs.ptr()),
-            p(gates.ptr()),
-            p(normed.ptr()),
-            p(conv_state.ptr()),
-            p(w.conv.ptr()),
-            i(tokens),
-            i(width),
-            i(kernel),
-            i(w.dilation),
-        ],
+    kernels::qwen4::PleConv::launch(
+        dev,
+        Launch::new((width.div_ceil(128) as u32, 1, 1), 128, 0),
+        hs.arg(),
+        gates.arg(),
+        normed.arg(),
+        conv_state.arg(),
+        w.conv.arg(),
+        i(tokens),
+        i(width),
+        i(kernel),
+        i(w.dilation),
     )
 }
 
 /// Shifts the `tokens` ids at device address `ids` into the n-gram history (which keeps its
 /// length, ngram_size − 1), on the device.
 pub fn advance_history(dev: &Device, history: &DevBuf<i32>, ids: u64, tokens: usize) -> Result<()> {
-    dev.launch(
-        "ple_advance",
-        (1, 1, 1),
-        32,
-        0,
-        &[p(history.ptr()), p(ids), i(tokens), i(history.len())],
+    kernels::qwen4::PleAdvance::launch(
+        dev,
+        Launch::new((1, 1, 1), 32, 0),
+        history.arg(),
+        p(ids),
+        i(tokens),
+        i(history.len()),
     )
 }

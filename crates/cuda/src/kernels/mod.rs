@@ -1,0 +1,303 @@
+//! Every CUDA kernel, declared once: its name and parameter list, from which [`kernels!`]
+//! makes a typed launcher (device pointers by element type, `i32`/`u32`/`f32`/`u64` scalars,
+//! in the CUDA signature's order) and the list the device loads at open and the NVRTC test
+//! checks against the compiled PTX.
+//!
+//! Each `.cu` file has a Rust module of the same name here declaring its kernels.
+
+use std::marker::PhantomData;
+
+use crate::device::DevBuf;
+
+/// Declares kernels. Two forms, one per line:
+/// - `Name = "kernel" (args);` a single kernel: `Name::launch(dev, cfg, args..)`, `Name::NAME`;
+/// - `Name { A = "kernel_a", B = "kernel_b" } (args);` kernels with one signature (variants
+///   of one template): `Name::A.launch(dev, cfg, args..)`, `Name::A.name()`.
+///
+/// `args` are `name: Type` with `Type` a [`KernelArg`]: `Ptr<T>` for `T*` (`const` or not),
+/// `i32` for `int`, `u32` for `unsigned`, `f32` for `float`, `u64` for `unsigned long long`.
+macro_rules! kernels {
+    () => {};
+    (
+        $(#[$meta:meta])*
+        $ty:ident { $($variant:ident = $name:literal),+ $(,)? }
+        ($($arg:ident: $aty:ty),* $(,)?);
+        $($rest:tt)*
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub struct $ty(&'static str);
+
+        #[allow(dead_code)]
+        impl $ty {
+            $(#[doc = concat!("`", $name, "`")] pub const $variant: $ty = $ty($name);)+
+
+            /// The kernel's name in the CUDA sources.
+            pub fn name(self) -> &'static str {
+                self.0
+            }
+
+            /// The parameter list shared by every variant.
+            pub const PARAMS: &'static [$crate::kernels::Param] =
+                &[$(<$aty as $crate::kernels::KernelArg>::PARAM),*];
+
+            pub(crate) const DECLS: &'static [$crate::kernels::KernelDecl] = &[$(
+                $crate::kernels::KernelDecl { name: $name, params: $ty::PARAMS },
+            )+];
+
+            /// Launches this kernel on `dev`'s stream with arguments in the CUDA signature's order.
+            #[allow(clippy::too_many_arguments)]
+            pub fn launch(
+                self,
+                dev: &$crate::device::Device,
+                cfg: $crate::kernels::Launch,
+                $($arg: $aty),*
+            ) -> $crate::error::Result<()> {
+                dev.launch_slots(self.0, cfg, &[$($crate::kernels::KernelArg::slot($arg)),*])
+            }
+        }
+
+        kernels!($($rest)*);
+    };
+    (
+        $(#[$meta:meta])*
+        $ty:ident = $name:literal
+        ($($arg:ident: $aty:ty),* $(,)?);
+        $($rest:tt)*
+    ) => {
+        $(#[$meta])*
+        #[doc = concat!("Kernel `", $name, "`.")]
+        pub struct $ty;
+
+        #[allow(dead_code)]
+        impl $ty {
+            /// The kernel's name in the CUDA sources.
+            pub const NAME: &'static str = $name;
+
+            pub const PARAMS: &'static [$crate::kernels::Param] =
+                &[$(<$aty as $crate::kernels::KernelArg>::PARAM),*];
+
+            pub(crate) const DECLS: &'static [$crate::kernels::KernelDecl] =
+                &[$crate::kernels::KernelDecl { name: $name, params: $ty::PARAMS }];
+
+            /// Launches the kernel on `dev`'s stream with arguments in the CUDA signature's order.
+            #[allow(clippy::too_many_arguments)]
+            pub fn launch(
+                dev: &$crate::device::Device,
+                cfg: $crate::kernels::Launch,
+                $($arg: $aty),*
+            ) -> $crate::error::Result<()> {
+                dev.launch_slots($name, cfg, &[$($crate::kernels::KernelArg::slot($arg)),*])
+            }
+        }
+
+        kernels!($($rest)*);
+    };
+}
+
+pub mod attention;
+pub mod attn_prefill;
+pub mod decode;
+pub mod elementwise;
+pub mod gdn;
+pub mod linear;
+pub mod moe;
+pub mod qwen4;
+pub mod tgemm;
+
+/// The CUDA C sources, concatenated into one program (after the generated prelude).
+pub(crate) const SOURCES: &[&str] = &[
+    include_str!("common.cuh"),
+    include_str!("linear.cu"),
+    include_str!("decode.cu"),
+    include_str!("elementwise.cu"),
+    include_str!("moe.cu"),
+    include_str!("gdn.cu"),
+    include_str!("attention.cu"),
+    include_str!("qwen4.cu"),
+    include_str!("tgemm.cu"),
+    include_str!("attn_prefill.cu"),
+];
+
+/// Every declared kernel, by source file.
+const DECLARED: &[&[&[KernelDecl]]] = &[
+    linear::DECLARED,
+    decode::DECLARED,
+    elementwise::DECLARED,
+    moe::DECLARED,
+    gdn::DECLARED,
+    attention::DECLARED,
+    qwen4::DECLARED,
+    tgemm::DECLARED,
+    attn_prefill::DECLARED,
+];
+
+/// Every `extern "C" __global__` function the sources define, with its parameter list.
+pub fn declared() -> impl Iterator<Item = &'static KernelDecl> {
+    DECLARED
+        .iter()
+        .flat_map(|m| m.iter())
+        .flat_map(|k| k.iter())
+}
+
+/// A kernel's name and parameter list, as declared in Rust.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelDecl {
+    pub name: &'static str,
+    pub params: &'static [Param],
+}
+
+/// A kernel parameter's type as the launcher passes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// A device address (`T*`): `.u64` in PTX.
+    Ptr,
+    /// `int`: `.u32` (or `.s32`) in PTX.
+    I32,
+    /// `unsigned`: `.u32` in PTX.
+    U32,
+    /// `float`: `.f32` in PTX.
+    F32,
+    /// `unsigned long long`: `.u64` in PTX.
+    U64,
+}
+
+impl Param {
+    /// Whether a PTX `.param` of type `ptx` (e.g. `u64`, without the dot) takes this argument.
+    pub fn matches_ptx(self, ptx: &str) -> bool {
+        match self {
+            Param::Ptr | Param::U64 => matches!(ptx, "u64" | "b64" | "s64"),
+            Param::I32 | Param::U32 => matches!(ptx, "u32" | "b32" | "s32"),
+            Param::F32 => ptx == "f32",
+        }
+    }
+}
+
+/// A device address of elements of type `T` (a kernel's `T*` parameter).
+#[repr(transparent)]
+pub struct Ptr<T> {
+    addr: u64,
+    _elem: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Ptr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Ptr<T> {}
+
+impl<T> std::fmt::Debug for Ptr<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Ptr({:#x})", self.addr)
+    }
+}
+
+impl<T> Ptr<T> {
+    /// A raw device address taken as pointing to `T`s (the caller vouches for the type).
+    pub fn raw(addr: u64) -> Self {
+        Ptr {
+            addr,
+            _elem: PhantomData,
+        }
+    }
+
+    /// The null pointer (an optional input the kernel skips).
+    pub fn null() -> Self {
+        Self::raw(0)
+    }
+
+    pub fn addr(self) -> u64 {
+        self.addr
+    }
+}
+
+impl<T> DevBuf<T> {
+    /// Element 0's address, as a kernel argument.
+    pub fn arg(&self) -> Ptr<T> {
+        Ptr::raw(self.ptr())
+    }
+
+    /// Element `i`'s address, as a kernel argument.
+    pub fn arg_at(&self, i: usize) -> Ptr<T> {
+        Ptr::raw(self.at(i))
+    }
+}
+
+/// A raw device address as a kernel's `T*` argument: the element type is the launcher's (the
+/// caller vouches for it). Prefer [`DevBuf::arg`], whose type the compiler checks.
+pub fn p<T>(addr: u64) -> Ptr<T> {
+    Ptr::raw(addr)
+}
+
+/// An `int` argument (shapes, counts, offsets); they are checked to fit when the model loads.
+pub fn i(v: usize) -> i32 {
+    v as i32
+}
+
+/// A value a kernel takes as one argument slot.
+pub trait KernelArg: Copy {
+    const PARAM: Param;
+    /// The value in an 8-byte slot; 4-byte values sit in the low half (little endian).
+    fn slot(self) -> u64;
+}
+
+impl<T> KernelArg for Ptr<T> {
+    const PARAM: Param = Param::Ptr;
+    fn slot(self) -> u64 {
+        self.addr
+    }
+}
+
+impl KernelArg for i32 {
+    const PARAM: Param = Param::I32;
+    fn slot(self) -> u64 {
+        self as u32 as u64
+    }
+}
+
+impl KernelArg for u32 {
+    const PARAM: Param = Param::U32;
+    fn slot(self) -> u64 {
+        self as u64
+    }
+}
+
+impl KernelArg for f32 {
+    const PARAM: Param = Param::F32;
+    fn slot(self) -> u64 {
+        self.to_bits() as u64
+    }
+}
+
+impl KernelArg for u64 {
+    const PARAM: Param = Param::U64;
+    fn slot(self) -> u64 {
+        self
+    }
+}
+
+/// A launch's grid, block size (threads, one dimension) and dynamic shared memory (bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub shared_bytes: u32,
+}
+
+impl Launch {
+    pub fn new(grid: (u32, u32, u32), block: u32, shared_bytes: u32) -> Self {
+        Launch {
+            grid,
+            block,
+            shared_bytes,
+        }
+    }
+
+    /// A grid-stride elementwise launch over `n` elements: blocks of 256, at most 65535.
+    pub fn elementwise(n: usize) -> Self {
+        let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
+        Launch::new((blocks, 1, 1), 256, 0)
+    }
+}
