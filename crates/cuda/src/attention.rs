@@ -14,7 +14,11 @@ use spindle_model::{ModelConfig, QsaConfig};
 use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
 use crate::kernels::{self, i, p, Launch};
-use crate::linear::{Io, MATVEC_MAX_TOKENS};
+use crate::kernels::{
+    ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_SPLIT_KEYS, MATVEC_MAX_TOKENS, QSA_PICK_THREADS,
+    QSA_WARPS,
+};
+use crate::linear::Io;
 use crate::session::KvCache;
 use crate::weights::{GpuAttention, GpuIndexer};
 
@@ -26,17 +30,8 @@ pub struct AttentionCtx<'a> {
     pub eps: f32,
 }
 
-/// Keys per flash-decoding split (`ATT_SPLIT` in attention.cu).
-const SPLIT: usize = 32;
-
 /// Tokens whose block scores one selection launch holds (a longer prefill selects in pieces).
 pub const SCORE_TOKENS: usize = 64;
-
-/// Key blocks per `qsa_scores` block (`QSA_WARPS` in attention.cu: a warp each).
-const QSA_WARPS: usize = 8;
-
-/// Threads of a `qsa_pick` block (`QSA_PICK_THREADS` in attention.cu).
-const QSA_PICK_THREADS: u32 = 512;
 
 /// The most positions one token attends to under QSA: max_blocks whole blocks (the budget,
 /// a multiple of cr as the config checks) plus a partial tail of fewer than cr positions.
@@ -80,7 +75,10 @@ pub fn reserve(
         }
         _ => {
             cache.partials = dev.zeros(
-                MATVEC_MAX_TOKENS * a.num_heads * capacity.div_ceil(SPLIT) * (a.head_dim + 2),
+                MATVEC_MAX_TOKENS
+                    * a.num_heads
+                    * capacity.div_ceil(ATTN_SPLIT_KEYS)
+                    * (a.head_dim + 2),
             )?;
         }
     }
@@ -147,8 +145,12 @@ pub fn forward(
         && d % 4 == 0
         && d <= 256
         && n_h % n_kv == 0;
-    let split_shared = 4 * (n_h / n_kv * d + SPLIT * (d + 4) + SPLIT * d + n_h / n_kv * SPLIT);
-    let splits = cache.capacity.div_ceil(SPLIT);
+    let split_shared = 4
+        * (n_h / n_kv * d
+            + ATTN_SPLIT_KEYS * (d + 4)
+            + ATTN_SPLIT_KEYS * d
+            + n_h / n_kv * ATTN_SPLIT_KEYS);
+    let splits = cache.capacity.div_ceil(ATTN_SPLIT_KEYS);
     if flash
         && split_shared <= dev.shared_limit("attn_split")
         && 4 * splits <= dev.shared_limit("attn_combine")
@@ -211,10 +213,6 @@ pub(crate) struct Heads {
     pub d: usize,
 }
 
-/// Rows (query heads × tokens) and keys of one `attn_prefill` tile (`AP_ROWS`, `AP_KEYS`).
-const PREFILL_ROWS: usize = 64;
-const PREFILL_KEYS: usize = 32;
-
 /// Causal attention of `tokens` tokens at positions `start..` over the cache through the
 /// tiled prefill kernel (a block per kv head and run of tokens: every K/V row read once per
 /// block); false, launching nothing, when the shape does not suit it. All addresses are of
@@ -230,15 +228,16 @@ pub(crate) fn attend_tiled(
     tokens: usize,
     start: usize,
 ) -> Result<bool> {
-    if h.n_h % h.n_kv != 0 || h.n_h / h.n_kv > PREFILL_ROWS || h.d % 16 != 0 || h.d > 256 {
+    if h.n_h % h.n_kv != 0 || h.n_h / h.n_kv > ATTN_PREFILL_ROWS || h.d % 16 != 0 || h.d > 256 {
         return Ok(false);
     }
-    let shared =
-        4 * ((PREFILL_ROWS + 2 * PREFILL_KEYS) * (h.d + 4) + PREFILL_ROWS * (PREFILL_KEYS + 1));
+    let shared = 4
+        * ((ATTN_PREFILL_ROWS + 2 * ATTN_PREFILL_KEYS) * (h.d + 4)
+            + ATTN_PREFILL_ROWS * (ATTN_PREFILL_KEYS + 1));
     if shared > dev.shared_limit("attn_prefill") {
         return Ok(false);
     }
-    let per = PREFILL_ROWS / (h.n_h / h.n_kv);
+    let per = ATTN_PREFILL_ROWS / (h.n_h / h.n_kv);
     kernels::attn_prefill::AttnPrefill::launch(
         dev,
         Launch::new(
@@ -387,7 +386,7 @@ fn select(
         )?;
         kernels::attention::QsaPick::launch(
             dev,
-            Launch::new((rows as u32, 1, 1), QSA_PICK_THREADS, 0),
+            Launch::new((rows as u32, 1, 1), QSA_PICK_THREADS as u32, 0),
             indexer.scores.arg(),
             i(blocks),
             i(t0),
@@ -429,7 +428,7 @@ pub fn qsa_pick_on_host(
     let counts = dev.zeros::<i32>(1)?;
     kernels::attention::QsaPick::launch(
         dev,
-        Launch::new((1, 1, 1), QSA_PICK_THREADS, 0),
+        Launch::new((1, 1, 1), QSA_PICK_THREADS as u32, 0),
         scores.arg(),
         i(scores.len()),
         i(0),

@@ -25,7 +25,7 @@ pub fn ptx_for(arch: &str) -> Result<String> {
     if let Some(ptx) = cache.get(arch) {
         return Ok(ptx.clone());
     }
-    let source = crate::kernels::SOURCES.join("\n");
+    let source = crate::kernels::program();
     let opts = CompileOptions {
         options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
         name: Some("spindle_kernels.cu".into()),

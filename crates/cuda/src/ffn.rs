@@ -9,10 +9,10 @@ use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
 use crate::kernels::decode::{DecodeMoeDown, DecodeMoeGateUp};
 use crate::kernels::moe::{MoeDown, MoeGateUp};
-use crate::kernels::{self, i, p, Launch};
+use crate::kernels::{self, i, p, Launch, MATVEC_MAX_TOKENS, MOE_MAX_K};
 use crate::linear::{
     decode_linear, linear, project, staged_bytes, tensor_gemm, tensor_gemm_ok, DecodeIn, DecodeOut,
-    DevPart, GemmActs, GemmRows, Io, WFormat, GROUP_TILE, MATVEC_MAX_TOKENS,
+    DevPart, GemmActs, GemmRows, Io, WFormat, GROUP_TILE,
 };
 use crate::weights::{GpuMlp, GpuMoe};
 
@@ -89,9 +89,6 @@ pub fn moe(
     };
     io.give(dev, x)
 }
-
-/// The most experts per token the decode kernels take (`MOE_MAX_K` in decode.cu).
-const MOE_MAX_K: usize = 32;
 
 /// How the decode kernels run one MoE block: the routed experts' format, and whether the
 /// shared expert rides along in the same launches (same format) or runs on its own.

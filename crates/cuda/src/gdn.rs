@@ -15,13 +15,13 @@ use spindle_model::{GdnConfig, GdnGate, ModelConfig};
 
 use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::kernels::{self, i, p, Launch};
-use crate::linear::{decode_linear_conv, Io, MATVEC_MAX_TOKENS};
+use crate::kernels::{
+    self, i, p, Launch, GDN_CHUNK, GDN_PREP_THREADS, GDN_SCAN_COLS, GDN_SCAN_THREADS,
+    MATVEC_MAX_TOKENS,
+};
+use crate::linear::{decode_linear_conv, Io};
 use crate::session::GdnState;
 use crate::weights::GpuGdn;
-
-/// The largest d_k the recurrence kernel holds in registers (`GDN_MAX_DK` in gdn.cu).
-pub const MAX_KEY_HEAD_DIM: usize = 128;
 
 /// Runs `tokens` tokens through one GDN layer, updating `state` (input and output as `io`).
 pub fn forward(
@@ -216,15 +216,8 @@ fn delta_rule(dev: &Device, g: &GdnConfig, r: &DeltaRows, form: DeltaForm) -> Re
     Ok(DeltaForm::Serial)
 }
 
-/// Tokens per chunk (`GDN_CHUNK` in gdn.cu; the CPU's `gdn_chunked::CHUNK`).
-const CHUNK: usize = 64;
 /// The largest d_k the chunked kernels take (the scan's 16 warps × 8 rows of S).
 const CHUNK_MAX_DK: usize = 128;
-/// Threads of `gdn_chunk_prep` and `gdn_chunk_scan` (`GDN_PREP_THREADS`, `GDN_SCAN_THREADS`).
-const PREP_THREADS: u32 = 256;
-const SCAN_THREADS: u32 = 512;
-/// Columns of S per `gdn_chunk_scan` block (`GDN_SCAN_COLS`).
-const SCAN_COLUMNS: usize = 32;
 /// Chunks whose records are held at once: the prompt runs through prep + scan in windows of
 /// this many chunks, bounding the scratch (~77 MB for n_v = 32, d_k = d_v = 128).
 const WINDOW_CHUNKS: usize = 16;
@@ -250,10 +243,13 @@ impl ChunkShape {
         }
         let dkp = dk.next_multiple_of(4);
         let ldk = if (dkp / 4) % 2 == 0 { dkp + 4 } else { dkp };
-        let record = CHUNK * CHUNK + 3 * CHUNK * ldk + CHUNK * dv + 4;
-        let prep_shared = 4 * (2 * CHUNK * ldk + CHUNK * CHUNK + 5 * CHUNK);
-        let scan_shared =
-            4 * (CHUNK * CHUNK + 3 * CHUNK * ldk + CHUNK * SCAN_COLUMNS + dkp * SCAN_COLUMNS);
+        let record = GDN_CHUNK * GDN_CHUNK + 3 * GDN_CHUNK * ldk + GDN_CHUNK * dv + 4;
+        let prep_shared = 4 * (2 * GDN_CHUNK * ldk + GDN_CHUNK * GDN_CHUNK + 5 * GDN_CHUNK);
+        let scan_shared = 4
+            * (GDN_CHUNK * GDN_CHUNK
+                + 3 * GDN_CHUNK * ldk
+                + GDN_CHUNK * GDN_SCAN_COLS
+                + dkp * GDN_SCAN_COLS);
         (prep_shared <= dev.shared_limit("gdn_chunk_prep")
             && scan_shared <= dev.shared_limit("gdn_chunk_scan"))
         .then_some(ChunkShape {
@@ -277,16 +273,17 @@ fn delta_rule_chunked(
 ) -> Result<()> {
     let (nk, nv, dk, dv) = g.dims();
     let channels = g.conv_channels();
-    let window = WINDOW_CHUNKS * CHUNK;
-    let records = dev.scratch::<f32>(nv * r.tokens.min(window).div_ceil(CHUNK) * shape.record)?;
+    let window = WINDOW_CHUNKS * GDN_CHUNK;
+    let records =
+        dev.scratch::<f32>(nv * r.tokens.min(window).div_ceil(GDN_CHUNK) * shape.record)?;
     for t0 in (0..r.tokens).step_by(window) {
         let len = (r.tokens - t0).min(window);
         let row = |base: u64, width: usize| base + (t0 * width * 4) as u64;
         kernels::gdn::GdnChunkPrep::launch(
             dev,
             Launch::new(
-                (len.div_ceil(CHUNK) as u32, nv as u32, 1),
-                PREP_THREADS,
+                (len.div_ceil(GDN_CHUNK) as u32, nv as u32, 1),
+                GDN_PREP_THREADS as u32,
                 shape.prep_shared as u32,
             ),
             p(row(r.u, channels)),
@@ -308,8 +305,8 @@ fn delta_rule_chunked(
         kernels::gdn::GdnChunkScan::launch(
             dev,
             Launch::new(
-                (dv.div_ceil(SCAN_COLUMNS) as u32, nv as u32, 1),
-                SCAN_THREADS,
+                (dv.div_ceil(GDN_SCAN_COLS) as u32, nv as u32, 1),
+                GDN_SCAN_THREADS as u32,
                 shape.scan_shared as u32,
             ),
             records.arg(),

@@ -117,7 +117,7 @@ impl CudaEngine {
             .collect();
         let inv_freq = dev.upload(&inv_freq)?;
         let graphs = !dev.profiling() && std::env::var_os("SPINDLE_CUDA_NO_GRAPHS").is_none();
-        let workspace_bytes = gpu.scratch_bytes(&config, linear::MATVEC_MAX_TOKENS);
+        let workspace_bytes = gpu.scratch_bytes(&config, kernels::MATVEC_MAX_TOKENS);
         Ok(CudaEngine {
             dev,
             config,
@@ -261,11 +261,11 @@ impl CudaEngine {
 fn check_supported(config: &ModelConfig) -> Result<()> {
     let g = &config.gdn;
     let a = &config.attention;
-    if g.key_head_dim > gdn::MAX_KEY_HEAD_DIM {
+    if g.key_head_dim > kernels::GDN_MAX_DK {
         return Err(CudaError::Unsupported(format!(
             "linear_key_head_dim {} exceeds the {} the GDN kernel holds in registers",
             g.key_head_dim,
-            gdn::MAX_KEY_HEAD_DIM
+            kernels::GDN_MAX_DK
         )));
     }
     if g.value_head_dim > 1024 || a.head_dim > 256 {

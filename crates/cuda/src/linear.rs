@@ -14,11 +14,10 @@ use crate::error::{CudaError, Result};
 use crate::kernels::decode::{DecodeMatvec, DecodeMatvecConv};
 use crate::kernels::linear::{Gemm, Matvec};
 use crate::kernels::tgemm::TensorGemm;
-use crate::kernels::{self, i, p, Launch};
-
-/// Up to this many tokens a linear layer runs the matvec kernel (the weights are read once
-/// for all of them); more run the GEMM.
-pub const MATVEC_MAX_TOKENS: usize = 8;
+use crate::kernels::{
+    self, i, p, Launch, DECODE_CONV_WINDOW, MATVEC_MAX_TOKENS, TENSOR_GEMM_ROWS,
+    TENSOR_GEMM_STAGES, TENSOR_GEMM_TOKENS,
+};
 
 /// How a device matrix stores its weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -409,11 +408,8 @@ pub enum GemmRows {
     },
 }
 
-/// Rows of the tensor-core GEMM block tile (`TG_N` in tgemm.cu) and its tokens (`TG_M`).
-const TG_N: usize = 128;
-const TG_M: usize = 64;
 /// The rows of one grouped-GEMM tile (`moe_sort`).
-pub const GROUP_TILE: usize = TG_M;
+pub const GROUP_TILE: usize = TENSOR_GEMM_TOKENS;
 
 fn tensor_gemm_kernel(fmt: WFormat) -> TensorGemm {
     match fmt {
@@ -431,7 +427,7 @@ fn tensor_gemm_shared(fmt: WFormat) -> usize {
         WFormat::Q8 => (48, 1, 48),
         WFormat::Q4 => (48, 1, 16),
     };
-    4 * (TG_M * a_row * planes + TG_N * b_row)
+    TENSOR_GEMM_STAGES * (TENSOR_GEMM_TOKENS * a_row * planes + TENSOR_GEMM_ROWS * b_row)
 }
 
 /// `y[row·ldy + n] (+)= Σ_k acts[row, k]·W[n, k]` on the tensor cores (see tgemm.cu).
@@ -451,7 +447,7 @@ pub fn tensor_gemm(
     );
     assert_eq!(acts.cols, w.cols, "activations of another width");
     let (n, m, m_tiles, tiles, order, a_div) = match rows {
-        GemmRows::Dense(tokens) => (w.rows, tokens, tokens.div_ceil(TG_M), 0, 0, 1),
+        GemmRows::Dense(tokens) => (w.rows, tokens, tokens.div_ceil(TENSOR_GEMM_TOKENS), 0, 0, 1),
         GemmRows::Grouped {
             tiles,
             order,
@@ -466,7 +462,7 @@ pub fn tensor_gemm(
     tensor_gemm_kernel(w.fmt).launch(
         dev,
         Launch::new(
-            (n.div_ceil(TG_N) as u32, m_tiles as u32, 1),
+            (n.div_ceil(TENSOR_GEMM_ROWS) as u32, m_tiles as u32, 1),
             256,
             tensor_gemm_shared(w.fmt) as u32,
         ),
@@ -693,7 +689,10 @@ pub fn decode_linear_conv(
     let [(0, part)] = w.parts.as_slice() else {
         return Ok(false);
     };
-    if kernel == 0 || kernel - 1 + tokens > 16 || !dmv_fits(dev, part, &input, tokens) {
+    if kernel == 0
+        || kernel - 1 + tokens > DECODE_CONV_WINDOW
+        || !dmv_fits(dev, part, &input, tokens)
+    {
         return Ok(false);
     }
     let conv = match (part.fmt, tokens) {

@@ -73,7 +73,7 @@ pub struct CudaSession {
     pub position: usize,
     pub layers: Vec<LayerState>,
     pub ple: Option<PleState>,
-    /// Scratch for forward passes of at most `linear::MATVEC_MAX_TOKENS` tokens (decode).
+    /// Scratch for forward passes of at most `kernels::MATVEC_MAX_TOKENS` tokens (decode).
     pub workspace: DevBuf<u8>,
     /// The decode step's i32 slots, read by the graph: ids `[0, 8)` (a small batch's),
     /// position at `flow::STEP_POSITION`, the device argmax at `flow::STEP_NEXT`.

@@ -118,13 +118,12 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, const float*
     }
 }
 
-// ---- Flash-decoding for batches of at most MV_MAX_T tokens (no QSA selection) ----
-// The visible keys of token t (positions 0..start+t) are cut into splits of ATT_SPLIT; block
+// ---- Flash-decoding for batches of at most MATVEC_MAX_TOKENS tokens (no QSA selection) ----
+// The visible keys of token t (positions 0..start+t) are cut into splits of ATTN_SPLIT_KEYS; block
 // (g, split, t) scores its keys against the ρ = n_h/n_kv query heads of kv head g (a thread per
 // (head, key) pair), takes the split's softmax per head, and writes (max, sum, Σ p·v) to
 // part[((t·n_h + h)·splits + split)·(d + 2)]. attn_combine merges the splits. Blocks past the
 // last visible key exit at once, so the grid can cover the cache's capacity (fixed in a graph).
-#define ATT_SPLIT 32
 
 extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __restrict__ q,
                                                              const float* __restrict__ k_cache,
@@ -132,21 +131,21 @@ extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __rest
                                                              float* __restrict__ part, int splits, int n_h,
                                                              int n_kv, int d, int start,
                                                              const int* __restrict__ startp, float scale) {
-    // q [ρ][d], keys [ATT_SPLIT][d + 4] (padded: a lane per key reads without bank conflicts),
-    // values [ATT_SPLIT][d], scores [ρ][ATT_SPLIT].
+    // q [ρ][d], keys [ATTN_SPLIT_KEYS][d + 4] (padded: a lane per key reads without bank conflicts),
+    // values [ATTN_SPLIT_KEYS][d], scores [ρ][ATTN_SPLIT_KEYS].
     extern __shared__ __align__(16) float qs[];
     if (startp) start = *startp;
     int g = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
     int n = start + t + 1;
-    int k0 = split * ATT_SPLIT;
+    int k0 = split * ATTN_SPLIT_KEYS;
     if (k0 >= n) return;
-    int keys = min(ATT_SPLIT, n - k0);
+    int keys = min(ATTN_SPLIT_KEYS, n - k0);
     int rho = n_h / n_kv;
     int d4 = d >> 2, kstride = d4 + 1;  // in float4
     float4* q4 = (float4*)qs;
     float4* ks = (float4*)(qs + rho * d);
-    float4* vs = ks + ATT_SPLIT * kstride;
-    float* sc = (float*)(vs + ATT_SPLIT * d4);
+    float4* vs = ks + ATTN_SPLIT_KEYS * kstride;
+    float* sc = (float*)(vs + ATTN_SPLIT_KEYS * d4);
     // Stage q, K and V with asynchronous copies (all in flight at once).
     int nq = rho * d4, nk = keys * d4, total = nq + 2 * nk;
     const float4* qsrc = (const float4*)(q + ((size_t)t * n_h + (size_t)g * rho) * d);
@@ -177,14 +176,14 @@ extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __rest
                 dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
             }
         }
-        sc[hh * ATT_SPLIT + kk] = kk < keys ? dot * scale : -SP_INF;
+        sc[hh * ATTN_SPLIT_KEYS + kk] = kk < keys ? dot * scale : -SP_INF;
     }
     __syncthreads();
     // Softmax and Σ p·v: warp per head, lanes over the dimensions.
     int lane = threadIdx.x & 31;
     const float* vf = (const float*)vs;
     for (int hh = threadIdx.x >> 5; hh < rho; hh += blockDim.x >> 5) {
-        float s = sc[hh * ATT_SPLIT + lane];
+        float s = sc[hh * ATTN_SPLIT_KEYS + lane];
         float m = warp_max(s);
         float p = lane < keys ? expf(s - m) : 0.0f;
         float l = warp_sum(p);
@@ -224,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* __re
     __shared__ float total;
     if (startp) start = *startp;
     int h = blockIdx.x, t = blockIdx.y;
-    int used = (start + t + 1 + ATT_SPLIT - 1) / ATT_SPLIT;
+    int used = (start + t + 1 + ATTN_SPLIT_KEYS - 1) / ATTN_SPLIT_KEYS;
     const float* base = part + ((size_t)t * n_h + h) * splits * (d + 2);
     float m = -SP_INF;
     for (int s = threadIdx.x; s < used; s += blockDim.x) m = fmaxf(m, base[(size_t)s * (d + 2)]);
@@ -311,7 +310,6 @@ extern "C" __global__ void qsa_prep(const float* __restrict__ qk, int ld, int co
     }
 }
 
-#define QSA_WARPS 8
 
 // Block (chunk, r), a warp per key block: token t = t0 + r scores block b = chunk·QSA_WARPS +
 // warp as scores[r·ld + b] = Σ_h max(0, q_h·K_b) · scale, for each of its complete blocks
@@ -363,7 +361,6 @@ __device__ void block_count(bool flag, int* before, int* total, int* warp_counts
     *total = all;
 }
 
-#define QSA_PICK_THREADS 512
 
 // Block r: the positions token t = t0 + r attends to, ascending, into sel[t·stride ..] and
 // their count into counts[t] (what attn_decode reads). Within the budget: every visible

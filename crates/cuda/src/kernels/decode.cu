@@ -1,4 +1,4 @@
-// Decode kernels (batches of at most MV_MAX_T tokens): every block first stages the input
+// Decode kernels (batches of at most MATVEC_MAX_TOKENS tokens): every block first stages the input
 // rows in shared memory — RMS-normed when asked (the norm kernel is fused away), and for
 // int8 weights quantized to int8 per group of 32 exactly as the CPU engine does
 // (spindle_kernels::quant::quantize_acts_ref) — then loops over many output rows, so the
@@ -10,7 +10,6 @@
 // CPU's order. bf16 weights multiply f32 activations, as on the CPU.
 
 #define DEC_BATCH 4
-#define DMV_CONV_WINDOW 16  // K − 1 + T conv rows of the fused GDN conv
 #define STAGE_BATCH 4
 
 // ---- Staged activations (dynamic shared memory) ----
@@ -43,16 +42,16 @@ __device__ __forceinline__ size_t staged_size(int T, int cols) {
 template <int FMT>
 __device__ void stage_rows(const float* __restrict__ x, int ldx, int T, int cols, const float* __restrict__ nw,
                            float eps, float* __restrict__ xn, unsigned char* sm) {
-    __shared__ float part[8][MV_MAX_T];
-    __shared__ float rs[MV_MAX_T];
+    __shared__ float part[8][MATVEC_MAX_TOKENS];
+    __shared__ float rs[MATVEC_MAX_TOKENS];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int quads = cols >> 2;
     if (nw) {
-        float ss[MV_MAX_T];
+        float ss[MATVEC_MAX_TOKENS];
 #pragma unroll
-        for (int t = 0; t < MV_MAX_T; t++) ss[t] = 0.0f;
+        for (int t = 0; t < MATVEC_MAX_TOKENS; t++) ss[t] = 0.0f;
 #pragma unroll
-        for (int t = 0; t < MV_MAX_T; t++) {
+        for (int t = 0; t < MATVEC_MAX_TOKENS; t++) {
             if (t < T) {
                 const float4* xr = (const float4*)(x + (size_t)t * ldx);
 #pragma unroll 4
@@ -63,7 +62,7 @@ __device__ void stage_rows(const float* __restrict__ x, int ldx, int T, int cols
             }
         }
 #pragma unroll
-        for (int t = 0; t < MV_MAX_T; t++) {
+        for (int t = 0; t < MATVEC_MAX_TOKENS; t++) {
             float s = warp_sum(ss[t]);
             if (lane == 0 && t < T) part[warp][t] = s;
         }
@@ -264,11 +263,11 @@ __device__ __forceinline__ void dmv_impl(const unsigned char* __restrict__ W, co
 #pragma unroll
         for (int t = 0; t < NT; t++) a[t] = b[t] = 0.0f;
         // The conv's state rows and taps, loaded before the weights so their latency overlaps.
-        float cs[DMV_CONV_WINDOW], wk[DMV_CONV_WINDOW];
+        float cs[DECODE_CONV_WINDOW], wk[DECODE_CONV_WINDOW];
         bool conv_row = CONV && live && sl == 0 && j < cC;
         if (CONV) {
 #pragma unroll
-            for (int q = 0; q < DMV_CONV_WINDOW; q++) {
+            for (int q = 0; q < DECODE_CONV_WINDOW; q++) {
                 cs[q] = conv_row && q < cK - 1 ? cstate[(size_t)q * cC + j] : 0.0f;
                 wk[q] = conv_row && q < cK ? cw[j * cK + q] : 0.0f;
             }
@@ -286,10 +285,10 @@ __device__ __forceinline__ void dmv_impl(const unsigned char* __restrict__ W, co
                     if (t < T) {
                         float acc = 0.0f;
 #pragma unroll
-                        for (int q = 0; q < DMV_CONV_WINDOW; q++) {
+                        for (int q = 0; q < DECODE_CONV_WINDOW; q++) {
                             if (q < cK) {
                                 int w = t + q;
-                                float v = w < past ? cs[w < DMV_CONV_WINDOW ? w : 0] : a[w - past < NT ? w - past : 0];
+                                float v = w < past ? cs[w < DECODE_CONV_WINDOW ? w : 0] : a[w - past < NT ? w - past : 0];
                                 acc += wk[q] * v;
                             }
                         }
@@ -299,11 +298,11 @@ __device__ __forceinline__ void dmv_impl(const unsigned char* __restrict__ W, co
                 // T is 1 in the single-token kernels: the indices below are then constants.
                 int tt = NT == 1 ? 1 : T;
 #pragma unroll
-                for (int q = 0; q < DMV_CONV_WINDOW; q++) {
+                for (int q = 0; q < DECODE_CONV_WINDOW; q++) {
                     if (q < past) {
                         int w = tt + q;
                         cstate[(size_t)q * cC + j] =
-                            w < past ? cs[w < DMV_CONV_WINDOW ? w : 0] : a[w - past < NT ? w - past : 0];
+                            w < past ? cs[w < DECODE_CONV_WINDOW ? w : 0] : a[w - past < NT ? w - past : 0];
                     }
                 }
             } else if (live && sl == 0) {
@@ -336,21 +335,20 @@ __device__ __forceinline__ void dmv_impl(const unsigned char* __restrict__ W, co
 extern "C" __global__ void __launch_bounds__(256) dmv_bf16_t1(DMV_ARGS) { dmv_impl<0, 1, false>(DMV_PASS, DMV_NOCONV); }
 extern "C" __global__ void __launch_bounds__(256) dmv_q8_t1(DMV_ARGS) { dmv_impl<1, 1, false>(DMV_PASS, DMV_NOCONV); }
 extern "C" __global__ void __launch_bounds__(256) dmv_q4_t1(DMV_ARGS) { dmv_impl<2, 1, false>(DMV_PASS, DMV_NOCONV); }
-extern "C" __global__ void __launch_bounds__(256) dmv_bf16_t8(DMV_ARGS) { dmv_impl<0, MV_MAX_T, false>(DMV_PASS, DMV_NOCONV); }
-extern "C" __global__ void __launch_bounds__(256) dmv_q8_t8(DMV_ARGS) { dmv_impl<1, MV_MAX_T, false>(DMV_PASS, DMV_NOCONV); }
-extern "C" __global__ void __launch_bounds__(256) dmv_q4_t8(DMV_ARGS) { dmv_impl<2, MV_MAX_T, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) dmv_bf16_t8(DMV_ARGS) { dmv_impl<0, MATVEC_MAX_TOKENS, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) dmv_q8_t8(DMV_ARGS) { dmv_impl<1, MATVEC_MAX_TOKENS, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) dmv_q4_t8(DMV_ARGS) { dmv_impl<2, MATVEC_MAX_TOKENS, false>(DMV_PASS, DMV_NOCONV); }
 #define DMVC_ARGS DMV_ARGS, float *__restrict__ cstate, const float *__restrict__ cw, int cK, int cC
 #define DMVC_PASS DMV_PASS, cstate, cw, cK, cC
 extern "C" __global__ void __launch_bounds__(256) dmvc_bf16_t1(DMVC_ARGS) { dmv_impl<0, 1, true>(DMVC_PASS); }
 extern "C" __global__ void __launch_bounds__(256) dmvc_q8_t1(DMVC_ARGS) { dmv_impl<1, 1, true>(DMVC_PASS); }
 extern "C" __global__ void __launch_bounds__(256) dmvc_q4_t1(DMVC_ARGS) { dmv_impl<2, 1, true>(DMVC_PASS); }
-extern "C" __global__ void __launch_bounds__(256) dmvc_bf16_t8(DMVC_ARGS) { dmv_impl<0, MV_MAX_T, true>(DMVC_PASS); }
-extern "C" __global__ void __launch_bounds__(256) dmvc_q8_t8(DMVC_ARGS) { dmv_impl<1, MV_MAX_T, true>(DMVC_PASS); }
-extern "C" __global__ void __launch_bounds__(256) dmvc_q4_t8(DMVC_ARGS) { dmv_impl<2, MV_MAX_T, true>(DMVC_PASS); }
+extern "C" __global__ void __launch_bounds__(256) dmvc_bf16_t8(DMVC_ARGS) { dmv_impl<0, MATVEC_MAX_TOKENS, true>(DMVC_PASS); }
+extern "C" __global__ void __launch_bounds__(256) dmvc_q8_t8(DMVC_ARGS) { dmv_impl<1, MATVEC_MAX_TOKENS, true>(DMVC_PASS); }
+extern "C" __global__ void __launch_bounds__(256) dmvc_q4_t8(DMVC_ARGS) { dmv_impl<2, MATVEC_MAX_TOKENS, true>(DMVC_PASS); }
 
 // ---- Mixture of experts, decode (MODEL_MATH §1.6) ----
 
-#define MOE_MAX_K 32  // top-k the decode kernels hold in shared memory
 #define DOWN_BATCH 8  // chunks per lane in flight in the down projections
 
 // Routing of one token by one warp (MODEL_MATH §1.6): softmax over the E logits in `row`, top-k
@@ -420,8 +418,8 @@ __device__ __forceinline__ void dmoe_gate_up_impl(const unsigned char* __restric
                                                   float* __restrict__ wt, int k, int I, int Is, int H,
                                                   float* __restrict__ act, float* __restrict__ act_s) {
     extern __shared__ __align__(16) unsigned char dsm[];
-    __shared__ int sidx[MV_MAX_T * MOE_MAX_K];
-    __shared__ float swt[MV_MAX_T * MOE_MAX_K];
+    __shared__ int sidx[MATVEC_MAX_TOKENS * MOE_MAX_K];
+    __shared__ float swt[MATVEC_MAX_TOKENS * MOE_MAX_K];
     // Every block routes the tokens itself (warp t, token t; the other warps start staging
     // meanwhile); block 0 publishes the choice for the down projections.
     {
@@ -506,9 +504,9 @@ __device__ __forceinline__ void dmoe_down_impl(const unsigned char* __restrict__
                                                const float* __restrict__ sg, int ldsg, int T, int k, int I, int Is,
                                                int H, float* __restrict__ h, int ldh, int accumulate) {
     extern __shared__ __align__(16) unsigned char dsm[];
-    __shared__ int sidx[MV_MAX_T * MOE_MAX_K];
-    __shared__ float swt[MV_MAX_T * MOE_MAX_K];
-    __shared__ float ssg[MV_MAX_T];
+    __shared__ int sidx[MATVEC_MAX_TOKENS * MOE_MAX_K];
+    __shared__ float swt[MATVEC_MAX_TOKENS * MOE_MAX_K];
+    __shared__ float ssg[MATVEC_MAX_TOKENS];
     for (int e = threadIdx.x; e < T * k; e += blockDim.x) {
         sidx[e] = idx[e];
         swt[e] = wt[e];

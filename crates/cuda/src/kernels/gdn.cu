@@ -37,7 +37,6 @@ extern "C" __global__ void gdn_conv_state(const float* __restrict__ proj, int ld
     }
 }
 
-#define GDN_MAX_DK 128
 
 // One block per v-head h, thread j owns column j of S_h [d_k, d_v] in registers.
 // Per token: l2-normalise q, k of key head h/ρ; β = sigmoid(b); α = exp(−exp(A_log)·softplus(a + dt_bias));
@@ -107,7 +106,7 @@ extern "C" __global__ void gdn_recurrent(const float* __restrict__ u, int C,
         if (own && i < dk) S[(size_t)i * dv + j] = s[i];
 }
 
-// ---- Decode after a fused conv (T ≤ MV_MAX_T tokens): one block per value head ----
+// ---- Decode after a fused conv (T ≤ MATVEC_MAX_TOKENS tokens): one block per value head ----
 // `u` rows hold the conv outputs [q (n_k·d_k) | k | v (n_v·d_v)] followed by z, b, a (the
 // in_proj matvec applied the conv, dmvc_*). Block h holds S_h [d_k, d_v] in shared memory;
 // thread (rg, j) owns column j over rows [rg·d_k/R, (rg+1)·d_k/R). Arithmetic as gdn_recurrent.
@@ -207,10 +206,6 @@ extern "C" __global__ void __launch_bounds__(1024) gdn_heads(
 // rows that a quarter-warp reads at 8 different row starts without bank conflicts); gdn.rs
 // chooses it. Records are [n_v][⌈T/CH⌉] in that order.
 
-#define GDN_CHUNK 64
-#define GDN_PREP_THREADS 256
-#define GDN_SCAN_THREADS 512
-#define GDN_SCAN_COLS 32
 
 // e^x for the non-positive log-decays: 0 below e^-87, where f32 leaves the normal range.
 __device__ __forceinline__ float decay_exp(float x) { return x < -87.0f ? 0.0f : expf(x); }

@@ -1,9 +1,8 @@
 // y = x·Wᵀ with W [rows, cols] row-major in one weight format (common.cuh) and f32
 // activations (MODEL_MATH: every linear layer is stored [out, in]). `accumulate` adds into y.
 
-#define MV_MAX_T 8
 
-// Decode and small batches (T <= MV_MAX_T): one warp per weight row, 16-byte code loads, the
+// Decode and small batches (T <= MATVEC_MAX_TOKENS): one warp per weight row, 16-byte code loads, the
 // row read once for all T tokens. Block = 256 threads = 8 rows. `vec`: cols a whole number of
 // chunks and x rows 16-byte aligned.
 template <int FMT>
@@ -16,9 +15,9 @@ __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ W,
     if (r >= rows) return;
     const unsigned char* w = W + (size_t)r * WF<FMT>::row_bytes(cols);
     const unsigned short* s = S + (size_t)r * (cols >> 5);
-    float acc[MV_MAX_T];
+    float acc[MATVEC_MAX_TOKENS];
 #pragma unroll
-    for (int t = 0; t < MV_MAX_T; t++) acc[t] = 0.0f;
+    for (int t = 0; t < MATVEC_MAX_TOKENS; t++) acc[t] = 0.0f;
     if (vec) {
         int chunks = cols / V;
 #pragma unroll 2
@@ -26,19 +25,19 @@ __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ W,
             float wf[V];
             load_chunk<FMT>(w, s, ch, wf);
 #pragma unroll
-            for (int t = 0; t < MV_MAX_T; t++)
+            for (int t = 0; t < MATVEC_MAX_TOKENS; t++)
                 if (t < T) acc[t] += dot_chunk<V>(wf, x + (size_t)t * ldx + (size_t)ch * V);
         }
     } else {
         for (int c = lane; c < cols; c += 32) {
             float wv = load_one<FMT>(w, s, c);
 #pragma unroll
-            for (int t = 0; t < MV_MAX_T; t++)
+            for (int t = 0; t < MATVEC_MAX_TOKENS; t++)
                 if (t < T) acc[t] += wv * x[(size_t)t * ldx + c];
         }
     }
 #pragma unroll
-    for (int t = 0; t < MV_MAX_T; t++) {
+    for (int t = 0; t < MATVEC_MAX_TOKENS; t++) {
         if (t < T) {
             float sum = warp_sum(acc[t]);
             if (lane == 0) {

@@ -95,6 +95,69 @@ macro_rules! kernels {
     };
 }
 
+/// Declares constants that Rust and the CUDA C both use: each becomes a `pub const` here and a
+/// `#define` line of the prelude NVRTC compiles before the sources, so the two cannot drift.
+macro_rules! shared_constants {
+    ($($(#[$meta:meta])* $name:ident = $value:expr;)*) => {
+        $($(#[$meta])* pub const $name: usize = $value;)*
+
+        /// Every shared constant by name, as the prelude defines it.
+        pub const SHARED_CONSTANTS: &[(&str, usize)] = &[$((stringify!($name), $name)),*];
+    };
+}
+
+shared_constants! {
+    /// The most tokens a forward pass runs through the decode kernels (matvec, decode MoE,
+    /// flash-decoding attention, GDN heads); larger passes take the prefill path.
+    MATVEC_MAX_TOKENS = 8;
+    /// Keys per flash-decoding split (`attention_decode_split`).
+    ATTN_SPLIT_KEYS = 32;
+    /// Rows (query heads × tokens) of one tiled prefill attention block.
+    ATTN_PREFILL_ROWS = 64;
+    /// Keys per tile of the tiled prefill attention.
+    ATTN_PREFILL_KEYS = 32;
+    /// Key blocks per `qsa_scores` block (a warp each).
+    QSA_WARPS = 8;
+    /// Threads of a `qsa_pick` block.
+    QSA_PICK_THREADS = 512;
+    /// The most experts per token the decode MoE kernels hold in shared memory.
+    MOE_MAX_K = 32;
+    /// The largest d_k the token-serial GDN recurrence holds in registers.
+    GDN_MAX_DK = 128;
+    /// Tokens per chunk of the chunked GDN prefill (the CPU's `gdn_chunked::CHUNK`).
+    GDN_CHUNK = 64;
+    /// Threads of `gdn_chunk_prep`.
+    GDN_PREP_THREADS = 256;
+    /// Threads of `gdn_chunk_scan`.
+    GDN_SCAN_THREADS = 512;
+    /// Columns of S per `gdn_chunk_scan` block.
+    GDN_SCAN_COLS = 32;
+    /// Tokens of the tensor-core GEMM block tile (and of a grouped-GEMM tile).
+    TENSOR_GEMM_TOKENS = 64;
+    /// Weight rows of the tensor-core GEMM block tile.
+    TENSOR_GEMM_ROWS = 128;
+    /// Stages of the tensor-core GEMM's `cp.async` pipeline.
+    TENSOR_GEMM_STAGES = 4;
+    /// Conv rows (K − 1 + T) the decode matvec's fused GDN conv epilogue holds.
+    DECODE_CONV_WINDOW = 16;
+}
+
+/// The `#define` lines of every shared constant, compiled before the sources.
+pub fn prelude() -> String {
+    let mut out = String::from("// Generated from spindle_cuda::kernels::SHARED_CONSTANTS.\n");
+    for (name, value) in SHARED_CONSTANTS {
+        out.push_str(&format!("#define {name} {value}\n"));
+    }
+    out
+}
+
+/// The whole program NVRTC compiles: the prelude, then every source file.
+pub fn program() -> String {
+    let mut out = prelude();
+    out.push_str(&SOURCES.join("\n"));
+    out
+}
+
 pub mod attention;
 pub mod attn_prefill;
 pub mod decode;
@@ -106,7 +169,7 @@ pub mod qwen4;
 pub mod tgemm;
 
 /// The CUDA C sources, concatenated into one program (after the generated prelude).
-pub(crate) const SOURCES: &[&str] = &[
+const SOURCES: &[&str] = &[
     include_str!("common.cuh"),
     include_str!("linear.cu"),
     include_str!("decode.cu"),
@@ -299,5 +362,40 @@ impl Launch {
     pub fn elementwise(n: usize) -> Self {
         let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
         Launch::new((blocks, 1, 1), 256, 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shared constant is defined by the prelude alone: a `#define` of it in a source file
+    /// would be a second copy (and NVRTC would only warn when they differ).
+    #[test]
+    fn sources_do_not_redefine_shared_constants() {
+        for source in SOURCES {
+            for line in source.lines() {
+                if let Some(rest) = line.trim().strip_prefix("#define ") {
+                    let name = rest.split_whitespace().next().unwrap_or("");
+                    assert!(
+                        SHARED_CONSTANTS.iter().all(|(n, _)| *n != name),
+                        "{name} is a shared constant (kernels/mod.rs) but a source defines it: {line}"
+                    );
+                }
+            }
+        }
+        let prelude = prelude();
+        for (name, value) in SHARED_CONSTANTS {
+            assert!(prelude.contains(&format!("#define {name} {value}\n")));
+        }
+    }
+
+    #[test]
+    fn kernel_names_are_unique() {
+        let mut names: Vec<&str> = declared().map(|k| k.name).collect();
+        let count = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), count, "a kernel is declared twice");
     }
 }

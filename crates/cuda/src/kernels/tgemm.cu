@@ -15,10 +15,7 @@
 // (expert, first, count) per blockIdx.y over `order` (pair ids sorted by expert, moe_sort);
 // A row = pair / a_div, Y row = pair, and expert e's weights are rows e·N .. e·N + N − 1.
 
-#define TG_M 64
-#define TG_N 128
 #define TG_K 32
-#define TG_STAGES 4
 
 // Staged row strides in bytes, padded so that the fragment loads of a warp hit 32 distinct
 // banks (rows of 48 and 80 bytes step 12 and 20 words).
@@ -29,8 +26,8 @@ struct TgLayout {
     static constexpr int A_PLANES = FMT == 0 ? 3 : 1;  // bf16: hi, mid, lo
     static constexpr int A_CHUNKS = FMT == 0 ? 4 : 2;  // 16-byte chunks per staged A row
     static constexpr int B_CHUNKS = FMT == 0 ? 4 : (FMT == 1 ? 2 : 1);
-    static constexpr int A_BYTES = TG_M * A_ROW * A_PLANES;
-    static constexpr int STAGE = A_BYTES + TG_N * B_ROW;
+    static constexpr int A_BYTES = TENSOR_GEMM_TOKENS * A_ROW * A_PLANES;
+    static constexpr int STAGE = A_BYTES + TENSOR_GEMM_ROWS * B_ROW;
 };
 
 __device__ __forceinline__ unsigned short f32_to_bf16_rn(float f) {
@@ -118,20 +115,20 @@ __device__ __forceinline__ void tg_load(unsigned char* st, const unsigned char* 
     int tid = threadIdx.x, k0 = kt * TG_K;
     const int elem = FMT == 0 ? 2 : 1;         // bytes per activation / bf16 weight
     const int per_chunk = 16 / elem;           // values per 16-byte chunk
-    for (int e = tid; e < TG_M * L::A_CHUNKS * L::A_PLANES; e += blockDim.x) {
-        int plane = e / (TG_M * L::A_CHUNKS);
-        int rem = e - plane * TG_M * L::A_CHUNKS;
+    for (int e = tid; e < TENSOR_GEMM_TOKENS * L::A_CHUNKS * L::A_PLANES; e += blockDim.x) {
+        int plane = e / (TENSOR_GEMM_TOKENS * L::A_CHUNKS);
+        int rem = e - plane * TENSOR_GEMM_TOKENS * L::A_CHUNKS;
         int r = rem / L::A_CHUNKS, ch = rem - r * L::A_CHUNKS;
         int kb = k0 + ch * per_chunk;
         int src = a_row[r];
         bool ok = src >= 0 && kb < K;
         // A row src holds its planes one after another (bf16: hi, mid, lo).
         const unsigned char* g = ok ? A + ((size_t)src * K * L::A_PLANES + (size_t)plane * K + kb) * elem : A;
-        cp_async16_zfill(st + plane * TG_M * L::A_ROW + r * L::A_ROW + ch * 16, g, ok);
+        cp_async16_zfill(st + plane * TENSOR_GEMM_TOKENS * L::A_ROW + r * L::A_ROW + ch * 16, g, ok);
     }
     unsigned char* bs = st + L::A_BYTES;
     size_t rb = FMT == 0 ? (size_t)K * 2 : (FMT == 1 ? (size_t)K : (size_t)K / 2);
-    for (int e = tid; e < TG_N * L::B_CHUNKS; e += blockDim.x) {
+    for (int e = tid; e < TENSOR_GEMM_ROWS * L::B_CHUNKS; e += blockDim.x) {
         int r = e / L::B_CHUNKS, ch = e - r * L::B_CHUNKS;
         int n = n0 + r;
         size_t off = FMT == 0 ? (size_t)(k0 + ch * 8) * 2 : (FMT == 1 ? (size_t)(k0 + ch * 16) : (size_t)(k0 / 2));
@@ -169,24 +166,24 @@ __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, 
 #if __CUDA_ARCH__ >= 800
     typedef TgLayout<FMT> L;
     extern __shared__ __align__(16) unsigned char tg_smem[];
-    __shared__ int a_row[TG_M], y_row[TG_M];
+    __shared__ int a_row[TENSOR_GEMM_TOKENS], y_row[TENSOR_GEMM_TOKENS];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int wm = warp & 1, wn = warp >> 1;  // warp tile: rows wm·32.., weight rows wn·32..
     int g8 = lane >> 2, tig = lane & 3;
-    int n0 = blockIdx.x * TG_N;
+    int n0 = blockIdx.x * TENSOR_GEMM_ROWS;
     size_t w_row0 = 0;
     if (tiles) {
         const int* t = tiles + 3 * blockIdx.y;
         int expert = t[0], first = t[1], count = t[2];
         if (count == 0) return;  // past the used tiles (whole block)
         w_row0 = (size_t)expert * N;
-        if (tid < TG_M) {
+        if (tid < TENSOR_GEMM_TOKENS) {
             int pair = tid < count ? order[first + tid] : -1;
             a_row[tid] = pair >= 0 ? pair / a_div : -1;
             y_row[tid] = pair;
         }
-    } else if (tid < TG_M) {
-        int m = blockIdx.y * TG_M + tid;
+    } else if (tid < TENSOR_GEMM_TOKENS) {
+        int m = blockIdx.y * TENSOR_GEMM_TOKENS + tid;
         a_row[tid] = m < M ? m : -1;
         y_row[tid] = a_row[tid];
     }
@@ -213,19 +210,19 @@ __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, 
     float xd_next[2][2];
     if (FMT != 0) tg_fetch_scales(S, (const float*)Aaux, w_row0, n0, N, groups, xrow, 0, ws_next, xd_next);
 #pragma unroll
-    for (int s = 0; s < TG_STAGES - 1; s++) {
+    for (int s = 0; s < TENSOR_GEMM_STAGES - 1; s++) {
         if (s < KT) tg_load<FMT>(tg_smem + s * L::STAGE, A, W, a_row, w_row0, n0, N, K, s);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int kt = 0; kt < KT; kt++) {
-        cp_async_wait_pending<TG_STAGES - 2>();
+        cp_async_wait_pending<TENSOR_GEMM_STAGES - 2>();
         __syncthreads();
-        int next = kt + TG_STAGES - 1;
+        int next = kt + TENSOR_GEMM_STAGES - 1;
         if (next < KT)
-            tg_load<FMT>(tg_smem + (next % TG_STAGES) * L::STAGE, A, W, a_row, w_row0, n0, N, K, next);
+            tg_load<FMT>(tg_smem + (next % TENSOR_GEMM_STAGES) * L::STAGE, A, W, a_row, w_row0, n0, N, K, next);
         asm volatile("cp.async.commit_group;\n" ::);
 
-        const unsigned char* as = tg_smem + (kt % TG_STAGES) * L::STAGE;
+        const unsigned char* as = tg_smem + (kt % TENSOR_GEMM_STAGES) * L::STAGE;
         const unsigned char* bs = as + L::A_BYTES;
         if (FMT == 0) {
 #pragma unroll
@@ -239,7 +236,7 @@ __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, 
                         int off = (r + 8 * (q & 1)) * L::A_ROW + h * 32 + 16 * (q >> 1) + tig * 4;
 #pragma unroll
                         for (int pl = 0; pl < 3; pl++)
-                            ap[pl][mi][q] = *(const unsigned int*)(as + pl * TG_M * L::A_ROW + off);
+                            ap[pl][mi][q] = *(const unsigned int*)(as + pl * TENSOR_GEMM_TOKENS * L::A_ROW + off);
                     }
                 }
 #pragma unroll
@@ -328,7 +325,7 @@ extern "C" __global__ void __launch_bounds__(256) tgemm_q4(TGEMM_ARGS) { tgemm_i
 
 // Sorts the `pairs` (token, expert) pairs by expert for the grouped GEMMs: `order` lists the
 // pair ids of expert 0, then of expert 1, ...; tiles[3j ..] = (expert, first index into order,
-// count ≤ TG_M) for the used tiles and count 0 for the rest up to max_tiles. One block; the
+// count ≤ TENSOR_GEMM_TOKENS) for the used tiles and count 0 for the rest up to max_tiles. One block; the
 // order within an expert varies from run to run, which no result depends on (each output row
 // is computed from its own input row alone).
 extern "C" __global__ void moe_sort(const int* __restrict__ idx, int pairs, int E, int* __restrict__ order,
@@ -349,17 +346,17 @@ extern "C" __global__ void moe_sort(const int* __restrict__ idx, int pairs, int 
             start[e] = s;
             tstart[e] = ts;
             s += count[e];
-            ts += (count[e] + TG_M - 1) / TG_M;
+            ts += (count[e] + TENSOR_GEMM_TOKENS - 1) / TENSOR_GEMM_TOKENS;
         }
         used = ts;
     }
     __syncthreads();
     for (int e = tid; e < E; e += blockDim.x)
-        for (int j = 0; j * TG_M < count[e]; j++) {
+        for (int j = 0; j * TENSOR_GEMM_TOKENS < count[e]; j++) {
             int* t = tiles + 3 * (tstart[e] + j);
             t[0] = e;
-            t[1] = start[e] + j * TG_M;
-            t[2] = min(TG_M, count[e] - j * TG_M);
+            t[1] = start[e] + j * TENSOR_GEMM_TOKENS;
+            t[2] = min(TENSOR_GEMM_TOKENS, count[e] - j * TENSOR_GEMM_TOKENS);
         }
     for (int t = used + tid; t < max_tiles; t += blockDim.x) {
         tiles[3 * t] = 0;
