@@ -2,12 +2,12 @@
 //!
 //! QSA (MODEL_MATH §4.4) runs on the device as well, so a qwen4_exp decode step is captured
 //! in a CUDA graph like any other. The indexer's projection is fused into the layer's `qkv`
-//! matrix; `qsa_prep` norms and rotates the indexer queries, stores each raw key in the
+//! matrix; `qsa_prepare` norms and rotates the indexer queries, stores each raw key in the
 //! layer's [`IndexerCache`](crate::session::IndexerCache) and finishes a block key once its
-//! last position is seen; `qsa_scores` scores every complete block for each token (its grid
-//! covers the cache's capacity, blocks past the position exit); `qsa_pick` keeps the top
+//! last position is seen; `qsa_score_blocks` scores every complete block for each token (its grid
+//! covers the cache's capacity, blocks past the position exit); `qsa_pick_blocks` keeps the top
 //! blocks (ties to the earlier one), as the CPU engine's `qsa::select`, and writes the
-//! ascending position lists `attn_decode` reads.
+//! ascending position lists `attention_serial` reads.
 
 use spindle_model::{ModelConfig, QsaConfig};
 
@@ -107,7 +107,7 @@ pub fn forward(
     reserve(dev, cache, start + tokens, ctx.config)?;
     let q = dev.scratch::<f32>(tokens * n_h * d)?;
     let gate = dev.scratch::<f32>(tokens * n_h * d)?;
-    kernels::attention::AttnPrep::launch(
+    kernels::attention::AttentionPrepare::launch(
         dev,
         Launch::new(
             (tokens as u32, (n_h + n_kv) as u32, 1),
@@ -152,10 +152,10 @@ pub fn forward(
             + n_h / n_kv * ATTN_SPLIT_KEYS);
     let splits = cache.capacity.div_ceil(ATTN_SPLIT_KEYS);
     if flash
-        && split_shared <= dev.shared_limit("attn_split")
-        && 4 * splits <= dev.shared_limit("attn_combine")
+        && split_shared <= dev.shared_limit(kernels::attention::AttentionDecodeSplit::NAME)
+        && 4 * splits <= dev.shared_limit(kernels::attention::AttentionDecodeCombine::NAME)
     {
-        kernels::attention::AttnSplit::launch(
+        kernels::attention::AttentionDecodeSplit::launch(
             dev,
             Launch::new(
                 (n_kv as u32, splits as u32, tokens as u32),
@@ -174,7 +174,7 @@ pub fn forward(
             p(start_dev),
             1.0 / (d as f32).sqrt(),
         )?;
-        kernels::attention::AttnCombine::launch(
+        kernels::attention::AttentionDecodeCombine::launch(
             dev,
             Launch::new((n_h as u32, tokens as u32, 1), 256, (4 * splits) as u32),
             cache.partials.arg(),
@@ -234,11 +234,11 @@ pub(crate) fn attend_tiled(
     let shared = 4
         * ((ATTN_PREFILL_ROWS + 2 * ATTN_PREFILL_KEYS) * (h.d + 4)
             + ATTN_PREFILL_ROWS * (ATTN_PREFILL_KEYS + 1));
-    if shared > dev.shared_limit("attn_prefill") {
+    if shared > dev.shared_limit(kernels::attention::AttentionPrefillTiled::NAME) {
         return Ok(false);
     }
     let per = ATTN_PREFILL_ROWS / (h.n_h / h.n_kv);
-    kernels::attn_prefill::AttnPrefill::launch(
+    kernels::attention::AttentionPrefillTiled::launch(
         dev,
         Launch::new(
             (tokens.div_ceil(per) as u32, h.n_kv as u32, 1),
@@ -260,7 +260,7 @@ pub(crate) fn attend_tiled(
     Ok(true)
 }
 
-/// Attention through `attn_decode` (a block per (token, head)): over the causal prefix, or,
+/// Attention through `attention_serial` (a block per (token, head)): over the causal prefix, or,
 /// with `sel = Some((positions, counts, stride))`, over each token's selected positions.
 pub(crate) fn attend_serial(
     dev: &Device,
@@ -276,7 +276,7 @@ pub(crate) fn attend_serial(
     start_dev: u64,
 ) -> Result<()> {
     let (sel, counts, stride) = sel.unwrap_or((0, 0, 0));
-    kernels::attention::AttnDecode::launch(
+    kernels::attention::AttentionSerial::launch(
         dev,
         Launch::new((tokens as u32, h.n_h as u32, 1), 128, 0),
         p(q),
@@ -296,7 +296,7 @@ pub(crate) fn attend_serial(
     )
 }
 
-/// The positions each token attends to, as `attn_decode` reads them.
+/// The positions each token attends to, as `attention_serial` reads them.
 struct Selection {
     /// `[tokens, stride]` (i32), ascending; the first `counts[t]` of row t are valid.
     positions: DevBuf<i32>,
@@ -325,7 +325,7 @@ fn select(
         .expect("a QSA layer's cache has an indexer (both follow the config)");
     let (n_i, d_i, cr) = (q.n_heads, q.head_dim, q.compress_ratio);
     let queries = dev.scratch::<f32>(tokens * n_i * d_i)?;
-    kernels::attention::QsaPrep::launch(
+    kernels::attention::QsaPrepare::launch(
         dev,
         Launch::new(
             (tokens as u32, (n_i + 1) as u32, 1),
@@ -364,7 +364,7 @@ fn select(
     };
     for t0 in (0..tokens).step_by(SCORE_TOKENS) {
         let rows = SCORE_TOKENS.min(tokens - t0);
-        kernels::attention::QsaScores::launch(
+        kernels::attention::QsaScoreBlocks::launch(
             dev,
             Launch::new(
                 (scored.div_ceil(QSA_WARPS).max(1) as u32, rows as u32, 1),
@@ -384,7 +384,7 @@ fn select(
             p(start_dev),
             1.0 / (d_i as f32).sqrt(),
         )?;
-        kernels::attention::QsaPick::launch(
+        kernels::attention::QsaPickBlocks::launch(
             dev,
             Launch::new((rows as u32, 1, 1), QSA_PICK_THREADS as u32, 0),
             indexer.scores.arg(),
@@ -407,7 +407,7 @@ fn select(
     })
 }
 
-/// The positions `qsa_pick` selects for one token that sees `visible` positions, from
+/// The positions `qsa_pick_blocks` selects for one token that sees `visible` positions, from
 /// `scores` of its ⌊visible / cr⌋ complete blocks (host data in and out; for a GPU test
 /// against the CPU engine's selection).
 #[doc(hidden)]
@@ -426,7 +426,7 @@ pub fn qsa_pick_on_host(
     let stride = selection_stride(q);
     let positions = dev.zeros::<i32>(stride)?;
     let counts = dev.zeros::<i32>(1)?;
-    kernels::attention::QsaPick::launch(
+    kernels::attention::QsaPickBlocks::launch(
         dev,
         Launch::new((1, 1, 1), QSA_PICK_THREADS as u32, 0),
         scores.arg(),

@@ -7,7 +7,7 @@ use spindle_model::ModelConfig;
 
 use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::kernels::decode::{DecodeMoeDown, DecodeMoeGateUp};
+use crate::kernels::moe::{DecodeMoeDown, DecodeMoeGateUp};
 use crate::kernels::moe::{MoeDown, MoeGateUp};
 use crate::kernels::{self, i, p, Launch, MATVEC_MAX_TOKENS, MOE_MAX_K};
 use crate::linear::{
@@ -435,7 +435,7 @@ pub(crate) fn routed_experts(
     if tokens > MATVEC_MAX_TOKENS
         && tensor_gemm_ok(dev, gu.fmt, hidden)
         && tensor_gemm_ok(dev, down.fmt, inter)
-        && 3 * 4 * r.experts <= dev.shared_limit(kernels::tgemm::MoeSort::NAME)
+        && 3 * 4 * r.experts <= dev.shared_limit(kernels::moe::MoeGroupByExpert::NAME)
     {
         return routed_grouped(dev, gu, down, r, x, y);
     }
@@ -507,7 +507,7 @@ fn routed_grouped(
     let max_tiles = pairs.div_ceil(GROUP_TILE) + r.experts.min(pairs);
     let order = dev.scratch::<i32>(pairs)?;
     let tiles = dev.scratch::<i32>(3 * max_tiles)?;
-    kernels::tgemm::MoeSort::launch(
+    kernels::moe::MoeGroupByExpert::launch(
         dev,
         Launch::new((1, 1, 1), 1024, (3 * 4 * r.experts) as u32),
         r.idx.arg(),
@@ -554,7 +554,7 @@ fn routed_grouped(
         false,
         grouped(1, hidden),
     )?;
-    kernels::tgemm::MoeCombine::launch(
+    kernels::moe::MoeCombine::launch(
         dev,
         Launch::elementwise(r.tokens * hidden),
         out.arg(),

@@ -1,13 +1,13 @@
 //! Gated DeltaNet on the device (MODEL_MATH §1.5): one fused projection, the causal conv with
 //! its state, then the delta rule with the gated norm. What runs when:
-//! - decode (≤ 8 tokens): the conv fused into the projection's matvec, then `gdn_heads`, a
+//! - decode (≤ 8 tokens): the conv fused into the projection's matvec, then `gdn_decode_heads`, a
 //!   block per value head;
 //! - prefill (> 8 tokens): the conv (`gdn_conv`, a thread per token and channel, then
-//!   `gdn_conv_state` keeps the last rows), then the chunked form ("Chunked prefill form", chunks
+//!   `gdn_conv_state_update` keeps the last rows), then the chunked form ("Chunked prefill form", chunks
 //!   of 64 tokens as on the CPU): `gdn_chunk_prep` builds every chunk's state-independent
 //!   products in parallel, `gdn_chunk_scan` carries S through the chunks (a block per 32
 //!   columns of each S_h), `gdn_gated_norm` applies the output norm;
-//! - otherwise (decode whose projection is split across formats or whose shape `gdn_heads`
+//! - otherwise (decode whose projection is split across formats or whose shape `gdn_decode_heads`
 //!   refuses, prefill whose shape the chunked kernels refuse: d_k > 128 or too little shared
 //!   memory): `gdn_conv` then `gdn_recurrent`, token-serial.
 
@@ -64,7 +64,7 @@ pub fn forward(
             channels,
         )?;
         if fused {
-            kernels::gdn::GdnHeads::launch(
+            kernels::gdn::GdnDecodeHeads::launch(
                 dev,
                 Launch::new((nv as u32, 1, 1), threads, shared as u32),
                 u.arg(),
@@ -105,7 +105,7 @@ pub fn forward(
         i(channels),
         i(g.conv_kernel),
     )?;
-    kernels::gdn::GdnConvState::launch(
+    kernels::gdn::GdnConvStateUpdate::launch(
         dev,
         Launch::new((channels.div_ceil(128) as u32, 1, 1), 128, 0),
         proj.arg(),
@@ -250,8 +250,8 @@ impl ChunkShape {
                 + 3 * GDN_CHUNK * ldk
                 + GDN_CHUNK * GDN_SCAN_COLS
                 + dkp * GDN_SCAN_COLS);
-        (prep_shared <= dev.shared_limit("gdn_chunk_prep")
-            && scan_shared <= dev.shared_limit("gdn_chunk_scan"))
+        (prep_shared <= dev.shared_limit(kernels::gdn::GdnChunkPrep::NAME)
+            && scan_shared <= dev.shared_limit(kernels::gdn::GdnChunkScan::NAME))
         .then_some(ChunkShape {
             ldk,
             record,
@@ -357,7 +357,11 @@ fn heads_launch(dev: &Device, config: &ModelConfig, tokens: usize) -> Option<(u3
         return None;
     }
     let shared = 4 * (dk * dv + tokens * 2 * dk + 2 * tokens + r * dv + dv / dv.min(32));
-    (shared <= dev.shared_limit("gdn_heads")).then_some(((dv * r) as u32, r, shared))
+    (shared <= dev.shared_limit(kernels::gdn::GdnDecodeHeads::NAME)).then_some((
+        (dv * r) as u32,
+        r,
+        shared,
+    ))
 }
 
 /// The host-side operands of [`delta_rule_on_host`], for T tokens of one layer.

@@ -180,7 +180,7 @@ impl CudaEngine {
         let parts = &session.argmax_parts;
         let blocks = vocab.div_ceil(256).min(session::ARGMAX_BLOCKS);
         use kernels::{i, p};
-        kernels::decode::ArgmaxMulti::launch(
+        kernels::reduce::ArgmaxTwoStage::launch(
             &self.dev,
             kernels::Launch::new((blocks as u32, 1, 1), 256, 0),
             p(logits.ptr),
@@ -208,7 +208,7 @@ impl CudaEngine {
         for _ in 0..6 {
             self.dev.sync()?;
             let started = std::time::Instant::now();
-            kernels::elementwise::ReadProbe::launch(
+            kernels::reduce::ReadBandwidthProbe::launch(
                 &self.dev,
                 kernels::Launch::new((132 * 8, 1, 1), 512, 0),
                 buf.arg(),

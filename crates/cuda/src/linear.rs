@@ -11,9 +11,10 @@ use spindle_model::DType;
 
 use crate::device::{DevBuf, Device};
 use crate::error::{CudaError, Result};
-use crate::kernels::decode::{DecodeMatvec, DecodeMatvecConv};
-use crate::kernels::linear::{Gemm, Matvec};
-use crate::kernels::tgemm::TensorGemm;
+use crate::kernels::gemm::GemmSimt;
+use crate::kernels::gemm::GemmTensor;
+use crate::kernels::matvec::Matvec;
+use crate::kernels::matvec::{DecodeMatvec, DecodeMatvecConv};
 use crate::kernels::{
     self, i, p, Launch, DECODE_CONV_WINDOW, MATVEC_MAX_TOKENS, TENSOR_GEMM_ROWS,
     TENSOR_GEMM_STAGES, TENSOR_GEMM_TOKENS,
@@ -352,7 +353,7 @@ impl GemmActs {
             let a = dev.scratch::<u8>(rows * cols)?;
             let aux = dev.scratch::<u8>(rows * cols / 32 * 4)?;
             // One warp per group of 32.
-            kernels::tgemm::TgPrepQ::launch(
+            kernels::gemm::GemmTensorQuantizeActs::launch(
                 dev,
                 Launch::elementwise(rows * cols),
                 p(x),
@@ -371,7 +372,7 @@ impl GemmActs {
             })
         } else {
             let a = dev.scratch::<u8>(rows * 3 * cols * 2)?;
-            kernels::tgemm::TgPrepBf16::launch(
+            kernels::gemm::GemmTensorSplitActsBf16::launch(
                 dev,
                 Launch::elementwise(rows * cols),
                 p(x),
@@ -396,7 +397,7 @@ impl GemmActs {
 pub enum GemmRows {
     /// Rows `0..tokens` of the activations into rows `0..tokens` of y.
     Dense(usize),
-    /// MoE experts (`moe_sort`): `tiles` (expert, first, count) per 64-row tile over `order`
+    /// MoE experts (`moe_group_by_expert`): `tiles` (expert, first, count) per 64-row tile over `order`
     /// (pair ids sorted by expert), at most `max_tiles`; activation row = pair / `a_div`,
     /// output row = pair; expert e's weights are rows `e·rows .. (e+1)·rows` of the part.
     Grouped {
@@ -408,19 +409,19 @@ pub enum GemmRows {
     },
 }
 
-/// The rows of one grouped-GEMM tile (`moe_sort`).
+/// The rows of one grouped-GEMM tile (`moe_group_by_expert`).
 pub const GROUP_TILE: usize = TENSOR_GEMM_TOKENS;
 
-fn tensor_gemm_kernel(fmt: WFormat) -> TensorGemm {
+fn tensor_gemm_kernel(fmt: WFormat) -> GemmTensor {
     match fmt {
-        WFormat::Bf16 => TensorGemm::BF16,
-        WFormat::Q8 => TensorGemm::Q8,
-        WFormat::Q4 => TensorGemm::Q4,
+        WFormat::Bf16 => GemmTensor::BF16,
+        WFormat::Q8 => GemmTensor::Q8,
+        WFormat::Q4 => GemmTensor::Q4,
     }
 }
 
 /// Dynamic shared memory of one tensor-core GEMM block: 4 stages of staged A and B rows
-/// (`TgLayout` in tgemm.cu).
+/// (`TgLayout` in gemm.cu).
 fn tensor_gemm_shared(fmt: WFormat) -> usize {
     let (a_row, planes, b_row) = match fmt {
         WFormat::Bf16 => (80, 3, 80),
@@ -430,7 +431,7 @@ fn tensor_gemm_shared(fmt: WFormat) -> usize {
     TENSOR_GEMM_STAGES * (TENSOR_GEMM_TOKENS * a_row * planes + TENSOR_GEMM_ROWS * b_row)
 }
 
-/// `y[row·ldy + n] (+)= Σ_k acts[row, k]·W[n, k]` on the tensor cores (see tgemm.cu).
+/// `y[row·ldy + n] (+)= Σ_k acts[row, k]·W[n, k]` on the tensor cores (see gemm.cu).
 pub fn tensor_gemm(
     dev: &Device,
     w: &DevPart,
@@ -540,11 +541,11 @@ fn matvec_kernel(fmt: WFormat) -> Matvec {
     }
 }
 
-fn gemm_kernel(fmt: WFormat) -> Gemm {
+fn gemm_kernel(fmt: WFormat) -> GemmSimt {
     match fmt {
-        WFormat::Bf16 => Gemm::BF16,
-        WFormat::Q8 => Gemm::Q8,
-        WFormat::Q4 => Gemm::Q4,
+        WFormat::Bf16 => GemmSimt::BF16,
+        WFormat::Q8 => GemmSimt::Q8,
+        WFormat::Q4 => GemmSimt::Q4,
     }
 }
 
@@ -629,8 +630,8 @@ pub fn decode_linear(
         // Gate and up rows must sit in one block of one format.
         let half = rows.len() / 2;
         if let Some((part, first)) = w.part_of(rows.clone()) {
-            if dmv_fits(dev, part, &input, tokens) {
-                return dmv(dev, part, first, half, input, tokens, out, half);
+            if decode_matvec_fits(dev, part, &input, tokens) {
+                return decode_matvec(dev, part, first, half, input, tokens, out, half);
             }
         }
         return decode_fallback(dev, w, rows, input, tokens, out);
@@ -639,7 +640,7 @@ pub fn decode_linear(
     let fits = w
         .parts
         .iter()
-        .all(|(_, part)| dmv_fits(dev, part, &input, tokens));
+        .all(|(_, part)| decode_matvec_fits(dev, part, &input, tokens));
     if !fits {
         return decode_fallback(dev, w, rows, input, tokens, out);
     }
@@ -664,12 +665,12 @@ pub fn decode_linear(
             ..input
         };
         first_part = false;
-        dmv(dev, part, lo - row0, hi - lo, input, tokens, out, 0)?;
+        decode_matvec(dev, part, lo - row0, hi - lo, input, tokens, out, 0)?;
     }
     Ok(())
 }
 
-/// GDN's in_proj with the causal conv fused into the decode matvec (`dmvc_*`): outputs
+/// GDN's in_proj with the causal conv fused into the decode matvec (`decode_matvec_conv_*`): outputs
 /// `j < channels` become silu(conv) over `[conv_state rows | this step]` and `conv_state` keeps
 /// the last K − 1 raw rows; the rest are stored as they are. `false` (nothing launched) when
 /// the matrix is not one block the decode kernels can read.
@@ -691,7 +692,7 @@ pub fn decode_linear_conv(
     };
     if kernel == 0
         || kernel - 1 + tokens > DECODE_CONV_WINDOW
-        || !dmv_fits(dev, part, &input, tokens)
+        || !decode_matvec_fits(dev, part, &input, tokens)
     {
         return Ok(false);
     }
@@ -703,7 +704,7 @@ pub fn decode_linear_conv(
         (WFormat::Q8, _) => DecodeMatvecConv::Q8_T8,
         (WFormat::Q4, _) => DecodeMatvecConv::Q4_T8,
     };
-    let kernel = DmvKernel::Conv {
+    let kernel = DecodeMatvecKernel::Conv {
         kernel: conv,
         state: conv_state,
         weights: conv_w,
@@ -711,12 +712,12 @@ pub fn decode_linear_conv(
         channels,
     };
     let out = DecodeOut::Store { y, ldy };
-    dmv_launch(dev, kernel, part, 0, part.rows, input, tokens, out, 0)?;
+    decode_matvec_launch(dev, kernel, part, 0, part.rows, input, tokens, out, 0)?;
     Ok(true)
 }
 
 /// Whether the decode matvec can read `part` for this input.
-fn dmv_fits(dev: &Device, part: &DevPart, input: &DecodeIn, tokens: usize) -> bool {
+fn decode_matvec_fits(dev: &Device, part: &DevPart, input: &DecodeIn, tokens: usize) -> bool {
     let cols = part.cols;
     let layout = match part.fmt {
         WFormat::Bf16 => cols % 8 == 0,
@@ -731,10 +732,10 @@ fn dmv_fits(dev: &Device, part: &DevPart, input: &DecodeIn, tokens: usize) -> bo
             .is_none_or(|(w, _)| w.len() == cols && w.ptr() % 16 == 0)
         && input.normed_out % 16 == 0
         && staged_bytes(part.fmt, tokens, cols)
-            <= dev.shared_limit(dmv_kernel(part.fmt, tokens).name())
+            <= dev.shared_limit(decode_matvec_kernel(part.fmt, tokens).name())
 }
 
-fn dmv_kernel(fmt: WFormat, tokens: usize) -> DecodeMatvec {
+fn decode_matvec_kernel(fmt: WFormat, tokens: usize) -> DecodeMatvec {
     match (fmt, tokens) {
         (WFormat::Bf16, 1) => DecodeMatvec::BF16_T1,
         (WFormat::Q8, 1) => DecodeMatvec::Q8_T1,
@@ -748,7 +749,7 @@ fn dmv_kernel(fmt: WFormat, tokens: usize) -> DecodeMatvec {
 /// A decode matvec kernel; with the causal-conv epilogue, its arguments (state, weights
 /// `[channels, taps]`, taps, channels).
 #[derive(Clone, Copy)]
-enum DmvKernel {
+enum DecodeMatvecKernel {
     Plain(DecodeMatvec),
     Conv {
         kernel: DecodeMatvecConv,
@@ -759,18 +760,18 @@ enum DmvKernel {
     },
 }
 
-impl DmvKernel {
+impl DecodeMatvecKernel {
     fn name(self) -> &'static str {
         match self {
-            DmvKernel::Plain(k) => k.name(),
-            DmvKernel::Conv { kernel, .. } => kernel.name(),
+            DecodeMatvecKernel::Plain(k) => k.name(),
+            DecodeMatvecKernel::Conv { kernel, .. } => kernel.name(),
         }
     }
 }
 
 /// One decode matvec launch over `outs` outputs starting at row `first` of `part` (with
 /// `pair` > 0: SwiGLU of rows j and j + pair).
-fn dmv(
+fn decode_matvec(
     dev: &Device,
     part: &DevPart,
     first: usize,
@@ -780,9 +781,9 @@ fn dmv(
     out: DecodeOut,
     pair: usize,
 ) -> Result<()> {
-    dmv_launch(
+    decode_matvec_launch(
         dev,
-        DmvKernel::Plain(dmv_kernel(part.fmt, tokens)),
+        DecodeMatvecKernel::Plain(decode_matvec_kernel(part.fmt, tokens)),
         part,
         first,
         outs,
@@ -795,9 +796,9 @@ fn dmv(
 
 /// Launches decode matvec `kernel`.
 #[allow(clippy::too_many_arguments)]
-fn dmv_launch(
+fn decode_matvec_launch(
     dev: &Device,
-    kernel: DmvKernel,
+    kernel: DecodeMatvecKernel,
     part: &DevPart,
     first: usize,
     outs: usize,
@@ -834,7 +835,7 @@ fn dmv_launch(
     let codes = p(part.codes.ptr() + (first * rb) as u64);
     let scales = p(part.scales.ptr() + (first * rs * 2) as u64);
     match kernel {
-        DmvKernel::Plain(k) => k.launch(
+        DecodeMatvecKernel::Plain(k) => k.launch(
             dev,
             cfg,
             codes,
@@ -855,7 +856,7 @@ fn dmv_launch(
             i(ldg),
             i(lpr),
         ),
-        DmvKernel::Conv {
+        DecodeMatvecKernel::Conv {
             kernel,
             state,
             weights,

@@ -31,7 +31,7 @@ pub(crate) fn group_norm(
     group: usize,
     eps: f32,
 ) -> Result<()> {
-    kernels::elementwise::RmsNormZc::launch(
+    kernels::norm::RmsNormZeroCentred::launch(
         dev,
         Launch::new(
             (tokens as u32, groups as u32, 1),
@@ -91,7 +91,7 @@ pub fn enter(
     )?;
     let a = project(dev, &w.up, m.ptr(), w.lowrank, tokens)?;
     let x = dev.scratch::<f32>(tokens * hidden)?;
-    kernels::qwen4::HcMix::launch(
+    kernels::qwen4::HyperConnectionMix::launch(
         dev,
         Launch::elementwise(tokens * hidden),
         a.arg(),
@@ -115,7 +115,7 @@ pub fn inject(
     streams: usize,
     hidden: usize,
 ) -> Result<()> {
-    kernels::qwen4::HcInject::launch(
+    kernels::qwen4::HyperConnectionInject::launch(
         dev,
         Launch::elementwise(tokens * streams * hidden),
         hs.arg(),

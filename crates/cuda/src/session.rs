@@ -64,7 +64,7 @@ pub struct DecodeGraph {
     pub generation: u64,
 }
 
-/// Blocks of the device argmax (`argmax_multi`).
+/// Blocks of the device argmax (`argmax_two_stage`).
 pub const ARGMAX_BLOCKS: usize = 256;
 
 /// The state of one sequence on one device.

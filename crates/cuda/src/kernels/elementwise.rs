@@ -1,30 +1,56 @@
-//! The kernels of `elementwise.cu`.
+//! Launchers of the kernels in `elementwise.cu`.
 
 use super::Ptr;
 
 kernels! {
     EmbedBf16 = "embed_bf16"
-        (experts: Ptr<u16>, ids: Ptr<i32>, h: Ptr<f32>, tokens: i32, hidden: i32, streams: i32);
-    RmsNormZc = "rms_norm_zc"
-        (x: Ptr<f32>, ldx: i32, y: Ptr<f32>, ldy: i32, w: Ptr<f32>, group: i32, eps: f32);
+    (
+        experts: Ptr<u16>,
+        ids: Ptr<i32>,
+        h: Ptr<f32>,
+        tokens: i32,
+        hidden: i32,
+        streams: i32,
+    );
     AddInPlace = "add_in_place"
-        (y: Ptr<f32>, x: Ptr<f32>, n: i32);
+    (
+        y: Ptr<f32>,
+        x: Ptr<f32>,
+        n: i32,
+    );
     Swiglu = "swiglu"
-        (input: Ptr<f32>, ld: i32, gate_off: i32, up_off: i32, out: Ptr<f32>, tokens: i32, n: i32);
+    (
+        input: Ptr<f32>,
+        ld: i32,
+        gate_off: i32,
+        up_off: i32,
+        out: Ptr<f32>,
+        tokens: i32,
+        n: i32,
+    );
     SiluScaled = "silu_scaled"
-        (input: Ptr<f32>, ld: i32, scale: f32, out: Ptr<f32>, tokens: i32, n: i32);
+    (
+        input: Ptr<f32>,
+        ld: i32,
+        scale: f32,
+        out: Ptr<f32>,
+        tokens: i32,
+        n: i32,
+    );
     ScaleBySigmoid = "scale_by_sigmoid"
-        (y: Ptr<f32>, gate: Ptr<f32>, ld: i32, tokens: i32, n: i32);
-    ReadProbe = "read_probe"
-        (src: Ptr<u8>, n: u64, out: Ptr<u32>);
+    (
+        y: Ptr<f32>,
+        gate: Ptr<f32>,
+        ld: i32,
+        tokens: i32,
+        n: i32,
+    );
 }
 
 pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
     EmbedBf16::DECLS,
-    RmsNormZc::DECLS,
     AddInPlace::DECLS,
     Swiglu::DECLS,
     SiluScaled::DECLS,
     ScaleBySigmoid::DECLS,
-    ReadProbe::DECLS,
 ];

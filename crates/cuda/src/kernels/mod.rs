@@ -116,9 +116,9 @@ shared_constants! {
     ATTN_PREFILL_ROWS = 64;
     /// Keys per tile of the tiled prefill attention.
     ATTN_PREFILL_KEYS = 32;
-    /// Key blocks per `qsa_scores` block (a warp each).
+    /// Key blocks per `qsa_score_blocks` block (a warp each).
     QSA_WARPS = 8;
-    /// Threads of a `qsa_pick` block.
+    /// Threads of a `qsa_pick_blocks` block.
     QSA_PICK_THREADS = 512;
     /// The most experts per token the decode MoE kernels hold in shared memory.
     MOE_MAX_K = 32;
@@ -159,40 +159,42 @@ pub fn program() -> String {
 }
 
 pub mod attention;
-pub mod attn_prefill;
-pub mod decode;
 pub mod elementwise;
 pub mod gdn;
-pub mod linear;
+pub mod gemm;
+pub mod matvec;
 pub mod moe;
+pub mod norm;
 pub mod qwen4;
-pub mod tgemm;
+pub mod reduce;
 
-/// The CUDA C sources, concatenated into one program (after the generated prelude).
+/// The CUDA C sources, concatenated into one program (after the generated prelude) in this
+/// order: helpers first, each file after those it uses.
 const SOURCES: &[&str] = &[
     include_str!("common.cuh"),
-    include_str!("linear.cu"),
-    include_str!("decode.cu"),
-    include_str!("elementwise.cu"),
+    include_str!("decode_staging.cuh"),
+    include_str!("matvec.cu"),
+    include_str!("gemm.cu"),
     include_str!("moe.cu"),
+    include_str!("norm.cu"),
+    include_str!("elementwise.cu"),
+    include_str!("reduce.cu"),
     include_str!("gdn.cu"),
     include_str!("attention.cu"),
     include_str!("qwen4.cu"),
-    include_str!("tgemm.cu"),
-    include_str!("attn_prefill.cu"),
 ];
 
 /// Every declared kernel, by source file.
 const DECLARED: &[&[&[KernelDecl]]] = &[
-    linear::DECLARED,
-    decode::DECLARED,
-    elementwise::DECLARED,
+    matvec::DECLARED,
+    gemm::DECLARED,
     moe::DECLARED,
+    norm::DECLARED,
+    elementwise::DECLARED,
+    reduce::DECLARED,
     gdn::DECLARED,
     attention::DECLARED,
     qwen4::DECLARED,
-    tgemm::DECLARED,
-    attn_prefill::DECLARED,
 ];
 
 /// Every `extern "C" __global__` function the sources define, with its parameter list.

@@ -1,25 +1,74 @@
-//! The kernels of `qwen4.cu`.
+//! Launchers of the kernels in `qwen4.cu`.
 
 use super::Ptr;
 
 kernels! {
-    HcMix = "hc_mix"
-        (a: Ptr<f32>, normed: Ptr<f32>, x: Ptr<f32>, tokens: i32, n: i32, hidden: i32);
-    HcInject = "hc_inject"
-        (hs: Ptr<f32>, y: Ptr<f32>, o: Ptr<f32>, ld: i32, tokens: i32, n: i32, hidden: i32);
+    HyperConnectionMix = "hyper_connection_mix"
+    (
+        a: Ptr<f32>,
+        normed: Ptr<f32>,
+        x: Ptr<f32>,
+        tokens: i32,
+        n: i32,
+        hidden: i32,
+    );
+    HyperConnectionInject = "hyper_connection_inject"
+    (
+        hs: Ptr<f32>,
+        y: Ptr<f32>,
+        o: Ptr<f32>,
+        ld: i32,
+        tokens: i32,
+        n: i32,
+        hidden: i32,
+    );
     PleGates = "ple_gates"
-        (keys: Ptr<f32>, queries: Ptr<f32>, vals: Ptr<f32>, ldv: i32, gates: Ptr<f32>, n: i32, hidden: i32);
+    (
+        keys: Ptr<f32>,
+        queries: Ptr<f32>,
+        vals: Ptr<f32>,
+        ldv: i32,
+        gates: Ptr<f32>,
+        n: i32,
+        hidden: i32,
+    );
     PleConv = "ple_conv"
-        (hs: Ptr<f32>, gates: Ptr<f32>, normed: Ptr<f32>, state: Ptr<f32>, w: Ptr<f32>, tokens: i32, width: i32, taps: i32, dil: i32);
+    (
+        hs: Ptr<f32>,
+        gates: Ptr<f32>,
+        normed: Ptr<f32>,
+        state: Ptr<f32>,
+        w: Ptr<f32>,
+        tokens: i32,
+        width: i32,
+        taps: i32,
+        dil: i32,
+    );
     PleGather = "ple_gather"
-        (ids: Ptr<i32>, hist: Ptr<i32>, hash: Ptr<u64>, n: i32, heads_per_ngram: i32, eos: i32, table: Ptr<u8>, dtype: i32, dim: i32, eng: Ptr<f32>);
+    (
+        ids: Ptr<i32>,
+        hist: Ptr<i32>,
+        hash: Ptr<u64>,
+        n: i32,
+        heads_per_ngram: i32,
+        eos: i32,
+        table: Ptr<u8>,
+        dtype: i32,
+        dim: i32,
+        eng: Ptr<f32>,
+    );
     PleAdvance = "ple_advance"
-        (hist: Ptr<i32>, ids: Ptr<i32>, tokens: i32, past: i32);
+    (
+        hist: Ptr<i32>,
+        ids: Ptr<i32>,
+        tokens: i32,
+        past: i32,
+    );
 }
 
 pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
-    HcMix::DECLS,
-    HcInject::DECLS,
+    HyperConnectionMix::DECLS,
+    HyperConnectionInject::DECLS,
     PleGates::DECLS,
     PleConv::DECLS,
     PleGather::DECLS,

@@ -1,0 +1,18 @@
+//! Launchers of the kernels in `norm.cu`.
+
+use super::Ptr;
+
+kernels! {
+    RmsNormZeroCentred = "rms_norm_zero_centred"
+    (
+        x: Ptr<f32>,
+        ldx: i32,
+        y: Ptr<f32>,
+        ldy: i32,
+        w: Ptr<f32>,
+        group: i32,
+        eps: f32,
+    );
+}
+
+pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[RmsNormZeroCentred::DECLS];
