@@ -109,11 +109,6 @@ fn sublayer(
     exit(dev, hyper, h, &y, s)
 }
 
-/// Where `session.step_io` keeps the position (after the ids of a small batch) and the
-/// device argmax.
-pub const STEP_POSITION: usize = 8;
-pub const STEP_NEXT: usize = 9;
-
 /// Ends the workspace arena when dropped (also on errors).
 struct Workspace<'d>(&'d Device);
 
@@ -168,9 +163,8 @@ pub(crate) fn forward_device(
     let small = ids.len() <= MATVEC_MAX_TOKENS;
     let ids_i32: Vec<i32> = ids.iter().map(|&id| id as i32).collect();
     let (ids_dev, _ids_buf) = if small {
-        debug_assert!(ids.len() <= STEP_POSITION && session.step_io.len() > STEP_NEXT);
-        dev.write_raw(session.step_io.ptr(), &ids_i32)?;
-        (session.step_io.ptr(), None)
+        session.step_io.write_ids(dev, &ids_i32)?;
+        (session.step_io.ids(), None)
     } else {
         let buf = dev.upload(&ids_i32)?;
         (buf.ptr(), Some(buf))
@@ -219,10 +213,7 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
     let dev = &e.dev;
     let pos = session.position;
     ensure_capacity(e, session, pos + 1)?;
-    let mut io = [0i32; STEP_POSITION + 1];
-    io[0] = id as i32;
-    io[STEP_POSITION] = pos as i32;
-    dev.write_raw(session.step_io.ptr(), &io)?;
+    session.step_io.write_step(dev, id, pos)?;
     let generation = session.cache_generation();
     if session
         .graph
@@ -232,8 +223,8 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
         session.graph = None;
         let started = std::time::Instant::now();
         let stream = dev.stream().clone();
-        let ids_dev = session.step_io.ptr();
-        let start_dev = session.step_io.at(STEP_POSITION);
+        let ids_dev = session.step_io.ids();
+        let start_dev = session.step_io.position();
         dev.begin_workspace(&session.workspace);
         stream
             .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)

@@ -175,7 +175,7 @@ impl CudaEngine {
     pub fn decode_argmax(&self, session: &mut CudaSession, id: u32) -> Result<u32> {
         self.check_ids(session, &[id])?;
         let logits = flow::forward_device(self, session, &[id], LogitsFor::Last)?;
-        let next = session.step_io.at(flow::STEP_NEXT);
+        let next = session.step_io.next_token();
         let vocab = self.config.vocab_size;
         let parts = &session.argmax_parts;
         let blocks = vocab.div_ceil(256).min(session::ARGMAX_BLOCKS);
