@@ -13,13 +13,13 @@ use spindle_model::{ModelConfig, QsaConfig};
 
 use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
+use crate::io::Io;
 use crate::kernels::{self, i, p, Launch};
 use crate::kernels::{
     ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_SPLIT_KEYS, MATVEC_MAX_TOKENS, QSA_PICK_THREADS,
     QSA_WARPS,
 };
-use crate::linear::Io;
-use crate::session::KvCache;
+use crate::session::{selection_stride, KvCache};
 use crate::weights::{GpuAttention, GpuIndexer};
 
 /// What attention needs besides the layer's device weights.
@@ -32,12 +32,6 @@ pub struct AttentionCtx<'a> {
 
 /// Tokens whose block scores one selection launch holds (a longer prefill selects in pieces).
 pub const SCORE_TOKENS: usize = 64;
-
-/// The most positions one token attends to under QSA: max_blocks whole blocks (the budget,
-/// a multiple of cr as the config checks) plus a partial tail of fewer than cr positions.
-pub fn selection_stride(q: &QsaConfig) -> usize {
-    q.max_blocks() * q.compress_ratio + q.compress_ratio - 1
-}
 
 /// Grows the cache to hold at least `needed` tokens, keeping its contents (and the
 /// flash-decoding partials, or the QSA indexer's keys and scores, sized for that capacity).

@@ -7,13 +7,15 @@ use spindle_model::ModelConfig;
 
 use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
+use crate::gemm::{tensor_gemm, tensor_gemm_ok, GemmActs, GemmRows, GROUP_TILE};
+use crate::io::Io;
 use crate::kernels::moe::{DecodeMoeDown, DecodeMoeGateUp};
 use crate::kernels::moe::{MoeDown, MoeGateUp};
 use crate::kernels::{self, i, p, Launch, MATVEC_MAX_TOKENS, MOE_MAX_K};
-use crate::linear::{
-    decode_linear, linear, project, staged_bytes, tensor_gemm, tensor_gemm_ok, DecodeIn, DecodeOut,
-    DevPart, GemmActs, GemmRows, Io, WFormat, GROUP_TILE,
-};
+use crate::linear::{decode_linear, linear, project};
+use crate::matrix::{DevPart, WFormat};
+use crate::matvec::{staged_bytes, DecodeIn, DecodeOut};
+use crate::norm::norm_rows;
 use crate::weights::{GpuMlp, GpuMoe};
 
 /// `down(silu(gate(x)) ⊙ up(x))` for `[tokens, H]` (input and output as `io`).
@@ -83,7 +85,7 @@ pub fn moe(
         Io::Split(x) => moe_general(dev, config, w, x, tokens)?,
         Io::Fused { h, norm, eps } => {
             let hidden = config.hidden_size;
-            let x = crate::qwen4::norm_rows(dev, h.ptr(), norm, tokens, 1, hidden, eps)?;
+            let x = norm_rows(dev, h.ptr(), norm, tokens, 1, hidden, eps)?;
             moe_general(dev, config, w, &x, tokens)?
         }
     };

@@ -10,8 +10,11 @@ use spindle_engine::LogitsFor;
 use crate::attention::{self, AttentionCtx};
 use crate::device::{DevBuf, Device};
 use crate::error::{DriverContext, Result};
+use crate::io::Io;
 use crate::kernels::{self, i, p, Launch, MATVEC_MAX_TOKENS};
-use crate::linear::{decode_linear, project, DecodeIn, DecodeOut, Io};
+use crate::linear::{decode_linear, project};
+use crate::matvec::{DecodeIn, DecodeOut};
+use crate::norm::norm_rows;
 use crate::qwen4::{self, HyperInput};
 use crate::session::{CudaSession, DecodeGraph, LayerState};
 use crate::weights::{GpuFfn, GpuHeadInput, GpuHyper, GpuMixer, GpuResidual};
@@ -50,7 +53,7 @@ fn enter<'w>(
                 Sublayer::Ffn => post,
             };
             Ok((
-                qwen4::norm_rows(dev, h.ptr(), w, s.tokens, 1, s.hidden, s.eps)?,
+                norm_rows(dev, h.ptr(), w, s.tokens, 1, s.hidden, s.eps)?,
                 None,
             ))
         }
@@ -377,7 +380,7 @@ fn body(
         return Ok((logits, count));
     }
     let head_in = match &e.gpu.head_input {
-        GpuHeadInput::Norm(w) => qwen4::norm_rows(dev, rows, w, count, 1, s.hidden, s.eps)?,
+        GpuHeadInput::Norm(w) => norm_rows(dev, rows, w, count, 1, s.hidden, s.eps)?,
         GpuHeadInput::HyperMixer(w) => {
             qwen4::enter(dev, w, rows, count, s.streams, s.hidden, s.eps)?.x
         }

@@ -15,11 +15,12 @@ use spindle_model::{GdnConfig, GdnGate, ModelConfig};
 
 use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
+use crate::io::Io;
 use crate::kernels::{
     self, i, p, Launch, GDN_CHUNK, GDN_PREP_THREADS, GDN_SCAN_COLS, GDN_SCAN_THREADS,
     MATVEC_MAX_TOKENS,
 };
-use crate::linear::{decode_linear_conv, Io};
+use crate::matvec::decode_linear_conv;
 use crate::session::GdnState;
 use crate::weights::GpuGdn;
 

@@ -24,8 +24,13 @@ mod error;
 mod ffn;
 mod flow;
 mod gdn;
+mod gemm;
+mod io;
 pub mod kernels;
 mod linear;
+mod matrix;
+mod matvec;
+mod norm;
 mod qwen4;
 mod session;
 #[doc(hidden)]

@@ -8,6 +8,7 @@ use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
 use crate::kernels::{self, i, p, Launch};
 use crate::linear::project;
+use crate::norm::{group_norm, norm_rows};
 use crate::weights::{GpuHyper, GpuPle};
 
 /// A hyper-connection block's sublayer input `x [T, H]` and the raw projection `[T, ld]`
@@ -15,53 +16,6 @@ use crate::weights::{GpuHyper, GpuPle};
 pub struct HyperInput {
     pub x: DevBuf<f32>,
     pub mix: DevBuf<f32>,
-}
-
-/// Zero-centred RMSNorm of `groups` groups of `group` values in each of `tokens` rows
-/// (row t of x at `t·ldx`, of y at `t·ldy`).
-pub(crate) fn group_norm(
-    dev: &Device,
-    x: u64,
-    ldx: usize,
-    y: u64,
-    ldy: usize,
-    w: &DevBuf<f32>,
-    tokens: usize,
-    groups: usize,
-    group: usize,
-    eps: f32,
-) -> Result<()> {
-    kernels::norm::RmsNormZeroCentred::launch(
-        dev,
-        Launch::new(
-            (tokens as u32, groups as u32, 1),
-            threads_for(group).min(256),
-            0,
-        ),
-        p(x),
-        i(ldx),
-        p(y),
-        i(ldy),
-        w.arg(),
-        i(group),
-        eps,
-    )
-}
-
-/// Zero-centred RMSNorm of `tokens` rows of `[groups · group]` (MODEL_MATH §1.1).
-pub fn norm_rows(
-    dev: &Device,
-    x: u64,
-    w: &DevBuf<f32>,
-    tokens: usize,
-    groups: usize,
-    group: usize,
-    eps: f32,
-) -> Result<DevBuf<f32>> {
-    let width = groups * group;
-    let y = dev.scratch::<f32>(tokens * width)?;
-    group_norm(dev, x, width, y.ptr(), width, w, tokens, groups, group, eps)?;
-    Ok(y)
 }
 
 /// Reads the streams `hs [T, n·H]` into one sublayer input (MODEL_MATH §4.3).

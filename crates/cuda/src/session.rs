@@ -1,7 +1,7 @@
 //! One sequence's state on the device: KV caches, GDN conv and recurrent state (f32), and for
 //! qwen4_exp the QSA indexer caches, the PLE n-gram history and the PLE conv rows.
 
-use spindle_model::{MixerKind, ModelConfig};
+use spindle_model::{MixerKind, ModelConfig, QsaConfig};
 
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
@@ -53,6 +53,12 @@ pub enum LayerState {
 pub struct PleState {
     pub history: DevBuf<i32>,
     pub conv: Vec<DevBuf<f32>>,
+}
+
+/// The length of one token's QSA selection list: the most positions it attends to: max_blocks whole blocks (the budget,
+/// a multiple of cr as the config checks) plus a partial tail of fewer than cr positions.
+pub fn selection_stride(q: &QsaConfig) -> usize {
+    q.max_blocks() * q.compress_ratio + q.compress_ratio - 1
 }
 
 /// A captured decode step: replayed per token with the token id and position read from
