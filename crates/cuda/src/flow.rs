@@ -18,7 +18,7 @@ use crate::norm::norm_rows;
 use crate::qwen4::{self, HyperInput};
 use crate::session::{CudaSession, DecodeGraph, LayerState};
 use crate::weights::{GpuFfn, GpuHeadInput, GpuHyper, GpuMixer, GpuResidual};
-use crate::{ffn, gdn, CudaEngine};
+use crate::{gdn, mlp, moe, CudaEngine};
 
 #[derive(Clone, Copy)]
 enum Sublayer {
@@ -341,8 +341,8 @@ fn body(
             &h,
             &s,
             |io| match &layer.ffn {
-                GpuFfn::Dense(w) => ffn::mlp(dev, w, io, s.tokens, s.hidden),
-                GpuFfn::Moe(w) => ffn::moe(dev, config, w, io, s.tokens),
+                GpuFfn::Dense(w) => mlp::mlp(dev, w, io, s.tokens, s.hidden),
+                GpuFfn::Moe(w) => moe::moe(dev, config, w, io, s.tokens),
             },
         )?;
     }

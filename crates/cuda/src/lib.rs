@@ -21,7 +21,6 @@ mod attention;
 pub mod bench;
 mod device;
 mod error;
-mod ffn;
 mod flow;
 mod gdn;
 mod gemm;
@@ -30,8 +29,11 @@ pub mod kernels;
 mod linear;
 mod matrix;
 mod matvec;
+mod mlp;
+mod moe;
 mod norm;
 mod qwen4;
+mod reduce;
 mod session;
 #[doc(hidden)]
 pub mod testing;
@@ -182,19 +184,7 @@ impl CudaEngine {
         let logits = flow::forward_device(self, session, &[id], LogitsFor::Last)?;
         let next = session.step_io.next_token();
         let vocab = self.config.vocab_size;
-        let parts = &session.argmax_parts;
-        let blocks = vocab.div_ceil(256).min(session::ARGMAX_BLOCKS);
-        use kernels::{i, p};
-        kernels::reduce::ArgmaxTwoStage::launch(
-            &self.dev,
-            kernels::Launch::new((blocks as u32, 1, 1), 256, 0),
-            p(logits.ptr),
-            i(vocab),
-            p(parts.ptr()),
-            p(parts.at(session::ARGMAX_BLOCKS)),
-            p(parts.at(2 * session::ARGMAX_BLOCKS)),
-            p(next),
-        )?;
+        reduce::argmax(&self.dev, logits.ptr, vocab, &session.argmax_parts, next)?;
         Ok(self.dev.download_raw::<i32>(next, 1)?[0] as u32)
     }
 
@@ -213,13 +203,7 @@ impl CudaEngine {
         for _ in 0..6 {
             self.dev.sync()?;
             let started = std::time::Instant::now();
-            kernels::reduce::ReadBandwidthProbe::launch(
-                &self.dev,
-                kernels::Launch::new((132 * 8, 1, 1), 512, 0),
-                buf.arg(),
-                words as u64,
-                out.arg(),
-            )?;
+            reduce::read_pass(&self.dev, &buf, words, &out)?;
             self.dev.sync()?;
             best = best.max((words * 16) as f64 / started.elapsed().as_secs_f64());
         }

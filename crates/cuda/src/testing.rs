@@ -6,9 +6,9 @@ use spindle_engine::weights::Linear;
 use crate::attention::{attend_serial, attend_tiled, Heads};
 use crate::device::Device;
 use crate::error::Result;
-use crate::ffn::{routed_experts, Routes};
 use crate::linear::project;
 use crate::matrix::DevMatrix;
+use crate::moe::{routed_experts, Routes};
 
 /// `x [tokens, cols] · Wᵀ` through the device's linear layer (the decode matvecs for at most
 /// 8 tokens, the tensor-core or SIMT GEMM above, as [`Device::tensor_cores`] says).

@@ -1,7 +1,7 @@
-//! Feed-forward blocks on the device: the dense SwiGLU MLP and the MoE with a shared expert
-//! (MODEL_MATH §1.6). Routing (softmax, top-k, renormalisation) runs on the device; decode
-//! runs the whole MoE block in three launches (router rows, experts' gate/up with routing,
-//! experts' down into the residual).
+//! The MoE block with a shared expert on the device (MODEL_MATH §1.6). Routing (softmax,
+//! top-k, renormalisation) runs on the device; decode runs the whole block in three launches
+//! (router rows, experts' gate/up with routing, experts' down into the residual); prefill
+//! sorts the (token, expert) pairs by expert and runs grouped tensor-core GEMMs.
 
 use spindle_model::ModelConfig;
 
@@ -16,56 +16,7 @@ use crate::linear::{decode_linear, linear, project};
 use crate::matrix::{DevPart, WFormat};
 use crate::matvec::{staged_bytes, DecodeIn, DecodeOut};
 use crate::norm::norm_rows;
-use crate::weights::{GpuMlp, GpuMoe};
-
-/// `down(silu(gate(x)) ⊙ up(x))` for `[tokens, H]` (input and output as `io`).
-pub fn mlp(
-    dev: &Device,
-    w: &GpuMlp,
-    io: Io,
-    tokens: usize,
-    hidden: usize,
-) -> Result<Option<DevBuf<f32>>> {
-    let inter = w.down.cols;
-    let x = match io {
-        Io::Split(x) if tokens > MATVEC_MAX_TOKENS => x,
-        _ => {
-            let act = dev.scratch::<f32>(tokens * inter)?;
-            let out = DecodeOut::SwiGlu {
-                y: act.ptr(),
-                ldy: inter,
-            };
-            let input = io.input(hidden, 0);
-            decode_linear(dev, &w.gate_up, 0..2 * inter, input, tokens, out)?;
-            return io.finish(dev, &w.down, act.ptr(), inter, hidden, tokens);
-        }
-    };
-    let gu = project(dev, &w.gate_up, x.ptr(), hidden, tokens)?;
-    let act = dev.scratch::<f32>(tokens * inter)?;
-    kernels::elementwise::Swiglu::launch(
-        dev,
-        Launch::elementwise(tokens * inter),
-        gu.arg(),
-        i(2 * inter),
-        i(0),
-        i(inter),
-        act.arg(),
-        i(tokens),
-        i(inter),
-    )?;
-    let y = dev.scratch::<f32>(tokens * hidden)?;
-    linear(
-        dev,
-        &w.down,
-        act.ptr(),
-        inter,
-        y.ptr(),
-        hidden,
-        tokens,
-        false,
-    )?;
-    Ok(Some(y))
-}
+use crate::weights::GpuMoe;
 
 /// The MoE block for `[tokens, H]`: sigmoid-gated shared expert plus the weighted top-k
 /// experts (input and output as `io`).
