@@ -134,55 +134,21 @@ pub fn forward(
     };
 
     let out = dev.scratch::<f32>(tokens * n_h * d)?;
-    let flash = selection.is_none()
-        && tokens <= MATVEC_MAX_TOKENS
-        && d % 4 == 0
-        && d <= 256
-        && n_h % n_kv == 0;
-    let split_shared = 4
-        * (n_h / n_kv * d
-            + ATTN_SPLIT_KEYS * (d + 4)
-            + ATTN_SPLIT_KEYS * d
-            + n_h / n_kv * ATTN_SPLIT_KEYS);
-    let splits = cache.capacity.div_ceil(ATTN_SPLIT_KEYS);
-    if flash
-        && split_shared <= dev.shared_limit(kernels::attention::AttentionDecodeSplit::NAME)
-        && 4 * splits <= dev.shared_limit(kernels::attention::AttentionDecodeCombine::NAME)
+    let heads = Heads { n_h, n_kv, d };
+    if selection.is_none()
+        && attend_split(
+            dev,
+            heads,
+            (q.ptr(), gate.ptr(), out.ptr()),
+            (cache.keys.ptr(), cache.values.ptr(), cache.partials.ptr()),
+            cache.capacity,
+            tokens,
+            start,
+            start_dev,
+        )?
     {
-        kernels::attention::AttentionDecodeSplit::launch(
-            dev,
-            Launch::new(
-                (n_kv as u32, splits as u32, tokens as u32),
-                256,
-                split_shared as u32,
-            ),
-            q.arg(),
-            cache.keys.arg(),
-            cache.values.arg(),
-            cache.partials.arg(),
-            i(splits),
-            i(n_h),
-            i(n_kv),
-            i(d),
-            i(start),
-            p(start_dev),
-            1.0 / (d as f32).sqrt(),
-        )?;
-        kernels::attention::AttentionDecodeCombine::launch(
-            dev,
-            Launch::new((n_h as u32, tokens as u32, 1), 256, (4 * splits) as u32),
-            cache.partials.arg(),
-            i(splits),
-            gate.arg(),
-            out.arg(),
-            i(n_h),
-            i(d),
-            i(start),
-            p(start_dev),
-        )?;
         return io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens);
     }
-    let heads = Heads { n_h, n_kv, d };
     let (q, gate, out) = (q.ptr(), gate.ptr(), out.ptr());
     let (keys, values) = (cache.keys.ptr(), cache.values.ptr());
     let tiled = selection.is_none()
@@ -205,6 +171,72 @@ pub(crate) struct Heads {
     pub n_h: usize,
     pub n_kv: usize,
     pub d: usize,
+}
+
+/// Flash-decoding of at most [`MATVEC_MAX_TOKENS`] tokens at positions `start..` (or from the
+/// position at `start_dev`, in a captured graph) over a cache of `capacity` positions:
+/// `attention_decode_split` scores [`ATTN_SPLIT_KEYS`] keys per block into `partials`
+/// (`[tokens, n_h, ⌈capacity / ATTN_SPLIT_KEYS⌉, d + 2]` f32; blocks past the context exit,
+/// so the grid is fixed by the capacity), `attention_decode_combine` merges them and applies
+/// the sigmoid gate. `(q, gate, out)` and `(keys, values, partials)` are addresses of f32
+/// data. False, launching nothing, when the shape does not suit the kernels.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_split(
+    dev: &Device,
+    h: Heads,
+    (q, gate, out): (u64, u64, u64),
+    (keys, values, partials): (u64, u64, u64),
+    capacity: usize,
+    tokens: usize,
+    start: usize,
+    start_dev: u64,
+) -> Result<bool> {
+    let Heads { n_h, n_kv, d } = h;
+    let flash = tokens <= MATVEC_MAX_TOKENS && d % 4 == 0 && d <= 256 && n_h % n_kv == 0;
+    let split_shared = 4
+        * (n_h / n_kv * d
+            + ATTN_SPLIT_KEYS * (d + 4)
+            + ATTN_SPLIT_KEYS * d
+            + n_h / n_kv * ATTN_SPLIT_KEYS);
+    let splits = capacity.div_ceil(ATTN_SPLIT_KEYS);
+    if !(flash
+        && split_shared <= dev.shared_limit(kernels::attention::AttentionDecodeSplit::NAME)
+        && 4 * splits <= dev.shared_limit(kernels::attention::AttentionDecodeCombine::NAME))
+    {
+        return Ok(false);
+    }
+    kernels::attention::AttentionDecodeSplit::launch(
+        dev,
+        Launch::new(
+            (n_kv as u32, splits as u32, tokens as u32),
+            256,
+            split_shared as u32,
+        ),
+        p(q),
+        p(keys),
+        p(values),
+        p(partials),
+        i(splits),
+        i(n_h),
+        i(n_kv),
+        i(d),
+        i(start),
+        p(start_dev),
+        1.0 / (d as f32).sqrt(),
+    )?;
+    kernels::attention::AttentionDecodeCombine::launch(
+        dev,
+        Launch::new((n_h as u32, tokens as u32, 1), 256, (4 * splits) as u32),
+        p(partials),
+        i(splits),
+        p(gate),
+        p(out),
+        i(n_h),
+        i(d),
+        i(start),
+        p(start_dev),
+    )?;
+    Ok(true)
 }
 
 /// Causal attention of `tokens` tokens at positions `start..` over the cache through the
