@@ -221,6 +221,19 @@ fn every_kernel_is_covered() {
     );
 }
 
+/// The MoE op's configuration (the demo model's, resized) parses and takes the sizes.
+#[test]
+fn moe_config_takes_the_sizes() {
+    let config = moe_config(96, 12, 3, 64, 32, false);
+    let moe = config.moe.as_ref().expect("a MoE config");
+    assert_eq!(config.hidden_size, 96);
+    assert_eq!(
+        (moe.num_experts, moe.top_k, moe.expert_intermediate),
+        (12, 3, 64)
+    );
+    assert_eq!((moe.shared_intermediate, moe.renormalize), (32, false));
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn device_ops_match_cpu() {
