@@ -17,11 +17,11 @@ __device__ __forceinline__ float rope_elem(float x, const float* sh, int j, int 
 // key heads (k_norm, RoPE) whose keys and values go to cache row start + t.
 // qkv row t: [q_proj (n_h·2d) | k_proj (n_kv·d) | v_proj (n_kv·d)].
 extern "C" __global__ void attention_prepare(const float* __restrict__ qkv, int ld, const float* __restrict__ q_norm,
-                                     const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
-                                     int rot, float* __restrict__ q_out, float* __restrict__ gate_out,
-                                     float* __restrict__ k_cache, float* __restrict__ v_cache,
-                                     int n_h, int n_kv, int d, int start, const int* __restrict__ startp,
-                                     float eps) {
+                                             const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
+                                             int rot, float* __restrict__ q_out, float* __restrict__ gate_out,
+                                             float* __restrict__ k_cache, float* __restrict__ v_cache,
+                                             int n_h, int n_kv, int d, int start, const int* __restrict__ startp,
+                                             float eps) {
     extern __shared__ float sh[];  // [d]
     if (startp) start = *startp;  // graph replay: the position lives in device memory
     __shared__ float red[33];
@@ -55,10 +55,10 @@ extern "C" __global__ void attention_prepare(const float* __restrict__ qkv, int 
 // 0..start+t (causal) or, when `sel` is not null, the sel_count[t] positions in row t of sel.
 // Each warp runs an online softmax over every ATT_WARPS-th key; warps merge at the end.
 extern "C" __global__ void attention_serial(const float* __restrict__ q, const float* __restrict__ gate,
-                                       const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-                                       const int* __restrict__ sel, const int* __restrict__ sel_count,
-                                       int sel_stride, float* __restrict__ out, int n_h, int n_kv, int d,
-                                       int start, const int* __restrict__ startp, float scale) {
+                                            const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+                                            const int* __restrict__ sel, const int* __restrict__ sel_count,
+                                            int sel_stride, float* __restrict__ out, int n_h, int n_kv, int d,
+                                            int start, const int* __restrict__ startp, float scale) {
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     if (startp) start = *startp;
     __shared__ float wacc[ATT_WARPS][ATT_MAX_PER_LANE * 32];
@@ -126,11 +126,11 @@ extern "C" __global__ void attention_serial(const float* __restrict__ q, const f
 // last visible key exit at once, so the grid can cover the cache's capacity (fixed in a graph).
 
 extern "C" __global__ void __launch_bounds__(256) attention_decode_split(const float* __restrict__ q,
-                                                             const float* __restrict__ k_cache,
-                                                             const float* __restrict__ v_cache,
-                                                             float* __restrict__ part, int splits, int n_h,
-                                                             int n_kv, int d, int start,
-                                                             const int* __restrict__ startp, float scale) {
+                                                                         const float* __restrict__ k_cache,
+                                                                         const float* __restrict__ v_cache,
+                                                                         float* __restrict__ part, int splits, int n_h,
+                                                                         int n_kv, int d, int start,
+                                                                         const int* __restrict__ startp, float scale) {
     // q [ρ][d], keys [ATTN_SPLIT_KEYS][d + 4] (padded: a lane per key reads without bank conflicts),
     // values [ATTN_SPLIT_KEYS][d], scores [ρ][ATTN_SPLIT_KEYS].
     extern __shared__ __align__(16) float qs[];
@@ -215,9 +215,9 @@ extern "C" __global__ void __launch_bounds__(256) attention_decode_split(const f
 // Block (h, t): out = (Σ_s e^{m_s − M}·acc_s) / (Σ_s e^{m_s − M}·l_s) · sigmoid(gate), over the
 // splits attention_decode_split wrote for token t.
 extern "C" __global__ void __launch_bounds__(256) attention_decode_combine(const float* __restrict__ part, int splits,
-                                                               const float* __restrict__ gate,
-                                                               float* __restrict__ out, int n_h, int d, int start,
-                                                               const int* __restrict__ startp) {
+                                                                           const float* __restrict__ gate,
+                                                                           float* __restrict__ out, int n_h, int d, int start,
+                                                                           const int* __restrict__ startp) {
     extern __shared__ float wsp[];  // [splits]
     __shared__ float red[33];
     __shared__ float total;
@@ -267,10 +267,10 @@ extern "C" __global__ void __launch_bounds__(256) attention_decode_combine(const
 // the CPU: the f32 mean of its cr raw keys in position order (earlier launches' from raw_keys,
 // this launch's from qk), k_norm, RoPE at the block's first position.
 extern "C" __global__ void qsa_prepare(const float* __restrict__ qk, int ld, int col0,
-                                    const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                                    const double* __restrict__ inv_freq, int rot, float* __restrict__ q_out,
-                                    float* __restrict__ raw_keys, float* __restrict__ block_keys, int n_i,
-                                    int d_i, int cr, int start, const int* __restrict__ startp, float eps) {
+                                       const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                       const double* __restrict__ inv_freq, int rot, float* __restrict__ q_out,
+                                       float* __restrict__ raw_keys, float* __restrict__ block_keys, int n_i,
+                                       int d_i, int cr, int start, const int* __restrict__ startp, float eps) {
     extern __shared__ float sh[];  // [d_i]
     __shared__ float red[33];
     if (startp) start = *startp;

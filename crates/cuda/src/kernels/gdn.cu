@@ -27,7 +27,7 @@ extern "C" __global__ void gdn_conv(const float* __restrict__ proj, int ld, cons
 // The conv state after T more rows: the last K−1 raw rows of [state | x]. A thread per channel;
 // ascending rows only read rows not yet overwritten.
 extern "C" __global__ void gdn_conv_state_update(const float* __restrict__ proj, int ld, float* __restrict__ state, int T,
-                                          int C, int K) {
+                                                 int C, int K) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     int past = K - 1;

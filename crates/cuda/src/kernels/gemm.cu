@@ -7,8 +7,8 @@
 #define GK 16
 template <int FMT>
 __device__ __forceinline__ void gemm_simt_impl(const unsigned char* __restrict__ W, const unsigned short* __restrict__ S,
-                                          const float* __restrict__ x, float* __restrict__ y, int rows, int cols,
-                                          int T, int ldx, int ldy, int accumulate) {
+                                               const float* __restrict__ x, float* __restrict__ y, int rows, int cols,
+                                               int T, int ldx, int ldy, int accumulate) {
     __shared__ float xs[GK][GT + 4];
     __shared__ float ws[GK][GT + 4];
     int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -113,7 +113,7 @@ __device__ __forceinline__ float tg_input(const float* __restrict__ x, int ldx, 
 // int8 activations for the Q8/Q4 GEMM: xq [rows, cols], xd [rows, cols/32]. A warp per group
 // (grid-stride).
 extern "C" __global__ void gemm_tensor_quantize_acts(const float* __restrict__ x, int ldx, int up, int rows, int cols,
-                                     signed char* __restrict__ xq, float* __restrict__ xd) {
+                                                     signed char* __restrict__ xq, float* __restrict__ xd) {
     int lane = threadIdx.x & 31, groups = cols >> 5;
     size_t all = (size_t)rows * groups, step = (gridDim.x * (size_t)blockDim.x) >> 5;
     for (size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; w < all; w += step) {
@@ -130,7 +130,7 @@ extern "C" __global__ void gemm_tensor_quantize_acts(const float* __restrict__ x
 // bf16 activations for the bf16 GEMM: row r of `out` is [hi | mid | lo] (3·cols values) with
 // hi + mid + lo ≈ x to ~2^-24 (grid-stride).
 extern "C" __global__ void gemm_tensor_split_acts_bf16(const float* __restrict__ x, int ldx, int up, int rows, int cols,
-                                        bf16_t* __restrict__ out) {
+                                                       bf16_t* __restrict__ out) {
     size_t all = (size_t)rows * cols, step = gridDim.x * (size_t)blockDim.x;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < all; e += step) {
         int r = (int)(e / cols), c = (int)(e - (size_t)r * cols);
@@ -227,9 +227,9 @@ __device__ __forceinline__ void tg_fetch_scales(const unsigned short* __restrict
 
 template <int FMT>
 __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict__ W, const unsigned short* __restrict__ S,
-                                           const unsigned char* __restrict__ A, const unsigned char* __restrict__ Aaux,
-                                           float* __restrict__ Y, int ldy, int accumulate, int N, int K, int M,
-                                           const int* __restrict__ tiles, const int* __restrict__ order, int a_div) {
+                                                 const unsigned char* __restrict__ A, const unsigned char* __restrict__ Aaux,
+                                                 float* __restrict__ Y, int ldy, int accumulate, int N, int K, int M,
+                                                 const int* __restrict__ tiles, const int* __restrict__ order, int a_div) {
 #if __CUDA_ARCH__ >= 800
     typedef TgLayout<FMT> L;
     extern __shared__ __align__(16) unsigned char tg_smem[];

@@ -65,11 +65,11 @@ extern "C" __global__ void matvec_q4(MATVEC_ARGS) { matvec_impl<2>(W, S, x, y, r
 // over [cstate rows | this step's outputs]) as gdn_conv, and cstate keeps the last cK − 1 rows.
 template <int FMT, int NT, bool CONV>
 __device__ __forceinline__ void decode_matvec_impl(const unsigned char* __restrict__ W, const unsigned short* __restrict__ S,
-                                         int outs, int cols, const float* __restrict__ x, int ldx, int T,
-                                         const float* __restrict__ nw, float eps, float* __restrict__ xn,
-                                         float* __restrict__ y, int ldy, int accumulate, int pair,
-                                         const float* __restrict__ gate, int ldg, int lpr,
-                                         float* __restrict__ cstate, const float* __restrict__ cw, int cK, int cC) {
+                                                   int outs, int cols, const float* __restrict__ x, int ldx, int T,
+                                                   const float* __restrict__ nw, float eps, float* __restrict__ xn,
+                                                   float* __restrict__ y, int ldy, int accumulate, int pair,
+                                                   const float* __restrict__ gate, int ldg, int lpr,
+                                                   float* __restrict__ cstate, const float* __restrict__ cw, int cK, int cC) {
     extern __shared__ __align__(16) unsigned char dsm[];
     stage_rows<FMT>(x, ldx, T, cols, nw, eps, xn, dsm);
     Staged<FMT> st{dsm, cols};

@@ -200,11 +200,11 @@ __device__ void route_warp(const float* __restrict__ row, int E, int k, int reno
 // x: the normed input rows [T, H] (stride H). One warp per output (i, pair), 32 lanes per row.
 template <int FMT>
 __device__ __forceinline__ void decode_moe_gate_up_impl(const unsigned char* __restrict__ gu, const unsigned short* __restrict__ gs,
-                                                  const unsigned char* __restrict__ sgu, const unsigned short* __restrict__ sgs,
-                                                  const float* __restrict__ x, int T, const float* __restrict__ logits,
-                                                  int ld, int E, int renormalize, int* __restrict__ idx,
-                                                  float* __restrict__ wt, int k, int I, int Is, int H,
-                                                  float* __restrict__ act, float* __restrict__ act_s) {
+                                                        const unsigned char* __restrict__ sgu, const unsigned short* __restrict__ sgs,
+                                                        const float* __restrict__ x, int T, const float* __restrict__ logits,
+                                                        int ld, int E, int renormalize, int* __restrict__ idx,
+                                                        float* __restrict__ wt, int k, int I, int Is, int H,
+                                                        float* __restrict__ act, float* __restrict__ act_s) {
     extern __shared__ __align__(16) unsigned char dsm[];
     __shared__ int sidx[MATVEC_MAX_TOKENS * MOE_MAX_K];
     __shared__ float swt[MATVEC_MAX_TOKENS * MOE_MAX_K];
@@ -286,11 +286,11 @@ __device__ __forceinline__ void decode_moe_gate_up_impl(const unsigned char* __r
 // all k (+1) rows, so every lane has DOWN_BATCH loads in flight.
 template <int FMT>
 __device__ __forceinline__ void decode_moe_down_impl(const unsigned char* __restrict__ dw, const unsigned short* __restrict__ ds,
-                                               const unsigned char* __restrict__ sdw, const unsigned short* __restrict__ sds,
-                                               const float* __restrict__ act, const float* __restrict__ act_s,
-                                               const int* __restrict__ idx, const float* __restrict__ wt,
-                                               const float* __restrict__ sg, int ldsg, int T, int k, int I, int Is,
-                                               int H, float* __restrict__ h, int ldh, int accumulate) {
+                                                     const unsigned char* __restrict__ sdw, const unsigned short* __restrict__ sds,
+                                                     const float* __restrict__ act, const float* __restrict__ act_s,
+                                                     const int* __restrict__ idx, const float* __restrict__ wt,
+                                                     const float* __restrict__ sg, int ldsg, int T, int k, int I, int Is,
+                                                     int H, float* __restrict__ h, int ldh, int accumulate) {
     extern __shared__ __align__(16) unsigned char dsm[];
     __shared__ int sidx[MATVEC_MAX_TOKENS * MOE_MAX_K];
     __shared__ float swt[MATVEC_MAX_TOKENS * MOE_MAX_K];
@@ -377,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q4(DDOWN_ARGS)
 // order within an expert varies from run to run, which no result depends on (each output row
 // is computed from its own input row alone).
 extern "C" __global__ void moe_group_by_expert(const int* __restrict__ idx, int pairs, int E, int* __restrict__ order,
-                                    int* __restrict__ tiles, int max_tiles) {
+                                               int* __restrict__ tiles, int max_tiles) {
     extern __shared__ int moe_sort_sh[];  // count[E], start[E], tile_start[E]
     __shared__ int used;
     int* count = moe_sort_sh;

@@ -3,7 +3,7 @@
 // Zero-centred RMSNorm (MODEL_MATH §1.1), grouped: block (t, g) normalises
 // x[t·ldx + g·group .. +group] and multiplies by (1 + w[g·group + i]).
 extern "C" __global__ void rms_norm_zero_centred(const float* __restrict__ x, int ldx, float* __restrict__ y,
-                                       int ldy, const float* __restrict__ w, int group, float eps) {
+                                                 int ldy, const float* __restrict__ w, int group, float eps) {
     __shared__ float red[33];
     int t = blockIdx.x, g = blockIdx.y;
     const float* xr = x + (size_t)t * ldx + (size_t)g * group;

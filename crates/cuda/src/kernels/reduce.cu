@@ -4,8 +4,8 @@
 // Every block finds its best (value, first index) and writes it to part[blockIdx]; the last
 // block to finish (counted in *done, reset for the next launch) reduces the parts into out[0].
 extern "C" __global__ void argmax_two_stage(const float* __restrict__ x, int n, float* __restrict__ part_v,
-                                        int* __restrict__ part_i, unsigned int* __restrict__ done,
-                                        int* __restrict__ out) {
+                                            int* __restrict__ part_i, unsigned int* __restrict__ done,
+                                            int* __restrict__ out) {
     __shared__ float bv[32];
     __shared__ int bi[32];
     __shared__ bool last;
