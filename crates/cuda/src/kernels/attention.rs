@@ -3,6 +3,8 @@
 use super::Ptr;
 
 kernels! {
+    /// Block (t, head): head < n_h are query heads (split [query | gate], q_norm, RoPE), the rest
+    /// key heads (k_norm, RoPE) whose keys and values go to cache row start + t.
     AttentionPrepare = "attention_prepare"
     (
         qkv: Ptr<f32>,
@@ -22,6 +24,7 @@ kernels! {
         startp: Ptr<i32>,
         eps: f32,
     );
+    /// Block (t, h): softmax(q·Kᵀ/√d)·V over the visible keys, times sigmoid(gate).
     AttentionSerial = "attention_serial"
     (
         q: Ptr<f32>,
@@ -39,6 +42,8 @@ kernels! {
         startp: Ptr<i32>,
         scale: f32,
     );
+    /// Flash-decoding, block (kv head g, split, t): the ρ query heads of g against ATTN_SPLIT_KEYS
+    /// keys, writing (max, sum, Σ p·v) per head to `part`.
     AttentionDecodeSplit = "attention_decode_split"
     (
         q: Ptr<f32>,
@@ -53,6 +58,8 @@ kernels! {
         startp: Ptr<i32>,
         scale: f32,
     );
+    /// Block (h, t): out = (Σ_s e^{m_s − M}·acc_s) / (Σ_s e^{m_s − M}·l_s) · sigmoid(gate), over
+    /// the splits attention_decode_split wrote for token t.
     AttentionDecodeCombine = "attention_decode_combine"
     (
         part: Ptr<f32>,
@@ -64,6 +71,8 @@ kernels! {
         start: i32,
         startp: Ptr<i32>,
     );
+    /// Block (t, head), a thread per dimension: head < n_i norms query head `head` (q_norm) and
+    /// rotates it at start + t into q_out [T, n_i, d_i].
     QsaPrepare = "qsa_prepare"
     (
         qk: Ptr<f32>,
@@ -83,6 +92,9 @@ kernels! {
         startp: Ptr<i32>,
         eps: f32,
     );
+    /// Block (chunk, r), a warp per key block: token t = t0 + r scores block b = chunk·QSA_WARPS +
+    /// warp as scores[r·ld + b] = Σ_h max(0, q_h·K_b) · scale, for each of its complete blocks (b <
+    /// (start + t + 1) / cr) when it sees more than …
     QsaScoreBlocks = "qsa_score_blocks"
     (
         q: Ptr<f32>,
@@ -98,6 +110,8 @@ kernels! {
         startp: Ptr<i32>,
         scale: f32,
     );
+    /// Block r: the positions token t = t0 + r attends to, ascending, into sel[t·stride ..] and
+    /// their count into counts[t] (what attention_serial reads).
     QsaPickBlocks = "qsa_pick_blocks"
     (
         scores: Ptr<f32>,
@@ -112,6 +126,8 @@ kernels! {
         start: i32,
         startp: Ptr<i32>,
     );
+    /// Causal attention for prefill, tiled: a block holds the queries of all ρ heads of one kv head
+    /// for ATTN_PREFILL_ROWS/ρ tokens and walks the keys in tiles of ATTN_PREFILL_KEYS.
     AttentionPrefillTiled = "attention_prefill_tiled"
     (
         q: Ptr<f32>,

@@ -3,6 +3,7 @@
 use super::Ptr;
 
 kernels! {
+    /// h[t, s·H + i] = E[ids[t], i] for every stream s.
     EmbedBf16 = "embed_bf16"
     (
         experts: Ptr<u16>,
@@ -12,12 +13,14 @@ kernels! {
         hidden: i32,
         streams: i32,
     );
+    /// y[i] += x[i].
     AddInPlace = "add_in_place"
     (
         y: Ptr<f32>,
         x: Ptr<f32>,
         n: i32,
     );
+    /// out[t, i] = silu(in[t·ld + gate_off + i]) · in[t·ld + up_off + i], i < n.
     Swiglu = "swiglu"
     (
         input: Ptr<f32>,
@@ -28,6 +31,7 @@ kernels! {
         tokens: i32,
         n: i32,
     );
+    /// out[t, i] = silu(in[t·ld + i] · scale), i < n.
     SiluScaled = "silu_scaled"
     (
         input: Ptr<f32>,
@@ -37,6 +41,7 @@ kernels! {
         tokens: i32,
         n: i32,
     );
+    /// y[t, i] *= sigmoid(gate[t·ld]) (the shared expert's gate).
     ScaleBySigmoid = "scale_by_sigmoid"
     (
         y: Ptr<f32>,

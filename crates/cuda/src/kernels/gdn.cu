@@ -108,7 +108,7 @@ extern "C" __global__ void gdn_recurrent(const float* __restrict__ u, int C,
 
 // ---- Decode after a fused conv (T ≤ MATVEC_MAX_TOKENS tokens): one block per value head ----
 // `u` rows hold the conv outputs [q (n_k·d_k) | k | v (n_v·d_v)] followed by z, b, a (the
-// in_proj matvec applied the conv, dmvc_*). Block h holds S_h [d_k, d_v] in shared memory;
+// in_proj matvec applied the conv, decode_matvec_conv_*). Block h holds S_h [d_k, d_v] in shared memory;
 // thread (rg, j) owns column j over rows [rg·d_k/R, (rg+1)·d_k/R). Arithmetic as gdn_recurrent.
 extern "C" __global__ void __launch_bounds__(1024) gdn_decode_heads(
     const float* __restrict__ u, int ld, int T, int nk, int nv, int dk, int dv, int z_off, int b_off, int a_off,

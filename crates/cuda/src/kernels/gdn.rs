@@ -3,6 +3,7 @@
 use super::Ptr;
 
 kernels! {
+    /// u[t, c] = silu(Σ_j w[c, j] · x_{t−K+1+j}[c]) over the window [state (K−1 rows) | x rows].
     GdnConv = "gdn_conv"
     (
         proj: Ptr<f32>,
@@ -14,6 +15,7 @@ kernels! {
         channels: i32,
         taps: i32,
     );
+    /// The conv state after T more rows: the last K−1 raw rows of [state | x].
     GdnConvStateUpdate = "gdn_conv_state_update"
     (
         proj: Ptr<f32>,
@@ -23,6 +25,7 @@ kernels! {
         channels: i32,
         taps: i32,
     );
+    /// One block per v-head h, thread j owns column j of S_h [d_k, d_v] in registers.
     GdnRecurrent = "gdn_recurrent"
     (
         u: Ptr<f32>,
@@ -45,6 +48,8 @@ kernels! {
         eps: f32,
         gate_sigmoid: i32,
     );
+    /// `u` rows hold the conv outputs [q (n_k·d_k) | k | v (n_v·d_v)] followed by z, b, a (the
+    /// in_proj matvec applied the conv, decode_matvec_conv_*).
     GdnDecodeHeads = "gdn_decode_heads"
     (
         u: Ptr<f32>,
@@ -66,6 +71,7 @@ kernels! {
         gate_sigmoid: i32,
         r: i32,
     );
+    /// Grid (⌈T/CH⌉, n_v), GDN_PREP_THREADS threads.
     GdnChunkPrep = "gdn_chunk_prep"
     (
         u: Ptr<f32>,
@@ -84,6 +90,7 @@ kernels! {
         dv: i32,
         ldk: i32,
     );
+    /// Grid (⌈d_v/32⌉, n_v), GDN_SCAN_THREADS threads.
     GdnChunkScan = "gdn_chunk_scan"
     (
         rec: Ptr<f32>,
@@ -95,6 +102,8 @@ kernels! {
         dv: i32,
         ldk: i32,
     );
+    /// The gated output norm of the chunked form, in place on o [T, n_v·d_v]: a warp per (t, h),
+    /// out = o·rsqrt(mean(o²) + eps)·w·act(z) as in gdn_recurrent (act: sigmoid or SiLU).
     GdnGatedNorm = "gdn_gated_norm"
     (
         o: Ptr<f32>,

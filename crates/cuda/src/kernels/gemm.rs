@@ -22,6 +22,7 @@ kernels! {
         ldy: i32,
         accumulate: i32,
     );
+    /// int8 activations for the Q8/Q4 GEMM: xq [rows, cols], xd [rows, cols/32].
     GemmTensorQuantizeActs = "gemm_tensor_quantize_acts"
     (
         x: Ptr<f32>,
@@ -32,6 +33,8 @@ kernels! {
         xq: Ptr<i8>,
         xd: Ptr<f32>,
     );
+    /// bf16 activations for the bf16 GEMM: row r of `out` is [hi | mid | lo] (3·cols values) with
+    /// hi + mid + lo ≈ x to ~2^-24 (grid-stride).
     GemmTensorSplitActsBf16 = "gemm_tensor_split_acts_bf16"
     (
         x: Ptr<f32>,

@@ -3,6 +3,8 @@
 use super::Ptr;
 
 kernels! {
+    /// One block per token: softmax over the E router logits (row t of `logits`, stride ld), top-k
+    /// by repeated argmax (ties to the lower expert index, as the CPU), optional renormalisation.
     MoeRoute = "moe_route"
     (
         logits: Ptr<f32>,
@@ -103,6 +105,8 @@ kernels! {
         ldh: i32,
         accumulate: i32,
     );
+    /// Sorts the `pairs` (token, expert) pairs by expert for the grouped GEMMs: `order` lists the
+    /// pair ids of expert 0, then of expert 1, and so on, and `tiles` the 64-pair tiles.
     MoeGroupByExpert = "moe_group_by_expert"
     (
         idx: Ptr<i32>,
@@ -112,6 +116,8 @@ kernels! {
         tiles: Ptr<i32>,
         max_tiles: i32,
     );
+    /// y[t, r] += Σ_j wt[t·k + j] · out[(t·k + j)·H + r]: the routed experts' weighted sum
+    /// (grid-stride).
     MoeCombine = "moe_combine"
     (
         out: Ptr<f32>,

@@ -3,6 +3,8 @@
 use super::Ptr;
 
 kernels! {
+    /// Zero-centred RMSNorm (MODEL_MATH §1.1), grouped: block (t, g) normalises the group
+    /// x[t·ldx + g·group ..][..group] and multiplies it by (1 + w[g·group + i]).
     RmsNormZeroCentred = "rms_norm_zero_centred"
     (
         x: Ptr<f32>,

@@ -3,6 +3,7 @@
 use super::Ptr;
 
 kernels! {
+    /// x[t, i] = (1/n) Σ_s sigmoid(a[t, s·H + i]) · normed[t, s·H + i].
     HyperConnectionMix = "hyper_connection_mix"
     (
         a: Ptr<f32>,
@@ -12,6 +13,7 @@ kernels! {
         n: i32,
         hidden: i32,
     );
+    /// hs[t, s·H + i] += ω_ts · y[t, i], ω_ts = 2·sigmoid(o[t·ld + s] / n).
     HyperConnectionInject = "hyper_connection_inject"
     (
         hs: Ptr<f32>,
@@ -22,6 +24,7 @@ kernels! {
         n: i32,
         hidden: i32,
     );
+    /// Block (t, s): γ = K_s·Q_s/√H, γ = sign(γ)·sqrt(max(|γ|, 1e-6)).
     PleGates = "ple_gates"
     (
         keys: Ptr<f32>,
@@ -32,6 +35,8 @@ kernels! {
         n: i32,
         hidden: i32,
     );
+    /// One thread per channel c of width W: c_t = Σ_j w[c, j] · Gn_{t − dil·(K−1−j)} over [state
+    /// ((K−1)·dil rows) | normed rows].
     PleConv = "ple_conv"
     (
         hs: Ptr<f32>,
@@ -44,6 +49,7 @@ kernels! {
         taps: i32,
         dil: i32,
     );
+    /// PLE n-gram rows (MODEL_MATH §4.6), as NgramHash::rows on the CPU.
     PleGather = "ple_gather"
     (
         ids: Ptr<i32>,
@@ -57,6 +63,8 @@ kernels! {
         dim: i32,
         eng: Ptr<f32>,
     );
+    /// hist ← the last `past` ids of [hist | ids (T)], in place (one thread: slot r reads slot T +
+    /// r > r, not yet written).
     PleAdvance = "ple_advance"
     (
         hist: Ptr<i32>,

@@ -3,6 +3,7 @@
 use super::Ptr;
 
 kernels! {
+    /// Every block finds its best (value, first index) and writes it to part[blockIdx].
     ArgmaxTwoStage = "argmax_two_stage"
     (
         x: Ptr<f32>,
@@ -12,6 +13,7 @@ kernels! {
         done: Ptr<u32>,
         out: Ptr<i32>,
     );
+    /// Reads n 16-byte words (the bandwidth probe of `spindle bench`).
     ReadBandwidthProbe = "read_bandwidth_probe"
     (
         src: Ptr<u8>,
