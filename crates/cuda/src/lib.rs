@@ -47,10 +47,11 @@ use spindle_model::{Checkpoint, ModelConfig};
 
 #[doc(hidden)]
 pub use attention::qsa_pick_on_host;
-pub use device::{ptx_for, Device};
+pub use device::Device;
 pub use error::{CudaError, Result};
 #[doc(hidden)]
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
+pub use kernels::ptx_for;
 pub use session::CudaSession;
 
 /// Prefill runs in pieces of at most this many tokens (grid-dimension limits of the MoE

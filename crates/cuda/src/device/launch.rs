@@ -1,5 +1,5 @@
 //! Kernel launches: the per-kernel shared-memory limits and occupancy, and the launch itself
-//! (arguments in 8-byte slots, built by the typed launchers of [`crate::kernels`]).
+//! (arguments in 8-byte slots, built by the typed launchers of `kernels`).
 
 use std::ffi::c_void;
 
@@ -49,15 +49,15 @@ impl Device {
     }
 
     /// Launches kernel `name` on the stream with its arguments in 8-byte slots (the typed
-    /// launchers of [`crate::kernels`] build them from the kernel's declaration).
+    /// launchers of `kernels` build them from the kernel's declaration).
     pub(crate) fn launch_slots(
         &self,
         name: &'static str,
-        cfg: crate::kernels::Launch,
+        cfg: Launch,
         slots: &[u64],
     ) -> Result<()> {
         let func = self.function(name);
-        let crate::kernels::Launch {
+        let Launch {
             grid,
             block,
             shared_bytes,
@@ -101,4 +101,28 @@ impl Device {
 /// Threads for a block that covers `n` elements (a multiple of 32, at most 1024).
 pub fn threads_for(n: usize) -> u32 {
     n.next_multiple_of(32).clamp(32, 1024) as u32
+}
+
+/// A launch's grid, block size (threads, one dimension) and dynamic shared memory (bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub shared_bytes: u32,
+}
+
+impl Launch {
+    pub fn new(grid: (u32, u32, u32), block: u32, shared_bytes: u32) -> Self {
+        Launch {
+            grid,
+            block,
+            shared_bytes,
+        }
+    }
+
+    /// A grid-stride elementwise launch over `n` elements: blocks of 256, at most 65535.
+    pub fn elementwise(n: usize) -> Self {
+        let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
+        Launch::new((blocks, 1, 1), 256, 0)
+    }
 }

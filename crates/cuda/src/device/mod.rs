@@ -21,8 +21,8 @@ use crate::error::{CudaError, DriverContext, Result};
 
 use buffer::Arena;
 pub use buffer::{DevBuf, MappedHost};
-pub use compile::ptx_for;
-pub use launch::threads_for;
+pub use compile::compile;
+pub use launch::{threads_for, Launch};
 use profile::Profile;
 
 /// One CUDA device: context, the stream every operation runs on, and the loaded kernels.
@@ -46,9 +46,14 @@ pub struct Device {
 }
 
 impl Device {
-    /// Opens device `ordinal`, compiling the kernels for its architecture. Fails with a
-    /// message naming CUDA when there is no driver, no NVRTC or no such device.
-    pub fn open(ordinal: usize) -> Result<Self> {
+    /// Opens device `ordinal` and loads `kernels` from the PTX `ptx_for` gives for its
+    /// architecture ([`Device::open`] passes the crate's kernels). Fails with a message naming
+    /// CUDA when there is no driver, no NVRTC or no such device.
+    pub(crate) fn open_with(
+        ordinal: usize,
+        ptx_for: fn(&str) -> Result<String>,
+        kernels: &[&'static str],
+    ) -> Result<Self> {
         // SAFETY: only tries to dlopen the driver library; cudarc panics later without it.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(CudaError::NoDriver);
@@ -83,9 +88,10 @@ impl Device {
         let max_shared = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .during("reading the shared memory limit")? as usize;
+        let names = kernels;
         let mut kernels = HashMap::new();
         let mut shared_limits = HashMap::new();
-        for name in crate::kernels::declared().map(|k| k.name) {
+        for &name in names {
             let func = module
                 .load_function(name)
                 .during(&format!("looking up kernel {name}"))?;

@@ -7,7 +7,12 @@
 
 use std::marker::PhantomData;
 
-use crate::device::DevBuf;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+pub use crate::device::Launch;
+use crate::device::{DevBuf, Device};
+use crate::error::Result;
 
 /// Declares kernels. Two forms, one per line:
 /// - `Name = "kernel" (args);` a single kernel: `Name::launch(dev, cfg, args..)`, `Name::NAME`;
@@ -197,6 +202,30 @@ const DECLARED: &[&[&[KernelDecl]]] = &[
     qwen4::DECLARED,
 ];
 
+/// PTX of every kernel for `arch` (e.g. `sm_90`), compiled by NVRTC at most once per process.
+/// Needs only the NVRTC library, no GPU.
+pub fn ptx_for(arch: &str) -> Result<String> {
+    static CACHE: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(ptx) = cache.get(arch) {
+        return Ok(ptx.clone());
+    }
+    let text = crate::device::compile(program(), arch)?;
+    cache.insert(arch.to_owned(), text.clone());
+    Ok(text)
+}
+
+impl Device {
+    /// Opens device `ordinal` with every declared kernel, compiled for its architecture (here,
+    /// beside the kernels, so that `device` needs nothing of them). Fails with a message naming
+    /// CUDA when there is no driver, no NVRTC or no such device.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        let names: Vec<&'static str> = declared().map(|k| k.name).collect();
+        Device::open_with(ordinal, ptx_for, &names)
+    }
+}
+
 /// Every `extern "C" __global__` function the sources define, with its parameter list.
 pub fn declared() -> impl Iterator<Item = &'static KernelDecl> {
     DECLARED
@@ -340,30 +369,6 @@ impl KernelArg for u64 {
     const PARAM: Param = Param::U64;
     fn slot(self) -> u64 {
         self
-    }
-}
-
-/// A launch's grid, block size (threads, one dimension) and dynamic shared memory (bytes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Launch {
-    pub grid: (u32, u32, u32),
-    pub block: u32,
-    pub shared_bytes: u32,
-}
-
-impl Launch {
-    pub fn new(grid: (u32, u32, u32), block: u32, shared_bytes: u32) -> Self {
-        Launch {
-            grid,
-            block,
-            shared_bytes,
-        }
-    }
-
-    /// A grid-stride elementwise launch over `n` elements: blocks of 256, at most 65535.
-    pub fn elementwise(n: usize) -> Self {
-        let blocks = n.div_ceil(256).clamp(1, 65535) as u32;
-        Launch::new((blocks, 1, 1), 256, 0)
     }
 }
 
