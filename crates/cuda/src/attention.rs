@@ -14,7 +14,7 @@ use spindle_model::{ModelConfig, QsaConfig};
 use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
 use crate::io::Io;
-use crate::kernels::{self, i, p, Launch};
+use crate::kernels::{self, i, p, Launch, Ptr};
 use crate::kernels::{
     ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_SPLIT_KEYS, MATVEC_MAX_TOKENS, QSA_PICK_THREADS,
     QSA_WARPS,
@@ -139,30 +139,40 @@ pub fn forward(
         && attend_split(
             dev,
             heads,
-            (q.ptr(), gate.ptr(), out.ptr()),
-            (cache.keys.ptr(), cache.values.ptr(), cache.partials.ptr()),
+            (q.arg(), gate.arg(), out.arg()),
+            (cache.keys.arg(), cache.values.arg(), cache.partials.arg()),
             cache.capacity,
             tokens,
             start,
-            start_dev,
+            p(start_dev),
         )?
     {
         return io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens);
     }
-    let (q, gate, out) = (q.ptr(), gate.ptr(), out.ptr());
-    let (keys, values) = (cache.keys.ptr(), cache.values.ptr());
+    let (q, gate, out_ptr) = (q.arg(), gate.arg(), out.arg());
+    let (keys, values) = (cache.keys.arg(), cache.values.arg());
     let tiled = selection.is_none()
         && tokens > MATVEC_MAX_TOKENS
-        && attend_tiled(dev, heads, q, gate, keys, values, out, tokens, start)?;
+        && attend_tiled(dev, heads, q, gate, keys, values, out_ptr, tokens, start)?;
     if !tiled {
         let sel = selection
             .as_ref()
-            .map(|s| (s.positions.ptr(), s.counts.ptr(), s.stride));
+            .map(|s| (s.positions.arg(), s.counts.arg(), s.stride));
         attend_serial(
-            dev, heads, q, gate, keys, values, sel, out, tokens, start, start_dev,
+            dev,
+            heads,
+            q,
+            gate,
+            keys,
+            values,
+            sel,
+            out_ptr,
+            tokens,
+            start,
+            p(start_dev),
         )?;
     }
-    io.finish(dev, &w.o_proj, out, n_h * d, hidden, tokens)
+    io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens)
 }
 
 /// Query heads, KV heads and head size.
@@ -178,18 +188,17 @@ pub(crate) struct Heads {
 /// `attention_decode_split` scores [`ATTN_SPLIT_KEYS`] keys per block into `partials`
 /// (`[tokens, n_h, ⌈capacity / ATTN_SPLIT_KEYS⌉, d + 2]` f32; blocks past the context exit,
 /// so the grid is fixed by the capacity), `attention_decode_combine` merges them and applies
-/// the sigmoid gate. `(q, gate, out)` and `(keys, values, partials)` are addresses of f32
-/// data. False, launching nothing, when the shape does not suit the kernels.
+/// the sigmoid gate. False, launching nothing, when the shape does not suit the kernels.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_split(
     dev: &Device,
     h: Heads,
-    (q, gate, out): (u64, u64, u64),
-    (keys, values, partials): (u64, u64, u64),
+    (q, gate, out): (Ptr<f32>, Ptr<f32>, Ptr<f32>),
+    (keys, values, partials): (Ptr<f32>, Ptr<f32>, Ptr<f32>),
     capacity: usize,
     tokens: usize,
     start: usize,
-    start_dev: u64,
+    start_dev: Ptr<i32>,
 ) -> Result<bool> {
     let Heads { n_h, n_kv, d } = h;
     let flash = tokens <= MATVEC_MAX_TOKENS && d % 4 == 0 && d <= 256 && n_h % n_kv == 0;
@@ -212,45 +221,45 @@ pub(crate) fn attend_split(
             256,
             split_shared as u32,
         ),
-        p(q),
-        p(keys),
-        p(values),
-        p(partials),
+        q,
+        keys,
+        values,
+        partials,
         i(splits),
         i(n_h),
         i(n_kv),
         i(d),
         i(start),
-        p(start_dev),
+        start_dev,
         1.0 / (d as f32).sqrt(),
     )?;
     kernels::attention::AttentionDecodeCombine::launch(
         dev,
         Launch::new((n_h as u32, tokens as u32, 1), 256, (4 * splits) as u32),
-        p(partials),
+        partials,
         i(splits),
-        p(gate),
-        p(out),
+        gate,
+        out,
         i(n_h),
         i(d),
         i(start),
-        p(start_dev),
+        start_dev,
     )?;
     Ok(true)
 }
 
 /// Causal attention of `tokens` tokens at positions `start..` over the cache through the
 /// tiled prefill kernel (a block per kv head and run of tokens: every K/V row read once per
-/// block); false, launching nothing, when the shape does not suit it. All addresses are of
-/// f32 data: q, gate and out `[tokens, n_h·d]`, keys and values `[capacity, n_kv·d]`.
+/// block); false, launching nothing, when the shape does not suit it. q, gate and out are
+/// `[tokens, n_h·d]`, keys and values `[capacity, n_kv·d]`.
 pub(crate) fn attend_tiled(
     dev: &Device,
     h: Heads,
-    q: u64,
-    gate: u64,
-    keys: u64,
-    values: u64,
-    out: u64,
+    q: Ptr<f32>,
+    gate: Ptr<f32>,
+    keys: Ptr<f32>,
+    values: Ptr<f32>,
+    out: Ptr<f32>,
     tokens: usize,
     start: usize,
 ) -> Result<bool> {
@@ -271,11 +280,11 @@ pub(crate) fn attend_tiled(
             256,
             shared as u32,
         ),
-        p(q),
-        p(gate),
-        p(keys),
-        p(values),
-        p(out),
+        q,
+        gate,
+        keys,
+        values,
+        out,
         i(tokens),
         i(h.n_h),
         i(h.n_kv),
@@ -291,33 +300,33 @@ pub(crate) fn attend_tiled(
 pub(crate) fn attend_serial(
     dev: &Device,
     h: Heads,
-    q: u64,
-    gate: u64,
-    keys: u64,
-    values: u64,
-    sel: Option<(u64, u64, usize)>,
-    out: u64,
+    q: Ptr<f32>,
+    gate: Ptr<f32>,
+    keys: Ptr<f32>,
+    values: Ptr<f32>,
+    sel: Option<(Ptr<i32>, Ptr<i32>, usize)>,
+    out: Ptr<f32>,
     tokens: usize,
     start: usize,
-    start_dev: u64,
+    start_dev: Ptr<i32>,
 ) -> Result<()> {
-    let (sel, counts, stride) = sel.unwrap_or((0, 0, 0));
+    let (sel, counts, stride) = sel.unwrap_or((Ptr::null(), Ptr::null(), 0));
     kernels::attention::AttentionSerial::launch(
         dev,
         Launch::new((tokens as u32, h.n_h as u32, 1), 128, 0),
-        p(q),
-        p(gate),
-        p(keys),
-        p(values),
-        p(sel),
-        p(counts),
+        q,
+        gate,
+        keys,
+        values,
+        sel,
+        counts,
         i(stride),
-        p(out),
+        out,
         i(h.n_h),
         i(h.n_kv),
         i(h.d),
         i(start),
-        p(start_dev),
+        start_dev,
         1.0 / (h.d as f32).sqrt(),
     )
 }

@@ -20,7 +20,7 @@ pub fn argmax(dev: &Device, x: u64, n: usize, parts: &DevBuf<u32>, out: u64) -> 
         i(n),
         p(parts.ptr()),
         p(parts.at(ARGMAX_BLOCKS)),
-        p(parts.at(2 * ARGMAX_BLOCKS)),
+        parts.arg_at(2 * ARGMAX_BLOCKS),
         p(out),
     )
 }

@@ -10,7 +10,7 @@ use crate::attention::{attend_serial, attend_split, attend_tiled, Heads};
 use crate::device::Device;
 use crate::error::Result;
 use crate::io::Io;
-use crate::kernels::ATTN_SPLIT_KEYS;
+use crate::kernels::{Ptr, ATTN_SPLIT_KEYS};
 use crate::linear::{decode_linear, project};
 use crate::matrix::DevMatrix;
 use crate::matvec::{DecodeIn, DecodeOut};
@@ -83,7 +83,7 @@ pub fn attention_of(
     let (q, gate) = (dev.upload(q)?, dev.upload(gate)?);
     let (keys, values) = (dev.upload(keys)?, dev.upload(values)?);
     let out = dev.zeros::<f32>(tokens * n_h * d)?;
-    let args = (q.ptr(), gate.ptr(), keys.ptr(), values.ptr(), out.ptr());
+    let args = (q.arg(), gate.arg(), keys.arg(), values.arg(), out.arg());
     if tiled {
         if !attend_tiled(
             dev, heads, args.0, args.1, args.2, args.3, args.4, tokens, start,
@@ -92,7 +92,17 @@ pub fn attention_of(
         }
     } else {
         attend_serial(
-            dev, heads, args.0, args.1, args.2, args.3, None, args.4, tokens, start, 0,
+            dev,
+            heads,
+            args.0,
+            args.1,
+            args.2,
+            args.3,
+            None,
+            args.4,
+            tokens,
+            start,
+            Ptr::null(),
         )?;
     }
     Ok(Some(dev.download(&out, 0, tokens * n_h * d)?))
@@ -222,12 +232,12 @@ pub fn attention_split_of(
     let ran = attend_split(
         dev,
         heads,
-        (q.ptr(), gate.ptr(), out.ptr()),
-        (k_cache.ptr(), v_cache.ptr(), partials.ptr()),
+        (q.arg(), gate.arg(), out.arg()),
+        (k_cache.arg(), v_cache.arg(), partials.arg()),
         capacity,
         tokens,
         start,
-        0,
+        Ptr::null(),
     )?;
     if !ran {
         return Ok(None);
