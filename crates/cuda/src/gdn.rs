@@ -17,7 +17,7 @@ use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
 use crate::io::Io;
 use crate::kernels::{
-    self, i, p, Launch, GDN_CHUNK, GDN_PREP_THREADS, GDN_SCAN_COLS, GDN_SCAN_THREADS,
+    self, i, Launch, Ptr, GDN_CHUNK, GDN_PREP_THREADS, GDN_SCAN_COLS, GDN_SCAN_THREADS,
     MATVEC_MAX_TOKENS,
 };
 use crate::matvec::decode_linear_conv;
@@ -123,17 +123,17 @@ pub fn forward(
         DeltaForm::Serial
     };
     let rows = DeltaRows {
-        u: u.ptr(),
-        proj: proj.ptr(),
+        u: u.arg(),
+        proj: proj.arg(),
         width,
         z_off,
         b_off,
         a_off,
-        state: state.recurrent.ptr(),
-        a_log: w.a_log.ptr(),
-        dt_bias: w.dt_bias.ptr(),
-        norm: w.norm.ptr(),
-        out: o.ptr(),
+        state: state.recurrent.arg(),
+        a_log: w.a_log.arg(),
+        dt_bias: w.dt_bias.arg(),
+        norm: w.norm.arg(),
+        out: o.arg(),
         tokens,
         eps,
         gate_sigmoid: gate_sigmoid == 1,
@@ -156,21 +156,21 @@ pub enum DeltaForm {
 /// conv), as the kernels take them.
 struct DeltaRows {
     /// The conv output `[T, C]`, channels `[q (n_k·d_k) | k (n_k·d_k) | v (n_v·d_v)]`.
-    u: u64,
+    u: Ptr<f32>,
     /// Rows `[T, width]` holding z `[n_v·d_v]` at `z_off`, b `[n_v]` at `b_off`, a at `a_off`.
-    proj: u64,
+    proj: Ptr<f32>,
     width: usize,
     z_off: usize,
     b_off: usize,
     a_off: usize,
     /// S `[n_v, d_k, d_v]`, updated in place.
-    state: u64,
+    state: Ptr<f32>,
     /// A_log and dt_bias `[n_v]`, the gated norm's weight `[d_v]`.
-    a_log: u64,
-    dt_bias: u64,
-    norm: u64,
+    a_log: Ptr<f32>,
+    dt_bias: Ptr<f32>,
+    norm: Ptr<f32>,
     /// The gated-norm output `[T, n_v·d_v]`.
-    out: u64,
+    out: Ptr<f32>,
     tokens: usize,
     eps: f32,
     /// The norm's gate is sigmoid(z) (else SiLU(z)).
@@ -194,18 +194,18 @@ fn delta_rule(dev: &Device, g: &GdnConfig, r: &DeltaRows, form: DeltaForm) -> Re
     kernels::gdn::GdnRecurrent::launch(
         dev,
         Launch::new((nv as u32, 1, 1), threads_for(dv), 0),
-        p(r.u),
+        r.u,
         i(g.conv_channels()),
-        p(r.proj),
+        r.proj,
         i(r.width),
         i(r.z_off),
         i(r.b_off),
         i(r.a_off),
-        p(r.state),
-        p(r.a_log),
-        p(r.dt_bias),
-        p(r.norm),
-        p(r.out),
+        r.state,
+        r.a_log,
+        r.dt_bias,
+        r.norm,
+        r.out,
         i(r.tokens),
         i(nk),
         i(nv),
@@ -279,7 +279,7 @@ fn delta_rule_chunked(
         dev.scratch::<f32>(nv * r.tokens.min(window).div_ceil(GDN_CHUNK) * shape.record)?;
     for t0 in (0..r.tokens).step_by(window) {
         let len = (r.tokens - t0).min(window);
-        let row = |base: u64, width: usize| base + (t0 * width * 4) as u64;
+        let row = |base: Ptr<f32>, width: usize| base.at(t0 * width);
         kernels::gdn::GdnChunkPrep::launch(
             dev,
             Launch::new(
@@ -287,14 +287,14 @@ fn delta_rule_chunked(
                 GDN_PREP_THREADS as u32,
                 shape.prep_shared as u32,
             ),
-            p(row(r.u, channels)),
+            row(r.u, channels),
             i(channels),
-            p(row(r.proj, r.width)),
+            row(r.proj, r.width),
             i(r.width),
             i(r.b_off),
             i(r.a_off),
-            p(r.a_log),
-            p(r.dt_bias),
+            r.a_log,
+            r.dt_bias,
             records.arg(),
             i(len),
             i(nk),
@@ -311,8 +311,8 @@ fn delta_rule_chunked(
                 shape.scan_shared as u32,
             ),
             records.arg(),
-            p(r.state),
-            p(row(r.out, nv * dv)),
+            r.state,
+            row(r.out, nv * dv),
             i(len),
             i(nv),
             i(dk),
@@ -328,11 +328,11 @@ fn delta_rule_chunked(
             32 * rows_per_block as u32,
             0,
         ),
-        p(r.out),
-        p(r.proj),
+        r.out,
+        r.proj,
         i(r.width),
         i(r.z_off),
-        p(r.norm),
+        r.norm,
         i(r.tokens),
         i(nv),
         i(dv),
@@ -412,17 +412,17 @@ pub fn delta_rule_on_host(
     );
     let out = dev.zeros::<f32>(tokens * nv * dv)?;
     let rows = DeltaRows {
-        u: u.ptr(),
-        proj: zba.ptr(),
+        u: u.arg(),
+        proj: zba.arg(),
         width,
         z_off: 0,
         b_off: nv * dv,
         a_off: nv * dv + nv,
-        state: s.ptr(),
-        a_log: a_log.ptr(),
-        dt_bias: dt_bias.ptr(),
-        norm: norm.ptr(),
-        out: out.ptr(),
+        state: s.arg(),
+        a_log: a_log.arg(),
+        dt_bias: dt_bias.arg(),
+        norm: norm.arg(),
+        out: out.arg(),
         tokens,
         eps: x.eps,
         gate_sigmoid: x.gate_sigmoid,

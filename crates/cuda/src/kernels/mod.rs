@@ -305,6 +305,11 @@ impl<T> Ptr<T> {
     pub fn addr(self) -> u64 {
         self.addr
     }
+
+    /// The address of element `i` from here.
+    pub fn at(self, i: usize) -> Self {
+        Self::raw(self.addr + (i * std::mem::size_of::<T>()) as u64)
+    }
 }
 
 impl<T> DevBuf<T> {
