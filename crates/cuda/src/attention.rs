@@ -147,7 +147,7 @@ pub fn forward(
             p(start_dev),
         )?
     {
-        return io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens);
+        return io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens);
     }
     let (q, gate, out_ptr) = (q.arg(), gate.arg(), out.arg());
     let (keys, values) = (cache.keys.arg(), cache.values.arg());
@@ -172,7 +172,7 @@ pub fn forward(
             p(start_dev),
         )?;
     }
-    io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens)
+    io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens)
 }
 
 /// Query heads, KV heads and head size.

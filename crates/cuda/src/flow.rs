@@ -11,7 +11,7 @@ use crate::attention::{self, AttentionCtx};
 use crate::device::{DevBuf, Device};
 use crate::error::{DriverContext, Result};
 use crate::io::Io;
-use crate::kernels::{self, i, p, Launch, MATVEC_MAX_TOKENS};
+use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS};
 use crate::linear::{decode_linear, project};
 use crate::matvec::{DecodeIn, DecodeOut};
 use crate::norm::norm_rows;
@@ -53,7 +53,7 @@ fn enter<'w>(
                 Sublayer::Ffn => post,
             };
             Ok((
-                norm_rows(dev, h.ptr(), w, s.tokens, 1, s.hidden, s.eps)?,
+                norm_rows(dev, h.arg(), w, s.tokens, 1, s.hidden, s.eps)?,
                 None,
             ))
         }
@@ -63,7 +63,7 @@ fn enter<'w>(
                 Sublayer::Ffn => mlp,
             };
             let HyperInput { x, mix } =
-                qwen4::enter(dev, w, h.ptr(), s.tokens, s.streams, s.hidden, s.eps)?;
+                qwen4::enter(dev, w, h.arg(), s.tokens, s.streams, s.hidden, s.eps)?;
             Ok((x, Some((w, mix))))
         }
     }
@@ -352,8 +352,8 @@ fn body(
     }
 
     let (rows, count) = match want {
-        LogitsFor::All => (h.ptr(), s.tokens),
-        LogitsFor::Last => (h.at((s.tokens - 1) * width), 1),
+        LogitsFor::All => (h.arg(), s.tokens),
+        LogitsFor::Last => (h.arg_at((s.tokens - 1) * width), 1),
     };
     let lm_head = e.gpu.lm_head();
     if count <= MATVEC_MAX_TOKENS {
@@ -364,16 +364,16 @@ fn body(
                 x: rows,
                 ldx: width,
                 norm: Some((w, s.eps)),
-                normed_out: 0,
+                normed_out: Ptr::null(),
             },
             GpuHeadInput::HyperMixer(w) => {
                 mixed = qwen4::enter(dev, w, rows, count, s.streams, s.hidden, s.eps)?.x;
-                DecodeIn::plain(mixed.ptr(), s.hidden)
+                DecodeIn::plain(mixed.arg(), s.hidden)
             }
         };
         let logits = dev.scratch::<f32>(count * lm_head.rows)?;
         let out = DecodeOut::Store {
-            y: logits.ptr(),
+            y: logits.arg(),
             ldy: lm_head.rows,
         };
         decode_linear(dev, lm_head, 0..lm_head.rows, input, count, out)?;
@@ -385,6 +385,6 @@ fn body(
             qwen4::enter(dev, w, rows, count, s.streams, s.hidden, s.eps)?.x
         }
     };
-    let logits = project(dev, lm_head, head_in.ptr(), s.hidden, count)?;
+    let logits = project(dev, lm_head, head_in.arg(), s.hidden, count)?;
     Ok((logits, count))
 }

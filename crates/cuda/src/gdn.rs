@@ -51,16 +51,16 @@ pub fn forward(
         heads_launch(dev, config, tokens),
     ) {
         let u = dev.scratch::<f32>(tokens * width)?;
-        let input = io.input(hidden, 0);
+        let input = io.input(hidden, Ptr::null());
         let fused = decode_linear_conv(
             dev,
             &w.in_proj,
             input,
             tokens,
-            u.ptr(),
+            u.arg(),
             width,
-            state.conv.ptr(),
-            w.conv.ptr(),
+            state.conv.arg(),
+            w.conv.arg(),
             g.conv_kernel,
             channels,
         )?;
@@ -87,7 +87,7 @@ pub fn forward(
                 i(gate_sigmoid),
                 i(r),
             )?;
-            return io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens);
+            return io.finish(dev, &w.out_proj, o.arg(), nv * dv, hidden, tokens);
         }
     }
 
@@ -139,7 +139,7 @@ pub fn forward(
         gate_sigmoid: gate_sigmoid == 1,
     };
     delta_rule(dev, g, &rows, form)?;
-    io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens)
+    io.finish(dev, &w.out_proj, o.arg(), nv * dv, hidden, tokens)
 }
 
 /// The form of the delta rule a prefill runs (MODEL_MATH §1.5).

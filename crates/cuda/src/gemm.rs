@@ -5,7 +5,7 @@ use crate::device::{DevBuf, Device};
 use crate::error::Result;
 use crate::kernels::gemm::{GemmSimt, GemmTensor};
 use crate::kernels::{
-    self, i, p, Launch, TENSOR_GEMM_ROWS, TENSOR_GEMM_STAGES, TENSOR_GEMM_TOKENS,
+    self, i, p, Launch, Ptr, TENSOR_GEMM_ROWS, TENSOR_GEMM_STAGES, TENSOR_GEMM_TOKENS,
 };
 use crate::matrix::{DevPart, WFormat};
 
@@ -35,7 +35,7 @@ impl GemmActs {
     pub fn prepare(
         dev: &Device,
         fmt: WFormat,
-        x: u64,
+        x: Ptr<f32>,
         ldx: usize,
         up: Option<usize>,
         rows: usize,
@@ -49,7 +49,7 @@ impl GemmActs {
             kernels::gemm::GemmTensorQuantizeActs::launch(
                 dev,
                 Launch::elementwise(rows * cols),
-                p(x),
+                x,
                 i(ldx),
                 up,
                 i(rows),
@@ -68,7 +68,7 @@ impl GemmActs {
             kernels::gemm::GemmTensorSplitActsBf16::launch(
                 dev,
                 Launch::elementwise(rows * cols),
-                p(x),
+                x,
                 i(ldx),
                 up,
                 i(rows),
@@ -94,8 +94,8 @@ pub enum GemmRows {
     /// (pair ids sorted by expert), at most `max_tiles`; activation row = pair / `a_div`,
     /// output row = pair; expert e's weights are rows `e·rows .. (e+1)·rows` of the part.
     Grouped {
-        tiles: u64,
-        order: u64,
+        tiles: Ptr<i32>,
+        order: Ptr<i32>,
         max_tiles: usize,
         a_div: usize,
         rows: usize,
@@ -129,7 +129,7 @@ pub fn tensor_gemm(
     dev: &Device,
     w: &DevPart,
     acts: &GemmActs,
-    y: u64,
+    y: Ptr<f32>,
     ldy: usize,
     accumulate: bool,
     rows: GemmRows,
@@ -141,7 +141,14 @@ pub fn tensor_gemm(
     );
     assert_eq!(acts.cols, w.cols, "activations of another width");
     let (n, m, m_tiles, tiles, order, a_div) = match rows {
-        GemmRows::Dense(tokens) => (w.rows, tokens, tokens.div_ceil(TENSOR_GEMM_TOKENS), 0, 0, 1),
+        GemmRows::Dense(tokens) => (
+            w.rows,
+            tokens,
+            tokens.div_ceil(TENSOR_GEMM_TOKENS),
+            Ptr::null(),
+            Ptr::null(),
+            1,
+        ),
         GemmRows::Grouped {
             tiles,
             order,
@@ -164,14 +171,14 @@ pub fn tensor_gemm(
         w.scales.arg(),
         acts.a.arg(),
         p(acts.aux.as_ref().map_or(0, DevBuf::ptr)),
-        p(y),
+        y,
         i(ldy),
         i(accumulate as usize),
         i(n),
         i(w.cols),
         i(m),
-        p(tiles),
-        p(order),
+        tiles,
+        order,
         i(a_div),
     )
 }
@@ -181,9 +188,9 @@ pub fn tensor_gemm(
 pub fn simt_gemm(
     dev: &Device,
     w: &DevPart,
-    x: u64,
+    x: Ptr<f32>,
     ldx: usize,
-    y: u64,
+    y: Ptr<f32>,
     ldy: usize,
     tokens: usize,
     accumulate: bool,
@@ -194,8 +201,8 @@ pub fn simt_gemm(
         Launch::new(grid, 256, 0),
         w.codes.arg(),
         w.scales.arg(),
-        p(x),
-        p(y),
+        x,
+        y,
         i(w.rows),
         i(w.cols),
         i(tokens),

@@ -4,7 +4,7 @@
 
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
-use crate::kernels::{self, i, Launch, MATVEC_MAX_TOKENS};
+use crate::kernels::{self, i, Launch, Ptr, MATVEC_MAX_TOKENS};
 use crate::linear::{decode_linear, linear, project};
 use crate::matrix::DevMatrix;
 use crate::matvec::{DecodeIn, DecodeOut};
@@ -25,11 +25,11 @@ pub enum Io<'a> {
 
 impl<'a> Io<'a> {
     /// The input of the sublayer's first linear layer(s); `normed_out` as in [`DecodeIn`].
-    pub fn input(&self, hidden: usize, normed_out: u64) -> DecodeIn<'a> {
+    pub fn input(&self, hidden: usize, normed_out: Ptr<f32>) -> DecodeIn<'a> {
         match *self {
-            Io::Split(x) => DecodeIn::plain(x.ptr(), hidden),
+            Io::Split(x) => DecodeIn::plain(x.arg(), hidden),
             Io::Fused { h, norm, eps } => DecodeIn {
-                x: h.ptr(),
+                x: h.arg(),
                 ldx: hidden,
                 norm: Some((norm, eps)),
                 normed_out,
@@ -46,14 +46,15 @@ impl<'a> Io<'a> {
         tokens: usize,
     ) -> Result<DevBuf<f32>> {
         match *self {
-            Io::Split(x) if tokens > MATVEC_MAX_TOKENS => project(dev, w, x.ptr(), hidden, tokens),
+            Io::Split(x) if tokens > MATVEC_MAX_TOKENS => project(dev, w, x.arg(), hidden, tokens),
             _ => {
                 let y = dev.scratch::<f32>(tokens * w.rows)?;
                 let out = DecodeOut::Store {
-                    y: y.ptr(),
+                    y: y.arg(),
                     ldy: w.rows,
                 };
-                decode_linear(dev, w, 0..w.rows, self.input(hidden, 0), tokens, out)?;
+                let input = self.input(hidden, Ptr::null());
+                decode_linear(dev, w, 0..w.rows, input, tokens, out)?;
                 Ok(y)
             }
         }
@@ -65,7 +66,7 @@ impl<'a> Io<'a> {
         &self,
         dev: &Device,
         w: &DevMatrix,
-        x: u64,
+        x: Ptr<f32>,
         ldx: usize,
         hidden: usize,
         tokens: usize,
@@ -75,10 +76,10 @@ impl<'a> Io<'a> {
             Io::Split(_) => {
                 let y = dev.scratch::<f32>(tokens * w.rows)?;
                 if tokens > MATVEC_MAX_TOKENS {
-                    linear(dev, w, x, ldx, y.ptr(), w.rows, tokens, false)?;
+                    linear(dev, w, x, ldx, y.arg(), w.rows, tokens, false)?;
                 } else {
                     let out = DecodeOut::Store {
-                        y: y.ptr(),
+                        y: y.arg(),
                         ldy: w.rows,
                     };
                     decode_linear(dev, w, 0..w.rows, input, tokens, out)?;
@@ -87,7 +88,7 @@ impl<'a> Io<'a> {
             }
             Io::Fused { h, .. } => {
                 let out = DecodeOut::Accumulate {
-                    y: h.ptr(),
+                    y: h.arg(),
                     ldy: hidden,
                     gate: None,
                 };

@@ -7,18 +7,18 @@
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
 use crate::gemm::{simt_gemm, tensor_gemm, tensor_gemm_ok, GemmActs, GemmRows};
-use crate::kernels::{self, i, p, Launch, MATVEC_MAX_TOKENS};
+use crate::kernels::{self, i, Launch, Ptr, MATVEC_MAX_TOKENS};
 use crate::matrix::{DevMatrix, DevPart};
 use crate::matvec::{decode_matvec, decode_matvec_fits, matvec, DecodeIn, DecodeOut};
 use crate::norm::group_norm;
 
-/// `y[t·ldy + r] (+)= Σ_c W[r, c]·x[t·ldx + c]` for `tokens` rows of x (addresses of f32 data).
+/// `y[t·ldy + r] (+)= Σ_c W[r, c]·x[t·ldx + c]` for `tokens` rows of x.
 pub fn linear(
     dev: &Device,
     w: &DevMatrix,
-    x: u64,
+    x: Ptr<f32>,
     ldx: usize,
-    y: u64,
+    y: Ptr<f32>,
     ldy: usize,
     tokens: usize,
     accumulate: bool,
@@ -26,7 +26,7 @@ pub fn linear(
     // Prepared once per weight family for the tensor-core GEMM: [bf16, int8].
     let mut prepared: [Option<GemmActs>; 2] = [None, None];
     for (row0, part) in &w.parts {
-        let y = y + (*row0 * 4) as u64;
+        let y = y.at(*row0);
         if tokens > MATVEC_MAX_TOKENS && tensor_gemm_ok(dev, part.fmt, part.cols) {
             let slot = &mut prepared[part.fmt.int8_acts() as usize];
             if slot.is_none() {
@@ -46,9 +46,9 @@ pub fn linear(
 fn linear_part(
     dev: &Device,
     w: &DevPart,
-    x: u64,
+    x: Ptr<f32>,
     ldx: usize,
-    y: u64,
+    y: Ptr<f32>,
     ldy: usize,
     tokens: usize,
     accumulate: bool,
@@ -67,12 +67,12 @@ fn linear_part(
 pub fn project(
     dev: &Device,
     w: &DevMatrix,
-    x: u64,
+    x: Ptr<f32>,
     ldx: usize,
     tokens: usize,
 ) -> Result<DevBuf<f32>> {
     let y = dev.scratch::<f32>(tokens * w.rows)?;
-    linear(dev, w, x, ldx, y.ptr(), w.rows, tokens, false)?;
+    linear(dev, w, x, ldx, y.arg(), w.rows, tokens, false)?;
     Ok(y)
 }
 
@@ -112,7 +112,7 @@ pub fn decode_linear(
         if lo >= hi {
             continue;
         }
-        let shift = |y: u64| y + ((lo - rows.start) * 4) as u64;
+        let shift = |y: Ptr<f32>| y.at(lo - rows.start);
         let out = match out {
             DecodeOut::Store { y, ldy } => DecodeOut::Store { y: shift(y), ldy },
             DecodeOut::Accumulate { y, ldy, gate } => DecodeOut::Accumulate {
@@ -123,7 +123,11 @@ pub fn decode_linear(
             DecodeOut::SwiGlu { .. } => unreachable!("handled above"),
         };
         let input = DecodeIn {
-            normed_out: if first_part { input.normed_out } else { 0 },
+            normed_out: if first_part {
+                input.normed_out
+            } else {
+                Ptr::null()
+            },
             ..input
         };
         first_part = false;
@@ -145,21 +149,21 @@ fn decode_fallback(
     let normed;
     let (x, ldx) = match input.norm {
         Some((nw, eps)) => {
-            let dst = if input.normed_out != 0 {
+            let dst = if !input.normed_out.is_null() {
                 input.normed_out
             } else {
                 normed = dev.scratch::<f32>(tokens * cols)?;
-                normed.ptr()
+                normed.arg()
             };
             group_norm(dev, input.x, input.ldx, dst, cols, nw, tokens, 1, cols, eps)?;
             (dst, cols)
         }
         None => {
-            if input.normed_out != 0 {
+            if !input.normed_out.is_null() {
                 for t in 0..tokens {
                     dev.copy_raw(
-                        input.x + (t * input.ldx * 4) as u64,
-                        input.normed_out + (t * cols * 4) as u64,
+                        input.x.at(t * input.ldx).addr(),
+                        input.normed_out.at(t * cols).addr(),
                         cols * 4,
                     )?;
                 }
@@ -169,15 +173,11 @@ fn decode_fallback(
     };
     let n = rows.len();
     let full = project(dev, w, x, ldx, tokens)?; // [tokens, w.rows]
-    let src = full.at(rows.start);
+    let src = full.arg_at(rows.start);
     match out {
         DecodeOut::Store { y, ldy } => {
             for t in 0..tokens {
-                dev.copy_raw(
-                    src + (t * w.rows * 4) as u64,
-                    y + (t * ldy * 4) as u64,
-                    n * 4,
-                )?;
+                dev.copy_raw(src.at(t * w.rows).addr(), y.at(t * ldy).addr(), n * 4)?;
             }
             Ok(())
         }
@@ -187,11 +187,11 @@ fn decode_fallback(
                 kernels::elementwise::Swiglu::launch(
                     dev,
                     Launch::elementwise(half),
-                    p(src + (t * w.rows * 4) as u64),
+                    src.at(t * w.rows),
                     i(w.rows),
                     i(0),
                     i(half),
-                    p(y + (t * ldy * 4) as u64),
+                    y.at(t * ldy),
                     i(1),
                     i(half),
                 )?;
@@ -200,13 +200,13 @@ fn decode_fallback(
         }
         DecodeOut::Accumulate { y, ldy, gate } => {
             for t in 0..tokens {
-                let row = src + (t * w.rows * 4) as u64;
+                let row = src.at(t * w.rows);
                 if let Some((g, ldg)) = gate {
                     kernels::elementwise::ScaleBySigmoid::launch(
                         dev,
                         Launch::elementwise(n),
-                        p(row),
-                        p(g + (t * ldg * 4) as u64),
+                        row,
+                        g.at(t * ldg),
                         i(ldg),
                         i(1),
                         i(n),
@@ -215,8 +215,8 @@ fn decode_fallback(
                 kernels::elementwise::AddInPlace::launch(
                     dev,
                     Launch::elementwise(n),
-                    p(y + (t * ldy * 4) as u64),
-                    p(row),
+                    y.at(t * ldy),
+                    row,
                     i(n),
                 )?;
             }

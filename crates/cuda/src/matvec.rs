@@ -6,7 +6,7 @@
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
 use crate::kernels::matvec::{DecodeMatvec, DecodeMatvecConv, Matvec};
-use crate::kernels::{i, p, Launch, DECODE_CONV_WINDOW};
+use crate::kernels::{i, Launch, Ptr, DECODE_CONV_WINDOW};
 use crate::matrix::{DevMatrix, DevPart, WFormat};
 
 /// `y[t·ldy + r] (+)= Σ_c W[r, c]·x[t·ldx + c]` for at most [`MATVEC_MAX_TOKENS`](crate::kernels::MATVEC_MAX_TOKENS) tokens
@@ -15,22 +15,22 @@ use crate::matrix::{DevMatrix, DevPart, WFormat};
 pub fn matvec(
     dev: &Device,
     w: &DevPart,
-    x: u64,
+    x: Ptr<f32>,
     ldx: usize,
-    y: u64,
+    y: Ptr<f32>,
     ldy: usize,
     tokens: usize,
     accumulate: bool,
 ) -> Result<()> {
-    let vec = w.vec_ok() && ldx % 4 == 0 && x % 16 == 0;
+    let vec = w.vec_ok() && ldx % 4 == 0 && x.addr() % 16 == 0;
     let blocks = w.rows.div_ceil(8) as u32;
     matvec_kernel(w.fmt).launch(
         dev,
         Launch::new((blocks, 1, 1), 256, 0),
         w.codes.arg(),
         w.scales.arg(),
-        p(x),
-        p(y),
+        x,
+        y,
         i(w.rows),
         i(w.cols),
         i(tokens),
@@ -53,21 +53,21 @@ fn matvec_kernel(fmt: WFormat) -> Matvec {
 /// RMS-normed first with a zero-centred weight (the norm is fused into the matvec).
 #[derive(Clone, Copy)]
 pub struct DecodeIn<'a> {
-    pub x: u64,
+    pub x: Ptr<f32>,
     pub ldx: usize,
     pub norm: Option<(&'a DevBuf<f32>, f32)>,
-    /// Where to also write the normed rows (`[tokens, cols]`), or 0.
-    pub normed_out: u64,
+    /// Where to also write the normed rows (`[tokens, cols]`), or null.
+    pub normed_out: Ptr<f32>,
 }
 
 impl DecodeIn<'_> {
     /// Rows of `x` used as they are.
-    pub fn plain(x: u64, ldx: usize) -> Self {
+    pub fn plain(x: Ptr<f32>, ldx: usize) -> Self {
         DecodeIn {
             x,
             ldx,
             norm: None,
-            normed_out: 0,
+            normed_out: Ptr::null(),
         }
     }
 }
@@ -76,15 +76,15 @@ impl DecodeIn<'_> {
 #[derive(Clone, Copy)]
 pub enum DecodeOut {
     /// y = x·Wᵀ.
-    Store { y: u64, ldy: usize },
+    Store { y: Ptr<f32>, ldy: usize },
     /// y += x·Wᵀ, times sigmoid(gate[t·ldg]) when `gate` is `Some((gate, ldg))`.
     Accumulate {
-        y: u64,
+        y: Ptr<f32>,
         ldy: usize,
-        gate: Option<(u64, usize)>,
+        gate: Option<(Ptr<f32>, usize)>,
     },
     /// The rows are [gate (n) | up (n)]: y[t·ldy + j] = silu(gate_j·x)·(up_j·x), j < n.
-    SwiGlu { y: u64, ldy: usize },
+    SwiGlu { y: Ptr<f32>, ldy: usize },
 }
 
 /// Lanes that share one weight row: enough chunks per lane for DEC_BATCH loads in flight.
@@ -111,10 +111,10 @@ pub fn decode_linear_conv(
     w: &DevMatrix,
     input: DecodeIn,
     tokens: usize,
-    y: u64,
+    y: Ptr<f32>,
     ldy: usize,
-    conv_state: u64,
-    conv_w: u64,
+    conv_state: Ptr<f32>,
+    conv_w: Ptr<f32>,
     kernel: usize,
     channels: usize,
 ) -> Result<bool> {
@@ -161,12 +161,12 @@ pub(crate) fn decode_matvec_fits(
     };
     layout
         && part.codes.ptr() % 16 == 0
-        && input.x % 16 == 0
+        && input.x.addr() % 16 == 0
         && input.ldx % 4 == 0
         && input
             .norm
             .is_none_or(|(w, _)| w.len() == cols && w.ptr() % 16 == 0)
-        && input.normed_out % 16 == 0
+        && input.normed_out.addr() % 16 == 0
         && staged_bytes(part.fmt, tokens, cols)
             <= dev.shared_limit(decode_matvec_kernel(part.fmt, tokens).name())
 }
@@ -189,8 +189,8 @@ enum DecodeMatvecKernel {
     Plain(DecodeMatvec),
     Conv {
         kernel: DecodeMatvecConv,
-        state: u64,
-        weights: u64,
+        state: Ptr<f32>,
+        weights: Ptr<f32>,
         taps: usize,
         channels: usize,
     },
@@ -255,21 +255,23 @@ fn decode_matvec_launch(
     let shared = staged_bytes(part.fmt, tokens, part.cols);
     let grid = dev.resident_grid(kernel.name(), 256, shared, outs.div_ceil(per_block))?;
     let (y, ldy, accumulate, gate, ldg) = match out {
-        DecodeOut::Store { y, ldy } | DecodeOut::SwiGlu { y, ldy } => (y, ldy, false, 0, 0),
+        DecodeOut::Store { y, ldy } | DecodeOut::SwiGlu { y, ldy } => {
+            (y, ldy, false, Ptr::null(), 0)
+        }
         DecodeOut::Accumulate { y, ldy, gate } => {
-            let (g, ldg) = gate.unwrap_or((0, 0));
+            let (g, ldg) = gate.unwrap_or((Ptr::null(), 0));
             (y, ldy, true, g, ldg)
         }
     };
     let rb = part.fmt.row_bytes(part.cols);
     let rs = part.fmt.row_scales(part.cols);
     let (norm, eps) = match input.norm {
-        Some((w, eps)) => (w.ptr(), eps),
-        None => (0, 0.0),
+        Some((w, eps)) => (w.arg(), eps),
+        None => (Ptr::null(), 0.0),
     };
     let cfg = Launch::new((grid, 1, 1), 256, shared as u32);
-    let codes = p(part.codes.ptr() + (first * rb) as u64);
-    let scales = p(part.scales.ptr() + (first * rs * 2) as u64);
+    let codes = part.codes.arg_at(first * rb);
+    let scales = part.scales.arg_at(first * rs);
     match kernel {
         DecodeMatvecKernel::Plain(k) => k.launch(
             dev,
@@ -278,17 +280,17 @@ fn decode_matvec_launch(
             scales,
             i(outs),
             i(part.cols),
-            p(input.x),
+            input.x,
             i(input.ldx),
             i(tokens),
-            p(norm),
+            norm,
             eps,
-            p(input.normed_out),
-            p(y),
+            input.normed_out,
+            y,
             i(ldy),
             i(accumulate as usize),
             i(pair),
-            p(gate),
+            gate,
             i(ldg),
             i(lpr),
         ),
@@ -305,21 +307,21 @@ fn decode_matvec_launch(
             scales,
             i(outs),
             i(part.cols),
-            p(input.x),
+            input.x,
             i(input.ldx),
             i(tokens),
-            p(norm),
+            norm,
             eps,
-            p(input.normed_out),
-            p(y),
+            input.normed_out,
+            y,
             i(ldy),
             i(accumulate as usize),
             i(pair),
-            p(gate),
+            gate,
             i(ldg),
             i(lpr),
-            p(state),
-            p(weights),
+            state,
+            weights,
             i(taps),
             i(channels),
         ),

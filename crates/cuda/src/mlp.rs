@@ -4,7 +4,7 @@
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
 use crate::io::Io;
-use crate::kernels::{self, i, Launch, MATVEC_MAX_TOKENS};
+use crate::kernels::{self, i, Launch, Ptr, MATVEC_MAX_TOKENS};
 use crate::linear::{decode_linear, linear, project};
 use crate::matvec::DecodeOut;
 use crate::weights::GpuMlp;
@@ -23,15 +23,15 @@ pub fn mlp(
         _ => {
             let act = dev.scratch::<f32>(tokens * inter)?;
             let out = DecodeOut::SwiGlu {
-                y: act.ptr(),
+                y: act.arg(),
                 ldy: inter,
             };
-            let input = io.input(hidden, 0);
+            let input = io.input(hidden, Ptr::null());
             decode_linear(dev, &w.gate_up, 0..2 * inter, input, tokens, out)?;
-            return io.finish(dev, &w.down, act.ptr(), inter, hidden, tokens);
+            return io.finish(dev, &w.down, act.arg(), inter, hidden, tokens);
         }
     };
-    let gu = project(dev, &w.gate_up, x.ptr(), hidden, tokens)?;
+    let gu = project(dev, &w.gate_up, x.arg(), hidden, tokens)?;
     let act = dev.scratch::<f32>(tokens * inter)?;
     kernels::elementwise::Swiglu::launch(
         dev,
@@ -48,9 +48,9 @@ pub fn mlp(
     linear(
         dev,
         &w.down,
-        act.ptr(),
+        act.arg(),
         inter,
-        y.ptr(),
+        y.arg(),
         hidden,
         tokens,
         false,

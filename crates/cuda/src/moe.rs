@@ -11,7 +11,7 @@ use crate::gemm::{tensor_gemm, tensor_gemm_ok, GemmActs, GemmRows, GROUP_TILE};
 use crate::io::Io;
 use crate::kernels::moe::{DecodeMoeDown, DecodeMoeGateUp};
 use crate::kernels::moe::{MoeDown, MoeGateUp};
-use crate::kernels::{self, i, p, Launch, MATVEC_MAX_TOKENS, MOE_MAX_K};
+use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS, MOE_MAX_K};
 use crate::linear::{decode_linear, linear, project};
 use crate::matrix::{DevPart, WFormat};
 use crate::matvec::{staged_bytes, DecodeIn, DecodeOut};
@@ -36,7 +36,7 @@ pub fn moe(
         Io::Split(x) => moe_general(dev, config, w, x, tokens)?,
         Io::Fused { h, norm, eps } => {
             let hidden = config.hidden_size;
-            let x = norm_rows(dev, h.ptr(), norm, tokens, 1, hidden, eps)?;
+            let x = norm_rows(dev, h.arg(), norm, tokens, 1, hidden, eps)?;
             moe_general(dev, config, w, &x, tokens)?
         }
     };
@@ -166,16 +166,16 @@ fn moe_decode(
     let ld = e_count + 1;
     let logits = dev.scratch::<f32>(tokens * ld)?;
     let (xn_buf, x) = match io {
-        Io::Split(x) => (None, x.ptr()),
+        Io::Split(x) => (None, x.arg()),
         Io::Fused { .. } => {
             let xn = dev.scratch::<f32>(tokens * hidden)?;
-            let ptr = xn.ptr();
+            let ptr = xn.arg();
             (Some(xn), ptr)
         }
     };
-    let input = io.input(hidden, if xn_buf.is_some() { x } else { 0 });
+    let input = io.input(hidden, if xn_buf.is_some() { x } else { Ptr::null() });
     let out = DecodeOut::Store {
-        y: logits.ptr(),
+        y: logits.arg(),
         ldy: ld,
     };
     decode_linear(dev, &w.input, 0..ld, input, tokens, out)?;
@@ -204,7 +204,7 @@ fn moe_decode(
         gu.scales.arg(),
         p(sgu),
         p(sgs),
-        p(x),
+        x,
         i(tokens),
         logits.arg(),
         i(ld),
@@ -222,7 +222,7 @@ fn moe_decode(
     if sgu == 0 {
         let rows = ld..ld + 2 * shared;
         let out = DecodeOut::SwiGlu {
-            y: act_s.ptr(),
+            y: act_s.arg(),
             ldy: shared,
         };
         decode_linear(dev, &w.input, rows, DecodeIn::plain(x, hidden), tokens, out)?;
@@ -230,10 +230,10 @@ fn moe_decode(
 
     // The output: the residual itself (fused), or a fresh buffer the routed sum is stored in.
     let (y, owned, accumulate) = match io {
-        Io::Fused { h, .. } => (h.ptr(), None, true),
+        Io::Fused { h, .. } => (h.arg(), None, true),
         Io::Split(_) => {
             let y = dev.scratch::<f32>(tokens * hidden)?;
-            (y.ptr(), Some(y), false)
+            (y.arg(), Some(y), false)
         }
     };
     let (sdw, sds) = if plan.shared_down {
@@ -266,7 +266,7 @@ fn moe_decode(
         i(inter),
         i(shared),
         i(hidden),
-        p(y),
+        y,
         i(hidden),
         i(accumulate as usize),
     )?;
@@ -274,9 +274,9 @@ fn moe_decode(
         let out = DecodeOut::Accumulate {
             y,
             ldy: hidden,
-            gate: Some((logits.at(e_count), ld)),
+            gate: Some((logits.arg_at(e_count), ld)),
         };
-        let input = DecodeIn::plain(act_s.ptr(), shared);
+        let input = DecodeIn::plain(act_s.arg(), shared);
         decode_linear(dev, &w.shared_down, 0..hidden, input, tokens, out)?;
     }
     Ok(owned)
@@ -302,7 +302,7 @@ fn moe_general(
         cfg.shared_intermediate,
     );
     let width = w.input.rows; // E + 1 + 2·I_s
-    let big = project(dev, &w.input, x.ptr(), hidden, tokens)?;
+    let big = project(dev, &w.input, x.arg(), hidden, tokens)?;
 
     let idx = dev.scratch::<i32>(tokens * k)?;
     let wt = dev.scratch::<f32>(tokens * k)?;
@@ -339,9 +339,9 @@ fn moe_general(
     linear(
         dev,
         &w.shared_down,
-        act_shared.ptr(),
+        act_shared.arg(),
         shared,
-        y.ptr(),
+        y.arg(),
         hidden,
         tokens,
         false,
@@ -471,19 +471,19 @@ fn routed_grouped(
         i(max_tiles),
     )?;
     let grouped = |a_div, rows| GemmRows::Grouped {
-        tiles: tiles.ptr(),
-        order: order.ptr(),
+        tiles: tiles.arg(),
+        order: order.arg(),
         max_tiles,
         a_div,
         rows,
     };
-    let acts = GemmActs::prepare(dev, gu.fmt, x.ptr(), hidden, None, r.tokens, hidden)?;
+    let acts = GemmActs::prepare(dev, gu.fmt, x.arg(), hidden, None, r.tokens, hidden)?;
     let gate_up = dev.scratch::<f32>(pairs * 2 * inter)?;
     tensor_gemm(
         dev,
         gu,
         &acts,
-        gate_up.ptr(),
+        gate_up.arg(),
         2 * inter,
         false,
         grouped(r.k, 2 * inter),
@@ -491,7 +491,7 @@ fn routed_grouped(
     let act = GemmActs::prepare(
         dev,
         down.fmt,
-        gate_up.ptr(),
+        gate_up.arg(),
         2 * inter,
         Some(inter),
         pairs,
@@ -502,7 +502,7 @@ fn routed_grouped(
         dev,
         down,
         &act,
-        out.ptr(),
+        out.arg(),
         hidden,
         false,
         grouped(1, hidden),

@@ -3,15 +3,15 @@
 
 use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::kernels::{self, i, p, Launch};
+use crate::kernels::{self, i, Launch, Ptr};
 
 /// Zero-centred RMSNorm of `groups` groups of `group` values in each of `tokens` rows
 /// (row t of x at `t·ldx`, of y at `t·ldy`).
 pub(crate) fn group_norm(
     dev: &Device,
-    x: u64,
+    x: Ptr<f32>,
     ldx: usize,
-    y: u64,
+    y: Ptr<f32>,
     ldy: usize,
     w: &DevBuf<f32>,
     tokens: usize,
@@ -26,9 +26,9 @@ pub(crate) fn group_norm(
             threads_for(group).min(256),
             0,
         ),
-        p(x),
+        x,
         i(ldx),
-        p(y),
+        y,
         i(ldy),
         w.arg(),
         i(group),
@@ -39,7 +39,7 @@ pub(crate) fn group_norm(
 /// Zero-centred RMSNorm of `tokens` rows of `[groups · group]` (MODEL_MATH §1.1).
 pub fn norm_rows(
     dev: &Device,
-    x: u64,
+    x: Ptr<f32>,
     w: &DevBuf<f32>,
     tokens: usize,
     groups: usize,
@@ -48,6 +48,6 @@ pub fn norm_rows(
 ) -> Result<DevBuf<f32>> {
     let width = groups * group;
     let y = dev.scratch::<f32>(tokens * width)?;
-    group_norm(dev, x, width, y.ptr(), width, w, tokens, groups, group, eps)?;
+    group_norm(dev, x, width, y.arg(), width, w, tokens, groups, group, eps)?;
     Ok(y)
 }

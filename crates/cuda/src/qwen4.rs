@@ -6,7 +6,7 @@
 
 use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::kernels::{self, i, p, Launch};
+use crate::kernels::{self, i, p, Launch, Ptr};
 use crate::linear::project;
 use crate::norm::{group_norm, norm_rows};
 use crate::weights::{GpuHyper, GpuPle};
@@ -22,7 +22,7 @@ pub struct HyperInput {
 pub fn enter(
     dev: &Device,
     w: &GpuHyper,
-    hs: u64,
+    hs: Ptr<f32>,
     tokens: usize,
     streams: usize,
     hidden: usize,
@@ -31,7 +31,7 @@ pub fn enter(
     let width = streams * hidden;
     let normed = norm_rows(dev, hs, &w.norm, tokens, streams, hidden, eps)?;
     let ld = w.down_inject.rows;
-    let mix = project(dev, &w.down_inject, normed.ptr(), width, tokens)?;
+    let mix = project(dev, &w.down_inject, normed.arg(), width, tokens)?;
     let m = dev.scratch::<f32>(tokens * w.lowrank)?;
     kernels::elementwise::SiluScaled::launch(
         dev,
@@ -43,7 +43,7 @@ pub fn enter(
         i(tokens),
         i(w.lowrank),
     )?;
-    let a = project(dev, &w.up, m.ptr(), w.lowrank, tokens)?;
+    let a = project(dev, &w.up, m.arg(), w.lowrank, tokens)?;
     let x = dev.scratch::<f32>(tokens * hidden)?;
     kernels::qwen4::HyperConnectionMix::launch(
         dev,
@@ -121,14 +121,14 @@ pub fn add(
         eng.arg(),
     )?;
 
-    let kv = project(dev, &w.kv_proj, eng.ptr(), ple_dim, tokens)?; // [T, n·H + H]
+    let kv = project(dev, &w.kv_proj, eng.arg(), ple_dim, tokens)?; // [T, n·H + H]
     let ld = w.kv_proj.rows;
     let keys = dev.scratch::<f32>(tokens * width)?;
     group_norm(
         dev,
-        kv.ptr(),
+        kv.arg(),
         ld,
-        keys.ptr(),
+        keys.arg(),
         width,
         &w.norm_key,
         tokens,
@@ -136,7 +136,7 @@ pub fn add(
         hidden,
         eps,
     )?;
-    let queries = norm_rows(dev, hs.ptr(), &w.norm_query, tokens, streams, hidden, eps)?;
+    let queries = norm_rows(dev, hs.arg(), &w.norm_query, tokens, streams, hidden, eps)?;
     let gates = dev.scratch::<f32>(tokens * width)?;
     kernels::qwen4::PleGates::launch(
         dev,
@@ -153,7 +153,7 @@ pub fn add(
         i(streams),
         i(hidden),
     )?;
-    let normed = norm_rows(dev, gates.ptr(), &w.norm_conv, tokens, streams, hidden, eps)?;
+    let normed = norm_rows(dev, gates.arg(), &w.norm_conv, tokens, streams, hidden, eps)?;
     let kernel = w.conv.len() / width;
     kernels::qwen4::PleConv::launch(
         dev,

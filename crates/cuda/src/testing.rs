@@ -23,7 +23,7 @@ use crate::weights::GpuMoe;
 pub fn linear(dev: &Device, w: &Linear, x: &[f32], tokens: usize) -> Result<Vec<f32>> {
     let m = DevMatrix::upload(dev, w)?;
     let x = dev.upload(x)?;
-    let y = project(dev, &m, x.ptr(), w.cols(), tokens)?;
+    let y = project(dev, &m, x.arg(), w.cols(), tokens)?;
     dev.download(&y, 0, tokens * w.rows())
 }
 
@@ -137,10 +137,10 @@ pub fn decode_linear_of(
     let xb = dev.upload(x)?;
     let norm_w = norm.map(|(nw, _)| dev.upload(nw)).transpose()?;
     let input = DecodeIn {
-        x: xb.ptr(),
+        x: xb.arg(),
         ldx: w.cols(),
         norm: norm_w.as_ref().zip(norm.map(|(_, eps)| eps)),
-        normed_out: 0,
+        normed_out: Ptr::null(),
     };
     let (y, width, gate) = match epilogue {
         Epilogue::Store => (dev.zeros::<f32>(tokens * rows)?, rows, None),
@@ -153,17 +153,17 @@ pub fn decode_linear_of(
     };
     let out = match epilogue {
         Epilogue::Store => DecodeOut::Store {
-            y: y.ptr(),
+            y: y.arg(),
             ldy: width,
         },
         Epilogue::SwiGlu => DecodeOut::SwiGlu {
-            y: y.ptr(),
+            y: y.arg(),
             ldy: width,
         },
         Epilogue::Accumulate { .. } => DecodeOut::Accumulate {
-            y: y.ptr(),
+            y: y.arg(),
             ldy: width,
-            gate: gate.as_ref().map(|g| (g.ptr(), 1)),
+            gate: gate.as_ref().map(|g| (g.arg(), 1)),
         },
     };
     decode_linear(dev, &m, 0..rows, input, tokens, out)?;
@@ -257,7 +257,7 @@ pub fn group_norm_of(
     eps: f32,
 ) -> Result<Vec<f32>> {
     let (xb, wb) = (dev.upload(x)?, dev.upload(w)?);
-    let y = crate::norm::norm_rows(dev, xb.ptr(), &wb, tokens, groups, group, eps)?;
+    let y = crate::norm::norm_rows(dev, xb.arg(), &wb, tokens, groups, group, eps)?;
     dev.download(&y, 0, tokens * groups * group)
 }
 

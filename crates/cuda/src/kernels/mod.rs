@@ -306,6 +306,11 @@ impl<T> Ptr<T> {
         self.addr
     }
 
+    /// Whether this is the null pointer.
+    pub fn is_null(self) -> bool {
+        self.addr == 0
+    }
+
     /// The address of element `i` from here.
     pub fn at(self, i: usize) -> Self {
         Self::raw(self.addr + (i * std::mem::size_of::<T>()) as u64)
