@@ -2,19 +2,24 @@
 //!
 //! QSA (MODEL_MATH §4.4) runs on the device as well, so a qwen4_exp decode step is captured
 //! in a CUDA graph like any other. The indexer's projection is fused into the layer's `qkv`
-//! matrix; `qsa_prep` norms and rotates the indexer queries, stores each raw key in the
+//! matrix; `qsa_prepare` norms and rotates the indexer queries, stores each raw key in the
 //! layer's [`IndexerCache`](crate::session::IndexerCache) and finishes a block key once its
-//! last position is seen; `qsa_scores` scores every complete block for each token (its grid
-//! covers the cache's capacity, blocks past the position exit); `qsa_pick` keeps the top
+//! last position is seen; `qsa_score_blocks` scores every complete block for each token (its grid
+//! covers the cache's capacity, blocks past the position exit); `qsa_pick_blocks` keeps the top
 //! blocks (ties to the earlier one), as the CPU engine's `qsa::select`, and writes the
-//! ascending position lists `attn_decode` reads.
+//! ascending position lists `attention_serial` reads.
 
 use spindle_model::{ModelConfig, QsaConfig};
 
-use crate::device::{f, i, p, threads_for, DevBuf, Device};
+use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::linear::{Io, MATVEC_MAX_TOKENS};
-use crate::session::KvCache;
+use crate::io::Io;
+use crate::kernels::{self, i, p, Launch, Ptr};
+use crate::kernels::{
+    ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_SPLIT_KEYS, MATVEC_MAX_TOKENS, QSA_PICK_THREADS,
+    QSA_WARPS,
+};
+use crate::session::{selection_stride, KvCache};
 use crate::weights::{GpuAttention, GpuIndexer};
 
 /// What attention needs besides the layer's device weights.
@@ -25,23 +30,8 @@ pub struct AttentionCtx<'a> {
     pub eps: f32,
 }
 
-/// Keys per flash-decoding split (`ATT_SPLIT` in attention.cu).
-const SPLIT: usize = 32;
-
 /// Tokens whose block scores one selection launch holds (a longer prefill selects in pieces).
 pub const SCORE_TOKENS: usize = 64;
-
-/// Key blocks per `qsa_scores` block (`QSA_WARPS` in attention.cu: a warp each).
-const QSA_WARPS: usize = 8;
-
-/// Threads of a `qsa_pick` block (`QSA_PICK_THREADS` in attention.cu).
-const QSA_PICK_THREADS: u32 = 512;
-
-/// The most positions one token attends to under QSA: max_blocks whole blocks (the budget,
-/// a multiple of cr as the config checks) plus a partial tail of fewer than cr positions.
-pub fn selection_stride(q: &QsaConfig) -> usize {
-    q.max_blocks() * q.compress_ratio + q.compress_ratio - 1
-}
 
 /// Grows the cache to hold at least `needed` tokens, keeping its contents (and the
 /// flash-decoding partials, or the QSA indexer's keys and scores, sized for that capacity).
@@ -79,7 +69,10 @@ pub fn reserve(
         }
         _ => {
             cache.partials = dev.zeros(
-                MATVEC_MAX_TOKENS * a.num_heads * capacity.div_ceil(SPLIT) * (a.head_dim + 2),
+                MATVEC_MAX_TOKENS
+                    * a.num_heads
+                    * capacity.div_ceil(ATTN_SPLIT_KEYS)
+                    * (a.head_dim + 2),
             )?;
         }
     }
@@ -108,29 +101,29 @@ pub fn forward(
     reserve(dev, cache, start + tokens, ctx.config)?;
     let q = dev.scratch::<f32>(tokens * n_h * d)?;
     let gate = dev.scratch::<f32>(tokens * n_h * d)?;
-    dev.launch(
-        "attn_prep",
-        (tokens as u32, (n_h + n_kv) as u32, 1),
-        threads_for(d),
-        (d * 4) as u32,
-        &[
-            p(qkv.ptr()),
-            i(w.qkv.rows),
-            p(w.q_norm.ptr()),
-            p(w.k_norm.ptr()),
-            p(ctx.inv_freq.ptr()),
-            i(ctx.config.rope.rotary_dim),
-            p(q.ptr()),
-            p(gate.ptr()),
-            p(cache.keys.ptr()),
-            p(cache.values.ptr()),
-            i(n_h),
-            i(n_kv),
-            i(d),
-            i(start),
-            p(start_dev),
-            f(ctx.eps),
-        ],
+    kernels::attention::AttentionPrepare::launch(
+        dev,
+        Launch::new(
+            (tokens as u32, (n_h + n_kv) as u32, 1),
+            threads_for(d),
+            (d * 4) as u32,
+        ),
+        qkv.arg(),
+        i(w.qkv.rows),
+        w.q_norm.arg(),
+        w.k_norm.arg(),
+        ctx.inv_freq.arg(),
+        i(ctx.config.rope.rotary_dim),
+        q.arg(),
+        gate.arg(),
+        cache.keys.arg(),
+        cache.values.arg(),
+        i(n_h),
+        i(n_kv),
+        i(d),
+        i(start),
+        p(start_dev),
+        ctx.eps,
     )?;
 
     let selection = match (&w.indexer, ctx.config.qsa.as_ref()) {
@@ -141,69 +134,45 @@ pub fn forward(
     };
 
     let out = dev.scratch::<f32>(tokens * n_h * d)?;
-    let flash = selection.is_none()
-        && tokens <= MATVEC_MAX_TOKENS
-        && d % 4 == 0
-        && d <= 256
-        && n_h % n_kv == 0;
-    let split_shared = 4 * (n_h / n_kv * d + SPLIT * (d + 4) + SPLIT * d + n_h / n_kv * SPLIT);
-    let splits = cache.capacity.div_ceil(SPLIT);
-    if flash
-        && split_shared <= dev.shared_limit("attn_split")
-        && 4 * splits <= dev.shared_limit("attn_combine")
-    {
-        dev.launch(
-            "attn_split",
-            (n_kv as u32, splits as u32, tokens as u32),
-            256,
-            split_shared as u32,
-            &[
-                p(q.ptr()),
-                p(cache.keys.ptr()),
-                p(cache.values.ptr()),
-                p(cache.partials.ptr()),
-                i(splits),
-                i(n_h),
-                i(n_kv),
-                i(d),
-                i(start),
-                p(start_dev),
-                f(1.0 / (d as f32).sqrt()),
-            ],
-        )?;
-        dev.launch(
-            "attn_combine",
-            (n_h as u32, tokens as u32, 1),
-            256,
-            (4 * splits) as u32,
-            &[
-                p(cache.partials.ptr()),
-                i(splits),
-                p(gate.ptr()),
-                p(out.ptr()),
-                i(n_h),
-                i(d),
-                i(start),
-                p(start_dev),
-            ],
-        )?;
-        return io.finish(dev, &w.o_proj, out.ptr(), n_h * d, hidden, tokens);
-    }
     let heads = Heads { n_h, n_kv, d };
-    let (q, gate, out) = (q.ptr(), gate.ptr(), out.ptr());
-    let (keys, values) = (cache.keys.ptr(), cache.values.ptr());
+    if selection.is_none()
+        && attend_split(
+            dev,
+            heads,
+            (q.arg(), gate.arg(), out.arg()),
+            (cache.keys.arg(), cache.values.arg(), cache.partials.arg()),
+            cache.capacity,
+            tokens,
+            start,
+            p(start_dev),
+        )?
+    {
+        return io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens);
+    }
+    let (q, gate, out_ptr) = (q.arg(), gate.arg(), out.arg());
+    let (keys, values) = (cache.keys.arg(), cache.values.arg());
     let tiled = selection.is_none()
         && tokens > MATVEC_MAX_TOKENS
-        && attend_tiled(dev, heads, q, gate, keys, values, out, tokens, start)?;
+        && attend_tiled(dev, heads, q, gate, keys, values, out_ptr, tokens, start)?;
     if !tiled {
         let sel = selection
             .as_ref()
-            .map(|s| (s.positions.ptr(), s.counts.ptr(), s.stride));
+            .map(|s| (s.positions.arg(), s.counts.arg(), s.stride));
         attend_serial(
-            dev, heads, q, gate, keys, values, sel, out, tokens, start, start_dev,
+            dev,
+            heads,
+            q,
+            gate,
+            keys,
+            values,
+            sel,
+            out_ptr,
+            tokens,
+            start,
+            p(start_dev),
         )?;
     }
-    io.finish(dev, &w.o_proj, out, n_h * d, hidden, tokens)
+    io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens)
 }
 
 /// Query heads, KV heads and head size.
@@ -214,97 +183,155 @@ pub(crate) struct Heads {
     pub d: usize,
 }
 
-/// Rows (query heads × tokens) and keys of one `attn_prefill` tile (`AP_ROWS`, `AP_KEYS`).
-const PREFILL_ROWS: usize = 64;
-const PREFILL_KEYS: usize = 32;
-
-/// Causal attention of `tokens` tokens at positions `start..` over the cache through the
-/// tiled prefill kernel (a block per kv head and run of tokens: every K/V row read once per
-/// block); false, launching nothing, when the shape does not suit it. All addresses are of
-/// f32 data: q, gate and out `[tokens, n_h·d]`, keys and values `[capacity, n_kv·d]`.
-pub(crate) fn attend_tiled(
+/// Flash-decoding of at most [`MATVEC_MAX_TOKENS`] tokens at positions `start..` (or from the
+/// position at `start_dev`, in a captured graph) over a cache of `capacity` positions:
+/// `attention_decode_split` scores [`ATTN_SPLIT_KEYS`] keys per block into `partials`
+/// (`[tokens, n_h, ⌈capacity / ATTN_SPLIT_KEYS⌉, d + 2]` f32; blocks past the context exit,
+/// so the grid is fixed by the capacity), `attention_decode_combine` merges them and applies
+/// the sigmoid gate. False, launching nothing, when the shape does not suit the kernels.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_split(
     dev: &Device,
     h: Heads,
-    q: u64,
-    gate: u64,
-    keys: u64,
-    values: u64,
-    out: u64,
+    (q, gate, out): (Ptr<f32>, Ptr<f32>, Ptr<f32>),
+    (keys, values, partials): (Ptr<f32>, Ptr<f32>, Ptr<f32>),
+    capacity: usize,
     tokens: usize,
     start: usize,
+    start_dev: Ptr<i32>,
 ) -> Result<bool> {
-    if h.n_h % h.n_kv != 0 || h.n_h / h.n_kv > PREFILL_ROWS || h.d % 16 != 0 || h.d > 256 {
+    let Heads { n_h, n_kv, d } = h;
+    let flash = tokens <= MATVEC_MAX_TOKENS && d % 4 == 0 && d <= 256 && n_h % n_kv == 0;
+    let split_shared = 4
+        * (n_h / n_kv * d
+            + ATTN_SPLIT_KEYS * (d + 4)
+            + ATTN_SPLIT_KEYS * d
+            + n_h / n_kv * ATTN_SPLIT_KEYS);
+    let splits = capacity.div_ceil(ATTN_SPLIT_KEYS);
+    if !(flash
+        && split_shared <= dev.shared_limit(kernels::attention::AttentionDecodeSplit::NAME)
+        && 4 * splits <= dev.shared_limit(kernels::attention::AttentionDecodeCombine::NAME))
+    {
         return Ok(false);
     }
-    let shared =
-        4 * ((PREFILL_ROWS + 2 * PREFILL_KEYS) * (h.d + 4) + PREFILL_ROWS * (PREFILL_KEYS + 1));
-    if shared > dev.shared_limit("attn_prefill") {
-        return Ok(false);
-    }
-    let per = PREFILL_ROWS / (h.n_h / h.n_kv);
-    dev.launch(
-        "attn_prefill",
-        (tokens.div_ceil(per) as u32, h.n_kv as u32, 1),
-        256,
-        shared as u32,
-        &[
-            p(q),
-            p(gate),
-            p(keys),
-            p(values),
-            p(out),
-            i(tokens),
-            i(h.n_h),
-            i(h.n_kv),
-            i(h.d),
-            i(start),
-            f(1.0 / (h.d as f32).sqrt()),
-        ],
+    kernels::attention::AttentionDecodeSplit::launch(
+        dev,
+        Launch::new(
+            (n_kv as u32, splits as u32, tokens as u32),
+            256,
+            split_shared as u32,
+        ),
+        q,
+        keys,
+        values,
+        partials,
+        i(splits),
+        i(n_h),
+        i(n_kv),
+        i(d),
+        i(start),
+        start_dev,
+        1.0 / (d as f32).sqrt(),
+    )?;
+    kernels::attention::AttentionDecodeCombine::launch(
+        dev,
+        Launch::new((n_h as u32, tokens as u32, 1), 256, (4 * splits) as u32),
+        partials,
+        i(splits),
+        gate,
+        out,
+        i(n_h),
+        i(d),
+        i(start),
+        start_dev,
     )?;
     Ok(true)
 }
 
-/// Attention through `attn_decode` (a block per (token, head)): over the causal prefix, or,
+/// Causal attention of `tokens` tokens at positions `start..` over the cache through the
+/// tiled prefill kernel (a block per kv head and run of tokens: every K/V row read once per
+/// block); false, launching nothing, when the shape does not suit it. q, gate and out are
+/// `[tokens, n_h·d]`, keys and values `[capacity, n_kv·d]`.
+pub(crate) fn attend_tiled(
+    dev: &Device,
+    h: Heads,
+    q: Ptr<f32>,
+    gate: Ptr<f32>,
+    keys: Ptr<f32>,
+    values: Ptr<f32>,
+    out: Ptr<f32>,
+    tokens: usize,
+    start: usize,
+) -> Result<bool> {
+    if h.n_h % h.n_kv != 0 || h.n_h / h.n_kv > ATTN_PREFILL_ROWS || h.d % 16 != 0 || h.d > 256 {
+        return Ok(false);
+    }
+    let shared = 4
+        * ((ATTN_PREFILL_ROWS + 2 * ATTN_PREFILL_KEYS) * (h.d + 4)
+            + ATTN_PREFILL_ROWS * (ATTN_PREFILL_KEYS + 1));
+    if shared > dev.shared_limit(kernels::attention::AttentionPrefillTiled::NAME) {
+        return Ok(false);
+    }
+    let per = ATTN_PREFILL_ROWS / (h.n_h / h.n_kv);
+    kernels::attention::AttentionPrefillTiled::launch(
+        dev,
+        Launch::new(
+            (tokens.div_ceil(per) as u32, h.n_kv as u32, 1),
+            256,
+            shared as u32,
+        ),
+        q,
+        gate,
+        keys,
+        values,
+        out,
+        i(tokens),
+        i(h.n_h),
+        i(h.n_kv),
+        i(h.d),
+        i(start),
+        1.0 / (h.d as f32).sqrt(),
+    )?;
+    Ok(true)
+}
+
+/// Attention through `attention_serial` (a block per (token, head)): over the causal prefix, or,
 /// with `sel = Some((positions, counts, stride))`, over each token's selected positions.
 pub(crate) fn attend_serial(
     dev: &Device,
     h: Heads,
-    q: u64,
-    gate: u64,
-    keys: u64,
-    values: u64,
-    sel: Option<(u64, u64, usize)>,
-    out: u64,
+    q: Ptr<f32>,
+    gate: Ptr<f32>,
+    keys: Ptr<f32>,
+    values: Ptr<f32>,
+    sel: Option<(Ptr<i32>, Ptr<i32>, usize)>,
+    out: Ptr<f32>,
     tokens: usize,
     start: usize,
-    start_dev: u64,
+    start_dev: Ptr<i32>,
 ) -> Result<()> {
-    let (sel, counts, stride) = sel.unwrap_or((0, 0, 0));
-    dev.launch(
-        "attn_decode",
-        (tokens as u32, h.n_h as u32, 1),
-        128,
-        0,
-        &[
-            p(q),
-            p(gate),
-            p(keys),
-            p(values),
-            p(sel),
-            p(counts),
-            i(stride),
-            p(out),
-            i(h.n_h),
-            i(h.n_kv),
-            i(h.d),
-            i(start),
-            p(start_dev),
-            f(1.0 / (h.d as f32).sqrt()),
-        ],
+    let (sel, counts, stride) = sel.unwrap_or((Ptr::null(), Ptr::null(), 0));
+    kernels::attention::AttentionSerial::launch(
+        dev,
+        Launch::new((tokens as u32, h.n_h as u32, 1), 128, 0),
+        q,
+        gate,
+        keys,
+        values,
+        sel,
+        counts,
+        i(stride),
+        out,
+        i(h.n_h),
+        i(h.n_kv),
+        i(h.d),
+        i(start),
+        start_dev,
+        1.0 / (h.d as f32).sqrt(),
     )
 }
 
-/// The positions each token attends to, as `attn_decode` reads them.
+/// The positions each token attends to, as `attention_serial` reads them.
 struct Selection {
     /// `[tokens, stride]` (i32), ascending; the first `counts[t]` of row t are valid.
     positions: DevBuf<i32>,
@@ -333,29 +360,29 @@ fn select(
         .expect("a QSA layer's cache has an indexer (both follow the config)");
     let (n_i, d_i, cr) = (q.n_heads, q.head_dim, q.compress_ratio);
     let queries = dev.scratch::<f32>(tokens * n_i * d_i)?;
-    dev.launch(
-        "qsa_prep",
-        (tokens as u32, (n_i + 1) as u32, 1),
-        threads_for(d_i),
-        (d_i * 4) as u32,
-        &[
-            p(qkv.ptr()),
-            i(ld),
-            i(w.row),
-            p(w.q_norm.ptr()),
-            p(w.k_norm.ptr()),
-            p(ctx.inv_freq.ptr()),
-            i(ctx.config.rope.rotary_dim),
-            p(queries.ptr()),
-            p(indexer.raw_keys.ptr()),
-            p(indexer.block_keys.ptr()),
-            i(n_i),
-            i(d_i),
-            i(cr),
-            i(start),
-            p(start_dev),
-            f(ctx.eps),
-        ],
+    kernels::attention::QsaPrepare::launch(
+        dev,
+        Launch::new(
+            (tokens as u32, (n_i + 1) as u32, 1),
+            threads_for(d_i),
+            (d_i * 4) as u32,
+        ),
+        qkv.arg(),
+        i(ld),
+        i(w.row),
+        w.q_norm.arg(),
+        w.k_norm.arg(),
+        ctx.inv_freq.arg(),
+        i(ctx.config.rope.rotary_dim),
+        queries.arg(),
+        indexer.raw_keys.arg(),
+        indexer.block_keys.arg(),
+        i(n_i),
+        i(d_i),
+        i(cr),
+        i(start),
+        p(start_dev),
+        ctx.eps,
     )?;
 
     let stride = selection_stride(q);
@@ -372,44 +399,40 @@ fn select(
     };
     for t0 in (0..tokens).step_by(SCORE_TOKENS) {
         let rows = SCORE_TOKENS.min(tokens - t0);
-        dev.launch(
-            "qsa_scores",
-            (scored.div_ceil(QSA_WARPS).max(1) as u32, rows as u32, 1),
-            (QSA_WARPS * 32) as u32,
-            0,
-            &[
-                p(queries.ptr()),
-                p(indexer.block_keys.ptr()),
-                p(indexer.scores.ptr()),
-                i(blocks),
-                i(t0),
-                i(n_i),
-                i(d_i),
-                i(cr),
-                i(q.budget),
-                i(start),
-                p(start_dev),
-                f(1.0 / (d_i as f32).sqrt()),
-            ],
+        kernels::attention::QsaScoreBlocks::launch(
+            dev,
+            Launch::new(
+                (scored.div_ceil(QSA_WARPS).max(1) as u32, rows as u32, 1),
+                (QSA_WARPS * 32) as u32,
+                0,
+            ),
+            queries.arg(),
+            indexer.block_keys.arg(),
+            indexer.scores.arg(),
+            i(blocks),
+            i(t0),
+            i(n_i),
+            i(d_i),
+            i(cr),
+            i(q.budget),
+            i(start),
+            p(start_dev),
+            1.0 / (d_i as f32).sqrt(),
         )?;
-        dev.launch(
-            "qsa_pick",
-            (rows as u32, 1, 1),
-            QSA_PICK_THREADS,
-            0,
-            &[
-                p(indexer.scores.ptr()),
-                i(blocks),
-                i(t0),
-                p(positions.ptr()),
-                p(counts.ptr()),
-                i(stride),
-                i(cr),
-                i(q.budget),
-                i(q.max_blocks()),
-                i(start),
-                p(start_dev),
-            ],
+        kernels::attention::QsaPickBlocks::launch(
+            dev,
+            Launch::new((rows as u32, 1, 1), QSA_PICK_THREADS as u32, 0),
+            indexer.scores.arg(),
+            i(blocks),
+            i(t0),
+            positions.arg(),
+            counts.arg(),
+            i(stride),
+            i(cr),
+            i(q.budget),
+            i(q.max_blocks()),
+            i(start),
+            p(start_dev),
         )?;
     }
     Ok(Selection {
@@ -419,7 +442,7 @@ fn select(
     })
 }
 
-/// The positions `qsa_pick` selects for one token that sees `visible` positions, from
+/// The positions `qsa_pick_blocks` selects for one token that sees `visible` positions, from
 /// `scores` of its ⌊visible / cr⌋ complete blocks (host data in and out; for a GPU test
 /// against the CPU engine's selection).
 #[doc(hidden)]
@@ -438,24 +461,20 @@ pub fn qsa_pick_on_host(
     let stride = selection_stride(q);
     let positions = dev.zeros::<i32>(stride)?;
     let counts = dev.zeros::<i32>(1)?;
-    dev.launch(
-        "qsa_pick",
-        (1, 1, 1),
-        QSA_PICK_THREADS,
-        0,
-        &[
-            p(scores.ptr()),
-            i(scores.len()),
-            i(0),
-            p(positions.ptr()),
-            p(counts.ptr()),
-            i(stride),
-            i(q.compress_ratio),
-            i(q.budget),
-            i(q.max_blocks()),
-            i(visible - 1),
-            p(0),
-        ],
+    kernels::attention::QsaPickBlocks::launch(
+        dev,
+        Launch::new((1, 1, 1), QSA_PICK_THREADS as u32, 0),
+        scores.arg(),
+        i(scores.len()),
+        i(0),
+        positions.arg(),
+        counts.arg(),
+        i(stride),
+        i(q.compress_ratio),
+        i(q.budget),
+        i(q.max_blocks()),
+        i(visible - 1),
+        p(0),
     )?;
     let count = dev.download(&counts, 0, 1)?[0] as usize;
     dev.download(&positions, 0, count.min(stride))

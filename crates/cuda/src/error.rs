@@ -1,6 +1,5 @@
 //! Errors of the CUDA backend.
 
-use spindle_engine::EngineError;
 use spindle_model::ModelError;
 
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +29,6 @@ pub enum CudaError {
     Unsupported(String),
     #[error(transparent)]
     Model(#[from] ModelError),
-    #[error(transparent)]
-    Engine(#[from] EngineError),
 }
 
 pub type Result<T> = std::result::Result<T, CudaError>;

@@ -8,13 +8,17 @@
 use spindle_model::forward::LogitsFor;
 
 use crate::attention::{self, AttentionCtx};
-use crate::device::{i, p, DevBuf, Device};
+use crate::device::{DevBuf, Device};
 use crate::error::{DriverContext, Result};
-use crate::linear::{decode_linear, project, DecodeIn, DecodeOut, Io, MATVEC_MAX_TOKENS};
+use crate::io::Io;
+use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS};
+use crate::linear::{decode_linear, project};
+use crate::matvec::{DecodeIn, DecodeOut};
+use crate::norm::norm_rows;
 use crate::qwen4::{self, HyperInput};
 use crate::session::{CudaSession, DecodeGraph, LayerState};
 use crate::weights::{GpuFfn, GpuHeadInput, GpuHyper, GpuMixer, GpuResidual};
-use crate::{ffn, gdn, CudaEngine};
+use crate::{gdn, mlp, moe, CudaEngine};
 
 #[derive(Clone, Copy)]
 enum Sublayer {
@@ -49,7 +53,7 @@ fn enter<'w>(
                 Sublayer::Ffn => post,
             };
             Ok((
-                qwen4::norm_rows(dev, h.ptr(), w, s.tokens, 1, s.hidden, s.eps)?,
+                norm_rows(dev, h.arg(), w, s.tokens, 1, s.hidden, s.eps)?,
                 None,
             ))
         }
@@ -59,7 +63,7 @@ fn enter<'w>(
                 Sublayer::Ffn => mlp,
             };
             let HyperInput { x, mix } =
-                qwen4::enter(dev, w, h.ptr(), s.tokens, s.streams, s.hidden, s.eps)?;
+                qwen4::enter(dev, w, h.arg(), s.tokens, s.streams, s.hidden, s.eps)?;
             Ok((x, Some((w, mix))))
         }
     }
@@ -68,10 +72,12 @@ fn enter<'w>(
 /// Adds the sublayer output `y` back into the residual.
 fn exit(dev: &Device, hyper: Injection, h: &DevBuf<f32>, y: &DevBuf<f32>, s: &Shape) -> Result<()> {
     match hyper {
-        None => dev.launch_elementwise(
-            "add_in_place",
-            h.len(),
-            &[p(h.ptr()), p(y.ptr()), i(h.len())],
+        None => kernels::elementwise::AddInPlace::launch(
+            dev,
+            Launch::elementwise(h.len()),
+            h.arg(),
+            y.arg(),
+            i(h.len()),
         ),
         Some((w, mix)) => qwen4::inject(dev, w, &mix, h, y, s.tokens, s.streams, s.hidden),
     }
@@ -105,11 +111,6 @@ fn sublayer(
     let y = run(Io::Split(&x))?.expect("split sublayers return their output");
     exit(dev, hyper, h, &y, s)
 }
-
-/// Where `session.step_io` keeps the position (after the ids of a small batch) and the
-/// device argmax.
-pub const STEP_POSITION: usize = 8;
-pub const STEP_NEXT: usize = 9;
 
 /// Ends the workspace arena when dropped (also on errors).
 struct Workspace<'d>(&'d Device);
@@ -165,9 +166,8 @@ pub(crate) fn forward_device(
     let small = ids.len() <= MATVEC_MAX_TOKENS;
     let ids_i32: Vec<i32> = ids.iter().map(|&id| id as i32).collect();
     let (ids_dev, _ids_buf) = if small {
-        debug_assert!(ids.len() <= STEP_POSITION && session.step_io.len() > STEP_NEXT);
-        dev.write_raw(session.step_io.ptr(), &ids_i32)?;
-        (session.step_io.ptr(), None)
+        session.step_io.write_ids(dev, &ids_i32)?;
+        (session.step_io.ids(), None)
     } else {
         let buf = dev.upload(&ids_i32)?;
         (buf.ptr(), Some(buf))
@@ -216,10 +216,7 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
     let dev = &e.dev;
     let pos = session.position;
     ensure_capacity(e, session, pos + 1)?;
-    let mut io = [0i32; STEP_POSITION + 1];
-    io[0] = id as i32;
-    io[STEP_POSITION] = pos as i32;
-    dev.write_raw(session.step_io.ptr(), &io)?;
+    session.step_io.write_step(dev, id, pos)?;
     let generation = session.cache_generation();
     if session
         .graph
@@ -229,8 +226,8 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
         session.graph = None;
         let started = std::time::Instant::now();
         let stream = dev.stream().clone();
-        let ids_dev = session.step_io.ptr();
-        let start_dev = session.step_io.at(STEP_POSITION);
+        let ids_dev = session.step_io.ids();
+        let start_dev = session.step_io.position();
         dev.begin_workspace(&session.workspace);
         stream
             .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
@@ -292,17 +289,15 @@ fn body(
 
     // The embedding, replicated into every stream.
     let h = dev.scratch::<f32>(s.tokens * width)?;
-    dev.launch_elementwise(
-        "embed_bf16",
-        s.tokens * width,
-        &[
-            p(e.gpu.embed.bf16_ptr()?),
-            p(ids_dev),
-            p(h.ptr()),
-            i(s.tokens),
-            i(s.hidden),
-            i(s.streams),
-        ],
+    kernels::elementwise::EmbedBf16::launch(
+        dev,
+        Launch::elementwise(s.tokens * width),
+        p(e.gpu.embed.bf16_ptr()?),
+        p(ids_dev),
+        h.arg(),
+        i(s.tokens),
+        i(s.hidden),
+        i(s.streams),
     )?;
 
     let mut ple_ordinal = 0;
@@ -346,8 +341,8 @@ fn body(
             &h,
             &s,
             |io| match &layer.ffn {
-                GpuFfn::Dense(w) => ffn::mlp(dev, w, io, s.tokens, s.hidden),
-                GpuFfn::Moe(w) => ffn::moe(dev, config, w, io, s.tokens),
+                GpuFfn::Dense(w) => mlp::mlp(dev, w, io, s.tokens, s.hidden),
+                GpuFfn::Moe(w) => moe::moe(dev, config, w, io, s.tokens),
             },
         )?;
     }
@@ -357,8 +352,8 @@ fn body(
     }
 
     let (rows, count) = match want {
-        LogitsFor::All => (h.ptr(), s.tokens),
-        LogitsFor::Last => (h.at((s.tokens - 1) * width), 1),
+        LogitsFor::All => (h.arg(), s.tokens),
+        LogitsFor::Last => (h.arg_at((s.tokens - 1) * width), 1),
     };
     let lm_head = e.gpu.lm_head();
     if count <= MATVEC_MAX_TOKENS {
@@ -369,27 +364,27 @@ fn body(
                 x: rows,
                 ldx: width,
                 norm: Some((w, s.eps)),
-                normed_out: 0,
+                normed_out: Ptr::null(),
             },
             GpuHeadInput::HyperMixer(w) => {
                 mixed = qwen4::enter(dev, w, rows, count, s.streams, s.hidden, s.eps)?.x;
-                DecodeIn::plain(mixed.ptr(), s.hidden)
+                DecodeIn::plain(mixed.arg(), s.hidden)
             }
         };
         let logits = dev.scratch::<f32>(count * lm_head.rows)?;
         let out = DecodeOut::Store {
-            y: logits.ptr(),
+            y: logits.arg(),
             ldy: lm_head.rows,
         };
         decode_linear(dev, lm_head, 0..lm_head.rows, input, count, out)?;
         return Ok((logits, count));
     }
     let head_in = match &e.gpu.head_input {
-        GpuHeadInput::Norm(w) => qwen4::norm_rows(dev, rows, w, count, 1, s.hidden, s.eps)?,
+        GpuHeadInput::Norm(w) => norm_rows(dev, rows, w, count, 1, s.hidden, s.eps)?,
         GpuHeadInput::HyperMixer(w) => {
             qwen4::enter(dev, w, rows, count, s.streams, s.hidden, s.eps)?.x
         }
     };
-    let logits = project(dev, lm_head, head_in.ptr(), s.hidden, count)?;
+    let logits = project(dev, lm_head, head_in.arg(), s.hidden, count)?;
     Ok((logits, count))
 }

@@ -1,26 +1,28 @@
 //! Gated DeltaNet on the device (MODEL_MATH §1.5): one fused projection, the causal conv with
 //! its state, then the delta rule with the gated norm. What runs when:
-//! - decode (≤ 8 tokens): the conv fused into the projection's matvec, then `gdn_heads`, a
+//! - decode (≤ 8 tokens): the conv fused into the projection's matvec, then `gdn_decode_heads`, a
 //!   block per value head;
 //! - prefill (> 8 tokens): the conv (`gdn_conv`, a thread per token and channel, then
-//!   `gdn_conv_state` keeps the last rows), then the chunked form ("Chunked prefill form", chunks
+//!   `gdn_conv_state_update` keeps the last rows), then the chunked form ("Chunked prefill form", chunks
 //!   of 64 tokens as on the CPU): `gdn_chunk_prep` builds every chunk's state-independent
 //!   products in parallel, `gdn_chunk_scan` carries S through the chunks (a block per 32
 //!   columns of each S_h), `gdn_gated_norm` applies the output norm;
-//! - otherwise (decode whose projection is split across formats or whose shape `gdn_heads`
+//! - otherwise (decode whose projection is split across formats or whose shape `gdn_decode_heads`
 //!   refuses, prefill whose shape the chunked kernels refuse: d_k > 128 or too little shared
 //!   memory): `gdn_conv` then `gdn_recurrent`, token-serial.
 
 use spindle_model::{GdnConfig, GdnGate, ModelConfig};
 
-use crate::device::{f, i, p, threads_for, DevBuf, Device};
+use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::linear::{decode_linear_conv, Io, MATVEC_MAX_TOKENS};
+use crate::io::Io;
+use crate::kernels::{
+    self, i, Launch, Ptr, GDN_CHUNK, GDN_PREP_THREADS, GDN_SCAN_COLS, GDN_SCAN_THREADS,
+    MATVEC_MAX_TOKENS,
+};
+use crate::matvec::decode_linear_conv;
 use crate::session::GdnState;
 use crate::weights::GpuGdn;
-
-/// The largest d_k the recurrence kernel holds in registers (`GDN_MAX_DK` in gdn.cu).
-pub const MAX_KEY_HEAD_DIM: usize = 128;
 
 /// Runs `tokens` tokens through one GDN layer, updating `state` (input and output as `io`).
 pub fn forward(
@@ -49,80 +51,70 @@ pub fn forward(
         heads_launch(dev, config, tokens),
     ) {
         let u = dev.scratch::<f32>(tokens * width)?;
-        let input = io.input(hidden, 0);
+        let input = io.input(hidden, Ptr::null());
         let fused = decode_linear_conv(
             dev,
             &w.in_proj,
             input,
             tokens,
-            u.ptr(),
+            u.arg(),
             width,
-            state.conv.ptr(),
-            w.conv.ptr(),
+            state.conv.arg(),
+            w.conv.arg(),
             g.conv_kernel,
             channels,
         )?;
         if fused {
-            dev.launch(
-                "gdn_heads",
-                (nv as u32, 1, 1),
-                threads,
-                shared as u32,
-                &[
-                    p(u.ptr()),
-                    i(width),
-                    i(tokens),
-                    i(nk),
-                    i(nv),
-                    i(dk),
-                    i(dv),
-                    i(z_off),
-                    i(b_off),
-                    i(a_off),
-                    p(state.recurrent.ptr()),
-                    p(w.a_log.ptr()),
-                    p(w.dt_bias.ptr()),
-                    p(w.norm.ptr()),
-                    p(o.ptr()),
-                    f(eps),
-                    i(gate_sigmoid),
-                    i(r),
-                ],
+            kernels::gdn::GdnDecodeHeads::launch(
+                dev,
+                Launch::new((nv as u32, 1, 1), threads, shared as u32),
+                u.arg(),
+                i(width),
+                i(tokens),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                i(z_off),
+                i(b_off),
+                i(a_off),
+                state.recurrent.arg(),
+                w.a_log.arg(),
+                w.dt_bias.arg(),
+                w.norm.arg(),
+                o.arg(),
+                eps,
+                i(gate_sigmoid),
+                i(r),
             )?;
-            return io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens);
+            return io.finish(dev, &w.out_proj, o.arg(), nv * dv, hidden, tokens);
         }
     }
 
     let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
 
     let u = dev.scratch::<f32>(tokens * channels)?;
-    dev.launch_elementwise(
-        "gdn_conv",
-        tokens * channels,
-        &[
-            p(proj.ptr()),
-            i(width),
-            p(state.conv.ptr()),
-            p(w.conv.ptr()),
-            p(u.ptr()),
-            i(tokens),
-            i(channels),
-            i(g.conv_kernel),
-        ],
+    kernels::gdn::GdnConv::launch(
+        dev,
+        Launch::elementwise(tokens * channels),
+        proj.arg(),
+        i(width),
+        state.conv.arg(),
+        w.conv.arg(),
+        u.arg(),
+        i(tokens),
+        i(channels),
+        i(g.conv_kernel),
     )?;
-    dev.launch(
-        "gdn_conv_state",
-        (channels.div_ceil(128) as u32, 1, 1),
-        128,
-        0,
-        &[
-            p(proj.ptr()),
-            i(width),
-            p(state.conv.ptr()),
-            i(tokens),
-            i(channels),
-            i(g.conv_kernel),
-        ],
+    kernels::gdn::GdnConvStateUpdate::launch(
+        dev,
+        Launch::new((channels.div_ceil(128) as u32, 1, 1), 128, 0),
+        proj.arg(),
+        i(width),
+        state.conv.arg(),
+        i(tokens),
+        i(channels),
+        i(g.conv_kernel),
     )?;
 
     let form = if tokens > MATVEC_MAX_TOKENS {
@@ -131,23 +123,23 @@ pub fn forward(
         DeltaForm::Serial
     };
     let rows = DeltaRows {
-        u: u.ptr(),
-        proj: proj.ptr(),
+        u: u.arg(),
+        proj: proj.arg(),
         width,
         z_off,
         b_off,
         a_off,
-        state: state.recurrent.ptr(),
-        a_log: w.a_log.ptr(),
-        dt_bias: w.dt_bias.ptr(),
-        norm: w.norm.ptr(),
-        out: o.ptr(),
+        state: state.recurrent.arg(),
+        a_log: w.a_log.arg(),
+        dt_bias: w.dt_bias.arg(),
+        norm: w.norm.arg(),
+        out: o.arg(),
         tokens,
         eps,
         gate_sigmoid: gate_sigmoid == 1,
     };
     delta_rule(dev, g, &rows, form)?;
-    io.finish(dev, &w.out_proj, o.ptr(), nv * dv, hidden, tokens)
+    io.finish(dev, &w.out_proj, o.arg(), nv * dv, hidden, tokens)
 }
 
 /// The form of the delta rule a prefill runs (MODEL_MATH §1.5).
@@ -164,21 +156,21 @@ pub enum DeltaForm {
 /// conv), as the kernels take them.
 struct DeltaRows {
     /// The conv output `[T, C]`, channels `[q (n_k·d_k) | k (n_k·d_k) | v (n_v·d_v)]`.
-    u: u64,
+    u: Ptr<f32>,
     /// Rows `[T, width]` holding z `[n_v·d_v]` at `z_off`, b `[n_v]` at `b_off`, a at `a_off`.
-    proj: u64,
+    proj: Ptr<f32>,
     width: usize,
     z_off: usize,
     b_off: usize,
     a_off: usize,
     /// S `[n_v, d_k, d_v]`, updated in place.
-    state: u64,
+    state: Ptr<f32>,
     /// A_log and dt_bias `[n_v]`, the gated norm's weight `[d_v]`.
-    a_log: u64,
-    dt_bias: u64,
-    norm: u64,
+    a_log: Ptr<f32>,
+    dt_bias: Ptr<f32>,
+    norm: Ptr<f32>,
     /// The gated-norm output `[T, n_v·d_v]`.
-    out: u64,
+    out: Ptr<f32>,
     tokens: usize,
     eps: f32,
     /// The norm's gate is sigmoid(z) (else SiLU(z)).
@@ -199,45 +191,34 @@ fn delta_rule(dev: &Device, g: &GdnConfig, r: &DeltaRows, form: DeltaForm) -> Re
         }
     }
     let (nk, nv, dk, dv) = g.dims();
-    dev.launch(
-        "gdn_recurrent",
-        (nv as u32, 1, 1),
-        threads_for(dv),
-        0,
-        &[
-            p(r.u),
-            i(g.conv_channels()),
-            p(r.proj),
-            i(r.width),
-            i(r.z_off),
-            i(r.b_off),
-            i(r.a_off),
-            p(r.state),
-            p(r.a_log),
-            p(r.dt_bias),
-            p(r.norm),
-            p(r.out),
-            i(r.tokens),
-            i(nk),
-            i(nv),
-            i(dk),
-            i(dv),
-            f(r.eps),
-            i(r.gate_sigmoid as usize),
-        ],
+    kernels::gdn::GdnRecurrent::launch(
+        dev,
+        Launch::new((nv as u32, 1, 1), threads_for(dv), 0),
+        r.u,
+        i(g.conv_channels()),
+        r.proj,
+        i(r.width),
+        i(r.z_off),
+        i(r.b_off),
+        i(r.a_off),
+        r.state,
+        r.a_log,
+        r.dt_bias,
+        r.norm,
+        r.out,
+        i(r.tokens),
+        i(nk),
+        i(nv),
+        i(dk),
+        i(dv),
+        r.eps,
+        i(r.gate_sigmoid as usize),
     )?;
     Ok(DeltaForm::Serial)
 }
 
-/// Tokens per chunk (`GDN_CHUNK` in gdn.cu; the CPU's `gdn_chunked::CHUNK`).
-const CHUNK: usize = 64;
 /// The largest d_k the chunked kernels take (the scan's 16 warps × 8 rows of S).
 const CHUNK_MAX_DK: usize = 128;
-/// Threads of `gdn_chunk_prep` and `gdn_chunk_scan` (`GDN_PREP_THREADS`, `GDN_SCAN_THREADS`).
-const PREP_THREADS: u32 = 256;
-const SCAN_THREADS: u32 = 512;
-/// Columns of S per `gdn_chunk_scan` block (`GDN_SCAN_COLS`).
-const SCAN_COLUMNS: usize = 32;
 /// Chunks whose records are held at once: the prompt runs through prep + scan in windows of
 /// this many chunks, bounding the scratch (~77 MB for n_v = 32, d_k = d_v = 128).
 const WINDOW_CHUNKS: usize = 16;
@@ -263,12 +244,15 @@ impl ChunkShape {
         }
         let dkp = dk.next_multiple_of(4);
         let ldk = if (dkp / 4) % 2 == 0 { dkp + 4 } else { dkp };
-        let record = CHUNK * CHUNK + 3 * CHUNK * ldk + CHUNK * dv + 4;
-        let prep_shared = 4 * (2 * CHUNK * ldk + CHUNK * CHUNK + 5 * CHUNK);
-        let scan_shared =
-            4 * (CHUNK * CHUNK + 3 * CHUNK * ldk + CHUNK * SCAN_COLUMNS + dkp * SCAN_COLUMNS);
-        (prep_shared <= dev.shared_limit("gdn_chunk_prep")
-            && scan_shared <= dev.shared_limit("gdn_chunk_scan"))
+        let record = GDN_CHUNK * GDN_CHUNK + 3 * GDN_CHUNK * ldk + GDN_CHUNK * dv + 4;
+        let prep_shared = 4 * (2 * GDN_CHUNK * ldk + GDN_CHUNK * GDN_CHUNK + 5 * GDN_CHUNK);
+        let scan_shared = 4
+            * (GDN_CHUNK * GDN_CHUNK
+                + 3 * GDN_CHUNK * ldk
+                + GDN_CHUNK * GDN_SCAN_COLS
+                + dkp * GDN_SCAN_COLS);
+        (prep_shared <= dev.shared_limit(kernels::gdn::GdnChunkPrep::NAME)
+            && scan_shared <= dev.shared_limit(kernels::gdn::GdnChunkScan::NAME))
         .then_some(ChunkShape {
             ldk,
             record,
@@ -290,69 +274,70 @@ fn delta_rule_chunked(
 ) -> Result<()> {
     let (nk, nv, dk, dv) = g.dims();
     let channels = g.conv_channels();
-    let window = WINDOW_CHUNKS * CHUNK;
-    let records = dev.scratch::<f32>(nv * r.tokens.min(window).div_ceil(CHUNK) * shape.record)?;
+    let window = WINDOW_CHUNKS * GDN_CHUNK;
+    let records =
+        dev.scratch::<f32>(nv * r.tokens.min(window).div_ceil(GDN_CHUNK) * shape.record)?;
     for t0 in (0..r.tokens).step_by(window) {
         let len = (r.tokens - t0).min(window);
-        let row = |base: u64, width: usize| base + (t0 * width * 4) as u64;
-        dev.launch(
-            "gdn_chunk_prep",
-            (len.div_ceil(CHUNK) as u32, nv as u32, 1),
-            PREP_THREADS,
-            shape.prep_shared as u32,
-            &[
-                p(row(r.u, channels)),
-                i(channels),
-                p(row(r.proj, r.width)),
-                i(r.width),
-                i(r.b_off),
-                i(r.a_off),
-                p(r.a_log),
-                p(r.dt_bias),
-                p(records.ptr()),
-                i(len),
-                i(nk),
-                i(nv),
-                i(dk),
-                i(dv),
-                i(shape.ldk),
-            ],
+        let row = |base: Ptr<f32>, width: usize| base.at(t0 * width);
+        kernels::gdn::GdnChunkPrep::launch(
+            dev,
+            Launch::new(
+                (len.div_ceil(GDN_CHUNK) as u32, nv as u32, 1),
+                GDN_PREP_THREADS as u32,
+                shape.prep_shared as u32,
+            ),
+            row(r.u, channels),
+            i(channels),
+            row(r.proj, r.width),
+            i(r.width),
+            i(r.b_off),
+            i(r.a_off),
+            r.a_log,
+            r.dt_bias,
+            records.arg(),
+            i(len),
+            i(nk),
+            i(nv),
+            i(dk),
+            i(dv),
+            i(shape.ldk),
         )?;
-        dev.launch(
-            "gdn_chunk_scan",
-            (dv.div_ceil(SCAN_COLUMNS) as u32, nv as u32, 1),
-            SCAN_THREADS,
-            shape.scan_shared as u32,
-            &[
-                p(records.ptr()),
-                p(r.state),
-                p(row(r.out, nv * dv)),
-                i(len),
-                i(nv),
-                i(dk),
-                i(dv),
-                i(shape.ldk),
-            ],
+        kernels::gdn::GdnChunkScan::launch(
+            dev,
+            Launch::new(
+                (dv.div_ceil(GDN_SCAN_COLS) as u32, nv as u32, 1),
+                GDN_SCAN_THREADS as u32,
+                shape.scan_shared as u32,
+            ),
+            records.arg(),
+            r.state,
+            row(r.out, nv * dv),
+            i(len),
+            i(nv),
+            i(dk),
+            i(dv),
+            i(shape.ldk),
         )?;
     }
     let rows_per_block = 8; // a warp per (token, v-head) row
-    dev.launch(
-        "gdn_gated_norm",
-        ((r.tokens * nv).div_ceil(rows_per_block) as u32, 1, 1),
-        32 * rows_per_block as u32,
-        0,
-        &[
-            p(r.out),
-            p(r.proj),
-            i(r.width),
-            i(r.z_off),
-            p(r.norm),
-            i(r.tokens),
-            i(nv),
-            i(dv),
-            f(r.eps),
-            i(r.gate_sigmoid as usize),
-        ],
+    kernels::gdn::GdnGatedNorm::launch(
+        dev,
+        Launch::new(
+            ((r.tokens * nv).div_ceil(rows_per_block) as u32, 1, 1),
+            32 * rows_per_block as u32,
+            0,
+        ),
+        r.out,
+        r.proj,
+        i(r.width),
+        i(r.z_off),
+        r.norm,
+        i(r.tokens),
+        i(nv),
+        i(dv),
+        r.eps,
+        i(r.gate_sigmoid as usize),
     )
 }
 
@@ -373,7 +358,11 @@ fn heads_launch(dev: &Device, config: &ModelConfig, tokens: usize) -> Option<(u3
         return None;
     }
     let shared = 4 * (dk * dv + tokens * 2 * dk + 2 * tokens + r * dv + dv / dv.min(32));
-    (shared <= dev.shared_limit("gdn_heads")).then_some(((dv * r) as u32, r, shared))
+    (shared <= dev.shared_limit(kernels::gdn::GdnDecodeHeads::NAME)).then_some((
+        (dv * r) as u32,
+        r,
+        shared,
+    ))
 }
 
 /// The host-side operands of [`delta_rule_on_host`], for T tokens of one layer.
@@ -423,17 +412,17 @@ pub fn delta_rule_on_host(
     );
     let out = dev.zeros::<f32>(tokens * nv * dv)?;
     let rows = DeltaRows {
-        u: u.ptr(),
-        proj: zba.ptr(),
+        u: u.arg(),
+        proj: zba.arg(),
         width,
         z_off: 0,
         b_off: nv * dv,
         a_off: nv * dv + nv,
-        state: s.ptr(),
-        a_log: a_log.ptr(),
-        dt_bias: dt_bias.ptr(),
-        norm: norm.ptr(),
-        out: out.ptr(),
+        state: s.arg(),
+        a_log: a_log.arg(),
+        dt_bias: dt_bias.arg(),
+        norm: norm.arg(),
+        out: out.arg(),
         tokens,
         eps: x.eps,
         gate_sigmoid: x.gate_sigmoid,

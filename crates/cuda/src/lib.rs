@@ -20,11 +20,19 @@
 mod attention;
 mod device;
 mod error;
-mod ffn;
 mod flow;
 mod gdn;
+mod gemm;
+mod io;
+pub mod kernels;
 mod linear;
+mod matrix;
+mod matvec;
+mod mlp;
+mod moe;
+mod norm;
 mod qwen4;
+mod reduce;
 mod session;
 #[doc(hidden)]
 pub mod testing;
@@ -38,10 +46,11 @@ use spindle_model::{Checkpoint, ModelConfig};
 
 #[doc(hidden)]
 pub use attention::qsa_pick_on_host;
-pub use device::{ptx_for, Device, KERNELS};
+pub use device::Device;
 pub use error::{CudaError, Result};
 #[doc(hidden)]
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
+pub use kernels::ptx_for;
 pub use session::CudaSession;
 
 /// Prefill runs in pieces of at most this many tokens (grid-dimension limits of the MoE
@@ -115,7 +124,7 @@ impl CudaEngine {
             .collect();
         let inv_freq = dev.upload(&inv_freq)?;
         let graphs = !dev.profiling() && std::env::var_os("SPINDLE_CUDA_NO_GRAPHS").is_none();
-        let workspace_bytes = gpu.scratch_bytes(&config, linear::MATVEC_MAX_TOKENS);
+        let workspace_bytes = gpu.scratch_bytes(&config, kernels::MATVEC_MAX_TOKENS);
         Ok(CudaEngine {
             dev,
             config,
@@ -172,24 +181,9 @@ impl CudaEngine {
     /// back instead of the logits row).
     pub fn decode_argmax(&self, session: &mut CudaSession, id: u32) -> Result<u32> {
         let logits = flow::forward_device(self, session, &[id], LogitsFor::Last)?;
-        let next = session.step_io.at(flow::STEP_NEXT);
+        let next = session.step_io.next_token();
         let vocab = self.config.vocab_size;
-        let parts = &session.argmax_parts;
-        let blocks = vocab.div_ceil(256).min(session::ARGMAX_BLOCKS);
-        self.dev.launch(
-            "argmax_multi",
-            (blocks as u32, 1, 1),
-            256,
-            0,
-            &[
-                device::p(logits.ptr),
-                device::i(vocab),
-                device::p(parts.ptr()),
-                device::p(parts.at(session::ARGMAX_BLOCKS)),
-                device::p(parts.at(2 * session::ARGMAX_BLOCKS)),
-                device::p(next),
-            ],
-        )?;
+        reduce::argmax(&self.dev, logits.ptr, vocab, &session.argmax_parts, next)?;
         Ok(self.dev.download_raw::<i32>(next, 1)?[0] as u32)
     }
 
@@ -208,17 +202,7 @@ impl CudaEngine {
         for _ in 0..6 {
             self.dev.sync()?;
             let started = std::time::Instant::now();
-            self.dev.launch(
-                "read_probe",
-                (132 * 8, 1, 1),
-                512,
-                0,
-                &[
-                    device::p(buf.ptr()),
-                    device::p(words as u64),
-                    device::p(out.ptr()),
-                ],
-            )?;
+            reduce::read_pass(&self.dev, &buf, words, &out)?;
             self.dev.sync()?;
             best = best.max((words * 16) as f64 / started.elapsed().as_secs_f64());
         }
@@ -265,11 +249,11 @@ impl CudaEngine {
 fn check_supported(config: &ModelConfig) -> Result<()> {
     let g = &config.gdn;
     let a = &config.attention;
-    if g.key_head_dim > gdn::MAX_KEY_HEAD_DIM {
+    if g.key_head_dim > kernels::GDN_MAX_DK {
         return Err(CudaError::Unsupported(format!(
             "linear_key_head_dim {} exceeds the {} the GDN kernel holds in registers",
             g.key_head_dim,
-            gdn::MAX_KEY_HEAD_DIM
+            kernels::GDN_MAX_DK
         )));
     }
     if g.value_head_dim > 1024 || a.head_dim > 256 {

@@ -1,297 +1,24 @@
-//! Weight matrices in VRAM (bf16, or Q8/Q4 codes with f16 scales in the CPU layouts of
-//! `spindle_kernels::quant`) and y = x·Wᵀ on the device. Batches of at most
-//! [`MATVEC_MAX_TOKENS`] tokens run the decode matvecs ([`decode_linear`]: input staged once
-//! per block, int8 activations for Q8/Q4 as on the CPU, norm and epilogue fused); larger
-//! ones a tiled GEMM. [`Io`] is how a sublayer takes its input and gives its output, fused
-//! with the residual on the decode path.
+//! y = x·Wᵀ on the device, whatever the batch: the decode matvecs for at most
+//! [`MATVEC_MAX_TOKENS`] tokens ([`decode_linear`]: input staged once per block, int8
+//! activations for Q8/Q4 as on the CPU, norm and epilogue fused, with a fallback through the
+//! general kernels for shapes they do not take); larger batches the tensor-core GEMM, or the
+//! SIMT GEMM where it does not apply.
 
-use spindle_model::quant::{QuantizedMatrix, WeightFormat};
-use spindle_model::weights::Linear;
-use spindle_model::DType;
+use crate::device::{DevBuf, Device};
+use crate::error::Result;
+use crate::gemm::{simt_gemm, tensor_gemm, tensor_gemm_ok, GemmActs, GemmRows};
+use crate::kernels::{self, i, Launch, Ptr, MATVEC_MAX_TOKENS};
+use crate::matrix::{DevMatrix, DevPart, DeviceLayout};
+use crate::matvec::{decode_matvec, decode_matvec_fits, matvec, DecodeIn, DecodeOut};
+use crate::norm::group_norm;
 
-use crate::device::{f, i, p, Arg, DevBuf, Device};
-use crate::error::{CudaError, Result};
-
-/// Up to this many tokens a linear layer runs the matvec kernel (the weights are read once
-/// for all of them); more run the GEMM.
-pub const MATVEC_MAX_TOKENS: usize = 8;
-
-/// How a device matrix stores its weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WFormat {
-    /// bf16 words, row-major.
-    Bf16,
-    /// i8 codes `[rows, cols]` and f16 scales `[rows, cols/32]`: w = scale·code.
-    Q8,
-    /// Packed nibbles `[rows, cols/2]` (llama.cpp Q4_0 order within a group of 32) and f16
-    /// scales `[rows, cols/32]`: w = scale·(nibble − 8).
-    Q4,
-}
-
-impl WFormat {
-    /// Bytes of codes per row.
-    pub fn row_bytes(self, cols: usize) -> usize {
-        match self {
-            WFormat::Bf16 => cols * 2,
-            WFormat::Q8 => cols,
-            WFormat::Q4 => cols / 2,
-        }
-    }
-
-    /// f16 scales per row.
-    pub fn row_scales(self, cols: usize) -> usize {
-        match self {
-            WFormat::Bf16 => 0,
-            WFormat::Q8 | WFormat::Q4 => cols / 32,
-        }
-    }
-
-    /// Bytes per row, codes and scales.
-    pub fn row_size(self, cols: usize) -> usize {
-        self.row_bytes(cols) + 2 * self.row_scales(cols)
-    }
-
-    /// The kernel-name suffix.
-    pub fn suffix(self) -> &'static str {
-        match self {
-            WFormat::Bf16 => "bf16",
-            WFormat::Q8 => "q8",
-            WFormat::Q4 => "q4",
-        }
-    }
-
-    /// Whether the tensor-core GEMM reads int8 activations (Q8, Q4) or bf16 planes (bf16).
-    pub fn int8_acts(self) -> bool {
-        self != WFormat::Bf16
-    }
-
-    /// The tensor-core GEMM's granule of columns: a quantization group, or an mma k16 step.
-    fn tensor_k(self) -> usize {
-        match self {
-            WFormat::Bf16 => 16,
-            WFormat::Q8 | WFormat::Q4 => 32,
-        }
-    }
-
-    /// Values per 16-byte chunk of codes (the vector kernels' unit).
-    fn chunk_values(self) -> usize {
-        match self {
-            WFormat::Bf16 => 8,
-            WFormat::Q8 => 16,
-            WFormat::Q4 => 32,
-        }
-    }
-}
-
-/// A row-major `[rows, cols]` matrix in one format on the device.
-pub struct DevPart {
-    pub fmt: WFormat,
-    pub codes: DevBuf<u8>,
-    /// Empty for bf16.
-    pub scales: DevBuf<u16>,
-    pub rows: usize,
-    pub cols: usize,
-}
-
-impl DevPart {
-    pub fn new(dev: &Device, fmt: WFormat, rows: usize, cols: usize) -> Result<Self> {
-        Ok(DevPart {
-            fmt,
-            codes: dev.zeros(rows * fmt.row_bytes(cols))?,
-            scales: dev.zeros(rows * fmt.row_scales(cols))?,
-            rows,
-            cols,
-        })
-    }
-
-    pub fn size_bytes(&self) -> usize {
-        self.rows * self.fmt.row_size(self.cols)
-    }
-
-    /// Whether the 16-byte vector path can read rows of this matrix.
-    pub fn vec_ok(&self) -> bool {
-        self.cols % self.fmt.chunk_values() == 0 && self.codes.ptr() % 16 == 0
-    }
-
-    /// Copies rows `[from, from + count)` of `src` to rows `[to, to + count)`.
-    pub fn put(
-        &mut self,
-        dev: &Device,
-        src: &Source,
-        from: usize,
-        count: usize,
-        to: usize,
-    ) -> Result<()> {
-        if src.fmt != self.fmt {
-            return Err(CudaError::Unsupported(format!(
-                "fusing a {} matrix into a {} one",
-                src.fmt.suffix(),
-                self.fmt.suffix()
-            )));
-        }
-        assert_eq!(
-            src.cols, self.cols,
-            "fused matrices share their input width"
-        );
-        assert!(from + count <= src.rows && to + count <= self.rows);
-        let rb = self.fmt.row_bytes(self.cols);
-        dev.write(
-            &mut self.codes,
-            to * rb,
-            &src.codes[from * rb..(from + count) * rb],
-        )?;
-        let rs = self.fmt.row_scales(self.cols);
-        if rs > 0 {
-            dev.write(
-                &mut self.scales,
-                to * rs,
-                &src.scales[from * rs..(from + count) * rs],
-            )?;
-        }
-        Ok(())
-    }
-}
-
-/// The host bytes of a CPU engine matrix: bf16 as mapped, or Q8/Q4 as quantized on load.
-pub struct Source<'a> {
-    pub fmt: WFormat,
-    pub codes: &'a [u8],
-    pub scales: &'a [u16],
-    pub rows: usize,
-    pub cols: usize,
-}
-
-impl<'a> Source<'a> {
-    pub fn of(linear: &'a Linear) -> Result<Self> {
-        match linear {
-            Linear::Mapped(m) => {
-                if m.dtype != DType::Bf16 {
-                    return Err(CudaError::Unsupported(format!(
-                        "a [{}, {}] weight matrix is {}; the CUDA backend reads bf16 checkpoints only",
-                        m.rows,
-                        m.cols,
-                        m.dtype.name()
-                    )));
-                }
-                Ok(Source {
-                    fmt: WFormat::Bf16,
-                    codes: m.bytes(),
-                    scales: &[],
-                    rows: m.rows,
-                    cols: m.cols,
-                })
-            }
-            Linear::Quantized(q) => Ok(Self::quantized(q)),
-            Linear::Packed(_) => Err(CudaError::Unsupported(
-                "a weight matrix comes from a spindle install; the CUDA backend reads Hugging Face checkpoints only"
-                    .into(),
-            )),
-        }
-    }
-
-    fn quantized(q: &'a QuantizedMatrix) -> Self {
-        Source {
-            fmt: if q.format == WeightFormat::Q4 {
-                WFormat::Q4
-            } else {
-                WFormat::Q8
-            },
-            codes: &q.qs,
-            scales: &q.scales,
-            rows: q.rows,
-            cols: q.cols,
-        }
-    }
-}
-
-/// A `[rows, cols]` weight matrix made of row blocks, each in one format (projections that
-/// read the same input are fused; the CPU may have quantized some of them and not others).
-pub struct DevMatrix {
-    /// (first row, block).
-    pub parts: Vec<(usize, DevPart)>,
-    pub rows: usize,
-    pub cols: usize,
-}
-
-impl DevMatrix {
-    /// Uploads one CPU engine matrix as is.
-    pub fn upload(dev: &Device, m: &Linear) -> Result<Self> {
-        Self::stack(dev, &[m])
-    }
-
-    /// Uploads the vertical concatenation of `parts` (consecutive parts of one format share
-    /// one block).
-    pub fn stack(dev: &Device, parts: &[&Linear]) -> Result<Self> {
-        let sources = parts
-            .iter()
-            .map(|m| Source::of(m))
-            .collect::<Result<Vec<_>>>()?;
-        let cols = sources[0].cols;
-        let mut out = Vec::new();
-        let mut at = 0;
-        let mut k = 0;
-        while k < sources.len() {
-            let fmt = sources[k].fmt;
-            let mut end = k;
-            while end < sources.len() && sources[end].fmt == fmt {
-                end += 1;
-            }
-            let rows: usize = sources[k..end].iter().map(|s| s.rows).sum();
-            let mut part = DevPart::new(dev, fmt, rows, cols)?;
-            let mut to = 0;
-            for s in &sources[k..end] {
-                part.put(dev, s, 0, s.rows, to)?;
-                to += s.rows;
-            }
-            out.push((at, part));
-            at += rows;
-            k = end;
-        }
-        Ok(DevMatrix {
-            parts: out,
-            rows: at,
-            cols,
-        })
-    }
-
-    /// One block, for a matrix assembled row range by row range.
-    pub fn single(part: DevPart) -> Self {
-        DevMatrix {
-            rows: part.rows,
-            cols: part.cols,
-            parts: vec![(0, part)],
-        }
-    }
-
-    /// The block holding all of `rows`, and the first of them within it.
-    pub fn part_of(&self, rows: std::ops::Range<usize>) -> Option<(&DevPart, usize)> {
-        self.parts.iter().find_map(|(row0, part)| {
-            (rows.start >= *row0 && rows.end <= row0 + part.rows).then(|| (part, rows.start - row0))
-        })
-    }
-
-    /// The bf16 words of a one-block bf16 matrix (the embedding table).
-    pub fn bf16_ptr(&self) -> Result<u64> {
-        match self.parts.as_slice() {
-            [(0, part)] if part.fmt == WFormat::Bf16 => Ok(part.codes.ptr()),
-            _ => Err(CudaError::Unsupported(
-                "the embedding table must be bf16".into(),
-            )),
-        }
-    }
-
-    pub fn size_bytes(&self) -> usize {
-        self.parts.iter().map(|(_, p)| p.size_bytes()).sum()
-    }
-}
-
-/// `y[t·ldy + r] (+)= Σ_c W[r, c]·x[t·ldx + c]` for `tokens` rows of x (addresses of f32 data).
+/// `y[t·ldy + r] (+)= Σ_c W[r, c]·x[t·ldx + c]` for `tokens` rows of x.
 pub fn linear(
     dev: &Device,
     w: &DevMatrix,
-    x: u64,
+    x: Ptr<f32>,
     ldx: usize,
-    y: u64,
+    y: Ptr<f32>,
     ldy: usize,
     tokens: usize,
     accumulate: bool,
@@ -299,7 +26,7 @@ pub fn linear(
     // Prepared once per weight family for the tensor-core GEMM: [bf16, int8].
     let mut prepared: [Option<GemmActs>; 2] = [None, None];
     for (row0, part) in &w.parts {
-        let y = y + (*row0 * 4) as u64;
+        let y = y.at(*row0);
         if tokens > MATVEC_MAX_TOKENS && tensor_gemm_ok(dev, part.fmt, part.cols) {
             let slot = &mut prepared[part.fmt.int8_acts() as usize];
             if slot.is_none() {
@@ -316,168 +43,12 @@ pub fn linear(
     Ok(())
 }
 
-/// Whether the tensor-core GEMM ([`tensor_gemm`]) takes a matrix of `cols` columns in `fmt`.
-pub fn tensor_gemm_ok(dev: &Device, fmt: WFormat, cols: usize) -> bool {
-    let kernel = tensor_gemm_kernel(fmt);
-    dev.tensor_cores()
-        && cols % fmt.tensor_k() == 0
-        && tensor_gemm_shared(fmt) <= dev.shared_limit(kernel)
-}
-
-/// Activations in the form the tensor-core GEMM reads: for bf16 weights the f32 values split
-/// into three bf16 planes (hi + mid + lo, within ~2^-24 of each value); for Q8/Q4 weights
-/// int8 codes and f32 scales per group of 32, quantized exactly as the CPU engine does.
-pub struct GemmActs {
-    /// bf16 rows `[rows, 3·cols]` (hi, mid, lo), or i8 codes `[rows, cols]`.
-    a: DevBuf<u8>,
-    /// f32 scales `[rows, cols/32]` (Q8/Q4), or nothing.
-    aux: Option<DevBuf<u8>>,
-    int8: bool,
-    cols: usize,
-}
-
-impl GemmActs {
-    /// Prepares `rows` rows of `cols` from `x` (row r at `r·ldx`) for weights in `fmt`; with
-    /// `up = Some(u)` each row is first the SwiGLU `silu(x[c])·x[u + c]`.
-    pub fn prepare(
-        dev: &Device,
-        fmt: WFormat,
-        x: u64,
-        ldx: usize,
-        up: Option<usize>,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Self> {
-        let up = up.map_or(-1, |u| u as i32);
-        let common = [p(x), i(ldx), Arg::Int(up), i(rows), i(cols)];
-        if fmt.int8_acts() {
-            let a = dev.scratch::<u8>(rows * cols)?;
-            let aux = dev.scratch::<u8>(rows * cols / 32 * 4)?;
-            let mut args = common.to_vec();
-            args.extend([p(a.ptr()), p(aux.ptr())]);
-            // One warp per group of 32.
-            dev.launch_elementwise("tg_prep_q", rows * cols, &args)?;
-            Ok(GemmActs {
-                a,
-                aux: Some(aux),
-                int8: true,
-                cols,
-            })
-        } else {
-            let a = dev.scratch::<u8>(rows * 3 * cols * 2)?;
-            let mut args = common.to_vec();
-            args.push(p(a.ptr()));
-            dev.launch_elementwise("tg_prep_bf16", rows * cols, &args)?;
-            Ok(GemmActs {
-                a,
-                aux: None,
-                int8: false,
-                cols,
-            })
-        }
-    }
-}
-
-/// Which rows a tensor-core GEMM computes.
-#[derive(Clone, Copy)]
-pub enum GemmRows {
-    /// Rows `0..tokens` of the activations into rows `0..tokens` of y.
-    Dense(usize),
-    /// MoE experts (`moe_sort`): `tiles` (expert, first, count) per 64-row tile over `order`
-    /// (pair ids sorted by expert), at most `max_tiles`; activation row = pair / `a_div`,
-    /// output row = pair; expert e's weights are rows `e·rows .. (e+1)·rows` of the part.
-    Grouped {
-        tiles: u64,
-        order: u64,
-        max_tiles: usize,
-        a_div: usize,
-        rows: usize,
-    },
-}
-
-/// Rows of the tensor-core GEMM block tile (`TG_N` in tgemm.cu) and its tokens (`TG_M`).
-const TG_N: usize = 128;
-const TG_M: usize = 64;
-/// The rows of one grouped-GEMM tile (`moe_sort`).
-pub const GROUP_TILE: usize = TG_M;
-
-fn tensor_gemm_kernel(fmt: WFormat) -> &'static str {
-    match fmt {
-        WFormat::Bf16 => "tgemm_bf16",
-        WFormat::Q8 => "tgemm_q8",
-        WFormat::Q4 => "tgemm_q4",
-    }
-}
-
-/// Dynamic shared memory of one tensor-core GEMM block: 4 stages of staged A and B rows
-/// (`TgLayout` in tgemm.cu).
-fn tensor_gemm_shared(fmt: WFormat) -> usize {
-    let (a_row, planes, b_row) = match fmt {
-        WFormat::Bf16 => (80, 3, 80),
-        WFormat::Q8 => (48, 1, 48),
-        WFormat::Q4 => (48, 1, 16),
-    };
-    4 * (TG_M * a_row * planes + TG_N * b_row)
-}
-
-/// `y[row·ldy + n] (+)= Σ_k acts[row, k]·W[n, k]` on the tensor cores (see tgemm.cu).
-pub fn tensor_gemm(
-    dev: &Device,
-    w: &DevPart,
-    acts: &GemmActs,
-    y: u64,
-    ldy: usize,
-    accumulate: bool,
-    rows: GemmRows,
-) -> Result<()> {
-    assert_eq!(
-        acts.int8,
-        w.fmt.int8_acts(),
-        "activations prepared for another format"
-    );
-    assert_eq!(acts.cols, w.cols, "activations of another width");
-    let (n, m, m_tiles, tiles, order, a_div) = match rows {
-        GemmRows::Dense(tokens) => (w.rows, tokens, tokens.div_ceil(TG_M), 0, 0, 1),
-        GemmRows::Grouped {
-            tiles,
-            order,
-            max_tiles,
-            a_div,
-            rows,
-        } => (rows, 0, max_tiles, tiles, order, a_div),
-    };
-    if n == 0 || m_tiles == 0 {
-        return Ok(());
-    }
-    dev.launch(
-        tensor_gemm_kernel(w.fmt),
-        (n.div_ceil(TG_N) as u32, m_tiles as u32, 1),
-        256,
-        tensor_gemm_shared(w.fmt) as u32,
-        &[
-            p(w.codes.ptr()),
-            p(w.scales.ptr()),
-            p(acts.a.ptr()),
-            p(acts.aux.as_ref().map_or(0, DevBuf::ptr)),
-            p(y),
-            i(ldy),
-            i(accumulate as usize),
-            i(n),
-            i(w.cols),
-            i(m),
-            p(tiles),
-            p(order),
-            i(a_div),
-        ],
-    )
-}
-
 fn linear_part(
     dev: &Device,
     w: &DevPart,
-    x: u64,
+    x: Ptr<f32>,
     ldx: usize,
-    y: u64,
+    y: Ptr<f32>,
     ldy: usize,
     tokens: usize,
     accumulate: bool,
@@ -485,43 +56,10 @@ fn linear_part(
     if tokens == 0 || w.rows == 0 {
         return Ok(());
     }
-    let common = [
-        p(w.codes.ptr()),
-        p(w.scales.ptr()),
-        p(x),
-        p(y),
-        i(w.rows),
-        i(w.cols),
-        i(tokens),
-        i(ldx),
-        i(ldy),
-        i(accumulate as usize),
-    ];
     if tokens <= MATVEC_MAX_TOKENS {
-        let vec = w.vec_ok() && ldx % 4 == 0 && x % 16 == 0;
-        let mut args = common.to_vec();
-        args.push(i(vec as usize));
-        let blocks = w.rows.div_ceil(8) as u32;
-        dev.launch(matvec_kernel(w.fmt), (blocks, 1, 1), 256, 0, &args)
+        matvec(dev, w, x, ldx, y, ldy, tokens, accumulate)
     } else {
-        let grid = (w.rows.div_ceil(64) as u32, tokens.div_ceil(64) as u32, 1);
-        dev.launch(gemm_kernel(w.fmt), grid, 256, 0, &common)
-    }
-}
-
-fn matvec_kernel(fmt: WFormat) -> &'static str {
-    match fmt {
-        WFormat::Bf16 => "matvec_bf16",
-        WFormat::Q8 => "matvec_q8",
-        WFormat::Q4 => "matvec_q4",
-    }
-}
-
-fn gemm_kernel(fmt: WFormat) -> &'static str {
-    match fmt {
-        WFormat::Bf16 => "gemm_bf16",
-        WFormat::Q8 => "gemm_q8",
-        WFormat::Q4 => "gemm_q4",
+        simt_gemm(dev, w, x, ldx, y, ldy, tokens, accumulate)
     }
 }
 
@@ -529,65 +67,13 @@ fn gemm_kernel(fmt: WFormat) -> &'static str {
 pub fn project(
     dev: &Device,
     w: &DevMatrix,
-    x: u64,
+    x: Ptr<f32>,
     ldx: usize,
     tokens: usize,
 ) -> Result<DevBuf<f32>> {
     let y = dev.scratch::<f32>(tokens * w.rows)?;
-    linear(dev, w, x, ldx, y.ptr(), w.rows, tokens, false)?;
+    linear(dev, w, x, ldx, y.arg(), w.rows, tokens, false)?;
     Ok(y)
-}
-
-/// The input of a decode-path linear layer: `tokens` rows of `x` (stride `ldx`), optionally
-/// RMS-normed first with a zero-centred weight (the norm is fused into the matvec).
-#[derive(Clone, Copy)]
-pub struct DecodeIn<'a> {
-    pub x: u64,
-    pub ldx: usize,
-    pub norm: Option<(&'a DevBuf<f32>, f32)>,
-    /// Where to also write the normed rows (`[tokens, cols]`), or 0.
-    pub normed_out: u64,
-}
-
-impl DecodeIn<'_> {
-    /// Rows of `x` used as they are.
-    pub fn plain(x: u64, ldx: usize) -> Self {
-        DecodeIn {
-            x,
-            ldx,
-            norm: None,
-            normed_out: 0,
-        }
-    }
-}
-
-/// What a decode-path linear layer does with its outputs (`y[t·ldy + j]`).
-#[derive(Clone, Copy)]
-pub enum DecodeOut {
-    /// y = x·Wᵀ.
-    Store { y: u64, ldy: usize },
-    /// y += x·Wᵀ, times sigmoid(gate[t·ldg]) when `gate` is `Some((gate, ldg))`.
-    Accumulate {
-        y: u64,
-        ldy: usize,
-        gate: Option<(u64, usize)>,
-    },
-    /// The rows are [gate (n) | up (n)]: y[t·ldy + j] = silu(gate_j·x)·(up_j·x), j < n.
-    SwiGlu { y: u64, ldy: usize },
-}
-
-/// Lanes that share one weight row: enough chunks per lane for DEC_BATCH loads in flight.
-fn lanes_per_row(chunks: usize) -> usize {
-    let per = (chunks / 4).max(1);
-    (1usize << (usize::BITS - 1 - per.leading_zeros())).min(32)
-}
-
-/// Dynamic shared memory the decode kernels stage `tokens` rows of `cols` in.
-pub fn staged_bytes(fmt: WFormat, tokens: usize, cols: usize) -> usize {
-    match fmt {
-        WFormat::Bf16 => tokens * cols * 4,
-        WFormat::Q8 | WFormat::Q4 => tokens * cols + tokens * (cols / 32) * 8,
-    }
 }
 
 /// Rows `rows` of `w` for at most [`MATVEC_MAX_TOKENS`] tokens through the decode kernels
@@ -606,8 +92,8 @@ pub fn decode_linear(
         // Gate and up rows must sit in one block of one format.
         let half = rows.len() / 2;
         if let Some((part, first)) = w.part_of(rows.clone()) {
-            if dmv_fits(dev, part, &input, tokens) {
-                return dmv(dev, part, first, half, input, tokens, out, half);
+            if decode_matvec_fits(dev, part, &input, tokens) {
+                return decode_matvec(dev, part, first, half, input, tokens, out, half);
             }
         }
         return decode_fallback(dev, w, rows, input, tokens, out);
@@ -616,7 +102,7 @@ pub fn decode_linear(
     let fits = w
         .parts
         .iter()
-        .all(|(_, part)| dmv_fits(dev, part, &input, tokens));
+        .all(|(_, part)| decode_matvec_fits(dev, part, &input, tokens));
     if !fits {
         return decode_fallback(dev, w, rows, input, tokens, out);
     }
@@ -626,7 +112,7 @@ pub fn decode_linear(
         if lo >= hi {
             continue;
         }
-        let shift = |y: u64| y + ((lo - rows.start) * 4) as u64;
+        let shift = |y: Ptr<f32>| y.at(lo - rows.start);
         let out = match out {
             DecodeOut::Store { y, ldy } => DecodeOut::Store { y: shift(y), ldy },
             DecodeOut::Accumulate { y, ldy, gate } => DecodeOut::Accumulate {
@@ -637,166 +123,17 @@ pub fn decode_linear(
             DecodeOut::SwiGlu { .. } => unreachable!("handled above"),
         };
         let input = DecodeIn {
-            normed_out: if first_part { input.normed_out } else { 0 },
+            normed_out: if first_part {
+                input.normed_out
+            } else {
+                Ptr::null()
+            },
             ..input
         };
         first_part = false;
-        dmv(dev, part, lo - row0, hi - lo, input, tokens, out, 0)?;
+        decode_matvec(dev, part, lo - row0, hi - lo, input, tokens, out, 0)?;
     }
     Ok(())
-}
-
-/// GDN's in_proj with the causal conv fused into the decode matvec (`dmvc_*`): outputs
-/// `j < channels` become silu(conv) over `[conv_state rows | this step]` and `conv_state` keeps
-/// the last K − 1 raw rows; the rest are stored as they are. `false` (nothing launched) when
-/// the matrix is not one block the decode kernels can read.
-#[allow(clippy::too_many_arguments)]
-pub fn decode_linear_conv(
-    dev: &Device,
-    w: &DevMatrix,
-    input: DecodeIn,
-    tokens: usize,
-    y: u64,
-    ldy: usize,
-    conv_state: u64,
-    conv_w: u64,
-    kernel: usize,
-    channels: usize,
-) -> Result<bool> {
-    let [(0, part)] = w.parts.as_slice() else {
-        return Ok(false);
-    };
-    if kernel == 0 || kernel - 1 + tokens > 16 || !dmv_fits(dev, part, &input, tokens) {
-        return Ok(false);
-    }
-    let name = match (part.fmt, tokens) {
-        (WFormat::Bf16, 1) => "dmvc_bf16_t1",
-        (WFormat::Q8, 1) => "dmvc_q8_t1",
-        (WFormat::Q4, 1) => "dmvc_q4_t1",
-        (WFormat::Bf16, _) => "dmvc_bf16_t8",
-        (WFormat::Q8, _) => "dmvc_q8_t8",
-        (WFormat::Q4, _) => "dmvc_q4_t8",
-    };
-    let out = DecodeOut::Store { y, ldy };
-    let conv = [p(conv_state), p(conv_w), i(kernel), i(channels)];
-    dmv_launch(dev, name, part, 0, part.rows, input, tokens, out, 0, &conv)?;
-    Ok(true)
-}
-
-/// Whether the decode matvec can read `part` for this input.
-fn dmv_fits(dev: &Device, part: &DevPart, input: &DecodeIn, tokens: usize) -> bool {
-    let cols = part.cols;
-    let layout = match part.fmt {
-        WFormat::Bf16 => cols % 8 == 0,
-        WFormat::Q8 | WFormat::Q4 => cols % 32 == 0,
-    };
-    layout
-        && part.codes.ptr() % 16 == 0
-        && input.x % 16 == 0
-        && input.ldx % 4 == 0
-        && input
-            .norm
-            .is_none_or(|(w, _)| w.len() == cols && w.ptr() % 16 == 0)
-        && input.normed_out % 16 == 0
-        && staged_bytes(part.fmt, tokens, cols) <= dev.shared_limit(dmv_kernel(part.fmt, tokens))
-}
-
-fn dmv_kernel(fmt: WFormat, tokens: usize) -> &'static str {
-    match (fmt, tokens) {
-        (WFormat::Bf16, 1) => "dmv_bf16_t1",
-        (WFormat::Q8, 1) => "dmv_q8_t1",
-        (WFormat::Q4, 1) => "dmv_q4_t1",
-        (WFormat::Bf16, _) => "dmv_bf16_t8",
-        (WFormat::Q8, _) => "dmv_q8_t8",
-        (WFormat::Q4, _) => "dmv_q4_t8",
-    }
-}
-
-/// One decode matvec launch over `outs` outputs starting at row `first` of `part` (with
-/// `pair` > 0: SwiGLU of rows j and j + pair).
-fn dmv(
-    dev: &Device,
-    part: &DevPart,
-    first: usize,
-    outs: usize,
-    input: DecodeIn,
-    tokens: usize,
-    out: DecodeOut,
-    pair: usize,
-) -> Result<()> {
-    dmv_launch(
-        dev,
-        dmv_kernel(part.fmt, tokens),
-        part,
-        first,
-        outs,
-        input,
-        tokens,
-        out,
-        pair,
-        &[],
-    )
-}
-
-/// Launches decode matvec kernel `name` (extra arguments after the common ones).
-#[allow(clippy::too_many_arguments)]
-fn dmv_launch(
-    dev: &Device,
-    name: &'static str,
-    part: &DevPart,
-    first: usize,
-    outs: usize,
-    input: DecodeIn,
-    tokens: usize,
-    out: DecodeOut,
-    pair: usize,
-    extra: &[crate::device::Arg],
-) -> Result<()> {
-    if outs == 0 || tokens == 0 {
-        return Ok(());
-    }
-    let chunks = match part.fmt {
-        WFormat::Bf16 => part.cols / 8,
-        _ => part.cols / 32,
-    };
-    let lpr = lanes_per_row(chunks);
-    let per_block = 8 * (32 / lpr);
-    let shared = staged_bytes(part.fmt, tokens, part.cols);
-    let grid = dev.resident_grid(name, 256, shared, outs.div_ceil(per_block))?;
-    let (y, ldy, accumulate, gate, ldg) = match out {
-        DecodeOut::Store { y, ldy } | DecodeOut::SwiGlu { y, ldy } => (y, ldy, false, 0, 0),
-        DecodeOut::Accumulate { y, ldy, gate } => {
-            let (g, ldg) = gate.unwrap_or((0, 0));
-            (y, ldy, true, g, ldg)
-        }
-    };
-    let rb = part.fmt.row_bytes(part.cols);
-    let rs = part.fmt.row_scales(part.cols);
-    let (norm, eps) = match input.norm {
-        Some((w, eps)) => (w.ptr(), eps),
-        None => (0, 0.0),
-    };
-    let mut args = vec![
-        p(part.codes.ptr() + (first * rb) as u64),
-        p(part.scales.ptr() + (first * rs * 2) as u64),
-        i(outs),
-        i(part.cols),
-        p(input.x),
-        i(input.ldx),
-        i(tokens),
-        p(norm),
-        f(eps),
-        p(input.normed_out),
-        p(y),
-        i(ldy),
-        i(accumulate as usize),
-        i(pair),
-        p(gate),
-        i(ldg),
-        i(lpr),
-    ];
-    args.extend_from_slice(extra);
-    dev.launch(name, (grid, 1, 1), 256, shared as u32, &args)
 }
 
 /// The same results through the general kernels: norm, matvec, then the epilogue.
@@ -812,21 +149,21 @@ fn decode_fallback(
     let normed;
     let (x, ldx) = match input.norm {
         Some((nw, eps)) => {
-            let dst = if input.normed_out != 0 {
+            let dst = if !input.normed_out.is_null() {
                 input.normed_out
             } else {
                 normed = dev.scratch::<f32>(tokens * cols)?;
-                normed.ptr()
+                normed.arg()
             };
-            crate::qwen4::group_norm(dev, input.x, input.ldx, dst, cols, nw, tokens, 1, cols, eps)?;
+            group_norm(dev, input.x, input.ldx, dst, cols, nw, tokens, 1, cols, eps)?;
             (dst, cols)
         }
         None => {
-            if input.normed_out != 0 {
+            if !input.normed_out.is_null() {
                 for t in 0..tokens {
                     dev.copy_raw(
-                        input.x + (t * input.ldx * 4) as u64,
-                        input.normed_out + (t * cols * 4) as u64,
+                        input.x.at(t * input.ldx).addr(),
+                        input.normed_out.at(t * cols).addr(),
                         cols * 4,
                     )?;
                 }
@@ -836,158 +173,54 @@ fn decode_fallback(
     };
     let n = rows.len();
     let full = project(dev, w, x, ldx, tokens)?; // [tokens, w.rows]
-    let src = full.at(rows.start);
+    let src = full.arg_at(rows.start);
     match out {
         DecodeOut::Store { y, ldy } => {
             for t in 0..tokens {
-                dev.copy_raw(
-                    src + (t * w.rows * 4) as u64,
-                    y + (t * ldy * 4) as u64,
-                    n * 4,
-                )?;
+                dev.copy_raw(src.at(t * w.rows).addr(), y.at(t * ldy).addr(), n * 4)?;
             }
             Ok(())
         }
         DecodeOut::SwiGlu { y, ldy } => {
             let half = n / 2;
             for t in 0..tokens {
-                dev.launch_elementwise(
-                    "swiglu",
-                    half,
-                    &[
-                        p(src + (t * w.rows * 4) as u64),
-                        i(w.rows),
-                        i(0),
-                        i(half),
-                        p(y + (t * ldy * 4) as u64),
-                        i(1),
-                        i(half),
-                    ],
+                kernels::elementwise::Swiglu::launch(
+                    dev,
+                    Launch::elementwise(half),
+                    src.at(t * w.rows),
+                    i(w.rows),
+                    i(0),
+                    i(half),
+                    y.at(t * ldy),
+                    i(1),
+                    i(half),
                 )?;
             }
             Ok(())
         }
         DecodeOut::Accumulate { y, ldy, gate } => {
             for t in 0..tokens {
-                let row = src + (t * w.rows * 4) as u64;
+                let row = src.at(t * w.rows);
                 if let Some((g, ldg)) = gate {
-                    dev.launch_elementwise(
-                        "scale_by_sigmoid",
-                        n,
-                        &[p(row), p(g + (t * ldg * 4) as u64), i(ldg), i(1), i(n)],
+                    kernels::elementwise::ScaleBySigmoid::launch(
+                        dev,
+                        Launch::elementwise(n),
+                        row,
+                        g.at(t * ldg),
+                        i(ldg),
+                        i(1),
+                        i(n),
                     )?;
                 }
-                dev.launch_elementwise(
-                    "add_in_place",
-                    n,
-                    &[p(y + (t * ldy * 4) as u64), p(row), i(n)],
+                kernels::elementwise::AddInPlace::launch(
+                    dev,
+                    Launch::elementwise(n),
+                    y.at(t * ldy),
+                    row,
+                    i(n),
                 )?;
             }
             Ok(())
-        }
-    }
-}
-
-/// How a sublayer gets its input and gives back its output.
-#[derive(Clone, Copy)]
-pub enum Io<'a> {
-    /// `x` (`[tokens, hidden]`) is the sublayer's input; its output is returned for the caller.
-    Split(&'a DevBuf<f32>),
-    /// Decode with a plain residual: the sublayer norms `h` itself (fused into its first
-    /// matvec) and adds its output into `h` (fused into its last).
-    Fused {
-        h: &'a DevBuf<f32>,
-        norm: &'a DevBuf<f32>,
-        eps: f32,
-    },
-}
-
-impl<'a> Io<'a> {
-    /// The input of the sublayer's first linear layer(s); `normed_out` as in [`DecodeIn`].
-    pub fn input(&self, hidden: usize, normed_out: u64) -> DecodeIn<'a> {
-        match *self {
-            Io::Split(x) => DecodeIn::plain(x.ptr(), hidden),
-            Io::Fused { h, norm, eps } => DecodeIn {
-                x: h.ptr(),
-                ldx: hidden,
-                norm: Some((norm, eps)),
-                normed_out,
-            },
-        }
-    }
-
-    /// `x·Wᵀ` of the sublayer input into a new `[tokens, w.rows]` buffer.
-    pub fn project(
-        &self,
-        dev: &Device,
-        w: &DevMatrix,
-        hidden: usize,
-        tokens: usize,
-    ) -> Result<DevBuf<f32>> {
-        match *self {
-            Io::Split(x) if tokens > MATVEC_MAX_TOKENS => project(dev, w, x.ptr(), hidden, tokens),
-            _ => {
-                let y = dev.scratch::<f32>(tokens * w.rows)?;
-                let out = DecodeOut::Store {
-                    y: y.ptr(),
-                    ldy: w.rows,
-                };
-                decode_linear(dev, w, 0..w.rows, self.input(hidden, 0), tokens, out)?;
-                Ok(y)
-            }
-        }
-    }
-
-    /// The sublayer's last linear layer on `x` (`[tokens, ldx]`): returned (split) or added
-    /// into the residual (fused).
-    pub fn finish(
-        &self,
-        dev: &Device,
-        w: &DevMatrix,
-        x: u64,
-        ldx: usize,
-        hidden: usize,
-        tokens: usize,
-    ) -> Result<Option<DevBuf<f32>>> {
-        let input = DecodeIn::plain(x, ldx);
-        match *self {
-            Io::Split(_) => {
-                let y = dev.scratch::<f32>(tokens * w.rows)?;
-                if tokens > MATVEC_MAX_TOKENS {
-                    linear(dev, w, x, ldx, y.ptr(), w.rows, tokens, false)?;
-                } else {
-                    let out = DecodeOut::Store {
-                        y: y.ptr(),
-                        ldy: w.rows,
-                    };
-                    decode_linear(dev, w, 0..w.rows, input, tokens, out)?;
-                }
-                Ok(Some(y))
-            }
-            Io::Fused { h, .. } => {
-                let out = DecodeOut::Accumulate {
-                    y: h.ptr(),
-                    ldy: hidden,
-                    gate: None,
-                };
-                decode_linear(dev, w, 0..w.rows, input, tokens, out)?;
-                Ok(None)
-            }
-        }
-    }
-
-    /// Hands a sublayer output computed apart back: returned (split) or added into `h`.
-    pub fn give(&self, dev: &Device, y: DevBuf<f32>) -> Result<Option<DevBuf<f32>>> {
-        match *self {
-            Io::Split(_) => Ok(Some(y)),
-            Io::Fused { h, .. } => {
-                dev.launch_elementwise(
-                    "add_in_place",
-                    y.len(),
-                    &[p(h.ptr()), p(y.ptr()), i(y.len())],
-                )?;
-                Ok(None)
-            }
         }
     }
 }

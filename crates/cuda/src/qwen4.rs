@@ -4,9 +4,11 @@
 //! gathers the rows straight from the n-gram table, which stays in page-locked host memory
 //! mapped into the device (`ple_gather`). QSA selection (§4.4) is with attention.
 
-use crate::device::{f, i, p, threads_for, DevBuf, Device};
+use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
+use crate::kernels::{self, i, p, Launch, Ptr};
 use crate::linear::project;
+use crate::norm::{group_norm, norm_rows};
 use crate::weights::{GpuHyper, GpuPle};
 
 /// A hyper-connection block's sublayer input `x [T, H]` and the raw projection `[T, ld]`
@@ -16,50 +18,11 @@ pub struct HyperInput {
     pub mix: DevBuf<f32>,
 }
 
-/// Zero-centred RMSNorm of `groups` groups of `group` values in each of `tokens` rows
-/// (row t of x at `t·ldx`, of y at `t·ldy`).
-pub(crate) fn group_norm(
-    dev: &Device,
-    x: u64,
-    ldx: usize,
-    y: u64,
-    ldy: usize,
-    w: &DevBuf<f32>,
-    tokens: usize,
-    groups: usize,
-    group: usize,
-    eps: f32,
-) -> Result<()> {
-    dev.launch(
-        "rms_norm_zc",
-        (tokens as u32, groups as u32, 1),
-        threads_for(group).min(256),
-        0,
-        &[p(x), i(ldx), p(y), i(ldy), p(w.ptr()), i(group), f(eps)],
-    )
-}
-
-/// Zero-centred RMSNorm of `tokens` rows of `[groups · group]` (MODEL_MATH §1.1).
-pub fn norm_rows(
-    dev: &Device,
-    x: u64,
-    w: &DevBuf<f32>,
-    tokens: usize,
-    groups: usize,
-    group: usize,
-    eps: f32,
-) -> Result<DevBuf<f32>> {
-    let width = groups * group;
-    let y = dev.scratch::<f32>(tokens * width)?;
-    group_norm(dev, x, width, y.ptr(), width, w, tokens, groups, group, eps)?;
-    Ok(y)
-}
-
 /// Reads the streams `hs [T, n·H]` into one sublayer input (MODEL_MATH §4.3).
 pub fn enter(
     dev: &Device,
     w: &GpuHyper,
-    hs: u64,
+    hs: Ptr<f32>,
     tokens: usize,
     streams: usize,
     hidden: usize,
@@ -68,33 +31,29 @@ pub fn enter(
     let width = streams * hidden;
     let normed = norm_rows(dev, hs, &w.norm, tokens, streams, hidden, eps)?;
     let ld = w.down_inject.rows;
-    let mix = project(dev, &w.down_inject, normed.ptr(), width, tokens)?;
+    let mix = project(dev, &w.down_inject, normed.arg(), width, tokens)?;
     let m = dev.scratch::<f32>(tokens * w.lowrank)?;
-    dev.launch_elementwise(
-        "silu_scaled",
-        tokens * w.lowrank,
-        &[
-            p(mix.ptr()),
-            i(ld),
-            f(1.0 / streams as f32),
-            p(m.ptr()),
-            i(tokens),
-            i(w.lowrank),
-        ],
+    kernels::elementwise::SiluScaled::launch(
+        dev,
+        Launch::elementwise(tokens * w.lowrank),
+        mix.arg(),
+        i(ld),
+        1.0 / streams as f32,
+        m.arg(),
+        i(tokens),
+        i(w.lowrank),
     )?;
-    let a = project(dev, &w.up, m.ptr(), w.lowrank, tokens)?;
+    let a = project(dev, &w.up, m.arg(), w.lowrank, tokens)?;
     let x = dev.scratch::<f32>(tokens * hidden)?;
-    dev.launch_elementwise(
-        "hc_mix",
-        tokens * hidden,
-        &[
-            p(a.ptr()),
-            p(normed.ptr()),
-            p(x.ptr()),
-            i(tokens),
-            i(streams),
-            i(hidden),
-        ],
+    kernels::qwen4::HyperConnectionMix::launch(
+        dev,
+        Launch::elementwise(tokens * hidden),
+        a.arg(),
+        normed.arg(),
+        x.arg(),
+        i(tokens),
+        i(streams),
+        i(hidden),
     )?;
     Ok(HyperInput { x, mix })
 }
@@ -110,18 +69,16 @@ pub fn inject(
     streams: usize,
     hidden: usize,
 ) -> Result<()> {
-    dev.launch_elementwise(
-        "hc_inject",
-        tokens * streams * hidden,
-        &[
-            p(hs.ptr()),
-            p(y.ptr()),
-            p(mix.at(w.lowrank)),
-            i(w.down_inject.rows),
-            i(tokens),
-            i(streams),
-            i(hidden),
-        ],
+    kernels::qwen4::HyperConnectionInject::launch(
+        dev,
+        Launch::elementwise(tokens * streams * hidden),
+        hs.arg(),
+        y.arg(),
+        mix.arg_at(w.lowrank),
+        i(w.down_inject.rows),
+        i(tokens),
+        i(streams),
+        i(hidden),
     )
 }
 
@@ -145,33 +102,33 @@ pub fn add(
 
     // Eng: one table row per hash head, hashed and gathered on the device.
     let eng = dev.scratch::<f32>(tokens * ple_dim)?;
-    dev.launch(
-        "ple_gather",
-        (tokens as u32, w.heads as u32, 1),
-        threads_for(w.table.dim).min(256),
-        0,
-        &[
-            p(ids),
-            p(history.ptr()),
-            p(w.hash.ptr()),
-            i(w.ngram_size),
-            i(w.heads_per_ngram),
-            i(w.eos as usize),
-            p(w.table.memory.ptr()),
-            i(w.table.dtype),
-            i(w.table.dim),
-            p(eng.ptr()),
-        ],
+    kernels::qwen4::PleGather::launch(
+        dev,
+        Launch::new(
+            (tokens as u32, w.heads as u32, 1),
+            threads_for(w.table.dim).min(256),
+            0,
+        ),
+        p(ids),
+        history.arg(),
+        w.hash.arg(),
+        i(w.ngram_size),
+        i(w.heads_per_ngram),
+        i(w.eos as usize),
+        p(w.table.memory.ptr()),
+        i(w.table.dtype),
+        i(w.table.dim),
+        eng.arg(),
     )?;
 
-    let kv = project(dev, &w.kv_proj, eng.ptr(), ple_dim, tokens)?; // [T, n·H + H]
+    let kv = project(dev, &w.kv_proj, eng.arg(), ple_dim, tokens)?; // [T, n·H + H]
     let ld = w.kv_proj.rows;
     let keys = dev.scratch::<f32>(tokens * width)?;
     group_norm(
         dev,
-        kv.ptr(),
+        kv.arg(),
         ld,
-        keys.ptr(),
+        keys.arg(),
         width,
         &w.norm_key,
         tokens,
@@ -179,52 +136,49 @@ pub fn add(
         hidden,
         eps,
     )?;
-    let queries = norm_rows(dev, hs.ptr(), &w.norm_query, tokens, streams, hidden, eps)?;
+    let queries = norm_rows(dev, hs.arg(), &w.norm_query, tokens, streams, hidden, eps)?;
     let gates = dev.scratch::<f32>(tokens * width)?;
-    dev.launch(
-        "ple_gates",
-        (tokens as u32, streams as u32, 1),
-        threads_for(hidden).min(256),
-        0,
-        &[
-            p(keys.ptr()),
-            p(queries.ptr()),
-            p(kv.at(width)),
-            i(ld),
-            p(gates.ptr()),
-            i(streams),
-            i(hidden),
-        ],
+    kernels::qwen4::PleGates::launch(
+        dev,
+        Launch::new(
+            (tokens as u32, streams as u32, 1),
+            threads_for(hidden).min(256),
+            0,
+        ),
+        keys.arg(),
+        queries.arg(),
+        kv.arg_at(width),
+        i(ld),
+        gates.arg(),
+        i(streams),
+        i(hidden),
     )?;
-    let normed = norm_rows(dev, gates.ptr(), &w.norm_conv, tokens, streams, hidden, eps)?;
+    let normed = norm_rows(dev, gates.arg(), &w.norm_conv, tokens, streams, hidden, eps)?;
     let kernel = w.conv.len() / width;
-    dev.launch(
-        "ple_conv",
-        (width.div_ceil(128) as u32, 1, 1),
-        128,
-        0,
-        &[
-            p(hs.ptr()),
-            p(gates.ptr()),
-            p(normed.ptr()),
-            p(conv_state.ptr()),
-            p(w.conv.ptr()),
-            i(tokens),
-            i(width),
-            i(kernel),
-            i(w.dilation),
-        ],
+    kernels::qwen4::PleConv::launch(
+        dev,
+        Launch::new((width.div_ceil(128) as u32, 1, 1), 128, 0),
+        hs.arg(),
+        gates.arg(),
+        normed.arg(),
+        conv_state.arg(),
+        w.conv.arg(),
+        i(tokens),
+        i(width),
+        i(kernel),
+        i(w.dilation),
     )
 }
 
 /// Shifts the `tokens` ids at device address `ids` into the n-gram history (which keeps its
 /// length, ngram_size − 1), on the device.
 pub fn advance_history(dev: &Device, history: &DevBuf<i32>, ids: u64, tokens: usize) -> Result<()> {
-    dev.launch(
-        "ple_advance",
-        (1, 1, 1),
-        32,
-        0,
-        &[p(history.ptr()), p(ids), i(tokens), i(history.len())],
+    kernels::qwen4::PleAdvance::launch(
+        dev,
+        Launch::new((1, 1, 1), 32, 0),
+        history.arg(),
+        p(ids),
+        i(tokens),
+        i(history.len()),
     )
 }

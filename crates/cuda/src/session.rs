@@ -1,10 +1,11 @@
 //! One sequence's state on the device: KV caches, GDN conv and recurrent state (f32), and for
 //! qwen4_exp the QSA indexer caches, the PLE n-gram history and the PLE conv rows.
 
-use spindle_model::{MixerKind, ModelConfig};
+use spindle_model::{MixerKind, ModelConfig, QsaConfig};
 
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
+use crate::kernels::MATVEC_MAX_TOKENS;
 
 /// Keys (after norm and RoPE) and values `[capacity, n_kv, d]`; rows `< position` are valid.
 pub struct KvCache {
@@ -54,8 +55,14 @@ pub struct PleState {
     pub conv: Vec<DevBuf<f32>>,
 }
 
+/// The length of one token's QSA selection list: the most positions it attends to: max_blocks whole blocks (the budget,
+/// a multiple of cr as the config checks) plus a partial tail of fewer than cr positions.
+pub fn selection_stride(q: &QsaConfig) -> usize {
+    q.max_blocks() * q.compress_ratio + q.compress_ratio - 1
+}
+
 /// A captured decode step: replayed per token with the token id and position read from
-/// `CudaSession::step_io`.
+/// [`CudaSession::step_io`].
 pub struct DecodeGraph {
     pub graph: cudarc::driver::CudaGraph,
     /// The logits row `[V]` the graph writes (in the workspace).
@@ -64,7 +71,60 @@ pub struct DecodeGraph {
     pub generation: u64,
 }
 
-/// Blocks of the device argmax (`argmax_multi`).
+/// The decode step's inputs and output on the device, at fixed addresses that a captured
+/// graph reads: the token ids of a batch of at most [`MATVEC_MAX_TOKENS`], the position of its
+/// first token, and the greedy next token the device argmax writes. One host→device copy fills
+/// the inputs of a step.
+pub struct StepIo {
+    /// i32 slots: ids `[0, MATVEC_MAX_TOKENS)`, then the position, then the next token.
+    slots: DevBuf<i32>,
+}
+
+impl StepIo {
+    const IDS: usize = 0;
+    const POSITION: usize = MATVEC_MAX_TOKENS;
+    const NEXT_TOKEN: usize = MATVEC_MAX_TOKENS + 1;
+
+    fn new(dev: &Device) -> Result<Self> {
+        Ok(StepIo {
+            slots: dev.zeros(16)?,
+        })
+    }
+
+    /// The address of the ids (i32).
+    pub fn ids(&self) -> u64 {
+        self.slots.at(Self::IDS)
+    }
+
+    /// The address of the position of the step's first token (i32).
+    pub fn position(&self) -> u64 {
+        self.slots.at(Self::POSITION)
+    }
+
+    /// The address the device argmax writes the greedy token to (i32).
+    pub fn next_token(&self) -> u64 {
+        self.slots.at(Self::NEXT_TOKEN)
+    }
+
+    /// Writes the ids of a batch of at most [`MATVEC_MAX_TOKENS`] tokens.
+    pub fn write_ids(&mut self, dev: &Device, ids: &[i32]) -> Result<()> {
+        debug_assert!(
+            ids.len() <= MATVEC_MAX_TOKENS,
+            "too many ids for a decode step"
+        );
+        dev.write_raw(self.ids(), ids)
+    }
+
+    /// Writes one token's id and position (one copy of the id slots and the position).
+    pub fn write_step(&mut self, dev: &Device, id: u32, position: usize) -> Result<()> {
+        let mut io = [0i32; Self::POSITION + 1];
+        io[Self::IDS] = id as i32;
+        io[Self::POSITION] = position as i32;
+        dev.write_raw(self.ids(), &io)
+    }
+}
+
+/// Blocks of the device argmax (`argmax_two_stage`).
 pub const ARGMAX_BLOCKS: usize = 256;
 
 /// The state of one sequence on one device.
@@ -73,11 +133,10 @@ pub struct CudaSession {
     pub position: usize,
     pub layers: Vec<LayerState>,
     pub ple: Option<PleState>,
-    /// Scratch for forward passes of at most `linear::MATVEC_MAX_TOKENS` tokens (decode).
+    /// Scratch for forward passes of at most `kernels::MATVEC_MAX_TOKENS` tokens (decode).
     pub workspace: DevBuf<u8>,
-    /// The decode step's i32 slots, read by the graph: ids `[0, 8)` (a small batch's),
-    /// position at `flow::STEP_POSITION`, the device argmax at `flow::STEP_NEXT`.
-    pub step_io: DevBuf<i32>,
+    /// The decode step's ids and position, read by the graph, and the device argmax's token.
+    pub step_io: StepIo,
     /// The device argmax's per-block bests (values, then indices) and its finished-block
     /// counter (zero between launches): `2·ARGMAX_BLOCKS + 1` words.
     pub argmax_parts: DevBuf<u32>,
@@ -172,7 +231,7 @@ impl CudaSession {
             layers,
             ple,
             workspace: dev.zeros(workspace_bytes)?,
-            step_io: dev.zeros(16)?,
+            step_io: StepIo::new(dev)?,
             argmax_parts: dev.zeros(2 * ARGMAX_BLOCKS + 1)?,
             graph: None,
             graph_failed: false,

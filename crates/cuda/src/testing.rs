@@ -1,20 +1,29 @@
-//! Kernel-level entry points for the GPU tests (`tests/kernels.rs`): each runs one device
-//! path on host data and returns the result to the host. Not a stable interface.
+//! Kernel-level entry points for the GPU tests (`tests/kernels.rs`, `tests/ops.rs`): each
+//! runs one device path on host data and returns the result to the host. Not a stable
+//! interface.
 
 use spindle_model::weights::Linear;
 
-use crate::attention::{attend_serial, attend_tiled, Heads};
+use spindle_model::ModelConfig;
+
+use crate::attention::{attend_serial, attend_split, attend_tiled, Heads};
 use crate::device::Device;
 use crate::error::Result;
-use crate::ffn::{routed_experts, Routes};
-use crate::linear::{project, DevMatrix};
+use crate::io::Io;
+use crate::kernels::{Ptr, ATTN_SPLIT_KEYS};
+use crate::linear::{decode_linear, project};
+use crate::matrix::DevMatrix;
+use crate::matvec::{DecodeIn, DecodeOut};
+use crate::moe::{routed_experts, Routes};
+use crate::session::ARGMAX_BLOCKS;
+use crate::weights::GpuMoe;
 
 /// `x [tokens, cols] · Wᵀ` through the device's linear layer (the decode matvecs for at most
 /// 8 tokens, the tensor-core or SIMT GEMM above, as [`Device::tensor_cores`] says).
 pub fn linear(dev: &Device, w: &Linear, x: &[f32], tokens: usize) -> Result<Vec<f32>> {
     let m = DevMatrix::upload(dev, w)?;
     let x = dev.upload(x)?;
-    let y = project(dev, &m, x.ptr(), w.cols(), tokens)?;
+    let y = project(dev, &m, x.arg(), w.cols(), tokens)?;
     dev.download(&y, 0, tokens * w.rows())
 }
 
@@ -74,7 +83,7 @@ pub fn attention_of(
     let (q, gate) = (dev.upload(q)?, dev.upload(gate)?);
     let (keys, values) = (dev.upload(keys)?, dev.upload(values)?);
     let out = dev.zeros::<f32>(tokens * n_h * d)?;
-    let args = (q.ptr(), gate.ptr(), keys.ptr(), values.ptr(), out.ptr());
+    let args = (q.arg(), gate.arg(), keys.arg(), values.arg(), out.arg());
     if tiled {
         if !attend_tiled(
             dev, heads, args.0, args.1, args.2, args.3, args.4, tokens, start,
@@ -83,8 +92,180 @@ pub fn attention_of(
         }
     } else {
         attend_serial(
-            dev, heads, args.0, args.1, args.2, args.3, None, args.4, tokens, start, 0,
+            dev,
+            heads,
+            args.0,
+            args.1,
+            args.2,
+            args.3,
+            None,
+            args.4,
+            tokens,
+            start,
+            Ptr::null(),
         )?;
     }
     Ok(Some(dev.download(&out, 0, tokens * n_h * d)?))
+}
+
+/// What a decode matvec does with its outputs (see [`decode_linear_of`]).
+pub enum Epilogue<'a> {
+    /// `y = x·Wᵀ`, `[tokens, rows]`.
+    Store,
+    /// Rows `[gate (n) | up (n)]`: `y[t, j] = silu(gate_j·x_t)·(up_j·x_t)`, `[tokens, n]`.
+    SwiGlu,
+    /// `y = init + sigmoid(gate[t])·(x·Wᵀ)` (no sigmoid factor without `gate`), `[tokens, rows]`.
+    Accumulate {
+        init: &'a [f32],
+        gate: Option<&'a [f32]>,
+    },
+}
+
+/// `x [tokens, cols]` through the decode linear path (at most 8 tokens: the decode matvecs,
+/// or the general kernels for shapes they do not take), RMS-normed first with the zero-centred
+/// weight `norm` when given, with the outputs as `epilogue` says.
+pub fn decode_linear_of(
+    dev: &Device,
+    w: &Linear,
+    x: &[f32],
+    tokens: usize,
+    norm: Option<(&[f32], f32)>,
+    epilogue: Epilogue,
+) -> Result<Vec<f32>> {
+    let m = DevMatrix::upload(dev, w)?;
+    let rows = w.rows();
+    let xb = dev.upload(x)?;
+    let norm_w = norm.map(|(nw, _)| dev.upload(nw)).transpose()?;
+    let input = DecodeIn {
+        x: xb.arg(),
+        ldx: w.cols(),
+        norm: norm_w.as_ref().zip(norm.map(|(_, eps)| eps)),
+        normed_out: Ptr::null(),
+    };
+    let (y, width, gate) = match epilogue {
+        Epilogue::Store => (dev.zeros::<f32>(tokens * rows)?, rows, None),
+        Epilogue::SwiGlu => (dev.zeros::<f32>(tokens * rows / 2)?, rows / 2, None),
+        Epilogue::Accumulate { init, gate } => (
+            dev.upload(init)?,
+            rows,
+            gate.map(|g| dev.upload(g)).transpose()?,
+        ),
+    };
+    let out = match epilogue {
+        Epilogue::Store => DecodeOut::Store {
+            y: y.arg(),
+            ldy: width,
+        },
+        Epilogue::SwiGlu => DecodeOut::SwiGlu {
+            y: y.arg(),
+            ldy: width,
+        },
+        Epilogue::Accumulate { .. } => DecodeOut::Accumulate {
+            y: y.arg(),
+            ldy: width,
+            gate: gate.as_ref().map(|g| (g.arg(), 1)),
+        },
+    };
+    decode_linear(dev, &m, 0..rows, input, tokens, out)?;
+    dev.download(&y, 0, tokens * width)
+}
+
+/// The MoE block of `config` (its `moe` sizes and `hidden_size`) for `x [tokens, hidden]`:
+/// `input` is `[router (E) | shared expert gate (1) | shared gate (I_s) | shared up (I_s)]`
+/// rows, `shared_down` `[hidden, I_s]`, `gate_up` `[E·2I, hidden]` (each expert's gate rows,
+/// then its up rows), `down` `[E·hidden, I]`. At most 8 tokens run the decode kernels (when
+/// the shapes suit them), more the general path (route, then grouped or per-pair experts).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_block_of(
+    dev: &Device,
+    config: &ModelConfig,
+    input: &Linear,
+    shared_down: &Linear,
+    gate_up: &Linear,
+    down: &Linear,
+    x: &[f32],
+    tokens: usize,
+) -> Result<Vec<f32>> {
+    let single = |m: DevMatrix| {
+        m.parts
+            .into_iter()
+            .next()
+            .map(|(_, part)| part)
+            .expect("one block")
+    };
+    let w = GpuMoe {
+        input: DevMatrix::upload(dev, input)?,
+        shared_down: DevMatrix::upload(dev, shared_down)?,
+        experts_gate_up: single(DevMatrix::upload(dev, gate_up)?),
+        experts_down: single(DevMatrix::upload(dev, down)?),
+    };
+    let xb = dev.upload(x)?;
+    let y = crate::moe::moe(dev, config, &w, Io::Split(&xb), tokens)?
+        .expect("a split sublayer returns its output");
+    dev.download(&y, 0, tokens * config.hidden_size)
+}
+
+/// Flash-decoding attention (split + combine) of `tokens` ≤ 8 tokens at positions `start..`
+/// over `keys`/`values` (`[start + tokens, n_kv·d]`) in a cache of `capacity` positions; None
+/// when the shape does not suit the kernels.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_split_of(
+    dev: &Device,
+    q: &[f32],
+    gate: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    (n_h, n_kv, d): (usize, usize, usize),
+    tokens: usize,
+    start: usize,
+    capacity: usize,
+) -> Result<Option<Vec<f32>>> {
+    assert!(start + tokens <= capacity, "the cache holds every position");
+    let heads = Heads { n_h, n_kv, d };
+    let (q, gate) = (dev.upload(q)?, dev.upload(gate)?);
+    let mut k_cache = dev.zeros::<f32>(capacity * n_kv * d)?;
+    let mut v_cache = dev.zeros::<f32>(capacity * n_kv * d)?;
+    dev.write(&mut k_cache, 0, keys)?;
+    dev.write(&mut v_cache, 0, values)?;
+    let partials = dev.zeros::<f32>(tokens * n_h * capacity.div_ceil(ATTN_SPLIT_KEYS) * (d + 2))?;
+    let out = dev.zeros::<f32>(tokens * n_h * d)?;
+    let ran = attend_split(
+        dev,
+        heads,
+        (q.arg(), gate.arg(), out.arg()),
+        (k_cache.arg(), v_cache.arg(), partials.arg()),
+        capacity,
+        tokens,
+        start,
+        Ptr::null(),
+    )?;
+    if !ran {
+        return Ok(None);
+    }
+    Ok(Some(dev.download(&out, 0, tokens * n_h * d)?))
+}
+
+/// Zero-centred RMSNorm of each group of `group` values of `x [tokens, groups·group]` with
+/// the weight `w [group]`.
+pub fn group_norm_of(
+    dev: &Device,
+    x: &[f32],
+    w: &[f32],
+    tokens: usize,
+    groups: usize,
+    group: usize,
+    eps: f32,
+) -> Result<Vec<f32>> {
+    let (xb, wb) = (dev.upload(x)?, dev.upload(w)?);
+    let y = crate::norm::norm_rows(dev, xb.arg(), &wb, tokens, groups, group, eps)?;
+    dev.download(&y, 0, tokens * groups * group)
+}
+
+/// The index of the largest value (the first on ties) through the device argmax.
+pub fn argmax_of(dev: &Device, values: &[f32]) -> Result<usize> {
+    let x = dev.upload(values)?;
+    let parts = dev.zeros::<u32>(2 * ARGMAX_BLOCKS + 1)?;
+    let out = dev.zeros::<i32>(1)?;
+    crate::reduce::argmax(dev, x.ptr(), values.len(), &parts, out.ptr())?;
+    Ok(dev.download(&out, 0, 1)?[0] as usize)
 }

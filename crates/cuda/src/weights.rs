@@ -15,7 +15,7 @@ use crate::device::{DevBuf, Device, MappedHost};
 use crate::error::{CudaError, Result};
 use spindle_model::weights::Linear;
 
-use crate::linear::{DevMatrix, DevPart, Source};
+use crate::matrix::{DevMatrix, DevPart, Source};
 
 /// Gated attention: `qkv` = [q_proj (n_h·2d) | k_proj | v_proj | index_qk_proj (qwen4_exp's
 /// QSA indexer, (n_i + 1)·d_i)] rows.
@@ -204,7 +204,7 @@ impl GpuModel {
                     // + the QSA queries and the selected positions and their count (i32).
                     let qsa = config.qsa.as_ref().filter(|_| w.indexer.is_some());
                     let selection = qsa.map_or(0, |q| {
-                        q.n_heads * q.head_dim + crate::attention::selection_stride(q) + 1
+                        q.n_heads * q.head_dim + crate::session::selection_stride(q) + 1
                     });
                     w.qkv.rows + 3 * a.num_heads * a.head_dim + selection
                 }

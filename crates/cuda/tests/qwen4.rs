@@ -1,4 +1,4 @@
-//! qwen4_exp's QSA block pick on the device (`qsa_pick`) against the CPU engine's rule: the
+//! qwen4_exp's QSA block pick on the device (`qsa_pick_blocks`) against the CPU engine's rule: the
 //! top max_blocks blocks by score, ties to the earlier block, in block order, then the partial
 //! tail; every visible position within the budget. Random scores with many ties and exact
 //! zeros (what ReLU sums give), up to the released model's 2048-token budget at 262 143
@@ -98,5 +98,5 @@ fn qsa_pick_matches_cpu_selection() {
             }
         }
     }
-    println!("qsa_pick: {checked} selections equal the CPU's");
+    println!("qsa_pick_blocks: {checked} selections equal the CPU's");
 }

@@ -16,12 +16,12 @@ __device__ __forceinline__ float rope_elem(float x, const float* sh, int j, int 
 // Block (t, head): head < n_h are query heads (split [query | gate], q_norm, RoPE), the rest
 // key heads (k_norm, RoPE) whose keys and values go to cache row start + t.
 // qkv row t: [q_proj (n_h·2d) | k_proj (n_kv·d) | v_proj (n_kv·d)].
-extern "C" __global__ void attn_prep(const float* __restrict__ qkv, int ld, const float* __restrict__ q_norm,
-                                     const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
-                                     int rot, float* __restrict__ q_out, float* __restrict__ gate_out,
-                                     float* __restrict__ k_cache, float* __restrict__ v_cache,
-                                     int n_h, int n_kv, int d, int start, const int* __restrict__ startp,
-                                     float eps) {
+extern "C" __global__ void attention_prepare(const float* __restrict__ qkv, int ld, const float* __restrict__ q_norm,
+                                             const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
+                                             int rot, float* __restrict__ q_out, float* __restrict__ gate_out,
+                                             float* __restrict__ k_cache, float* __restrict__ v_cache,
+                                             int n_h, int n_kv, int d, int start, const int* __restrict__ startp,
+                                             float eps) {
     extern __shared__ float sh[];  // [d]
     if (startp) start = *startp;  // graph replay: the position lives in device memory
     __shared__ float red[33];
@@ -54,11 +54,11 @@ extern "C" __global__ void attn_prep(const float* __restrict__ qkv, int ld, cons
 // Block (t, h): softmax(q·Kᵀ/√d)·V over the visible keys, times sigmoid(gate). Keys are
 // 0..start+t (causal) or, when `sel` is not null, the sel_count[t] positions in row t of sel.
 // Each warp runs an online softmax over every ATT_WARPS-th key; warps merge at the end.
-extern "C" __global__ void attn_decode(const float* __restrict__ q, const float* __restrict__ gate,
-                                       const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-                                       const int* __restrict__ sel, const int* __restrict__ sel_count,
-                                       int sel_stride, float* __restrict__ out, int n_h, int n_kv, int d,
-                                       int start, const int* __restrict__ startp, float scale) {
+extern "C" __global__ void attention_serial(const float* __restrict__ q, const float* __restrict__ gate,
+                                            const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+                                            const int* __restrict__ sel, const int* __restrict__ sel_count,
+                                            int sel_stride, float* __restrict__ out, int n_h, int n_kv, int d,
+                                            int start, const int* __restrict__ startp, float scale) {
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     if (startp) start = *startp;
     __shared__ float wacc[ATT_WARPS][ATT_MAX_PER_LANE * 32];
@@ -118,35 +118,34 @@ extern "C" __global__ void attn_decode(const float* __restrict__ q, const float*
     }
 }
 
-// ---- Flash-decoding for batches of at most MV_MAX_T tokens (no QSA selection) ----
-// The visible keys of token t (positions 0..start+t) are cut into splits of ATT_SPLIT; block
+// ---- Flash-decoding for batches of at most MATVEC_MAX_TOKENS tokens (no QSA selection) ----
+// The visible keys of token t (positions 0..start+t) are cut into splits of ATTN_SPLIT_KEYS; block
 // (g, split, t) scores its keys against the ρ = n_h/n_kv query heads of kv head g (a thread per
 // (head, key) pair), takes the split's softmax per head, and writes (max, sum, Σ p·v) to
-// part[((t·n_h + h)·splits + split)·(d + 2)]. attn_combine merges the splits. Blocks past the
+// part[((t·n_h + h)·splits + split)·(d + 2)]. attention_decode_combine merges the splits. Blocks past the
 // last visible key exit at once, so the grid can cover the cache's capacity (fixed in a graph).
-#define ATT_SPLIT 32
 
-extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __restrict__ q,
-                                                             const float* __restrict__ k_cache,
-                                                             const float* __restrict__ v_cache,
-                                                             float* __restrict__ part, int splits, int n_h,
-                                                             int n_kv, int d, int start,
-                                                             const int* __restrict__ startp, float scale) {
-    // q [ρ][d], keys [ATT_SPLIT][d + 4] (padded: a lane per key reads without bank conflicts),
-    // values [ATT_SPLIT][d], scores [ρ][ATT_SPLIT].
+extern "C" __global__ void __launch_bounds__(256) attention_decode_split(const float* __restrict__ q,
+                                                                         const float* __restrict__ k_cache,
+                                                                         const float* __restrict__ v_cache,
+                                                                         float* __restrict__ part, int splits, int n_h,
+                                                                         int n_kv, int d, int start,
+                                                                         const int* __restrict__ startp, float scale) {
+    // q [ρ][d], keys [ATTN_SPLIT_KEYS][d + 4] (padded: a lane per key reads without bank conflicts),
+    // values [ATTN_SPLIT_KEYS][d], scores [ρ][ATTN_SPLIT_KEYS].
     extern __shared__ __align__(16) float qs[];
     if (startp) start = *startp;
     int g = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
     int n = start + t + 1;
-    int k0 = split * ATT_SPLIT;
+    int k0 = split * ATTN_SPLIT_KEYS;
     if (k0 >= n) return;
-    int keys = min(ATT_SPLIT, n - k0);
+    int keys = min(ATTN_SPLIT_KEYS, n - k0);
     int rho = n_h / n_kv;
     int d4 = d >> 2, kstride = d4 + 1;  // in float4
     float4* q4 = (float4*)qs;
     float4* ks = (float4*)(qs + rho * d);
-    float4* vs = ks + ATT_SPLIT * kstride;
-    float* sc = (float*)(vs + ATT_SPLIT * d4);
+    float4* vs = ks + ATTN_SPLIT_KEYS * kstride;
+    float* sc = (float*)(vs + ATTN_SPLIT_KEYS * d4);
     // Stage q, K and V with asynchronous copies (all in flight at once).
     int nq = rho * d4, nk = keys * d4, total = nq + 2 * nk;
     const float4* qsrc = (const float4*)(q + ((size_t)t * n_h + (size_t)g * rho) * d);
@@ -177,14 +176,14 @@ extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __rest
                 dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
             }
         }
-        sc[hh * ATT_SPLIT + kk] = kk < keys ? dot * scale : -SP_INF;
+        sc[hh * ATTN_SPLIT_KEYS + kk] = kk < keys ? dot * scale : -SP_INF;
     }
     __syncthreads();
     // Softmax and Σ p·v: warp per head, lanes over the dimensions.
     int lane = threadIdx.x & 31;
     const float* vf = (const float*)vs;
     for (int hh = threadIdx.x >> 5; hh < rho; hh += blockDim.x >> 5) {
-        float s = sc[hh * ATT_SPLIT + lane];
+        float s = sc[hh * ATTN_SPLIT_KEYS + lane];
         float m = warp_max(s);
         float p = lane < keys ? expf(s - m) : 0.0f;
         float l = warp_sum(p);
@@ -214,17 +213,17 @@ extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __rest
 }
 
 // Block (h, t): out = (Σ_s e^{m_s − M}·acc_s) / (Σ_s e^{m_s − M}·l_s) · sigmoid(gate), over the
-// splits attn_split wrote for token t.
-extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* __restrict__ part, int splits,
-                                                               const float* __restrict__ gate,
-                                                               float* __restrict__ out, int n_h, int d, int start,
-                                                               const int* __restrict__ startp) {
+// splits attention_decode_split wrote for token t.
+extern "C" __global__ void __launch_bounds__(256) attention_decode_combine(const float* __restrict__ part, int splits,
+                                                                           const float* __restrict__ gate,
+                                                                           float* __restrict__ out, int n_h, int d, int start,
+                                                                           const int* __restrict__ startp) {
     extern __shared__ float wsp[];  // [splits]
     __shared__ float red[33];
     __shared__ float total;
     if (startp) start = *startp;
     int h = blockIdx.x, t = blockIdx.y;
-    int used = (start + t + 1 + ATT_SPLIT - 1) / ATT_SPLIT;
+    int used = (start + t + 1 + ATTN_SPLIT_KEYS - 1) / ATTN_SPLIT_KEYS;
     const float* base = part + ((size_t)t * n_h + h) * splits * (d + 2);
     float m = -SP_INF;
     for (int s = threadIdx.x; s < used; s += blockDim.x) m = fmaxf(m, base[(size_t)s * (d + 2)]);
@@ -267,11 +266,11 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* __re
 // and, when that position ends a block, finishes the block's key as `extend_block_keys` on
 // the CPU: the f32 mean of its cr raw keys in position order (earlier launches' from raw_keys,
 // this launch's from qk), k_norm, RoPE at the block's first position.
-extern "C" __global__ void qsa_prep(const float* __restrict__ qk, int ld, int col0,
-                                    const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                                    const double* __restrict__ inv_freq, int rot, float* __restrict__ q_out,
-                                    float* __restrict__ raw_keys, float* __restrict__ block_keys, int n_i,
-                                    int d_i, int cr, int start, const int* __restrict__ startp, float eps) {
+extern "C" __global__ void qsa_prepare(const float* __restrict__ qk, int ld, int col0,
+                                       const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                       const double* __restrict__ inv_freq, int rot, float* __restrict__ q_out,
+                                       float* __restrict__ raw_keys, float* __restrict__ block_keys, int n_i,
+                                       int d_i, int cr, int start, const int* __restrict__ startp, float eps) {
     extern __shared__ float sh[];  // [d_i]
     __shared__ float red[33];
     if (startp) start = *startp;
@@ -311,13 +310,12 @@ extern "C" __global__ void qsa_prep(const float* __restrict__ qk, int ld, int co
     }
 }
 
-#define QSA_WARPS 8
 
 // Block (chunk, r), a warp per key block: token t = t0 + r scores block b = chunk·QSA_WARPS +
 // warp as scores[r·ld + b] = Σ_h max(0, q_h·K_b) · scale, for each of its complete blocks
 // (b < (start + t + 1) / cr) when it sees more than `budget` positions. Warps past the live
 // blocks exit at once, so the grid can cover the cache's capacity (fixed in a graph).
-extern "C" __global__ void __launch_bounds__(QSA_WARPS * 32) qsa_scores(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(QSA_WARPS * 32) qsa_score_blocks(const float* __restrict__ q,
                                                                        const float* __restrict__ block_keys,
                                                                        float* __restrict__ scores, int ld, int t0,
                                                                        int n_i, int d_i, int cr, int budget,
@@ -363,15 +361,14 @@ __device__ void block_count(bool flag, int* before, int* total, int* warp_counts
     *total = all;
 }
 
-#define QSA_PICK_THREADS 512
 
 // Block r: the positions token t = t0 + r attends to, ascending, into sel[t·stride ..] and
-// their count into counts[t] (what attn_decode reads). Within the budget: every visible
+// their count into counts[t] (what attention_serial reads). Within the budget: every visible
 // position. Beyond it: the tokens of the top min(max_blocks, nb) of its nb complete blocks by
 // score (scores row r; ties to the earlier block, as the CPU's top_k), then the partial tail.
 // The k-th largest score is found by a radix select over total_cmp keys (8 bits a pass), then
 // the blocks above it and the earliest ones equal to it are written in block order.
-extern "C" __global__ void __launch_bounds__(QSA_PICK_THREADS) qsa_pick(const float* __restrict__ scores,
+extern "C" __global__ void __launch_bounds__(QSA_PICK_THREADS) qsa_pick_blocks(const float* __restrict__ scores,
                                                                        int ld, int t0, int* __restrict__ sel,
                                                                        int* __restrict__ counts, int stride, int cr,
                                                                        int budget, int max_blocks, int start,
@@ -466,5 +463,133 @@ extern "C" __global__ void __launch_bounds__(QSA_PICK_THREADS) qsa_pick(const fl
         }
         taken_equal += eq_total;
         written += take_total;
+    }
+}
+
+// ---- Prefill ----
+
+// Causal attention for prefill (MODEL_MATH §1.4), tiled: block (query tile, kv head g) holds
+// the queries of all ρ = n_h/n_kv heads of g for ATTN_PREFILL_ROWS/ρ consecutive tokens in shared memory
+// and walks the visible keys in tiles of ATTN_PREFILL_KEYS, each K and V row read from the cache once per
+// block instead of once per (token, head). Online softmax in f32, as attention_serial; the output is
+// multiplied by sigmoid(gate). Thread (r, j) owns row r = tid/4 (head r / per, token r % per)
+// and its keys j, j + 4, ... of each tile and its value columns 4j, 4j + 16, ...
+
+
+extern "C" __global__ void __launch_bounds__(256) attention_prefill_tiled(
+    const float* __restrict__ q, const float* __restrict__ gate, const float* __restrict__ k_cache,
+    const float* __restrict__ v_cache, float* __restrict__ out, int T, int n_h, int n_kv, int d, int start,
+    float scale) {
+    extern __shared__ __align__(16) float ap_smem[];
+    int ld = d + 4;  // padded rows: float4 reads of 8 rows in a warp hit distinct banks
+    float* qs = ap_smem;                   // [ATTN_PREFILL_ROWS][ld]
+    float* ks = qs + ATTN_PREFILL_ROWS * ld;         // [ATTN_PREFILL_KEYS][ld]
+    float* vs = ks + ATTN_PREFILL_KEYS * ld;         // [ATTN_PREFILL_KEYS][ld]
+    float* ps = vs + ATTN_PREFILL_KEYS * ld;         // [ATTN_PREFILL_ROWS][ATTN_PREFILL_KEYS + 1]
+    int rho = n_h / n_kv, per = ATTN_PREFILL_ROWS / rho;  // tokens per block
+    int g = blockIdx.y, t0 = blockIdx.x * per;
+    int tid = threadIdx.x, r = tid >> 2, j = tid & 3;
+    int hh = r / per, tr = r - hh * per;
+    int t = t0 + tr, h = g * rho + hh;
+    bool live = hh < rho && t < T;
+    int quads = d >> 2;
+
+    // Queries of the block, pre-scaled.
+    for (int e = tid; e < ATTN_PREFILL_ROWS * quads; e += blockDim.x) {
+        int row = e / quads, c = e - row * quads;
+        int rh = row / per, rt = t0 + (row - rh * per);
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (rh < rho && rt < T) {
+            v = ((const float4*)(q + ((size_t)rt * n_h + g * rho + rh) * d))[c];
+            v.x *= scale; v.y *= scale; v.z *= scale; v.w *= scale;
+        }
+        ((float4*)(qs + row * ld))[c] = v;
+    }
+
+    float4 acc[16];  // columns 4j + 16i, i < quads/4 (d ≤ 256)
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float m = -SP_INF, l = 0.0f;
+    int pos = start + t;  // this row's position; keys 0..pos are visible
+    int last = start + min(t0 + per, T) - 1;  // the block's last visible key
+    for (int k0 = 0; k0 <= last; k0 += ATTN_PREFILL_KEYS) {
+        __syncthreads();  // the previous tile is consumed
+        for (int e = tid; e < ATTN_PREFILL_KEYS * quads; e += blockDim.x) {
+            int kk = e / quads, c = e - kk * quads;
+            int kp = k0 + kk;
+            float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+            if (kp <= last) {
+                size_t at = ((size_t)kp * n_kv + g) * d;
+                kv = ((const float4*)(k_cache + at))[c];
+                vv = ((const float4*)(v_cache + at))[c];
+            }
+            ((float4*)(ks + kk * ld))[c] = kv;
+            ((float4*)(vs + kk * ld))[c] = vv;
+        }
+        __syncthreads();
+        // Scores of this thread's ATTN_PREFILL_KEYS / 4 keys.
+        float s[ATTN_PREFILL_KEYS / 4];
+#pragma unroll
+        for (int u = 0; u < ATTN_PREFILL_KEYS / 4; u++) s[u] = 0.0f;
+        const float4* qr = (const float4*)(qs + r * ld);
+        for (int c = 0; c < quads; c++) {
+            float4 a = qr[c];
+#pragma unroll
+            for (int u = 0; u < ATTN_PREFILL_KEYS / 4; u++) {
+                float4 b = ((const float4*)(ks + (j + 4 * u) * ld))[c];
+                s[u] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            }
+        }
+        float tile_max = -SP_INF;
+#pragma unroll
+        for (int u = 0; u < ATTN_PREFILL_KEYS / 4; u++) {
+            int kp = k0 + j + 4 * u;
+            if (!live || kp > pos) s[u] = -SP_INF;
+            tile_max = fmaxf(tile_max, s[u]);
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        float m_new = fmaxf(m, tile_max);
+        float corr = m_new == -SP_INF ? 1.0f : expf(m - m_new);
+        float psum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < ATTN_PREFILL_KEYS / 4; u++) {
+            float p = s[u] == -SP_INF ? 0.0f : expf(s[u] - m_new);
+            ps[r * (ATTN_PREFILL_KEYS + 1) + j + 4 * u] = p;
+            psum += p;
+        }
+        psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+        psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+        l = l * corr + psum;
+        m = m_new;
+        __syncwarp();  // the row's 4 threads share a warp
+        const float* pr = ps + r * (ATTN_PREFILL_KEYS + 1);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            if (4 * j + 16 * i >= d) break;
+            float4 o = acc[i];
+            o.x *= corr; o.y *= corr; o.z *= corr; o.w *= corr;
+            for (int kk = 0; kk < ATTN_PREFILL_KEYS; kk++) {
+                float p = pr[kk];
+                float4 v = ((const float4*)(vs + kk * ld))[j + 4 * i];
+                o.x += p * v.x; o.y += p * v.y; o.z += p * v.z; o.w += p * v.w;
+            }
+            acc[i] = o;
+        }
+    }
+    if (!live) return;
+    float inv = 1.0f / l;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        int c = 4 * j + 16 * i;
+        if (c >= d) break;
+        size_t at = ((size_t)t * n_h + h) * d + c;
+        float4 gv = *(const float4*)(gate + at);
+        float4 o = acc[i];
+        o.x = o.x * inv * sigmoid_f(gv.x);
+        o.y = o.y * inv * sigmoid_f(gv.y);
+        o.z = o.z * inv * sigmoid_f(gv.z);
+        o.w = o.w * inv * sigmoid_f(gv.w);
+        *(float4*)(out + at) = o;
     }
 }

@@ -1,5 +1,7 @@
 // Shared helpers for every spindle kernel. Compiled by NVRTC with no headers: bf16 values are
-// raw 16-bit patterns, widened to f32 by a shift.
+// raw 16-bit patterns, widened to f32 by a shift. Constants that Rust uses too
+// (MATVEC_MAX_TOKENS, ATTN_SPLIT_KEYS, GDN_CHUNK, ...) are defined once in Rust
+// (kernels/mod.rs, `shared_constants!`) and reach this program as `#define`s of a prelude.
 
 typedef unsigned short bf16_t;
 

@@ -11,22 +11,6 @@ extern "C" __global__ void embed_bf16(const bf16_t* __restrict__ E, const int* _
     }
 }
 
-// Zero-centred RMSNorm (MODEL_MATH §1.1), grouped: block (t, g) normalises
-// x[t·ldx + g·group .. +group] and multiplies by (1 + w[g·group + i]).
-extern "C" __global__ void rms_norm_zc(const float* __restrict__ x, int ldx, float* __restrict__ y,
-                                       int ldy, const float* __restrict__ w, int group, float eps) {
-    __shared__ float red[33];
-    int t = blockIdx.x, g = blockIdx.y;
-    const float* xr = x + (size_t)t * ldx + (size_t)g * group;
-    float* yr = y + (size_t)t * ldy + (size_t)g * group;
-    const float* wr = w + (size_t)g * group;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < group; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss, red);
-    float s = rsqrtf(ss / group + eps);
-    for (int i = threadIdx.x; i < group; i += blockDim.x) yr[i] = xr[i] * s * (1.0f + wr[i]);
-}
-
 // y[i] += x[i].
 extern "C" __global__ void add_in_place(float* __restrict__ y, const float* __restrict__ x, int n) {
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) y[e] += x[e];
@@ -61,16 +45,4 @@ extern "C" __global__ void scale_by_sigmoid(float* __restrict__ y, const float* 
         int t = e / n;
         y[e] *= sigmoid_f(gate[(size_t)t * ld]);
     }
-}
-
-// Reads n 16-byte words (the bandwidth probe of `spindle bench`); writes only if a
-// practically impossible checksum appears, so the loads cannot be optimised away.
-extern "C" __global__ void read_probe(const uint4* __restrict__ src, unsigned long long n, unsigned int* out) {
-    unsigned int acc = 0;
-    for (unsigned long long e = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; e < n;
-         e += (unsigned long long)gridDim.x * blockDim.x) {
-        uint4 v = src[e];
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x9e3779b9u) out[0] = acc;
 }

@@ -1,13 +1,13 @@
 // Gated DeltaNet (MODEL_MATH §1.5): the causal conv with its state, then the delta rule in one
 // of three forms (gdn.rs chooses):
-// - decode (≤ 8 tokens, after the conv fused into in_proj): gdn_heads, a block per value head;
+// - decode (≤ 8 tokens, after the conv fused into in_proj): gdn_decode_heads, a block per value head;
 // - prefill (> 8 tokens): the chunked form, gdn_chunk_prep (every chunk in parallel), then
 //   gdn_chunk_scan (S carried through the chunks), then gdn_gated_norm;
 // - the fallback for shapes those refuse: gdn_recurrent, token-serial, gated norm fused in.
 
 // u[t, c] = silu(Σ_j w[c, j] · x_{t−K+1+j}[c]) over the window [state (K−1 rows) | x rows];
 // x row t is proj[t·ld + c]. A thread per (t, c), grid-stride; the state is read, not
-// changed (gdn_conv_state moves it on afterwards).
+// changed (gdn_conv_state_update moves it on afterwards).
 extern "C" __global__ void gdn_conv(const float* __restrict__ proj, int ld, const float* __restrict__ state,
                                     const float* __restrict__ w, float* __restrict__ u, int T, int C, int K) {
     int past = K - 1;
@@ -26,8 +26,8 @@ extern "C" __global__ void gdn_conv(const float* __restrict__ proj, int ld, cons
 
 // The conv state after T more rows: the last K−1 raw rows of [state | x]. A thread per channel;
 // ascending rows only read rows not yet overwritten.
-extern "C" __global__ void gdn_conv_state(const float* __restrict__ proj, int ld, float* __restrict__ state, int T,
-                                          int C, int K) {
+extern "C" __global__ void gdn_conv_state_update(const float* __restrict__ proj, int ld, float* __restrict__ state, int T,
+                                                 int C, int K) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     int past = K - 1;
@@ -37,7 +37,6 @@ extern "C" __global__ void gdn_conv_state(const float* __restrict__ proj, int ld
     }
 }
 
-#define GDN_MAX_DK 128
 
 // One block per v-head h, thread j owns column j of S_h [d_k, d_v] in registers.
 // Per token: l2-normalise q, k of key head h/ρ; β = sigmoid(b); α = exp(−exp(A_log)·softplus(a + dt_bias));
@@ -107,11 +106,11 @@ extern "C" __global__ void gdn_recurrent(const float* __restrict__ u, int C,
         if (own && i < dk) S[(size_t)i * dv + j] = s[i];
 }
 
-// ---- Decode after a fused conv (T ≤ MV_MAX_T tokens): one block per value head ----
+// ---- Decode after a fused conv (T ≤ MATVEC_MAX_TOKENS tokens): one block per value head ----
 // `u` rows hold the conv outputs [q (n_k·d_k) | k | v (n_v·d_v)] followed by z, b, a (the
-// in_proj matvec applied the conv, dmvc_*). Block h holds S_h [d_k, d_v] in shared memory;
+// in_proj matvec applied the conv, decode_matvec_conv_*). Block h holds S_h [d_k, d_v] in shared memory;
 // thread (rg, j) owns column j over rows [rg·d_k/R, (rg+1)·d_k/R). Arithmetic as gdn_recurrent.
-extern "C" __global__ void __launch_bounds__(1024) gdn_heads(
+extern "C" __global__ void __launch_bounds__(1024) gdn_decode_heads(
     const float* __restrict__ u, int ld, int T, int nk, int nv, int dk, int dv, int z_off, int b_off, int a_off,
     float* __restrict__ state, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
     const float* __restrict__ norm_w, float* __restrict__ out, float eps, int gate_sigmoid, int R) {
@@ -207,10 +206,6 @@ extern "C" __global__ void __launch_bounds__(1024) gdn_heads(
 // rows that a quarter-warp reads at 8 different row starts without bank conflicts); gdn.rs
 // chooses it. Records are [n_v][⌈T/CH⌉] in that order.
 
-#define GDN_CHUNK 64
-#define GDN_PREP_THREADS 256
-#define GDN_SCAN_THREADS 512
-#define GDN_SCAN_COLS 32
 
 // e^x for the non-positive log-decays: 0 below e^-87, where f32 leaves the normal range.
 __device__ __forceinline__ float decay_exp(float x) { return x < -87.0f ? 0.0f : expf(x); }

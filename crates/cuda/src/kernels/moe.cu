@@ -134,3 +134,301 @@ extern "C" __global__ void moe_gate_up_q4(GATE_UP_ARGS) { moe_gate_up_impl<2>(gu
 extern "C" __global__ void moe_down_bf16(DOWN_ARGS) { moe_down_impl<0>(down, ds, act, idx, wt, y, k, I, H, vec); }
 extern "C" __global__ void moe_down_q8(DOWN_ARGS) { moe_down_impl<1>(down, ds, act, idx, wt, y, k, I, H, vec); }
 extern "C" __global__ void moe_down_q4(DOWN_ARGS) { moe_down_impl<2>(down, ds, act, idx, wt, y, k, I, H, vec); }
+
+// ---- Mixture of experts, decode (MODEL_MATH §1.6) ----
+
+#define DOWN_BATCH 8  // chunks per lane in flight in the down projections
+
+// Routing of one token by one warp (MODEL_MATH §1.6): softmax over the E logits in `row`, top-k
+// by repeated argmax (ties to the lower index, as the CPU), optional renormalisation. `pr` is
+// E floats of shared scratch; the chosen experts and weights go to idx[0..k), wt[0..k).
+__device__ void route_warp(const float* __restrict__ row, int E, int k, int renormalize, float* pr, int* idx,
+                           float* wt) {
+    int lane = threadIdx.x & 31;
+    float m = -SP_INF;
+    for (int e0 = lane; e0 < E; e0 += 32 * 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = e0 + 32 * u < E ? row[e0 + 32 * u] : -SP_INF;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            if (e0 + 32 * u < E) pr[e0 + 32 * u] = v[u];
+            m = fmaxf(m, v[u]);
+        }
+    }
+    m = warp_max(m);
+    float s = 0.0f;
+    for (int e = lane; e < E; e += 32) {
+        float v = expf(pr[e] - m);
+        pr[e] = v;
+        s += v;
+    }
+    s = warp_sum(s);
+    for (int e = lane; e < E; e += 32) pr[e] /= s;
+    __syncwarp();
+    float picked = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float bv = -SP_INF;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < E; e += 32) {
+            float v = pr[e];
+            if (v > bv) { bv = v; bi = e; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (bi == 0x7fffffff) { bi = 0; bv = 0.0f; }  // NaN logits: keep the index valid
+        if (lane == 0) {
+            idx[j] = bi;
+            wt[j] = bv;
+            pr[bi] = -SP_INF;
+        }
+        picked += bv;
+        __syncwarp();
+    }
+    if (renormalize)
+        for (int j = lane; j < k; j += 32) wt[j] /= picked;
+    __syncwarp();
+}
+
+
+// act[p·I + i] = silu(gate_e[i]·x_t)·(up_e[i]·x_t) for routed pairs p = t·k + j (e = idx[p]),
+// and, when sgu is not null, act_s[t·Is + i] the same with the shared expert's [2·Is, H] matrix.
+// x: the normed input rows [T, H] (stride H). One warp per output (i, pair), 32 lanes per row.
+template <int FMT>
+__device__ __forceinline__ void decode_moe_gate_up_impl(const unsigned char* __restrict__ gu, const unsigned short* __restrict__ gs,
+                                                        const unsigned char* __restrict__ sgu, const unsigned short* __restrict__ sgs,
+                                                        const float* __restrict__ x, int T, const float* __restrict__ logits,
+                                                        int ld, int E, int renormalize, int* __restrict__ idx,
+                                                        float* __restrict__ wt, int k, int I, int Is, int H,
+                                                        float* __restrict__ act, float* __restrict__ act_s) {
+    extern __shared__ __align__(16) unsigned char dsm[];
+    __shared__ int sidx[MATVEC_MAX_TOKENS * MOE_MAX_K];
+    __shared__ float swt[MATVEC_MAX_TOKENS * MOE_MAX_K];
+    // Every block routes the tokens itself (warp t, token t; the other warps start staging
+    // meanwhile); block 0 publishes the choice for the down projections.
+    {
+        int warp = threadIdx.x >> 5;
+        float* pr = (float*)(dsm + ((staged_size<FMT>(T, H) + 15) & ~(size_t)15)) + (size_t)warp * E;
+        if (warp < T) route_warp(logits + (size_t)warp * ld, E, k, renormalize, pr, sidx + warp * k, swt + warp * k);
+    }
+    stage_rows<FMT>(x, H, T, H, nullptr, 0.0f, nullptr, dsm);  // ends with a barrier
+    if (blockIdx.x == 0)
+        for (int e = threadIdx.x; e < T * k; e += blockDim.x) {
+            idx[e] = sidx[e];
+            wt[e] = swt[e];
+        }
+    Staged<FMT> st{dsm, H};
+    int lane = threadIdx.x & 31;
+    int warps = gridDim.x * (blockDim.x >> 5);
+    int nch = row_chunks<FMT>(H);
+    size_t rb = WF<FMT>::row_bytes(H), rsc = H >> 5;
+    int routed = T * k * I;
+    int total = routed + (sgu ? T * Is : 0);
+    for (int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); item < total; item += warps) {
+        const unsigned char* w;
+        const unsigned short* s;
+        size_t g_row, u_row;
+        int t;
+        float* out;
+        if (item < routed) {
+            int p = item / I, i = item - p * I;
+            t = p / k;
+            g_row = (size_t)sidx[p] * 2 * I + i;
+            u_row = g_row + I;
+            w = gu;
+            s = gs;
+            out = act + item;
+        } else {
+            int q = item - routed;
+            t = q / Is;
+            int i = q - t * Is;
+            g_row = i;
+            u_row = (size_t)Is + i;
+            w = sgu;
+            s = sgs;
+            out = act_s + q;
+        }
+        // One token per item: staged row t only.
+        float ga = 0.0f, ub = 0.0f;
+        {
+            for (int c0 = lane; c0 < nch; c0 += 32 * DEC_BATCH) {
+                Chunk<FMT> cg[DEC_BATCH], cu[DEC_BATCH];
+#pragma unroll
+                for (int u = 0; u < DEC_BATCH; u++) {
+                    int ch = c0 + u * 32;
+                    if (ch < nch) {
+                        cg[u] = load_dchunk<FMT>(w + g_row * rb, s + g_row * rsc, ch);
+                        cu[u] = load_dchunk<FMT>(w + u_row * rb, s + u_row * rsc, ch);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < DEC_BATCH; u++) {
+                    int ch = c0 + u * 32;
+                    if (ch < nch) {
+                        ga += dchunk_dot<FMT>(cg[u], st, t, T, ch);
+                        ub += dchunk_dot<FMT>(cu[u], st, t, T, ch);
+                    }
+                }
+            }
+        }
+        ga = warp_sum(ga);
+        ub = warp_sum(ub);
+        if (lane == 0) *out = silu_f(ga) * ub;
+    }
+}
+
+// h[t·ldh + r] (+)= Σ_j wt[t·k + j]·(down_{idx[t·k+j]}[r] · act_{t·k+j}) + sigmoid(sg[t·ldsg])·(sdown[r] · act_s[t])
+// (the shared term when sdown is not null). One warp per (t, r): the lanes share the chunks of
+// all k (+1) rows, so every lane has DOWN_BATCH loads in flight.
+template <int FMT>
+__device__ __forceinline__ void decode_moe_down_impl(const unsigned char* __restrict__ dw, const unsigned short* __restrict__ ds,
+                                                     const unsigned char* __restrict__ sdw, const unsigned short* __restrict__ sds,
+                                                     const float* __restrict__ act, const float* __restrict__ act_s,
+                                                     const int* __restrict__ idx, const float* __restrict__ wt,
+                                                     const float* __restrict__ sg, int ldsg, int T, int k, int I, int Is,
+                                                     int H, float* __restrict__ h, int ldh, int accumulate) {
+    extern __shared__ __align__(16) unsigned char dsm[];
+    __shared__ int sidx[MATVEC_MAX_TOKENS * MOE_MAX_K];
+    __shared__ float swt[MATVEC_MAX_TOKENS * MOE_MAX_K];
+    __shared__ float ssg[MATVEC_MAX_TOKENS];
+    for (int e = threadIdx.x; e < T * k; e += blockDim.x) {
+        sidx[e] = idx[e];
+        swt[e] = wt[e];
+    }
+    if (sdw && threadIdx.x < T) ssg[threadIdx.x] = sigmoid_f(sg[(size_t)threadIdx.x * ldsg]);
+    // Routed activations as T·k rows of I, then the shared ones as T rows of Is.
+    size_t routed_bytes = FMT == 0 ? (size_t)T * k * I * 4 : (size_t)T * k * I + (size_t)T * k * (I >> 5) * 8;
+    routed_bytes = (routed_bytes + 15) & ~(size_t)15;
+    stage_rows<FMT>(act, I, T * k, I, nullptr, 0.0f, nullptr, dsm);
+    if (sdw) stage_rows<FMT>(act_s, Is, T, Is, nullptr, 0.0f, nullptr, dsm + routed_bytes);
+    Staged<FMT> st{dsm, I};
+    Staged<FMT> sst{dsm + routed_bytes, Is};
+    int lane = threadIdx.x & 31;
+    int warps = gridDim.x * (blockDim.x >> 5);
+    int nch = row_chunks<FMT>(I), nchs = row_chunks<FMT>(Is);
+    size_t rb = WF<FMT>::row_bytes(I), rsc = I >> 5;
+    size_t srb = WF<FMT>::row_bytes(Is), srsc = Is >> 5;
+    int routed_chunks = k * nch;
+    int all_chunks = routed_chunks + (sdw ? nchs : 0);
+    for (int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); item < T * H; item += warps) {
+        int t = item / H, r = item - t * H;
+        float acc = 0.0f;
+        for (int c0 = lane; c0 < all_chunks; c0 += 32 * DOWN_BATCH) {
+            Chunk<FMT> c[DOWN_BATCH];
+#pragma unroll
+            for (int u = 0; u < DOWN_BATCH; u++) {
+                int q = c0 + u * 32;
+                if (q < routed_chunks) {
+                    int j = q / nch, ch = q - j * nch;
+                    size_t row = (size_t)sidx[t * k + j] * H + r;
+                    c[u] = load_dchunk<FMT>(dw + row * rb, ds + row * rsc, ch);
+                } else if (q < all_chunks) {
+                    c[u] = load_dchunk<FMT>(sdw + (size_t)r * srb, sds + (size_t)r * srsc, q - routed_chunks);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < DOWN_BATCH; u++) {
+                int q = c0 + u * 32;
+                if (q < routed_chunks) {
+                    int j = q / nch, ch = q - j * nch;
+                    acc += swt[t * k + j] * dchunk_dot<FMT>(c[u], st, t * k + j, T * k, ch);
+                } else if (q < all_chunks) {
+                    acc += ssg[t] * dchunk_dot<FMT>(c[u], sst, t, T, q - routed_chunks);
+                }
+            }
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) {
+            float* out = h + (size_t)t * ldh + r;
+            *out = accumulate ? *out + acc : acc;
+        }
+    }
+}
+
+#define DGU_ARGS                                                                                                  \
+    const unsigned char *__restrict__ gu, const unsigned short *__restrict__ gs, const unsigned char *__restrict__ sgu, \
+        const unsigned short *__restrict__ sgs, const float *__restrict__ x, int T, const float *__restrict__ logits,     \
+        int ld, int E, int renormalize, int *__restrict__ idx, float *__restrict__ wt, int k, int I, int Is, int H,      \
+        float *__restrict__ act, float *__restrict__ act_s
+#define DGU_PASS gu, gs, sgu, sgs, x, T, logits, ld, E, renormalize, idx, wt, k, I, Is, H, act, act_s
+extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_bf16(DGU_ARGS) { decode_moe_gate_up_impl<0>(DGU_PASS); }
+extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_q8(DGU_ARGS) { decode_moe_gate_up_impl<1>(DGU_PASS); }
+extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_q4(DGU_ARGS) { decode_moe_gate_up_impl<2>(DGU_PASS); }
+
+#define DDOWN_ARGS                                                                                                \
+    const unsigned char *__restrict__ dw, const unsigned short *__restrict__ ds, const unsigned char *__restrict__ sdw, \
+        const unsigned short *__restrict__ sds, const float *__restrict__ act, const float *__restrict__ act_s,          \
+        const int *__restrict__ idx, const float *__restrict__ wt, const float *__restrict__ sg, int ldsg, int T, int k,  \
+        int I, int Is, int H, float *__restrict__ h, int ldh, int accumulate
+#define DDOWN_PASS dw, ds, sdw, sds, act, act_s, idx, wt, sg, ldsg, T, k, I, Is, H, h, ldh, accumulate
+extern "C" __global__ void __launch_bounds__(256) decode_moe_down_bf16(DDOWN_ARGS) { decode_moe_down_impl<0>(DDOWN_PASS); }
+extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q8(DDOWN_ARGS) { decode_moe_down_impl<1>(DDOWN_PASS); }
+extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q4(DDOWN_ARGS) { decode_moe_down_impl<2>(DDOWN_PASS); }
+
+// ---- Grouped expert GEMMs (prefill): pairs sorted by expert, weighted sums combined ----
+
+// Sorts the `pairs` (token, expert) pairs by expert for the grouped GEMMs: `order` lists the
+// pair ids of expert 0, then of expert 1, ...; tiles[3j ..] = (expert, first index into order,
+// count ≤ TENSOR_GEMM_TOKENS) for the used tiles and count 0 for the rest up to max_tiles. One block; the
+// order within an expert varies from run to run, which no result depends on (each output row
+// is computed from its own input row alone).
+extern "C" __global__ void moe_group_by_expert(const int* __restrict__ idx, int pairs, int E, int* __restrict__ order,
+                                               int* __restrict__ tiles, int max_tiles) {
+    extern __shared__ int moe_sort_sh[];  // count[E], start[E], tile_start[E]
+    __shared__ int used;
+    int* count = moe_sort_sh;
+    int* start = moe_sort_sh + E;
+    int* tstart = moe_sort_sh + 2 * E;
+    int tid = threadIdx.x;
+    for (int e = tid; e < E; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < pairs; p += blockDim.x) atomicAdd(&count[idx[p]], 1);
+    __syncthreads();
+    if (tid == 0) {
+        int s = 0, ts = 0;
+        for (int e = 0; e < E; e++) {
+            start[e] = s;
+            tstart[e] = ts;
+            s += count[e];
+            ts += (count[e] + TENSOR_GEMM_TOKENS - 1) / TENSOR_GEMM_TOKENS;
+        }
+        used = ts;
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x)
+        for (int j = 0; j * TENSOR_GEMM_TOKENS < count[e]; j++) {
+            int* t = tiles + 3 * (tstart[e] + j);
+            t[0] = e;
+            t[1] = start[e] + j * TENSOR_GEMM_TOKENS;
+            t[2] = min(TENSOR_GEMM_TOKENS, count[e] - j * TENSOR_GEMM_TOKENS);
+        }
+    for (int t = used + tid; t < max_tiles; t += blockDim.x) {
+        tiles[3 * t] = 0;
+        tiles[3 * t + 1] = 0;
+        tiles[3 * t + 2] = 0;
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < pairs; p += blockDim.x) {
+        int e = idx[p];
+        order[start[e] + atomicAdd(&count[e], 1)] = p;
+    }
+}
+
+// y[t, r] += Σ_j wt[t·k + j] · out[(t·k + j)·H + r]: the routed experts' weighted sum
+// (grid-stride).
+extern "C" __global__ void moe_combine(const float* __restrict__ out, const float* __restrict__ wt,
+                                       float* __restrict__ y, int T, int k, int H) {
+    size_t all = (size_t)T * H, step = gridDim.x * (size_t)blockDim.x;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < all; e += step) {
+        int t = (int)(e / H), r = (int)(e - (size_t)t * H);
+        float total = 0.0f;
+        for (int j = 0; j < k; j++) total += wt[t * k + j] * out[((size_t)t * k + j) * H + r];
+        y[e] += total;
+    }
+}

@@ -3,8 +3,8 @@
 // is with attention, in attention.cu.)
 
 // x[t, i] = (1/n) Σ_s sigmoid(a[t, s·H + i]) · normed[t, s·H + i].
-extern "C" __global__ void hc_mix(const float* __restrict__ a, const float* __restrict__ normed,
-                                  float* __restrict__ x, int T, int n, int H) {
+extern "C" __global__ void hyper_connection_mix(const float* __restrict__ a, const float* __restrict__ normed,
+                                                float* __restrict__ x, int T, int n, int H) {
     int total = T * H;
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
         int t = e / H, i = e % H;
@@ -18,8 +18,8 @@ extern "C" __global__ void hc_mix(const float* __restrict__ a, const float* __re
 }
 
 // hs[t, s·H + i] += ω_ts · y[t, i], ω_ts = 2·sigmoid(o[t·ld + s] / n).
-extern "C" __global__ void hc_inject(float* __restrict__ hs, const float* __restrict__ y,
-                                     const float* __restrict__ o, int ld, int T, int n, int H) {
+extern "C" __global__ void hyper_connection_inject(float* __restrict__ hs, const float* __restrict__ y,
+                                                   const float* __restrict__ o, int ld, int T, int n, int H) {
     int total = T * n * H;
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
         int i = e % H, s = (e / H) % n, t = e / (n * H);

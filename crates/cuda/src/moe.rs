@@ -1,68 +1,23 @@
-//! Feed-forward blocks on the device: the dense SwiGLU MLP and the MoE with a shared expert
-//! (MODEL_MATH §1.6). Routing (softmax, top-k, renormalisation) runs on the device; decode
-//! runs the whole MoE block in three launches (router rows, experts' gate/up with routing,
-//! experts' down into the residual).
+//! The MoE block with a shared expert on the device (MODEL_MATH §1.6). Routing (softmax,
+//! top-k, renormalisation) runs on the device; decode runs the whole block in three launches
+//! (router rows, experts' gate/up with routing, experts' down into the residual); prefill
+//! sorts the (token, expert) pairs by expert and runs grouped tensor-core GEMMs.
 
 use spindle_model::ModelConfig;
 
-use crate::device::{i, p, threads_for, DevBuf, Device};
+use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::linear::{
-    decode_linear, linear, project, staged_bytes, tensor_gemm, tensor_gemm_ok, DecodeIn, DecodeOut,
-    DevPart, GemmActs, GemmRows, Io, WFormat, GROUP_TILE, MATVEC_MAX_TOKENS,
-};
-use crate::weights::{GpuMlp, GpuMoe};
-
-/// `down(silu(gate(x)) ⊙ up(x))` for `[tokens, H]` (input and output as `io`).
-pub fn mlp(
-    dev: &Device,
-    w: &GpuMlp,
-    io: Io,
-    tokens: usize,
-    hidden: usize,
-) -> Result<Option<DevBuf<f32>>> {
-    let inter = w.down.cols;
-    let x = match io {
-        Io::Split(x) if tokens > MATVEC_MAX_TOKENS => x,
-        _ => {
-            let act = dev.scratch::<f32>(tokens * inter)?;
-            let out = DecodeOut::SwiGlu {
-                y: act.ptr(),
-                ldy: inter,
-            };
-            let input = io.input(hidden, 0);
-            decode_linear(dev, &w.gate_up, 0..2 * inter, input, tokens, out)?;
-            return io.finish(dev, &w.down, act.ptr(), inter, hidden, tokens);
-        }
-    };
-    let gu = project(dev, &w.gate_up, x.ptr(), hidden, tokens)?;
-    let act = dev.scratch::<f32>(tokens * inter)?;
-    dev.launch_elementwise(
-        "swiglu",
-        tokens * inter,
-        &[
-            p(gu.ptr()),
-            i(2 * inter),
-            i(0),
-            i(inter),
-            p(act.ptr()),
-            i(tokens),
-            i(inter),
-        ],
-    )?;
-    let y = dev.scratch::<f32>(tokens * hidden)?;
-    linear(
-        dev,
-        &w.down,
-        act.ptr(),
-        inter,
-        y.ptr(),
-        hidden,
-        tokens,
-        false,
-    )?;
-    Ok(Some(y))
-}
+use crate::gemm::{tensor_gemm, tensor_gemm_ok, GemmActs, GemmRows, GROUP_TILE};
+use crate::io::Io;
+use crate::kernels::moe::{DecodeMoeDown, DecodeMoeGateUp};
+use crate::kernels::moe::{MoeDown, MoeGateUp};
+use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS, MOE_MAX_K};
+use crate::linear::{decode_linear, linear, project};
+use crate::matrix::{DevPart, DeviceLayout};
+use crate::matvec::{staged_bytes, DecodeIn, DecodeOut};
+use crate::norm::norm_rows;
+use crate::weights::GpuMoe;
+use spindle_model::quant::WeightFormat;
 
 /// The MoE block for `[tokens, H]`: sigmoid-gated shared expert plus the weighted top-k
 /// experts (input and output as `io`).
@@ -82,20 +37,17 @@ pub fn moe(
         Io::Split(x) => moe_general(dev, config, w, x, tokens)?,
         Io::Fused { h, norm, eps } => {
             let hidden = config.hidden_size;
-            let x = crate::qwen4::norm_rows(dev, h.ptr(), norm, tokens, 1, hidden, eps)?;
+            let x = norm_rows(dev, h.arg(), norm, tokens, 1, hidden, eps)?;
             moe_general(dev, config, w, &x, tokens)?
         }
     };
     io.give(dev, x)
 }
 
-/// The most experts per token the decode kernels take (`MOE_MAX_K` in decode.cu).
-const MOE_MAX_K: usize = 32;
-
 /// How the decode kernels run one MoE block: the routed experts' format, and whether the
 /// shared expert rides along in the same launches (same format) or runs on its own.
 struct DecodePlan {
-    fmt: WFormat,
+    fmt: WeightFormat,
     /// The shared gate|up rows' block and first row in it, when it shares `fmt`.
     shared_gate_up: Option<(usize, usize)>,
     shared_down: bool,
@@ -115,8 +67,8 @@ impl DecodePlan {
         let (gu, down) = (&w.experts_gate_up, &w.experts_down);
         let fmt = gu.fmt;
         let unit = match fmt {
-            WFormat::Bf16 => 8,
-            WFormat::Q8 | WFormat::Q4 => 32,
+            WeightFormat::Bf16 => 8,
+            WeightFormat::Q8 | WeightFormat::Q4 => 32,
         };
         if down.fmt != fmt
             || hidden % unit != 0
@@ -155,8 +107,8 @@ impl DecodePlan {
             } else {
                 0
             };
-        let fits = gate_up_shared_bytes <= dev.shared_limit(gate_up_kernel(fmt))
-            && down_shared_bytes <= dev.shared_limit(down_kernel(fmt));
+        let fits = gate_up_shared_bytes <= dev.shared_limit(gate_up_kernel(fmt).name())
+            && down_shared_bytes <= dev.shared_limit(down_kernel(fmt).name());
         fits.then_some(DecodePlan {
             fmt,
             shared_gate_up,
@@ -167,19 +119,19 @@ impl DecodePlan {
     }
 }
 
-fn gate_up_kernel(fmt: WFormat) -> &'static str {
+fn gate_up_kernel(fmt: WeightFormat) -> DecodeMoeGateUp {
     match fmt {
-        WFormat::Bf16 => "dmoe_gate_up_bf16",
-        WFormat::Q8 => "dmoe_gate_up_q8",
-        WFormat::Q4 => "dmoe_gate_up_q4",
+        WeightFormat::Bf16 => DecodeMoeGateUp::BF16,
+        WeightFormat::Q8 => DecodeMoeGateUp::Q8,
+        WeightFormat::Q4 => DecodeMoeGateUp::Q4,
     }
 }
 
-fn down_kernel(fmt: WFormat) -> &'static str {
+fn down_kernel(fmt: WeightFormat) -> DecodeMoeDown {
     match fmt {
-        WFormat::Bf16 => "dmoe_down_bf16",
-        WFormat::Q8 => "dmoe_down_q8",
-        WFormat::Q4 => "dmoe_down_q4",
+        WeightFormat::Bf16 => DecodeMoeDown::BF16,
+        WeightFormat::Q8 => DecodeMoeDown::Q8,
+        WeightFormat::Q4 => DecodeMoeDown::Q4,
     }
 }
 
@@ -215,16 +167,16 @@ fn moe_decode(
     let ld = e_count + 1;
     let logits = dev.scratch::<f32>(tokens * ld)?;
     let (xn_buf, x) = match io {
-        Io::Split(x) => (None, x.ptr()),
+        Io::Split(x) => (None, x.arg()),
         Io::Fused { .. } => {
             let xn = dev.scratch::<f32>(tokens * hidden)?;
-            let ptr = xn.ptr();
+            let ptr = xn.arg();
             (Some(xn), ptr)
         }
     };
-    let input = io.input(hidden, if xn_buf.is_some() { x } else { 0 });
+    let input = io.input(hidden, if xn_buf.is_some() { x } else { Ptr::null() });
     let out = DecodeOut::Store {
-        y: logits.ptr(),
+        y: logits.arg(),
         ldy: ld,
     };
     decode_linear(dev, &w.input, 0..ld, input, tokens, out)?;
@@ -240,37 +192,38 @@ fn moe_decode(
     };
     let items = tokens * k * inter + if sgu != 0 { tokens * shared } else { 0 };
     let kernel = gate_up_kernel(plan.fmt);
-    let grid = dev.resident_grid(kernel, 256, plan.gate_up_shared_bytes, items.div_ceil(8))?;
-    dev.launch(
-        kernel,
-        (grid, 1, 1),
+    let grid = dev.resident_grid(
+        kernel.name(),
         256,
-        plan.gate_up_shared_bytes as u32,
-        &[
-            p(gu.codes.ptr()),
-            p(gu.scales.ptr()),
-            p(sgu),
-            p(sgs),
-            p(x),
-            i(tokens),
-            p(logits.ptr()),
-            i(ld),
-            i(e_count),
-            i(cfg.renormalize as usize),
-            p(idx.ptr()),
-            p(wt.ptr()),
-            i(k),
-            i(inter),
-            i(shared),
-            i(hidden),
-            p(act.ptr()),
-            p(act_s.ptr()),
-        ],
+        plan.gate_up_shared_bytes,
+        items.div_ceil(8),
+    )?;
+    kernel.launch(
+        dev,
+        Launch::new((grid, 1, 1), 256, plan.gate_up_shared_bytes as u32),
+        gu.codes.arg(),
+        gu.scales.arg(),
+        p(sgu),
+        p(sgs),
+        x,
+        i(tokens),
+        logits.arg(),
+        i(ld),
+        i(e_count),
+        i(cfg.renormalize as usize),
+        idx.arg(),
+        wt.arg(),
+        i(k),
+        i(inter),
+        i(shared),
+        i(hidden),
+        act.arg(),
+        act_s.arg(),
     )?;
     if sgu == 0 {
         let rows = ld..ld + 2 * shared;
         let out = DecodeOut::SwiGlu {
-            y: act_s.ptr(),
+            y: act_s.arg(),
             ldy: shared,
         };
         decode_linear(dev, &w.input, rows, DecodeIn::plain(x, hidden), tokens, out)?;
@@ -278,10 +231,10 @@ fn moe_decode(
 
     // The output: the residual itself (fused), or a fresh buffer the routed sum is stored in.
     let (y, owned, accumulate) = match io {
-        Io::Fused { h, .. } => (h.ptr(), None, true),
+        Io::Fused { h, .. } => (h.arg(), None, true),
         Io::Split(_) => {
             let y = dev.scratch::<f32>(tokens * hidden)?;
-            (y.ptr(), Some(y), false)
+            (y.arg(), Some(y), false)
         }
     };
     let (sdw, sds) = if plan.shared_down {
@@ -291,44 +244,40 @@ fn moe_decode(
     };
     let kernel = down_kernel(plan.fmt);
     let grid = dev.resident_grid(
-        kernel,
+        kernel.name(),
         256,
         plan.down_shared_bytes,
         (tokens * hidden).div_ceil(8),
     )?;
-    dev.launch(
-        kernel,
-        (grid, 1, 1),
-        256,
-        plan.down_shared_bytes as u32,
-        &[
-            p(down.codes.ptr()),
-            p(down.scales.ptr()),
-            p(sdw),
-            p(sds),
-            p(act.ptr()),
-            p(act_s.ptr()),
-            p(idx.ptr()),
-            p(wt.ptr()),
-            p(logits.at(e_count)),
-            i(ld),
-            i(tokens),
-            i(k),
-            i(inter),
-            i(shared),
-            i(hidden),
-            p(y),
-            i(hidden),
-            i(accumulate as usize),
-        ],
+    kernel.launch(
+        dev,
+        Launch::new((grid, 1, 1), 256, plan.down_shared_bytes as u32),
+        down.codes.arg(),
+        down.scales.arg(),
+        p(sdw),
+        p(sds),
+        act.arg(),
+        act_s.arg(),
+        idx.arg(),
+        wt.arg(),
+        logits.arg_at(e_count),
+        i(ld),
+        i(tokens),
+        i(k),
+        i(inter),
+        i(shared),
+        i(hidden),
+        y,
+        i(hidden),
+        i(accumulate as usize),
     )?;
     if sdw == 0 {
         let out = DecodeOut::Accumulate {
             y,
             ldy: hidden,
-            gate: Some((logits.at(e_count), ld)),
+            gate: Some((logits.arg_at(e_count), ld)),
         };
-        let input = DecodeIn::plain(act_s.ptr(), shared);
+        let input = DecodeIn::plain(act_s.arg(), shared);
         decode_linear(dev, &w.shared_down, 0..hidden, input, tokens, out)?;
     }
     Ok(owned)
@@ -354,62 +303,58 @@ fn moe_general(
         cfg.shared_intermediate,
     );
     let width = w.input.rows; // E + 1 + 2·I_s
-    let big = project(dev, &w.input, x.ptr(), hidden, tokens)?;
+    let big = project(dev, &w.input, x.arg(), hidden, tokens)?;
 
     let idx = dev.scratch::<i32>(tokens * k)?;
     let wt = dev.scratch::<f32>(tokens * k)?;
-    dev.launch(
-        "moe_route",
-        (tokens as u32, 1, 1),
-        threads_for(e_count.max(k)),
-        (e_count * 4) as u32,
-        &[
-            p(big.ptr()),
-            i(width),
-            i(e_count),
-            i(k),
-            i(cfg.renormalize as usize),
-            p(idx.ptr()),
-            p(wt.ptr()),
-        ],
+    kernels::moe::MoeRoute::launch(
+        dev,
+        Launch::new(
+            (tokens as u32, 1, 1),
+            threads_for(e_count.max(k)),
+            (e_count * 4) as u32,
+        ),
+        big.arg(),
+        i(width),
+        i(e_count),
+        i(k),
+        i(cfg.renormalize as usize),
+        idx.arg(),
+        wt.arg(),
     )?;
 
     // Shared expert, scaled by sigmoid(shared_expert_gate(x)).
     let act_shared = dev.scratch::<f32>(tokens * shared)?;
-    dev.launch_elementwise(
-        "swiglu",
-        tokens * shared,
-        &[
-            p(big.ptr()),
-            i(width),
-            i(e_count + 1),
-            i(e_count + 1 + shared),
-            p(act_shared.ptr()),
-            i(tokens),
-            i(shared),
-        ],
+    kernels::elementwise::Swiglu::launch(
+        dev,
+        Launch::elementwise(tokens * shared),
+        big.arg(),
+        i(width),
+        i(e_count + 1),
+        i(e_count + 1 + shared),
+        act_shared.arg(),
+        i(tokens),
+        i(shared),
     )?;
     let y = dev.scratch::<f32>(tokens * hidden)?;
     linear(
         dev,
         &w.shared_down,
-        act_shared.ptr(),
+        act_shared.arg(),
         shared,
-        y.ptr(),
+        y.arg(),
         hidden,
         tokens,
         false,
     )?;
-    dev.launch_elementwise(
-        "scale_by_sigmoid",
-        tokens * hidden,
-        &[
-            p(y.ptr()),
-            p(big.at(e_count)),
-            i(width),
-            i(tokens),
-            i(hidden),
-        ],
+    kernels::elementwise::ScaleBySigmoid::launch(
+        dev,
+        Launch::elementwise(tokens * hidden),
+        y.arg(),
+        big.arg_at(e_count),
+        i(width),
+        i(tokens),
+        i(hidden),
     )?;
 
     let routes = Routes {
@@ -444,56 +389,48 @@ pub(crate) fn routed_experts(
     if tokens > MATVEC_MAX_TOKENS
         && tensor_gemm_ok(dev, gu.fmt, hidden)
         && tensor_gemm_ok(dev, down.fmt, inter)
-        && 3 * 4 * r.experts <= dev.shared_limit("moe_sort")
+        && 3 * 4 * r.experts <= dev.shared_limit(kernels::moe::MoeGroupByExpert::NAME)
     {
         return routed_grouped(dev, gu, down, r, x, y);
     }
     let act = dev.scratch::<f32>(tokens * k * inter)?;
     let gate_up_kernel = match gu.fmt {
-        WFormat::Bf16 => "moe_gate_up_bf16",
-        WFormat::Q8 => "moe_gate_up_q8",
-        WFormat::Q4 => "moe_gate_up_q4",
+        WeightFormat::Bf16 => MoeGateUp::BF16,
+        WeightFormat::Q8 => MoeGateUp::Q8,
+        WeightFormat::Q4 => MoeGateUp::Q4,
     };
     let down_kernel = match down.fmt {
-        WFormat::Bf16 => "moe_down_bf16",
-        WFormat::Q8 => "moe_down_q8",
-        WFormat::Q4 => "moe_down_q4",
+        WeightFormat::Bf16 => MoeDown::BF16,
+        WeightFormat::Q8 => MoeDown::Q8,
+        WeightFormat::Q4 => MoeDown::Q4,
     };
-    dev.launch(
-        gate_up_kernel,
-        (inter.div_ceil(8) as u32, (tokens * k) as u32, 1),
-        256,
-        0,
-        &[
-            p(gu.codes.ptr()),
-            p(gu.scales.ptr()),
-            p(x.ptr()),
-            i(hidden),
-            p(r.idx.ptr()),
-            p(act.ptr()),
-            i(k),
-            i(inter),
-            i(hidden),
-            i((gu.vec_ok() && x.ptr() % 16 == 0 && hidden % 4 == 0) as usize),
-        ],
+    gate_up_kernel.launch(
+        dev,
+        Launch::new((inter.div_ceil(8) as u32, (tokens * k) as u32, 1), 256, 0),
+        gu.codes.arg(),
+        gu.scales.arg(),
+        x.arg(),
+        i(hidden),
+        r.idx.arg(),
+        act.arg(),
+        i(k),
+        i(inter),
+        i(hidden),
+        i((gu.vec_ok() && x.ptr() % 16 == 0 && hidden % 4 == 0) as usize),
     )?;
-    dev.launch(
-        down_kernel,
-        (hidden.div_ceil(8) as u32, tokens as u32, 1),
-        256,
-        0,
-        &[
-            p(down.codes.ptr()),
-            p(down.scales.ptr()),
-            p(act.ptr()),
-            p(r.idx.ptr()),
-            p(r.wt.ptr()),
-            p(y.ptr()),
-            i(k),
-            i(inter),
-            i(hidden),
-            i((down.vec_ok() && act.ptr() % 16 == 0 && inter % 4 == 0) as usize),
-        ],
+    down_kernel.launch(
+        dev,
+        Launch::new((hidden.div_ceil(8) as u32, tokens as u32, 1), 256, 0),
+        down.codes.arg(),
+        down.scales.arg(),
+        act.arg(),
+        r.idx.arg(),
+        r.wt.arg(),
+        y.arg(),
+        i(k),
+        i(inter),
+        i(hidden),
+        i((down.vec_ok() && act.ptr() % 16 == 0 && inter % 4 == 0) as usize),
     )
 }
 
@@ -524,34 +461,30 @@ fn routed_grouped(
     let max_tiles = pairs.div_ceil(GROUP_TILE) + r.experts.min(pairs);
     let order = dev.scratch::<i32>(pairs)?;
     let tiles = dev.scratch::<i32>(3 * max_tiles)?;
-    dev.launch(
-        "moe_sort",
-        (1, 1, 1),
-        1024,
-        (3 * 4 * r.experts) as u32,
-        &[
-            p(r.idx.ptr()),
-            i(pairs),
-            i(r.experts),
-            p(order.ptr()),
-            p(tiles.ptr()),
-            i(max_tiles),
-        ],
+    kernels::moe::MoeGroupByExpert::launch(
+        dev,
+        Launch::new((1, 1, 1), 1024, (3 * 4 * r.experts) as u32),
+        r.idx.arg(),
+        i(pairs),
+        i(r.experts),
+        order.arg(),
+        tiles.arg(),
+        i(max_tiles),
     )?;
     let grouped = |a_div, rows| GemmRows::Grouped {
-        tiles: tiles.ptr(),
-        order: order.ptr(),
+        tiles: tiles.arg(),
+        order: order.arg(),
         max_tiles,
         a_div,
         rows,
     };
-    let acts = GemmActs::prepare(dev, gu.fmt, x.ptr(), hidden, None, r.tokens, hidden)?;
+    let acts = GemmActs::prepare(dev, gu.fmt, x.arg(), hidden, None, r.tokens, hidden)?;
     let gate_up = dev.scratch::<f32>(pairs * 2 * inter)?;
     tensor_gemm(
         dev,
         gu,
         &acts,
-        gate_up.ptr(),
+        gate_up.arg(),
         2 * inter,
         false,
         grouped(r.k, 2 * inter),
@@ -559,7 +492,7 @@ fn routed_grouped(
     let act = GemmActs::prepare(
         dev,
         down.fmt,
-        gate_up.ptr(),
+        gate_up.arg(),
         2 * inter,
         Some(inter),
         pairs,
@@ -570,21 +503,19 @@ fn routed_grouped(
         dev,
         down,
         &act,
-        out.ptr(),
+        out.arg(),
         hidden,
         false,
         grouped(1, hidden),
     )?;
-    dev.launch_elementwise(
-        "moe_combine",
-        r.tokens * hidden,
-        &[
-            p(out.ptr()),
-            p(r.wt.ptr()),
-            p(y.ptr()),
-            i(r.tokens),
-            i(r.k),
-            i(hidden),
-        ],
+    kernels::moe::MoeCombine::launch(
+        dev,
+        Launch::elementwise(r.tokens * hidden),
+        out.arg(),
+        r.wt.arg(),
+        y.arg(),
+        i(r.tokens),
+        i(r.k),
+        i(hidden),
     )
 }

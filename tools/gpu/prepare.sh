@@ -3,9 +3,10 @@
 # binary with the CUDA backend, every GPU test binary of spindle-cuda, the fixtures and these
 # scripts.
 # Then, on the GPU machine, from DIR: `bash run_final.sh` (fixtures, run/serve, benches),
-# `bash ncu.sh` (Nsight Compute on the decode kernels).
+# `bash ncu.sh` (Nsight Compute on the decode kernels); env.sh says where they write.
+# Fixtures come from $SPINDLE_FIXTURES (default ../shared/fixtures, beside the repository).
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
+cd "$(dirname "$0")/../.."
 dir=${1:-.device-carry}
 mkdir -p "$dir"
 cargo build --release -p spindle-cli --features cuda
@@ -38,5 +39,5 @@ rm -rf "$dir/fixtures" && mkdir -p "$dir/fixtures"
 for f in qwen3_next_moe qwen3_5_dense qwen3_5_moe qwen3_5_moe_fused qwen4_exp; do
     cp -r "${SPINDLE_FIXTURES:-../shared/fixtures}/$f" "$dir/fixtures/"
 done
-cp crates/cuda/scripts/*.sh "$dir/"
+cp tools/gpu/*.sh "$dir/"
 du -sh "$dir"

@@ -1,24 +1,88 @@
+// y = x·Wᵀ with W [rows, cols] row-major in one weight format (common.cuh) and f32
+// activations (MODEL_MATH: every linear layer is stored [out, in]). `accumulate` adds into y.
+
+// Prefill: a 64×64 output tile (tokens × rows) per block of 256 threads, 4×4 per thread,
+// K-steps of 16 staged through shared memory; weights widened to f32 on the way in.
+#define GT 64
+#define GK 16
+template <int FMT>
+__device__ __forceinline__ void gemm_simt_impl(const unsigned char* __restrict__ W, const unsigned short* __restrict__ S,
+                                               const float* __restrict__ x, float* __restrict__ y, int rows, int cols,
+                                               int T, int ldx, int ldy, int accumulate) {
+    __shared__ float xs[GK][GT + 4];
+    __shared__ float ws[GK][GT + 4];
+    int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    int m0 = blockIdx.y * GT, n0 = blockIdx.x * GT;
+    size_t rb = WF<FMT>::row_bytes(cols);
+    int rs = cols >> 5;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < cols; k0 += GK) {
+        for (int e = threadIdx.x; e < GT * GK; e += 256) {
+            int m = e / GK, k = e % GK;
+            int gm = m0 + m, gk = k0 + k;
+            xs[k][m] = (gm < T && gk < cols) ? x[(size_t)gm * ldx + gk] : 0.0f;
+            int gn = n0 + m;
+            ws[k][m] = (gn < rows && gk < cols) ? load_one<FMT>(W + (size_t)gn * rb, S + (size_t)gn * rs, gk) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < GK; k++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                a[i] = xs[k][ty * 4 + i];
+                b[i] = ws[k][tx * 4 + i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int m = m0 + ty * 4 + i;
+        if (m >= T) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int n = n0 + tx * 4 + j;
+            if (n >= rows) continue;
+            float* out = y + (size_t)m * ldy + n;
+            *out = accumulate ? *out + acc[i][j] : acc[i][j];
+        }
+    }
+}
+
+#define GEMM_ARGS                                                                                            \
+    const unsigned char *__restrict__ W, const unsigned short *__restrict__ S, const float *__restrict__ x, \
+        float *__restrict__ y, int rows, int cols, int T, int ldx, int ldy, int accumulate
+extern "C" __global__ void gemm_simt_bf16(GEMM_ARGS) { gemm_simt_impl<0>(W, S, x, y, rows, cols, T, ldx, ldy, accumulate); }
+extern "C" __global__ void gemm_simt_q8(GEMM_ARGS) { gemm_simt_impl<1>(W, S, x, y, rows, cols, T, ldx, ldy, accumulate); }
+extern "C" __global__ void gemm_simt_q4(GEMM_ARGS) { gemm_simt_impl<2>(W, S, x, y, rows, cols, T, ldx, ldy, accumulate); }
+
 // Prefill linear layers and grouped expert GEMMs on the tensor cores (mma.sync, sm_80+).
 //
 // Y[m, n] (+)= Σ_k A[m, k]·W[n, k]: a block of 8 warps owns a 64-token × 128-row tile (each
 // warp 32 × 32) and walks K in steps of 32 — one quantization group — through a 4-stage
 // cp.async pipeline.
 //  - Q8/Q4 weights: A holds the activations quantized to int8 per group of 32 exactly as the
-//    CPU engine does (tg_prep_q = spindle_kernels::quant::quantize_acts_ref); each group is an
+//    CPU engine does (gemm_tensor_quantize_acts = spindle_kernels::quant::quantize_acts_ref); each group is an
 //    int8 mma m16n8k32 and then acc += (f16(s)·d)·isum, the CPU's (and the decode kernels')
 //    arithmetic. Q4 nibbles become the signed codes n − 8 on their way into the fragment.
 //  - bf16 weights: A holds the f32 activations split into three bf16 planes hi + mid + lo
-//    (tg_prep_bf16, together within ~2^-24 of each value, as f32) and each k16 step runs three
+//    (gemm_tensor_split_acts_bf16, together within ~2^-24 of each value, as f32) and each k16 step runs three
 //    bf16 mma into f32: the products are exact, so the result is the f32 GEMM's up to the order
 //    of the sums.
 // Dense: rows m = blockIdx.y·64 + r < M, A row = Y row = m. Grouped (MoE): `tiles` holds
-// (expert, first, count) per blockIdx.y over `order` (pair ids sorted by expert, moe_sort);
+// (expert, first, count) per blockIdx.y over `order` (pair ids sorted by expert, moe_group_by_expert);
 // A row = pair / a_div, Y row = pair, and expert e's weights are rows e·N .. e·N + N − 1.
 
-#define TG_M 64
-#define TG_N 128
 #define TG_K 32
-#define TG_STAGES 4
 
 // Staged row strides in bytes, padded so that the fragment loads of a warp hit 32 distinct
 // banks (rows of 48 and 80 bytes step 12 and 20 words).
@@ -29,8 +93,8 @@ struct TgLayout {
     static constexpr int A_PLANES = FMT == 0 ? 3 : 1;  // bf16: hi, mid, lo
     static constexpr int A_CHUNKS = FMT == 0 ? 4 : 2;  // 16-byte chunks per staged A row
     static constexpr int B_CHUNKS = FMT == 0 ? 4 : (FMT == 1 ? 2 : 1);
-    static constexpr int A_BYTES = TG_M * A_ROW * A_PLANES;
-    static constexpr int STAGE = A_BYTES + TG_N * B_ROW;
+    static constexpr int A_BYTES = TENSOR_GEMM_TOKENS * A_ROW * A_PLANES;
+    static constexpr int STAGE = A_BYTES + TENSOR_GEMM_ROWS * B_ROW;
 };
 
 __device__ __forceinline__ unsigned short f32_to_bf16_rn(float f) {
@@ -48,8 +112,8 @@ __device__ __forceinline__ float tg_input(const float* __restrict__ x, int ldx, 
 
 // int8 activations for the Q8/Q4 GEMM: xq [rows, cols], xd [rows, cols/32]. A warp per group
 // (grid-stride).
-extern "C" __global__ void tg_prep_q(const float* __restrict__ x, int ldx, int up, int rows, int cols,
-                                     signed char* __restrict__ xq, float* __restrict__ xd) {
+extern "C" __global__ void gemm_tensor_quantize_acts(const float* __restrict__ x, int ldx, int up, int rows, int cols,
+                                                     signed char* __restrict__ xq, float* __restrict__ xd) {
     int lane = threadIdx.x & 31, groups = cols >> 5;
     size_t all = (size_t)rows * groups, step = (gridDim.x * (size_t)blockDim.x) >> 5;
     for (size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; w < all; w += step) {
@@ -65,8 +129,8 @@ extern "C" __global__ void tg_prep_q(const float* __restrict__ x, int ldx, int u
 
 // bf16 activations for the bf16 GEMM: row r of `out` is [hi | mid | lo] (3·cols values) with
 // hi + mid + lo ≈ x to ~2^-24 (grid-stride).
-extern "C" __global__ void tg_prep_bf16(const float* __restrict__ x, int ldx, int up, int rows, int cols,
-                                        bf16_t* __restrict__ out) {
+extern "C" __global__ void gemm_tensor_split_acts_bf16(const float* __restrict__ x, int ldx, int up, int rows, int cols,
+                                                       bf16_t* __restrict__ out) {
     size_t all = (size_t)rows * cols, step = gridDim.x * (size_t)blockDim.x;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < all; e += step) {
         int r = (int)(e / cols), c = (int)(e - (size_t)r * cols);
@@ -118,20 +182,20 @@ __device__ __forceinline__ void tg_load(unsigned char* st, const unsigned char* 
     int tid = threadIdx.x, k0 = kt * TG_K;
     const int elem = FMT == 0 ? 2 : 1;         // bytes per activation / bf16 weight
     const int per_chunk = 16 / elem;           // values per 16-byte chunk
-    for (int e = tid; e < TG_M * L::A_CHUNKS * L::A_PLANES; e += blockDim.x) {
-        int plane = e / (TG_M * L::A_CHUNKS);
-        int rem = e - plane * TG_M * L::A_CHUNKS;
+    for (int e = tid; e < TENSOR_GEMM_TOKENS * L::A_CHUNKS * L::A_PLANES; e += blockDim.x) {
+        int plane = e / (TENSOR_GEMM_TOKENS * L::A_CHUNKS);
+        int rem = e - plane * TENSOR_GEMM_TOKENS * L::A_CHUNKS;
         int r = rem / L::A_CHUNKS, ch = rem - r * L::A_CHUNKS;
         int kb = k0 + ch * per_chunk;
         int src = a_row[r];
         bool ok = src >= 0 && kb < K;
         // A row src holds its planes one after another (bf16: hi, mid, lo).
         const unsigned char* g = ok ? A + ((size_t)src * K * L::A_PLANES + (size_t)plane * K + kb) * elem : A;
-        cp_async16_zfill(st + plane * TG_M * L::A_ROW + r * L::A_ROW + ch * 16, g, ok);
+        cp_async16_zfill(st + plane * TENSOR_GEMM_TOKENS * L::A_ROW + r * L::A_ROW + ch * 16, g, ok);
     }
     unsigned char* bs = st + L::A_BYTES;
     size_t rb = FMT == 0 ? (size_t)K * 2 : (FMT == 1 ? (size_t)K : (size_t)K / 2);
-    for (int e = tid; e < TG_N * L::B_CHUNKS; e += blockDim.x) {
+    for (int e = tid; e < TENSOR_GEMM_ROWS * L::B_CHUNKS; e += blockDim.x) {
         int r = e / L::B_CHUNKS, ch = e - r * L::B_CHUNKS;
         int n = n0 + r;
         size_t off = FMT == 0 ? (size_t)(k0 + ch * 8) * 2 : (FMT == 1 ? (size_t)(k0 + ch * 16) : (size_t)(k0 / 2));
@@ -162,31 +226,31 @@ __device__ __forceinline__ void tg_fetch_scales(const unsigned short* __restrict
 }
 
 template <int FMT>
-__device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, const unsigned short* __restrict__ S,
-                                           const unsigned char* __restrict__ A, const unsigned char* __restrict__ Aaux,
-                                           float* __restrict__ Y, int ldy, int accumulate, int N, int K, int M,
-                                           const int* __restrict__ tiles, const int* __restrict__ order, int a_div) {
+__device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict__ W, const unsigned short* __restrict__ S,
+                                                 const unsigned char* __restrict__ A, const unsigned char* __restrict__ Aaux,
+                                                 float* __restrict__ Y, int ldy, int accumulate, int N, int K, int M,
+                                                 const int* __restrict__ tiles, const int* __restrict__ order, int a_div) {
 #if __CUDA_ARCH__ >= 800
     typedef TgLayout<FMT> L;
     extern __shared__ __align__(16) unsigned char tg_smem[];
-    __shared__ int a_row[TG_M], y_row[TG_M];
+    __shared__ int a_row[TENSOR_GEMM_TOKENS], y_row[TENSOR_GEMM_TOKENS];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int wm = warp & 1, wn = warp >> 1;  // warp tile: rows wm·32.., weight rows wn·32..
     int g8 = lane >> 2, tig = lane & 3;
-    int n0 = blockIdx.x * TG_N;
+    int n0 = blockIdx.x * TENSOR_GEMM_ROWS;
     size_t w_row0 = 0;
     if (tiles) {
         const int* t = tiles + 3 * blockIdx.y;
         int expert = t[0], first = t[1], count = t[2];
         if (count == 0) return;  // past the used tiles (whole block)
         w_row0 = (size_t)expert * N;
-        if (tid < TG_M) {
+        if (tid < TENSOR_GEMM_TOKENS) {
             int pair = tid < count ? order[first + tid] : -1;
             a_row[tid] = pair >= 0 ? pair / a_div : -1;
             y_row[tid] = pair;
         }
-    } else if (tid < TG_M) {
-        int m = blockIdx.y * TG_M + tid;
+    } else if (tid < TENSOR_GEMM_TOKENS) {
+        int m = blockIdx.y * TENSOR_GEMM_TOKENS + tid;
         a_row[tid] = m < M ? m : -1;
         y_row[tid] = a_row[tid];
     }
@@ -213,19 +277,19 @@ __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, 
     float xd_next[2][2];
     if (FMT != 0) tg_fetch_scales(S, (const float*)Aaux, w_row0, n0, N, groups, xrow, 0, ws_next, xd_next);
 #pragma unroll
-    for (int s = 0; s < TG_STAGES - 1; s++) {
+    for (int s = 0; s < TENSOR_GEMM_STAGES - 1; s++) {
         if (s < KT) tg_load<FMT>(tg_smem + s * L::STAGE, A, W, a_row, w_row0, n0, N, K, s);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int kt = 0; kt < KT; kt++) {
-        cp_async_wait_pending<TG_STAGES - 2>();
+        cp_async_wait_pending<TENSOR_GEMM_STAGES - 2>();
         __syncthreads();
-        int next = kt + TG_STAGES - 1;
+        int next = kt + TENSOR_GEMM_STAGES - 1;
         if (next < KT)
-            tg_load<FMT>(tg_smem + (next % TG_STAGES) * L::STAGE, A, W, a_row, w_row0, n0, N, K, next);
+            tg_load<FMT>(tg_smem + (next % TENSOR_GEMM_STAGES) * L::STAGE, A, W, a_row, w_row0, n0, N, K, next);
         asm volatile("cp.async.commit_group;\n" ::);
 
-        const unsigned char* as = tg_smem + (kt % TG_STAGES) * L::STAGE;
+        const unsigned char* as = tg_smem + (kt % TENSOR_GEMM_STAGES) * L::STAGE;
         const unsigned char* bs = as + L::A_BYTES;
         if (FMT == 0) {
 #pragma unroll
@@ -239,7 +303,7 @@ __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, 
                         int off = (r + 8 * (q & 1)) * L::A_ROW + h * 32 + 16 * (q >> 1) + tig * 4;
 #pragma unroll
                         for (int pl = 0; pl < 3; pl++)
-                            ap[pl][mi][q] = *(const unsigned int*)(as + pl * TG_M * L::A_ROW + off);
+                            ap[pl][mi][q] = *(const unsigned int*)(as + pl * TENSOR_GEMM_TOKENS * L::A_ROW + off);
                     }
                 }
 #pragma unroll
@@ -322,68 +386,6 @@ __device__ __forceinline__ void tgemm_impl(const unsigned char* __restrict__ W, 
         int ldy, int accumulate, int N, int K, int M, const int *__restrict__ tiles,                        \
         const int *__restrict__ order, int a_div
 #define TGEMM_PASS W, S, A, Aaux, Y, ldy, accumulate, N, K, M, tiles, order, a_div
-extern "C" __global__ void __launch_bounds__(256) tgemm_bf16(TGEMM_ARGS) { tgemm_impl<0>(TGEMM_PASS); }
-extern "C" __global__ void __launch_bounds__(256) tgemm_q8(TGEMM_ARGS) { tgemm_impl<1>(TGEMM_PASS); }
-extern "C" __global__ void __launch_bounds__(256) tgemm_q4(TGEMM_ARGS) { tgemm_impl<2>(TGEMM_PASS); }
-
-// Sorts the `pairs` (token, expert) pairs by expert for the grouped GEMMs: `order` lists the
-// pair ids of expert 0, then of expert 1, ...; tiles[3j ..] = (expert, first index into order,
-// count ≤ TG_M) for the used tiles and count 0 for the rest up to max_tiles. One block; the
-// order within an expert varies from run to run, which no result depends on (each output row
-// is computed from its own input row alone).
-extern "C" __global__ void moe_sort(const int* __restrict__ idx, int pairs, int E, int* __restrict__ order,
-                                    int* __restrict__ tiles, int max_tiles) {
-    extern __shared__ int moe_sort_sh[];  // count[E], start[E], tile_start[E]
-    __shared__ int used;
-    int* count = moe_sort_sh;
-    int* start = moe_sort_sh + E;
-    int* tstart = moe_sort_sh + 2 * E;
-    int tid = threadIdx.x;
-    for (int e = tid; e < E; e += blockDim.x) count[e] = 0;
-    __syncthreads();
-    for (int p = tid; p < pairs; p += blockDim.x) atomicAdd(&count[idx[p]], 1);
-    __syncthreads();
-    if (tid == 0) {
-        int s = 0, ts = 0;
-        for (int e = 0; e < E; e++) {
-            start[e] = s;
-            tstart[e] = ts;
-            s += count[e];
-            ts += (count[e] + TG_M - 1) / TG_M;
-        }
-        used = ts;
-    }
-    __syncthreads();
-    for (int e = tid; e < E; e += blockDim.x)
-        for (int j = 0; j * TG_M < count[e]; j++) {
-            int* t = tiles + 3 * (tstart[e] + j);
-            t[0] = e;
-            t[1] = start[e] + j * TG_M;
-            t[2] = min(TG_M, count[e] - j * TG_M);
-        }
-    for (int t = used + tid; t < max_tiles; t += blockDim.x) {
-        tiles[3 * t] = 0;
-        tiles[3 * t + 1] = 0;
-        tiles[3 * t + 2] = 0;
-    }
-    __syncthreads();
-    for (int e = tid; e < E; e += blockDim.x) count[e] = 0;
-    __syncthreads();
-    for (int p = tid; p < pairs; p += blockDim.x) {
-        int e = idx[p];
-        order[start[e] + atomicAdd(&count[e], 1)] = p;
-    }
-}
-
-// y[t, r] += Σ_j wt[t·k + j] · out[(t·k + j)·H + r]: the routed experts' weighted sum
-// (grid-stride).
-extern "C" __global__ void moe_combine(const float* __restrict__ out, const float* __restrict__ wt,
-                                       float* __restrict__ y, int T, int k, int H) {
-    size_t all = (size_t)T * H, step = gridDim.x * (size_t)blockDim.x;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < all; e += step) {
-        int t = (int)(e / H), r = (int)(e - (size_t)t * H);
-        float total = 0.0f;
-        for (int j = 0; j < k; j++) total += wt[t * k + j] * out[((size_t)t * k + j) * H + r];
-        y[e] += total;
-    }
-}
+extern "C" __global__ void __launch_bounds__(256) gemm_tensor_bf16(TGEMM_ARGS) { gemm_tensor_impl<0>(TGEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tensor_q8(TGEMM_ARGS) { gemm_tensor_impl<1>(TGEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tensor_q4(TGEMM_ARGS) { gemm_tensor_impl<2>(TGEMM_PASS); }

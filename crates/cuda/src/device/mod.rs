@@ -1,0 +1,167 @@
+//! The CUDA device: its context and the stream every operation runs on, with the kernels
+//! compiled for it (`compile`), its buffers (`buffer`), kernel launches (`launch`) and the
+//! per-kernel profiler (`profile`).
+//!
+//! Kernels are CUDA C (`kernels/*.cu`), compiled once per process and architecture by NVRTC
+//! and loaded as one module. Buffers are plain `cuMemAlloc(Async)` allocations; kernels take
+//! raw device addresses, so a buffer can be addressed at any element offset.
+
+mod buffer;
+mod compile;
+mod launch;
+mod profile;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use crate::error::{CudaError, DriverContext, Result};
+
+use buffer::Arena;
+pub use buffer::{DevBuf, MappedHost};
+pub use compile::compile;
+pub use launch::{threads_for, Launch};
+use profile::Profile;
+
+/// One CUDA device: context, the stream every operation runs on, and the loaded kernels.
+pub struct Device {
+    arena: Mutex<Option<Arena>>,
+    profile: Option<Mutex<Profile>>,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: HashMap<&'static str, CudaFunction>,
+    name: String,
+    arch: String,
+    /// Streaming multiprocessors.
+    sms: u32,
+    /// The dynamic shared memory a block of each kernel may ask for (opted in at open).
+    shared_limits: HashMap<&'static str, usize>,
+    /// Resident blocks per multiprocessor, by (kernel, threads, dynamic shared bytes).
+    occupancy: Mutex<HashMap<(&'static str, u32, usize), u32>>,
+    /// Prefill GEMMs run on the tensor cores (sm_80 and later, unless
+    /// `SPINDLE_CUDA_TENSOR_CORES=0`).
+    tensor_cores: std::sync::atomic::AtomicBool,
+}
+
+impl Device {
+    /// Opens device `ordinal` and loads `kernels` from the PTX `ptx_for` gives for its
+    /// architecture ([`Device::open`] passes the crate's kernels). Fails with a message naming
+    /// CUDA when there is no driver, no NVRTC or no such device.
+    pub(crate) fn open_with(
+        ordinal: usize,
+        ptx_for: fn(&str) -> Result<String>,
+        kernels: &[&'static str],
+    ) -> Result<Self> {
+        // SAFETY: only tries to dlopen the driver library; cudarc panics later without it.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(CudaError::NoDriver);
+        }
+        // SAFETY: as above, for libnvrtc.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(CudaError::NoNvrtc);
+        }
+        cudarc::driver::result::init().during("initialising the CUDA driver (cuInit)")?;
+        let count = CudaContext::device_count().during("counting CUDA devices")? as usize;
+        if ordinal >= count {
+            return Err(CudaError::NoSuchDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).during("creating the CUDA context")?;
+        // One stream, ordered: the per-buffer events cudarc records are not needed.
+        // SAFETY: no buffer exists yet, and every operation runs on `stream`.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().during("creating a CUDA stream")?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .during("reading the compute capability")?;
+        let arch = format!("sm_{major}{minor}");
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let ptx = ptx_for(&arch)?;
+        let module = ctx
+            .load_module(Ptx::from_src(ptx))
+            .during("loading the compiled kernels")?;
+        use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+        let sms = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .during("reading the multiprocessor count")? as u32;
+        let max_shared = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .during("reading the shared memory limit")? as usize;
+        let names = kernels;
+        let mut kernels = HashMap::new();
+        let mut shared_limits = HashMap::new();
+        for &name in names {
+            let func = module
+                .load_function(name)
+                .during(&format!("looking up kernel {name}"))?;
+            // Opt in to all the shared memory a block can have (the decode kernels stage
+            // their inputs there); the launch still asks only for what it needs.
+            let static_bytes = func
+                .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+                .during(&format!("reading kernel {name}'s shared memory"))?
+                as usize;
+            let limit = max_shared.saturating_sub(static_bytes);
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                limit as i32,
+            )
+            .during(&format!("raising kernel {name}'s shared memory limit"))?;
+            kernels.insert(name, func);
+            shared_limits.insert(name, limit);
+        }
+        tracing::info!(ordinal, name = %name, arch = %arch, "CUDA device ready");
+        let profile = std::env::var_os("SPINDLE_CUDA_PROFILE")
+            .is_some_and(|v| v != "0")
+            .then(|| Mutex::new(Profile::default()));
+        Ok(Device {
+            arena: Mutex::new(None),
+            profile,
+            ctx,
+            stream,
+            kernels,
+            name,
+            arch,
+            sms,
+            shared_limits,
+            occupancy: Mutex::new(HashMap::new()),
+            tensor_cores: (major >= 8
+                && std::env::var_os("SPINDLE_CUDA_TENSOR_CORES").is_none_or(|v| v != "0"))
+            .into(),
+        })
+    }
+
+    /// Whether prefill GEMMs run on the tensor cores (`mma.sync`, sm_80 and later; off with
+    /// `SPINDLE_CUDA_TENSOR_CORES=0`, which keeps the SIMT GEMM for comparison).
+    pub fn tensor_cores(&self) -> bool {
+        self.tensor_cores.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns the tensor-core GEMMs off (or back on where the device has them), for
+    /// side-by-side comparisons.
+    pub fn set_tensor_cores(&self, on: bool) {
+        let able = self
+            .ctx
+            .compute_capability()
+            .is_ok_and(|(major, _)| major >= 8);
+        self.tensor_cores
+            .store(on && able, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// e.g. "NVIDIA H200 (sm_90)".
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.name, self.arch)
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().during("waiting for the GPU")
+    }
+}

@@ -1,0 +1,222 @@
+//! Prefill GEMMs: the tensor-core GEMM (`mma.sync`, dense or grouped by expert, on
+//! activations prepared by [`GemmActs`]) and the SIMT f32 GEMM it falls back to.
+
+use crate::device::{DevBuf, Device};
+use crate::error::Result;
+use crate::kernels::gemm::{GemmSimt, GemmTensor};
+use crate::kernels::{
+    self, i, p, Launch, Ptr, TENSOR_GEMM_ROWS, TENSOR_GEMM_STAGES, TENSOR_GEMM_TOKENS,
+};
+use crate::matrix::{DevPart, DeviceLayout};
+use spindle_model::quant::WeightFormat;
+
+/// Whether the tensor-core GEMM ([`tensor_gemm`]) takes a matrix of `cols` columns in `fmt`.
+pub fn tensor_gemm_ok(dev: &Device, fmt: WeightFormat, cols: usize) -> bool {
+    let kernel = tensor_gemm_kernel(fmt);
+    dev.tensor_cores()
+        && cols % fmt.tensor_k() == 0
+        && tensor_gemm_shared(fmt) <= dev.shared_limit(kernel.name())
+}
+
+/// Activations in the form the tensor-core GEMM reads: for bf16 weights the f32 values split
+/// into three bf16 planes (hi + mid + lo, within ~2^-24 of each value); for Q8/Q4 weights
+/// int8 codes and f32 scales per group of 32, quantized exactly as the CPU engine does.
+pub struct GemmActs {
+    /// bf16 rows `[rows, 3·cols]` (hi, mid, lo), or i8 codes `[rows, cols]`.
+    a: DevBuf<u8>,
+    /// f32 scales `[rows, cols/32]` (Q8/Q4), or nothing.
+    aux: Option<DevBuf<u8>>,
+    int8: bool,
+    cols: usize,
+}
+
+impl GemmActs {
+    /// Prepares `rows` rows of `cols` from `x` (row r at `r·ldx`) for weights in `fmt`; with
+    /// `up = Some(u)` each row is first the SwiGLU `silu(x[c])·x[u + c]`.
+    pub fn prepare(
+        dev: &Device,
+        fmt: WeightFormat,
+        x: Ptr<f32>,
+        ldx: usize,
+        up: Option<usize>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        let up = up.map_or(-1, |u| u as i32);
+        if fmt.int8_acts() {
+            let a = dev.scratch::<u8>(rows * cols)?;
+            let aux = dev.scratch::<u8>(rows * cols / 32 * 4)?;
+            // One warp per group of 32.
+            kernels::gemm::GemmTensorQuantizeActs::launch(
+                dev,
+                Launch::elementwise(rows * cols),
+                x,
+                i(ldx),
+                up,
+                i(rows),
+                i(cols),
+                p(a.ptr()),
+                p(aux.ptr()),
+            )?;
+            Ok(GemmActs {
+                a,
+                aux: Some(aux),
+                int8: true,
+                cols,
+            })
+        } else {
+            let a = dev.scratch::<u8>(rows * 3 * cols * 2)?;
+            kernels::gemm::GemmTensorSplitActsBf16::launch(
+                dev,
+                Launch::elementwise(rows * cols),
+                x,
+                i(ldx),
+                up,
+                i(rows),
+                i(cols),
+                p(a.ptr()),
+            )?;
+            Ok(GemmActs {
+                a,
+                aux: None,
+                int8: false,
+                cols,
+            })
+        }
+    }
+}
+
+/// Which rows a tensor-core GEMM computes.
+#[derive(Clone, Copy)]
+pub enum GemmRows {
+    /// Rows `0..tokens` of the activations into rows `0..tokens` of y.
+    Dense(usize),
+    /// MoE experts (`moe_group_by_expert`): `tiles` (expert, first, count) per 64-row tile over `order`
+    /// (pair ids sorted by expert), at most `max_tiles`; activation row = pair / `a_div`,
+    /// output row = pair; expert e's weights are rows `e·rows .. (e+1)·rows` of the part.
+    Grouped {
+        tiles: Ptr<i32>,
+        order: Ptr<i32>,
+        max_tiles: usize,
+        a_div: usize,
+        rows: usize,
+    },
+}
+
+/// The rows of one grouped-GEMM tile (`moe_group_by_expert`).
+pub const GROUP_TILE: usize = TENSOR_GEMM_TOKENS;
+
+fn tensor_gemm_kernel(fmt: WeightFormat) -> GemmTensor {
+    match fmt {
+        WeightFormat::Bf16 => GemmTensor::BF16,
+        WeightFormat::Q8 => GemmTensor::Q8,
+        WeightFormat::Q4 => GemmTensor::Q4,
+    }
+}
+
+/// Dynamic shared memory of one tensor-core GEMM block: 4 stages of staged A and B rows
+/// (`TgLayout` in gemm.cu).
+fn tensor_gemm_shared(fmt: WeightFormat) -> usize {
+    let (a_row, planes, b_row) = match fmt {
+        WeightFormat::Bf16 => (80, 3, 80),
+        WeightFormat::Q8 => (48, 1, 48),
+        WeightFormat::Q4 => (48, 1, 16),
+    };
+    TENSOR_GEMM_STAGES * (TENSOR_GEMM_TOKENS * a_row * planes + TENSOR_GEMM_ROWS * b_row)
+}
+
+/// `y[row·ldy + n] (+)= Σ_k acts[row, k]·W[n, k]` on the tensor cores (see gemm.cu).
+pub fn tensor_gemm(
+    dev: &Device,
+    w: &DevPart,
+    acts: &GemmActs,
+    y: Ptr<f32>,
+    ldy: usize,
+    accumulate: bool,
+    rows: GemmRows,
+) -> Result<()> {
+    assert_eq!(
+        acts.int8,
+        w.fmt.int8_acts(),
+        "activations prepared for another format"
+    );
+    assert_eq!(acts.cols, w.cols, "activations of another width");
+    let (n, m, m_tiles, tiles, order, a_div) = match rows {
+        GemmRows::Dense(tokens) => (
+            w.rows,
+            tokens,
+            tokens.div_ceil(TENSOR_GEMM_TOKENS),
+            Ptr::null(),
+            Ptr::null(),
+            1,
+        ),
+        GemmRows::Grouped {
+            tiles,
+            order,
+            max_tiles,
+            a_div,
+            rows,
+        } => (rows, 0, max_tiles, tiles, order, a_div),
+    };
+    if n == 0 || m_tiles == 0 {
+        return Ok(());
+    }
+    tensor_gemm_kernel(w.fmt).launch(
+        dev,
+        Launch::new(
+            (n.div_ceil(TENSOR_GEMM_ROWS) as u32, m_tiles as u32, 1),
+            256,
+            tensor_gemm_shared(w.fmt) as u32,
+        ),
+        w.codes.arg(),
+        w.scales.arg(),
+        acts.a.arg(),
+        p(acts.aux.as_ref().map_or(0, DevBuf::ptr)),
+        y,
+        i(ldy),
+        i(accumulate as usize),
+        i(n),
+        i(w.cols),
+        i(m),
+        tiles,
+        order,
+        i(a_div),
+    )
+}
+
+/// `y[t·ldy + r] (+)= Σ_c W[r, c]·x[t·ldx + c]` through the SIMT f32 GEMM (64×64 tiles).
+#[allow(clippy::too_many_arguments)]
+pub fn simt_gemm(
+    dev: &Device,
+    w: &DevPart,
+    x: Ptr<f32>,
+    ldx: usize,
+    y: Ptr<f32>,
+    ldy: usize,
+    tokens: usize,
+    accumulate: bool,
+) -> Result<()> {
+    let grid = (w.rows.div_ceil(64) as u32, tokens.div_ceil(64) as u32, 1);
+    gemm_kernel(w.fmt).launch(
+        dev,
+        Launch::new(grid, 256, 0),
+        w.codes.arg(),
+        w.scales.arg(),
+        x,
+        y,
+        i(w.rows),
+        i(w.cols),
+        i(tokens),
+        i(ldx),
+        i(ldy),
+        i(accumulate as usize),
+    )
+}
+
+fn gemm_kernel(fmt: WeightFormat) -> GemmSimt {
+    match fmt {
+        WeightFormat::Bf16 => GemmSimt::BF16,
+        WeightFormat::Q8 => GemmSimt::Q8,
+        WeightFormat::Q4 => GemmSimt::Q4,
+    }
+}

@@ -1,0 +1,235 @@
+// Decode kernels (batches of at most MATVEC_MAX_TOKENS tokens): every block first stages the input
+// rows in shared memory — RMS-normed when asked (the norm kernel is fused away), and for
+// int8 weights quantized to int8 per group of 32 exactly as the CPU engine does
+// (spindle_kernels::quant::quantize_acts_ref) — then loops over many output rows, so the
+// staging is paid once per block and the grid is sized to the GPU, not to the matrix.
+// Weight rows are read in 16-byte chunks, DEC_BATCH chunks per lane issued before any is
+// used, by `lpr` lanes per row (several rows per warp when rows are short).
+//
+// Q8/Q4 dot products are integer (dp4a) per group of 32, then scaled: f16(s)·d·isum, the
+// CPU's order. bf16 weights multiply f32 activations, as on the CPU.
+
+#define DEC_BATCH 4
+#define STAGE_BATCH 4
+
+// ---- Staged activations (dynamic shared memory) ----
+// FMT 0: f32 x[T][cols]. FMT 1, 2: i8 q[T][cols], then f32 d[T][cols/32], then i32 sum[T][cols/32].
+
+template <int FMT>
+struct Staged {
+    const unsigned char* base;
+    int cols;
+    __device__ const float* xf(int t) const { return (const float*)base + (size_t)t * cols; }
+    __device__ const signed char* q(int t) const { return (const signed char*)base + (size_t)t * cols; }
+    __device__ const float* d(int t, int T) const {
+        return (const float*)(base + (size_t)T * cols) + (size_t)t * (cols >> 5);
+    }
+    __device__ const int* sum(int t, int T) const {
+        return (const int*)(base + (size_t)T * cols + (size_t)T * (cols >> 5) * 4) + (size_t)t * (cols >> 5);
+    }
+};
+
+// Bytes stage_rows<FMT> fills for T rows of cols.
+template <int FMT>
+__device__ __forceinline__ size_t staged_size(int T, int cols) {
+    return FMT == 0 ? (size_t)T * cols * 4 : (size_t)T * cols + (size_t)T * (cols >> 5) * 8;
+}
+
+// Stages rows x[t·ldx + c] (t < T, c < cols) into `sm` for FMT, optionally RMS-normed with a
+// zero-centred weight (x·rsqrt(mean x² + eps)·(1 + nw[c])); block 0 also writes the normed rows
+// to xn[t·cols + c] when xn is not null. Needs cols % 32 == 0 for FMT 1, 2 and cols % 4 == 0,
+// x and ldx 16-byte aligned for all. Ends with __syncthreads().
+template <int FMT>
+__device__ void stage_rows(const float* __restrict__ x, int ldx, int T, int cols, const float* __restrict__ nw,
+                           float eps, float* __restrict__ xn, unsigned char* sm) {
+    __shared__ float part[8][MATVEC_MAX_TOKENS];
+    __shared__ float rs[MATVEC_MAX_TOKENS];
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int quads = cols >> 2;
+    if (nw) {
+        float ss[MATVEC_MAX_TOKENS];
+#pragma unroll
+        for (int t = 0; t < MATVEC_MAX_TOKENS; t++) ss[t] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < MATVEC_MAX_TOKENS; t++) {
+            if (t < T) {
+                const float4* xr = (const float4*)(x + (size_t)t * ldx);
+#pragma unroll 4
+                for (int c = tid; c < quads; c += blockDim.x) {
+                    float4 v = __ldg(xr + c);
+                    ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < MATVEC_MAX_TOKENS; t++) {
+            float s = warp_sum(ss[t]);
+            if (lane == 0 && t < T) part[warp][t] = s;
+        }
+        __syncthreads();
+        if (tid < T) {
+            float s = 0.0f;
+            for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += part[w][tid];
+            rs[tid] = rsqrtf(s / cols + eps);
+        }
+        __syncthreads();
+    }
+    bool write_xn = xn && blockIdx.x == 0;
+    // The T rows as one run of T·quads quads (a row's quads are a multiple of 8, so a group
+    // never straddles rows): thread `tid` handles quads tid, tid + blockDim, ..., loading
+    // STAGE_BATCH of them before using any; 8 consecutive lanes hold one group of 32.
+    int all = T * quads;
+    for (int c0 = 0; c0 < all; c0 += blockDim.x * STAGE_BATCH) {
+        float4 vb[STAGE_BATCH];
+#pragma unroll
+        for (int u = 0; u < STAGE_BATCH; u++) {
+            int c = c0 + u * blockDim.x + tid;
+            int t = c / quads;
+            vb[u] = c < all ? __ldg((const float4*)(x + (size_t)t * ldx) + (c - t * quads))
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < STAGE_BATCH; u++) {
+            if (c0 + u * blockDim.x >= all) break;  // uniform across the block
+            int cf = c0 + u * blockDim.x + tid;
+            bool live = cf < all;
+            int t = cf / quads, c = cf - t * quads;
+            float4 v = vb[u];
+            if (nw && live) {
+                float r = rs[t];
+                float4 w = __ldg((const float4*)nw + c);
+                v.x = v.x * r * (1.0f + w.x);
+                v.y = v.y * r * (1.0f + w.y);
+                v.z = v.z * r * (1.0f + w.z);
+                v.w = v.w * r * (1.0f + w.w);
+            }
+            if (write_xn && live) ((float4*)(xn + (size_t)t * cols))[c] = v;
+            if (FMT == 0) {
+                if (live) ((float4*)sm)[cf] = v;
+            } else {
+                float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+                for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                float d = amax / 127.0f;
+                float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+                int q0 = (int)roundf(v.x * inv), q1 = (int)roundf(v.y * inv);
+                int q2 = (int)roundf(v.z * inv), q3 = (int)roundf(v.w * inv);
+                int s = q0 + q1 + q2 + q3;
+#pragma unroll
+                for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                if (live) {
+                    unsigned int packed = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) |
+                                          ((unsigned int)(q3 & 0xff) << 24);
+                    ((unsigned int*)sm)[cf] = packed;
+                    if ((lane & 7) == 0) {
+                        // Group g of the whole run = t·G + c/8.
+                        int g = cf >> 3;
+                        ((float*)(sm + (size_t)T * cols))[g] = d;
+                        ((int*)(sm + (size_t)T * cols + (size_t)T * (cols >> 5) * 4))[g] = s;
+                    }
+                }
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// ---- One chunk of a weight row against one staged token ----
+// A chunk is one group of 32 weights for Q8 (32 bytes) and Q4 (16 bytes), 8 weights for bf16.
+
+template <int FMT>
+struct Chunk {
+    uint4 a, b;  // b only for Q8
+    float s;     // the group's f16 scale, widened
+};
+
+template <int FMT>
+__device__ __forceinline__ Chunk<FMT> load_dchunk(const unsigned char* __restrict__ w, const unsigned short* __restrict__ s,
+                                                  int ch) {
+    Chunk<FMT> c;
+    if (FMT == 0) {
+        c.a = __ldg((const uint4*)w + ch);
+        c.s = 1.0f;
+    } else if (FMT == 1) {
+        c.a = __ldg((const uint4*)w + 2 * ch);
+        c.b = __ldg((const uint4*)w + 2 * ch + 1);
+        c.s = f16_to_f32(__ldg(s + ch));
+    } else {
+        c.a = __ldg((const uint4*)w + ch);
+        c.s = f16_to_f32(__ldg(s + ch));
+    }
+    return c;
+}
+
+template <int FMT>
+__device__ __forceinline__ float dchunk_dot(const Chunk<FMT>& c, const Staged<FMT>& st, int t, int T, int ch) {
+    if (FMT == 0) {
+        const float4* x = (const float4*)(st.xf(t) + (size_t)ch * 8);
+        float4 x0 = x[0], x1 = x[1];
+        float w[8];
+        unpack8(c.a, w);
+        return w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z +
+               w[7] * x1.w;
+    } else {
+        const int4* xq = (const int4*)(st.q(t) + (size_t)ch * 32);
+        int4 lo = xq[0], hi = xq[1];
+        int dp = 0;
+        if (FMT == 1) {
+            dp = __dp4a((int)c.a.x, lo.x, dp);
+            dp = __dp4a((int)c.a.y, lo.y, dp);
+            dp = __dp4a((int)c.a.z, lo.z, dp);
+            dp = __dp4a((int)c.a.w, lo.w, dp);
+            dp = __dp4a((int)c.b.x, hi.x, dp);
+            dp = __dp4a((int)c.b.y, hi.y, dp);
+            dp = __dp4a((int)c.b.z, hi.z, dp);
+            dp = __dp4a((int)c.b.w, hi.w, dp);
+        } else {
+            const unsigned int m = 0x0f0f0f0fu;
+            dp = __dp4a((int)(c.a.x & m), lo.x, dp);
+            dp = __dp4a((int)(c.a.y & m), lo.y, dp);
+            dp = __dp4a((int)(c.a.z & m), lo.z, dp);
+            dp = __dp4a((int)(c.a.w & m), lo.w, dp);
+            dp = __dp4a((int)((c.a.x >> 4) & m), hi.x, dp);
+            dp = __dp4a((int)((c.a.y >> 4) & m), hi.y, dp);
+            dp = __dp4a((int)((c.a.z >> 4) & m), hi.z, dp);
+            dp = __dp4a((int)((c.a.w >> 4) & m), hi.w, dp);
+            dp -= 8 * st.sum(t, T)[ch];
+        }
+        return c.s * st.d(t, T)[ch] * (float)dp;
+    }
+}
+
+// Chunks per row of `cols` weights.
+template <int FMT>
+__device__ __forceinline__ int row_chunks(int cols) {
+    return FMT == 0 ? cols >> 3 : cols >> 5;
+}
+
+// acc[t] += this lane's share (chunks sl, sl + lpr, ...) of row (w, s) · staged token t.
+template <int FMT, int NT>
+__device__ __forceinline__ void row_dots(const unsigned char* __restrict__ w, const unsigned short* __restrict__ s,
+                                         const Staged<FMT>& st, int T, int nch, int sl, int lpr, float* acc) {
+    for (int c0 = sl; c0 < nch; c0 += lpr * DEC_BATCH) {
+        Chunk<FMT> c[DEC_BATCH];
+#pragma unroll
+        for (int u = 0; u < DEC_BATCH; u++) {
+            int ch = c0 + u * lpr;
+            if (ch < nch) c[u] = load_dchunk<FMT>(w, s, ch);
+        }
+#pragma unroll
+        for (int u = 0; u < DEC_BATCH; u++) {
+            int ch = c0 + u * lpr;
+            if (ch < nch) {
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    if (t < T) acc[t] += dchunk_dot<FMT>(c[u], st, t, T, ch);
+            }
+        }
+    }
+}
+
+// Sum over the lpr lanes of a sub-row (lpr a power of two; the whole warp calls it).
+__device__ __forceinline__ float lanes_sum(float v, int lpr) {
+    for (int o = lpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}

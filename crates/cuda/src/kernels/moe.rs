@@ -1,0 +1,140 @@
+//! Launchers of the kernels in `moe.cu`.
+
+use super::Ptr;
+
+kernels! {
+    /// One block per token: softmax over the E router logits (row t of `logits`, stride ld), top-k
+    /// by repeated argmax (ties to the lower expert index, as the CPU), optional renormalisation.
+    MoeRoute = "moe_route"
+    (
+        logits: Ptr<f32>,
+        ld: i32,
+        experts: i32,
+        k: i32,
+        renormalize: i32,
+        idx: Ptr<i32>,
+        wt: Ptr<f32>,
+    );
+    /// MoE per (token, expert) pair: gate|up rows and SwiGLU.
+    MoeGateUp {
+        BF16 = "moe_gate_up_bf16",
+        Q8 = "moe_gate_up_q8",
+        Q4 = "moe_gate_up_q4",
+    }
+    (
+        gu: Ptr<u8>,
+        gs: Ptr<u16>,
+        x: Ptr<f32>,
+        ldx: i32,
+        idx: Ptr<i32>,
+        act: Ptr<f32>,
+        k: i32,
+        inter: i32,
+        hidden: i32,
+        vec: i32,
+    );
+    /// MoE per (token, expert) pair: weighted down projections summed per token.
+    MoeDown {
+        BF16 = "moe_down_bf16",
+        Q8 = "moe_down_q8",
+        Q4 = "moe_down_q4",
+    }
+    (
+        down: Ptr<u8>,
+        ds: Ptr<u16>,
+        act: Ptr<f32>,
+        idx: Ptr<i32>,
+        wt: Ptr<f32>,
+        y: Ptr<f32>,
+        k: i32,
+        inter: i32,
+        hidden: i32,
+        vec: i32,
+    );
+    /// Decode MoE: routing per block, then every selected expert's (and the shared expert's)
+    /// gate|up rows and SwiGLU.
+    DecodeMoeGateUp {
+        BF16 = "decode_moe_gate_up_bf16",
+        Q8 = "decode_moe_gate_up_q8",
+        Q4 = "decode_moe_gate_up_q4",
+    }
+    (
+        gu: Ptr<u8>,
+        gs: Ptr<u16>,
+        sgu: Ptr<u8>,
+        sgs: Ptr<u16>,
+        x: Ptr<f32>,
+        tokens: i32,
+        logits: Ptr<f32>,
+        ld: i32,
+        experts: i32,
+        renormalize: i32,
+        idx: Ptr<i32>,
+        wt: Ptr<f32>,
+        k: i32,
+        inter: i32,
+        inter_shared: i32,
+        hidden: i32,
+        act: Ptr<f32>,
+        act_s: Ptr<f32>,
+    );
+    /// Decode MoE: the weighted down projections of the selected experts and the gated shared
+    /// expert, added into the output.
+    DecodeMoeDown {
+        BF16 = "decode_moe_down_bf16",
+        Q8 = "decode_moe_down_q8",
+        Q4 = "decode_moe_down_q4",
+    }
+    (
+        dw: Ptr<u8>,
+        ds: Ptr<u16>,
+        sdw: Ptr<u8>,
+        sds: Ptr<u16>,
+        act: Ptr<f32>,
+        act_s: Ptr<f32>,
+        idx: Ptr<i32>,
+        wt: Ptr<f32>,
+        sg: Ptr<f32>,
+        ldsg: i32,
+        tokens: i32,
+        k: i32,
+        inter: i32,
+        inter_shared: i32,
+        hidden: i32,
+        h: Ptr<f32>,
+        ldh: i32,
+        accumulate: i32,
+    );
+    /// Sorts the `pairs` (token, expert) pairs by expert for the grouped GEMMs: `order` lists the
+    /// pair ids of expert 0, then of expert 1, and so on, and `tiles` the 64-pair tiles.
+    MoeGroupByExpert = "moe_group_by_expert"
+    (
+        idx: Ptr<i32>,
+        pairs: i32,
+        experts: i32,
+        order: Ptr<i32>,
+        tiles: Ptr<i32>,
+        max_tiles: i32,
+    );
+    /// y[t, r] += Σ_j wt[t·k + j] · out[(t·k + j)·H + r]: the routed experts' weighted sum
+    /// (grid-stride).
+    MoeCombine = "moe_combine"
+    (
+        out: Ptr<f32>,
+        wt: Ptr<f32>,
+        y: Ptr<f32>,
+        tokens: i32,
+        k: i32,
+        hidden: i32,
+    );
+}
+
+pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
+    MoeRoute::DECLS,
+    MoeGateUp::DECLS,
+    MoeDown::DECLS,
+    DecodeMoeGateUp::DECLS,
+    DecodeMoeDown::DECLS,
+    MoeGroupByExpert::DECLS,
+    MoeCombine::DECLS,
+];

@@ -1,0 +1,262 @@
+//! Weight matrices in VRAM: bf16, or Q8/Q4 codes with f16 scales in the CPU layouts of
+//! `spindle_model::quant`, as row blocks of one format each (fused projections).
+
+use spindle_model::quant::{QuantizedMatrix, WeightFormat};
+use spindle_model::weights::Linear;
+use spindle_model::DType;
+
+use crate::device::{DevBuf, Device};
+use crate::error::{CudaError, Result};
+
+/// How the device kernels walk a row of a matrix in one of the [`WeightFormat`]s (the
+/// layouts themselves are `spindle_model::quant`'s: bf16 words; Q8 i8 codes; Q4 packed
+/// nibbles in llama.cpp Q4_0 order within a group of 32; f16 scales per group of 32).
+pub trait DeviceLayout: Copy {
+    /// Bytes of codes per row.
+    fn row_bytes(self, cols: usize) -> usize;
+    /// f16 scales per row.
+    fn row_scales(self, cols: usize) -> usize;
+    /// Bytes per row, codes and scales.
+    fn row_size(self, cols: usize) -> usize {
+        self.row_bytes(cols) + 2 * self.row_scales(cols)
+    }
+    /// The kernel-name suffix.
+    fn suffix(self) -> &'static str;
+    /// Whether the tensor-core GEMM reads int8 activations (Q8, Q4) or bf16 planes (bf16).
+    fn int8_acts(self) -> bool;
+    /// The tensor-core GEMM's granule of columns: a quantization group, or an mma k16 step.
+    fn tensor_k(self) -> usize;
+    /// Values per 16-byte chunk of codes (the vector kernels' unit).
+    fn chunk_values(self) -> usize;
+}
+
+impl DeviceLayout for WeightFormat {
+    fn row_bytes(self, cols: usize) -> usize {
+        self.code_bytes(1, cols)
+    }
+
+    fn row_scales(self, cols: usize) -> usize {
+        self.scale_bytes(1, cols) / 2
+    }
+
+    fn suffix(self) -> &'static str {
+        self.name()
+    }
+
+    fn int8_acts(self) -> bool {
+        self != WeightFormat::Bf16
+    }
+
+    fn tensor_k(self) -> usize {
+        match self {
+            WeightFormat::Bf16 => 16,
+            WeightFormat::Q8 | WeightFormat::Q4 => 32,
+        }
+    }
+
+    fn chunk_values(self) -> usize {
+        match self {
+            WeightFormat::Bf16 => 8,
+            WeightFormat::Q8 => 16,
+            WeightFormat::Q4 => 32,
+        }
+    }
+}
+
+/// A row-major `[rows, cols]` matrix in one format on the device.
+pub struct DevPart {
+    pub fmt: WeightFormat,
+    pub codes: DevBuf<u8>,
+    /// Empty for bf16.
+    pub scales: DevBuf<u16>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl DevPart {
+    pub fn new(dev: &Device, fmt: WeightFormat, rows: usize, cols: usize) -> Result<Self> {
+        Ok(DevPart {
+            fmt,
+            codes: dev.zeros(rows * fmt.row_bytes(cols))?,
+            scales: dev.zeros(rows * fmt.row_scales(cols))?,
+            rows,
+            cols,
+        })
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.rows * self.fmt.row_size(self.cols)
+    }
+
+    /// Whether the 16-byte vector path can read rows of this matrix.
+    pub fn vec_ok(&self) -> bool {
+        self.cols % self.fmt.chunk_values() == 0 && self.codes.ptr() % 16 == 0
+    }
+
+    /// Copies rows `[from, from + count)` of `src` to rows `[to, to + count)`.
+    pub fn put(
+        &mut self,
+        dev: &Device,
+        src: &Source,
+        from: usize,
+        count: usize,
+        to: usize,
+    ) -> Result<()> {
+        if src.fmt != self.fmt {
+            return Err(CudaError::Unsupported(format!(
+                "fusing a {} matrix into a {} one",
+                src.fmt.suffix(),
+                self.fmt.suffix()
+            )));
+        }
+        assert_eq!(
+            src.cols, self.cols,
+            "fused matrices share their input width"
+        );
+        assert!(from + count <= src.rows && to + count <= self.rows);
+        let rb = self.fmt.row_bytes(self.cols);
+        dev.write(
+            &mut self.codes,
+            to * rb,
+            &src.codes[from * rb..(from + count) * rb],
+        )?;
+        let rs = self.fmt.row_scales(self.cols);
+        if rs > 0 {
+            dev.write(
+                &mut self.scales,
+                to * rs,
+                &src.scales[from * rs..(from + count) * rs],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The host bytes of a CPU engine matrix: bf16 as mapped, or Q8/Q4 as quantized on load.
+pub struct Source<'a> {
+    pub fmt: WeightFormat,
+    pub codes: &'a [u8],
+    pub scales: &'a [u16],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl<'a> Source<'a> {
+    pub fn of(linear: &'a Linear) -> Result<Self> {
+        match linear {
+            Linear::Mapped(m) => {
+                if m.dtype != DType::Bf16 {
+                    return Err(CudaError::Unsupported(format!(
+                        "a [{}, {}] weight matrix is {}; the CUDA backend reads bf16 checkpoints only",
+                        m.rows,
+                        m.cols,
+                        m.dtype.name()
+                    )));
+                }
+                Ok(Source {
+                    fmt: WeightFormat::Bf16,
+                    codes: m.bytes(),
+                    scales: &[],
+                    rows: m.rows,
+                    cols: m.cols,
+                })
+            }
+            Linear::Quantized(q) => Ok(Self::quantized(q)),
+            Linear::Packed(_) => Err(CudaError::Unsupported(
+                "a weight matrix comes from a spindle install; the CUDA backend reads Hugging Face checkpoints only"
+                    .into(),
+            )),
+        }
+    }
+
+    fn quantized(q: &'a QuantizedMatrix) -> Self {
+        Source {
+            fmt: q.format,
+            codes: &q.qs,
+            scales: &q.scales,
+            rows: q.rows,
+            cols: q.cols,
+        }
+    }
+}
+
+/// A `[rows, cols]` weight matrix made of row blocks, each in one format (projections that
+/// read the same input are fused; the CPU may have quantized some of them and not others).
+pub struct DevMatrix {
+    /// (first row, block).
+    pub parts: Vec<(usize, DevPart)>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl DevMatrix {
+    /// Uploads one CPU engine matrix as is.
+    pub fn upload(dev: &Device, m: &Linear) -> Result<Self> {
+        Self::stack(dev, &[m])
+    }
+
+    /// Uploads the vertical concatenation of `parts` (consecutive parts of one format share
+    /// one block).
+    pub fn stack(dev: &Device, parts: &[&Linear]) -> Result<Self> {
+        let sources = parts
+            .iter()
+            .map(|m| Source::of(m))
+            .collect::<Result<Vec<_>>>()?;
+        let cols = sources[0].cols;
+        let mut out = Vec::new();
+        let mut at = 0;
+        let mut k = 0;
+        while k < sources.len() {
+            let fmt = sources[k].fmt;
+            let mut end = k;
+            while end < sources.len() && sources[end].fmt == fmt {
+                end += 1;
+            }
+            let rows: usize = sources[k..end].iter().map(|s| s.rows).sum();
+            let mut part = DevPart::new(dev, fmt, rows, cols)?;
+            let mut to = 0;
+            for s in &sources[k..end] {
+                part.put(dev, s, 0, s.rows, to)?;
+                to += s.rows;
+            }
+            out.push((at, part));
+            at += rows;
+            k = end;
+        }
+        Ok(DevMatrix {
+            parts: out,
+            rows: at,
+            cols,
+        })
+    }
+
+    /// One block, for a matrix assembled row range by row range.
+    pub fn single(part: DevPart) -> Self {
+        DevMatrix {
+            rows: part.rows,
+            cols: part.cols,
+            parts: vec![(0, part)],
+        }
+    }
+
+    /// The block holding all of `rows`, and the first of them within it.
+    pub fn part_of(&self, rows: std::ops::Range<usize>) -> Option<(&DevPart, usize)> {
+        self.parts.iter().find_map(|(row0, part)| {
+            (rows.start >= *row0 && rows.end <= row0 + part.rows).then(|| (part, rows.start - row0))
+        })
+    }
+
+    /// The bf16 words of a one-block bf16 matrix (the embedding table).
+    pub fn bf16_ptr(&self) -> Result<u64> {
+        match self.parts.as_slice() {
+            [(0, part)] if part.fmt == WeightFormat::Bf16 => Ok(part.codes.ptr()),
+            _ => Err(CudaError::Unsupported(
+                "the embedding table must be bf16".into(),
+            )),
+        }
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.parts.iter().map(|(_, p)| p.size_bytes()).sum()
+    }
+}
