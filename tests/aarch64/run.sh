@@ -18,4 +18,4 @@ fi
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
 export CARGO_TARGET_DIR=target/aarch64
-cargo test --release --target "$target" -p spindle-kernels -p spindle-engine
+cargo test --release --target "$target" -p spindle-kernels -p spindle-cpu

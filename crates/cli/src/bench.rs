@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
-use spindle_engine::Engine;
+use spindle_cpu::Engine;
 use spindle_model::quant::WeightFormat;
 use spindle_runtime::bench::{self, BenchOptions, BenchReport};
 use spindle_runtime::{Backend, Device};

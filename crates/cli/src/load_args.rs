@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use clap::Args;
-use spindle_engine::experts::{CachePolicy, ExpertResidency};
-use spindle_engine::LoadOptions;
+use spindle_cpu::experts::{CachePolicy, ExpertResidency};
+use spindle_cpu::LoadOptions;
 use spindle_model::install::Verify;
 use spindle_model::quant::WeightFormat;
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use spindle_engine::GreedyRun;
+use spindle_cpu::GreedyRun;
 use spindle_model::ModelConfig;
 use spindle_runtime::{Backend, Device};
 

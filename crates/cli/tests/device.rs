@@ -100,7 +100,7 @@ fn cuda_present() -> bool {
     let load = spindle_runtime::Backend::load(
         Path::new("/no/such/model"),
         spindle_runtime::Device::Cuda(0),
-        &spindle_engine::LoadOptions::default(),
+        &spindle_cpu::LoadOptions::default(),
     );
     !matches!(load, Err(e) if e.is_cuda_unavailable())
 }

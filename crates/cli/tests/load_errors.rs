@@ -1,4 +1,4 @@
-//! Whole-model load errors through `spindle_engine::Engine::load` on damaged copies of the
+//! Whole-model load errors through `spindle_cpu::Engine::load` on damaged copies of the
 //! fixtures: the config and the tensors disagree, and the message says where.
 
 use std::fs;
@@ -7,7 +7,7 @@ use std::path::Path;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
-use spindle_engine::Engine;
+use spindle_cpu::Engine;
 use spindle_testkit::copy_fixture;
 
 fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {

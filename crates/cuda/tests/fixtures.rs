@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use safetensors::{Dtype, SafeTensors};
+use spindle_cpu::Engine;
 use spindle_cuda::CudaEngine;
-use spindle_engine::Engine;
 use spindle_model::forward::LogitsFor;
 
 /// Bound on max |Δlogit| against the float64 reference.
@@ -256,7 +256,7 @@ fn teacher_forced_gpu(engine: &CudaEngine, prompt: &[u32], gen: &[u32]) -> Vec<f
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn quantized_weights_match_cpu_engine() {
-    use spindle_engine::LoadOptions;
+    use spindle_cpu::LoadOptions;
     use spindle_model::quant::WeightFormat;
     let mut results = Vec::new();
     for name in FAMILIES {

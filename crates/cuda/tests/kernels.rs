@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use spindle_cpu::LinearExt;
 use spindle_cuda::{testing, Device};
-use spindle_engine::LinearExt;
 use spindle_model::quant::{QuantizedMatrix, WeightFormat};
 use spindle_model::tensor::{Matrix, Storage};
 use spindle_model::weights::Linear;

@@ -14,9 +14,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
+use spindle_cpu::LinearExt;
 use spindle_cuda::kernels::{self, i, Launch};
 use spindle_cuda::{testing, Device};
-use spindle_engine::LinearExt;
 use spindle_kernels::activation::{sigmoid, silu};
 use spindle_kernels::attention::{attend, HeadCache};
 use spindle_kernels::norm::{group_rms_norm_zc, rms_norm_zc};

@@ -11,7 +11,7 @@ use spindle_kernels::softmax::top_k;
 use spindle_model::QsaConfig;
 use spindle_testkit::Rng;
 
-/// The CPU engine's selection for one token (as `spindle_engine::qwen4::qsa::select`).
+/// The CPU engine's selection for one token (as `spindle_cpu::qwen4::qsa::select`).
 fn cpu_pick(q: &QsaConfig, scores: &[f32], visible: usize) -> Vec<i32> {
     if visible <= q.budget {
         return (0..visible as i32).collect();

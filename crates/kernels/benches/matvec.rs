@@ -15,8 +15,8 @@ use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use spindle_kernels::linear::{matmul_with, matvec_with};
 use spindle_kernels::Isa;
+use spindle_model::quant::view::{MatRef, Weights};
 use spindle_model::quant::{QuantizedMatrix, WeightFormat};
-use spindle_model::view::{MatRef, Weights};
 
 const COLD_BYTES: usize = 512 << 20;
 

@@ -29,8 +29,8 @@ use rayon::prelude::*;
 
 use crate::quant::QuantizedActs;
 use crate::simd::{self, scalar, Isa};
+use spindle_model::quant::view::{MatRef, Weights};
 use spindle_model::quant::GROUP;
-use spindle_model::view::{MatRef, Weights};
 
 /// Rows per parallel task in matvec and the small-batch path (16 and 64 measured within noise
 /// of each other; 16 balances small matrices better).

@@ -8,7 +8,6 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
-pub mod experts;
 pub mod forward;
 pub mod install;
 pub mod layout;
@@ -17,7 +16,6 @@ pub mod ngram;
 pub mod quant;
 pub mod synth;
 pub mod tensor;
-pub mod view;
 pub mod weights;
 pub mod writer;
 
@@ -29,3 +27,6 @@ pub use config::{
 pub use error::{ModelError, Result};
 pub use names::{ExpertLayout, TensorNames};
 pub use tensor::{DType, Matrix};
+/// The expert store (residency, slot cache, read pool) is part of the weight tree; the short
+/// path is kept for the front ends that configure it.
+pub use weights::experts;

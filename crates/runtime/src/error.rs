@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use spindle_engine::EngineError;
+use spindle_cpu::EngineError;
 use spindle_text::TextError;
 
 use crate::input::InputError;

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use spindle_engine::LogitsFor;
+use spindle_cpu::LogitsFor;
 use spindle_text::{FinishReason, StopConditions, TextStream};
 
 use crate::backend::BackendSession;

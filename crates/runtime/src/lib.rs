@@ -13,6 +13,7 @@ pub mod device;
 pub mod error;
 pub mod generate;
 pub mod input;
+pub mod measure;
 pub mod model;
 pub mod sampling;
 

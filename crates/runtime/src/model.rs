@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use spindle_engine::LoadOptions;
+use spindle_cpu::LoadOptions;
 use spindle_model::ModelConfig;
 use spindle_text::{ChatTemplate, Tokenizer};
 

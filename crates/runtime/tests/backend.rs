@@ -1,7 +1,7 @@
 //! The backend interface on the CPU, with the embedded demo checkpoint: input checked once
 //! before the forward pass, greedy steps, session state, and the bench driving it.
 
-use spindle_engine::{LoadOptions, LogitsFor};
+use spindle_cpu::{LoadOptions, LogitsFor};
 use spindle_kernels::softmax::argmax;
 use spindle_runtime::bench::{self, BenchOptions};
 use spindle_runtime::{demo_dir, Backend, Device, InputError, RuntimeError};

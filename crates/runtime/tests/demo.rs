@@ -124,8 +124,8 @@ fn second_turn_feeds_only_new_tokens() {
 /// the next turn answers exactly as in a chat where the failure never happened.
 #[test]
 fn a_failed_turn_leaves_the_conversation_usable() {
-    use spindle_engine::experts::ExpertResidency;
-    use spindle_engine::LoadOptions;
+    use spindle_cpu::experts::ExpertResidency;
+    use spindle_cpu::LoadOptions;
     use spindle_model::quant::WeightFormat;
     let dir = std::env::temp_dir().join(format!("spindle-chat-failure-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -74,7 +74,7 @@ impl ServerConfig {
 pub fn open_model(
     dir: Option<&Path>,
     model_id: Option<String>,
-    options: &spindle_engine::LoadOptions,
+    options: &spindle_cpu::LoadOptions,
 ) -> Result<(Arc<Model>, String), ServerError> {
     open_model_on(dir, model_id, options, Device::Cpu)
 }
@@ -83,7 +83,7 @@ pub fn open_model(
 pub fn open_model_on(
     dir: Option<&Path>,
     model_id: Option<String>,
-    options: &spindle_engine::LoadOptions,
+    options: &spindle_cpu::LoadOptions,
     device: Device,
 ) -> Result<(Arc<Model>, String), ServerError> {
     let (dir, default_id) = match dir {

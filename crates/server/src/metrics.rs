@@ -28,7 +28,7 @@ impl ExpertCacheProbe for AllResident {
 
 /// The engine's own expert counters: slot-cache hits over lookups for streamed experts (1.0
 /// before any lookup, and always for resident or mapped experts, which never miss).
-pub struct EngineExperts(pub std::sync::Arc<spindle_engine::experts::ExpertCounters>);
+pub struct EngineExperts(pub std::sync::Arc<spindle_cpu::experts::ExpertCounters>);
 
 impl ExpertCacheProbe for EngineExperts {
     fn hit_rate(&self) -> f64 {

@@ -66,7 +66,7 @@ pub(crate) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
-    dot_f32_body!(w, x, load_bf16, spindle_model::view::bf16_to_f32)
+    dot_f32_body!(w, x, load_bf16, spindle_model::quant::view::bf16_to_f32)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]

@@ -49,7 +49,7 @@ pub(crate) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
 
 #[target_feature(enable = "neon")]
 pub(crate) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
-    dot_f32_body!(w, x, load_bf16, spindle_model::view::bf16_to_f32)
+    dot_f32_body!(w, x, load_bf16, spindle_model::quant::view::bf16_to_f32)
 }
 
 #[target_feature(enable = "neon")]

@@ -1,7 +1,7 @@
 //! Portable kernels: the fallback path, and the shape every SIMD path must match.
 
 use crate::quant::{dot_q4_ref, dot_q8_ref};
-use spindle_model::view::bf16_to_f32;
+use spindle_model::quant::view::bf16_to_f32;
 
 /// Σ w·x with eight partial sums (the compiler vectorises this for the baseline target).
 #[inline]

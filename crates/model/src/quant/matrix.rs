@@ -1,8 +1,8 @@
 //! An owned block-quantized matrix.
 
 use crate::quant::blocks::{quantize_q4_row, quantize_q8_row, GROUP};
+use crate::quant::view::{MatRef, Weights};
 use crate::quant::WeightFormat;
-use crate::view::{MatRef, Weights};
 
 /// An owned quantized `[rows, cols]` matrix (what `spindle convert` writes, and tests use).
 #[derive(Clone, Debug)]

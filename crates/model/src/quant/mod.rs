@@ -30,6 +30,7 @@ use std::str::FromStr;
 
 pub mod blocks;
 mod matrix;
+pub mod view;
 
 pub use blocks::{GROUP, Q4_GROUP_BYTES};
 pub use matrix::QuantizedMatrix;

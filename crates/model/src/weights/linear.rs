@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
+use crate::quant::view::{MatRef, Weights};
 use crate::quant::{QuantizedMatrix, WeightFormat};
 use crate::tensor::{DType, Matrix};
-use crate::view::{MatRef, Weights};
 
 use super::packed::PackedMatrix;
 

@@ -1,10 +1,10 @@
 //! Reading every tensor the forward pass needs from a checkpoint or an install, by the keys
 //! and shapes of the weight schema (`crate::layout::schema`), each shape-checked.
 
-use crate::experts::load::{load_layer, LayerExperts};
 use crate::layout::{
     AttentionSchema, GdnSchema, HyperSchema, MlpSchema, MoeSchema, NormsSchema, TrunkSchema,
 };
+use crate::weights::experts::load::{load_layer, LayerExperts};
 use crate::{Checkpoint, ExpertLayout, FfnKind, MixerKind, ModelConfig, Result, TensorNames};
 
 use super::load_qwen4::{load_hyper, load_indexer, load_ple};

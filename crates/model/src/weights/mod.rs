@@ -4,6 +4,7 @@
 //! A_log, conv taps) are copied.
 
 mod attention;
+pub mod experts;
 mod gdn;
 mod linear;
 mod load;

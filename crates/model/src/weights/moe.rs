@@ -1,6 +1,6 @@
 //! The weights of a MoE FFN: router, routed experts (in memory or streamed) and shared expert.
 
-use crate::experts::StreamedExperts;
+use crate::weights::experts::StreamedExperts;
 
 use super::{Linear, MlpWeights};
 

@@ -4,10 +4,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::experts::buf::AlignedBuf;
 use crate::install::{MappedFile, PartLayout, QuantTensor};
+use crate::quant::view::{MatRef, Weights};
 use crate::quant::WeightFormat;
-use crate::view::{MatRef, Weights};
+use crate::weights::experts::buf::AlignedBuf;
 
 /// Who keeps the bytes alive.
 #[derive(Clone)]

@@ -1,9 +1,9 @@
 //! Where the loader reads tensors, and the keys of the weight schema mapped to a checkpoint's
 //! names.
 
-use crate::experts::load::ExpertSetup;
 use crate::install::Install;
 use crate::layout::TensorDef;
+use crate::weights::experts::load::ExpertSetup;
 use crate::{Checkpoint, ModelError, Result, TensorNames};
 
 use super::packed::PackedMatrix;

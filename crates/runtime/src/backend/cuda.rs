@@ -8,15 +8,15 @@ use std::path::Path;
 #[cfg(feature = "cuda")]
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use spindle_engine::experts::ExpertResidency;
-use spindle_engine::LoadOptions;
+use spindle_cpu::experts::ExpertResidency;
+use spindle_cpu::LoadOptions;
 #[cfg(feature = "cuda")]
-use spindle_engine::LogitsFor;
+use spindle_cpu::LogitsFor;
 
 #[cfg(feature = "cuda")]
-use crate::bench::KernelTime;
-#[cfg(feature = "cuda")]
 use crate::error::{Result, RuntimeError};
+#[cfg(feature = "cuda")]
+use crate::measure::KernelTime;
 
 /// Why `options` (or the directory) cannot be run by the CUDA backend, naming the option at
 /// fault: the CUDA engine reads Hugging Face checkpoints only and keeps every expert in GPU

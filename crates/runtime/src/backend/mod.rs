@@ -10,16 +10,16 @@ mod cuda;
 use std::path::Path;
 use std::sync::Arc;
 
-use spindle_engine::experts::load::Placement;
-use spindle_engine::experts::{ExpertCounters, ExpertStats};
-use spindle_engine::{Engine, GreedyRun, LoadOptions, LogitsFor, Session};
+use spindle_cpu::experts::load::Placement;
+use spindle_cpu::experts::{ExpertCounters, ExpertStats};
+use spindle_cpu::{Engine, GreedyRun, LoadOptions, LogitsFor, Session};
 use spindle_kernels::softmax::argmax;
 use spindle_model::ModelConfig;
 
-use crate::bench::{measure_read_bandwidth, KernelTime};
 pub use crate::device::Device;
 use crate::error::{Result, RuntimeError};
 use crate::input::check_input;
+use crate::measure::{measure_read_bandwidth, KernelTime};
 pub use cuda::cuda_refusal;
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaSessionGuard};

@@ -4,13 +4,13 @@
 //! the process's peak memory. Everything runs through [`Backend`]: the probe, the decode step
 //! (a device argmax on CUDA) and the kernel profile are the backend's.
 
-mod measure;
-
 use std::time::Instant;
 
-pub use measure::{measure_read_bandwidth, peak_rss_bytes, synthetic_prompt, Stat};
+pub use crate::measure::{
+    measure_read_bandwidth, peak_rss_bytes, synthetic_prompt, KernelTime, Stat,
+};
 use serde::Serialize;
-use spindle_engine::LogitsFor;
+use spindle_cpu::LogitsFor;
 use spindle_kernels::softmax::argmax;
 
 use crate::backend::Backend;
@@ -46,15 +46,6 @@ pub struct KernelProfile {
     /// How many of `what` the lines add up (the figures per one are the totals / `times`).
     pub times: usize,
     pub lines: Vec<KernelTime>,
-}
-
-/// One kernel at one grid: its launches and their total time.
-#[derive(Clone, Debug)]
-pub struct KernelTime {
-    pub name: &'static str,
-    pub grid: (u32, u32, u32),
-    pub calls: usize,
-    pub total_us: f64,
 }
 
 #[derive(Clone, Debug)]

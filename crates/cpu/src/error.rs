@@ -1,4 +1,4 @@
-//! The engine's error type.
+//! The CPU backend's error type.
 
 use spindle_model::ModelError;
 

@@ -111,3 +111,12 @@ mod tests {
         assert!(bandwidth.is_finite() && bandwidth > 0.0, "{bandwidth}");
     }
 }
+
+/// One kernel at one grid: its launches and their total time.
+#[derive(Clone, Debug)]
+pub struct KernelTime {
+    pub name: &'static str,
+    pub grid: (u32, u32, u32),
+    pub calls: usize,
+    pub total_us: f64,
+}

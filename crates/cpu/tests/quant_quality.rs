@@ -4,7 +4,7 @@
 mod common;
 
 use common::{fixture, Reference};
-use spindle_engine::{Engine, LoadOptions, LogitsFor};
+use spindle_cpu::{Engine, LoadOptions, LogitsFor};
 use spindle_kernels::softmax::argmax;
 use spindle_model::quant::WeightFormat;
 

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{fixture, max_abs_diff, Reference};
-use spindle_engine::{Engine, LogitsFor};
+use spindle_cpu::{Engine, LogitsFor};
 
 /// Bound on max |Δlogit| against the float64 reference (MODEL_MATH §8 expects about 1e-4).
 const TOLERANCE: f32 = 2e-4;

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{fixture, Reference};
-use spindle_engine::{Engine, GreedyRun, LoadOptions};
+use spindle_cpu::{Engine, GreedyRun, LoadOptions};
 use spindle_model::experts::{CachePolicy, ExpertResidency};
 use spindle_model::install::{self, Verify};
 use spindle_model::quant::WeightFormat;

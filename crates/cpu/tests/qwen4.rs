@@ -4,7 +4,7 @@
 mod common;
 
 use common::{fixture, max_abs_diff, Reference};
-use spindle_engine::{Engine, LogitsFor};
+use spindle_cpu::{Engine, LogitsFor};
 
 #[test]
 fn decode_across_eos_in_the_prompt_matches_prefill_rows() {

@@ -1,5 +1,7 @@
-//! spindle's engine: loads a checkpoint, keeps per-sequence [`Session`] state and runs the
-//! model flow. Every front end (CLI, server, benchmarks) drives this one API.
+//! spindle's CPU backend: loads a checkpoint or install onto the host, keeps per-sequence
+//! [`Session`] state and runs the model flow with `spindle_kernels`. It is the reference
+//! backend and a peer of `spindle_cuda`: both build on `spindle_model`'s weight tree and
+//! forward-pass types, and the front ends reach either through `spindle_runtime::Backend`.
 
 mod attention;
 pub mod error;
