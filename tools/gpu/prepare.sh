@@ -4,7 +4,7 @@
 # scripts.
 # Then, on the GPU machine, from DIR: `bash run_final.sh` (fixtures, run/serve, benches),
 # `bash ncu.sh` (Nsight Compute on the decode kernels); env.sh says where they write.
-# Fixtures come from $SPINDLE_FIXTURES (default ../shared/fixtures, beside the repository).
+# Fixtures come from $SPINDLE_FIXTURES (default: the repository's fixtures/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=${1:-.device-carry}
@@ -37,7 +37,7 @@ cp "$target/release/spindle" "$dir/spindle"
 objcopy --strip-debug "$dir/spindle"
 rm -rf "$dir/fixtures" && mkdir -p "$dir/fixtures"
 for f in qwen3_next_moe qwen3_5_dense qwen3_5_moe qwen3_5_moe_fused qwen4_exp; do
-    cp -r "${SPINDLE_FIXTURES:-../shared/fixtures}/$f" "$dir/fixtures/"
+    cp -r "${SPINDLE_FIXTURES:-fixtures}/$f" "$dir/fixtures/"
 done
 cp tools/gpu/*.sh "$dir/"
 du -sh "$dir"

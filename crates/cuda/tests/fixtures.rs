@@ -295,7 +295,7 @@ fn quantized_weights_match_cpu_engine() {
     // Same codes and the same int8 activations: what remains is f32 summation order (and in
     // the MoE fixtures the near-tied top-2-of-8 routing it can flip), so GPU and CPU agree far
     // more closely than either agrees with the bf16 model. Bounds from the H200 run of
-    // 2026-11-30 (third session, NOTES.md): mean |GPU−CPU| ≤ 5.3e-3 (q8), ≤ 3.8e-3 (q4, at
+    // 2026-11-30 (third session, docs/benchmarks/cuda-h200.md): mean |GPU−CPU| ≤ 5.3e-3 (q8), ≤ 3.8e-3 (q4, at
     // most 0.012× the q4 error); written after that run.
     for (name, quant, mean, cpu_err) in results {
         assert!(
