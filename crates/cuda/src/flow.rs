@@ -1,5 +1,5 @@
 //! The hybrid decoder flow on the device (MODEL_MATH §2, §3, §4.2), mirroring
-//! `spindle_cpu`'s: embedding → per layer `h += Mixer(in(h)); h += FFN(in(h))` → head input
+//! the CPU backend's (`spindle_cpu`): embedding → per layer `h += Mixer(in(h)); h += FFN(in(h))` → head input
 //! → LM head. Activations and state are f32; weights bf16, Q8 or Q4. With plain norms and a
 //! small batch, each sublayer norms `h` and adds its output back inside its own first and
 //! last kernels ([`Io::Fused`]); a decode step is captured as a CUDA graph (qwen4_exp's too:

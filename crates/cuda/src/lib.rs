@@ -1,4 +1,5 @@
-//! spindle's CUDA backend: the model flow of `spindle_cpu` run on one NVIDIA GPU.
+//! spindle's CUDA backend: the model flow of `docs/MODEL_MATH.md` run on one NVIDIA GPU, a peer
+//! of the CPU backend (`spindle_cpu`) over `spindle_model`'s weight tree.
 //!
 //! Weights are uploaded once (bf16, or Q8/Q4 quantized on load; resident in VRAM);
 //! activations and sequence state are f32 on the device. Kernels are CUDA C compiled at run time by NVRTC for the device's
@@ -210,7 +211,7 @@ impl CudaEngine {
     }
 
     /// Feeds `ids` to the session and returns logits `[rows, V]` (row-major) for the positions
-    /// `want` asks for, as [`spindle_cpu::Engine::forward`] does. `ids` are checked input
+    /// `want` asks for, as the CPU backend's `Engine::forward` does. `ids` are checked input
     /// (see `spindle_runtime::Backend::forward`, which checks them for every backend).
     pub fn forward(
         &self,
@@ -232,7 +233,7 @@ impl CudaEngine {
     }
 
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache, in
-    /// the layout of [`spindle_cpu::Engine::greedy`].
+    /// the layout of the CPU backend's `Engine::greedy`.
     pub fn greedy(&self, prompt: &[u32], steps: usize) -> Result<GreedyRun> {
         let mut session = self.new_session()?;
         GreedyRun::collect(

@@ -1,54 +1,16 @@
 //! The prefill GEMMs on the device against the CPU engine's arithmetic on random data.
 //! Needs a CUDA GPU: `cargo test --release -p spindle-cuda --test kernels -- --ignored`.
 
-use std::sync::Arc;
-
 use spindle_cpu::LinearExt;
 use spindle_cuda::{testing, Device};
-use spindle_model::quant::{QuantizedMatrix, WeightFormat};
-use spindle_model::tensor::{Matrix, Storage};
+use spindle_model::quant::WeightFormat;
 use spindle_model::weights::Linear;
-use spindle_model::DType;
 use spindle_testkit::Rng;
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Format {
-    Bf16,
-    Q8,
-    Q4,
-}
-
-fn bf16_bits(v: f32) -> u16 {
-    let u = v.to_bits();
-    ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
-}
-
-/// A `[rows, cols]` CPU engine matrix in `format` from f32 values.
-fn matrix(format: Format, values: &[f32], rows: usize, cols: usize) -> Linear {
-    match format {
-        Format::Bf16 => {
-            let halves: Vec<u16> = values.iter().map(|&v| bf16_bits(v)).collect();
-            let mut words = vec![0u64; (halves.len() * 2).div_ceil(8)];
-            for (i, h) in halves.iter().enumerate() {
-                words[i / 4] |= (*h as u64) << (16 * (i % 4));
-            }
-            let storage = Storage::Owned {
-                words: Arc::new(words),
-                len: halves.len() * 2,
-            };
-            Linear::Mapped(Matrix::new(DType::Bf16, rows, cols, storage))
-        }
-        Format::Q8 | Format::Q4 => Linear::Quantized(Arc::new(QuantizedMatrix::quantize(
-            values,
-            rows,
-            cols,
-            if format == Format::Q4 {
-                WeightFormat::Q4
-            } else {
-                WeightFormat::Q8
-            },
-        ))),
-    }
+/// A `[rows, cols]` CPU matrix in `format` from f32 values (Q8/Q4: the reference
+/// quantizer's codes, so both backends hold the same weights).
+fn matrix(format: WeightFormat, values: &[f32], rows: usize, cols: usize) -> Linear {
+    Linear::from_f32(format, values, rows, cols)
 }
 
 fn device() -> Device {
@@ -95,8 +57,8 @@ fn tensor_gemm_matches_cpu_linear() {
     for (rows, cols, tokens) in shapes {
         let w = rng.signed_vec(rows * cols, 0.1);
         let x = rng.signed_vec(tokens * cols, 1.0);
-        for format in [Format::Bf16, Format::Q8, Format::Q4] {
-            if format != Format::Bf16 && cols % 32 != 0 {
+        for format in [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4] {
+            if format != WeightFormat::Bf16 && cols % 32 != 0 {
                 continue;
             }
             let m = matrix(format, &w, rows, cols);
@@ -117,7 +79,7 @@ fn tensor_gemm_matches_cpu_linear() {
             // run the plain matvec, which keeps Q8/Q4 activations in f32 (the fused decode
             // kernels, not this general layer, quantize them as the CPU does).
             let bound = match format {
-                Format::Bf16 => 3e-5,
+                WeightFormat::Bf16 => 3e-5,
                 _ if tokens <= 8 => 1e-2,
                 _ => 1e-5,
             };
@@ -151,7 +113,7 @@ fn grouped_experts_match_cpu() {
     let wt: Vec<f32> = (0..tokens * k)
         .map(|_| 0.5 + 0.5 * rng.signed(1.0))
         .collect();
-    for format in [Format::Bf16, Format::Q8, Format::Q4] {
+    for format in [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4] {
         let gu = matrix(format, &gu_values, experts * 2 * inter, hidden);
         let down = matrix(format, &down_values, experts * hidden, inter);
         // CPU: every expert's rows for every token, then the chosen ones.
@@ -190,7 +152,11 @@ fn grouped_experts_match_cpu() {
         );
         // bf16: products exact, f32 sums. Q8/Q4: the CPU's integer dots; a SwiGLU value a few
         // ulps off can round to the neighbouring int8 code before the down projection.
-        let bound = if format == Format::Bf16 { 1e-5 } else { 2e-3 };
+        let bound = if format == WeightFormat::Bf16 {
+            1e-5
+        } else {
+            2e-3
+        };
         assert!(err < bound, "{format:?}: grouped experts differ by {err}");
     }
 }

@@ -12,7 +12,6 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::sync::Arc;
 
 use spindle_cpu::LinearExt;
 use spindle_cuda::kernels::{self, i, Launch};
@@ -22,10 +21,9 @@ use spindle_kernels::attention::{attend, HeadCache};
 use spindle_kernels::norm::{group_rms_norm_zc, rms_norm_zc};
 use spindle_kernels::softmax::{argmax, softmax_in_place, top_k};
 use spindle_model::quant::blocks::bf16_to_f32;
-use spindle_model::quant::{QuantizedMatrix, WeightFormat};
-use spindle_model::tensor::{Matrix, Storage};
+use spindle_model::quant::WeightFormat;
 use spindle_model::weights::Linear;
-use spindle_model::{DType, ModelConfig};
+use spindle_model::ModelConfig;
 use spindle_testkit::Rng;
 
 /// One op of the table: the kernels it runs and how to check it.
@@ -315,46 +313,16 @@ fn bf16_bits(v: f32) -> u16 {
     ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Format {
-    Bf16,
-    Q8,
-    Q4,
-}
+const FORMATS: [WeightFormat; 3] = [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4];
 
-const FORMATS: [Format; 3] = [Format::Bf16, Format::Q8, Format::Q4];
-
-/// A `[rows, cols]` CPU engine matrix in `format` from f32 values (Q8/Q4: quantized by the
-/// CPU's quantizer, so both sides hold the same codes).
-fn matrix(format: Format, values: &[f32], rows: usize, cols: usize) -> Linear {
-    match format {
-        Format::Bf16 => {
-            let halves: Vec<u16> = values.iter().map(|&v| bf16_bits(v)).collect();
-            let mut words = vec![0u64; (halves.len() * 2).div_ceil(8)];
-            for (i, h) in halves.iter().enumerate() {
-                words[i / 4] |= (*h as u64) << (16 * (i % 4));
-            }
-            let storage = Storage::Owned {
-                words: Arc::new(words),
-                len: halves.len() * 2,
-            };
-            Linear::Mapped(Matrix::new(DType::Bf16, rows, cols, storage))
-        }
-        Format::Q8 | Format::Q4 => Linear::Quantized(Arc::new(QuantizedMatrix::quantize(
-            values,
-            rows,
-            cols,
-            if format == Format::Q4 {
-                WeightFormat::Q4
-            } else {
-                WeightFormat::Q8
-            },
-        ))),
-    }
+/// A `[rows, cols]` CPU matrix in `format` from f32 values (Q8/Q4: the reference
+/// quantizer's codes, so both backends hold the same weights).
+fn matrix(format: WeightFormat, values: &[f32], rows: usize, cols: usize) -> Linear {
+    Linear::from_f32(format, values, rows, cols)
 }
 
 /// A random `[rows, cols]` matrix in `format`.
-fn random_matrix(rng: &mut Rng, format: Format, rows: usize, cols: usize) -> Linear {
+fn random_matrix(rng: &mut Rng, format: WeightFormat, rows: usize, cols: usize) -> Linear {
     matrix(format, &rng.signed_vec(rows * cols, 0.1), rows, cols)
 }
 
@@ -365,10 +333,10 @@ fn cols(rng: &mut Rng) -> usize {
 
 /// Q8/Q4 on the CPU may keep f32 activations where the device quantizes them to int8 (or the
 /// reverse): a bound for one linear layer, relative to its largest output.
-fn linear_bound(format: Format) -> f32 {
+fn linear_bound(format: WeightFormat) -> f32 {
     match format {
-        Format::Bf16 => 3e-5,
-        Format::Q8 | Format::Q4 => 1e-2,
+        WeightFormat::Bf16 => 3e-5,
+        WeightFormat::Q8 | WeightFormat::Q4 => 1e-2,
     }
 }
 
@@ -641,7 +609,11 @@ fn gemm(dev: &Device, rng: &mut Rng) -> Vec<Check> {
                 // The CPU's int8 activations for Q8/Q4 (the same quantizer), exact bf16
                 // products from three bf16 planes.
                 let got = testing::linear(dev, &w, &x, tokens).unwrap();
-                let bound = if format == Format::Bf16 { 3e-5 } else { 1e-5 };
+                let bound = if format == WeightFormat::Bf16 {
+                    3e-5
+                } else {
+                    1e-5
+                };
                 out.push(check(format!("tensor cores {shape}"), &got, &want, bound));
             }
             dev.set_tensor_cores(false);
@@ -762,7 +734,7 @@ fn moe(dev: &Device, rng: &mut Rng) -> Vec<Check> {
         };
         let config = moe_config(hidden, experts, k, inter, shared, renormalize);
         let input_rows = experts + 1 + 2 * shared;
-        let input = random_matrix(rng, Format::Bf16, input_rows, hidden);
+        let input = random_matrix(rng, WeightFormat::Bf16, input_rows, hidden);
         let mut x = rng.signed_vec(tokens * hidden, 1.0);
         for _ in 0..20 {
             if routing_is_clear(&input, &x, tokens, experts, k) {
@@ -794,7 +766,11 @@ fn moe(dev: &Device, rng: &mut Rng) -> Vec<Check> {
                 "{format:?} E {experts}, k {k}, H {hidden}, I {inter}, I_s {shared}, T {tokens}"
             );
             // Q8/Q4: int8 activations on one side and not the other, twice in a row.
-            let bound = if format == Format::Bf16 { 1e-4 } else { 3e-2 };
+            let bound = if format == WeightFormat::Bf16 {
+                1e-4
+            } else {
+                3e-2
+            };
             let run = || {
                 testing::moe_block_of(
                     dev,

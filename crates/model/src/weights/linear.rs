@@ -20,6 +20,36 @@ pub enum Linear {
 }
 
 impl Linear {
+    /// A `[rows, cols]` matrix built from f32 `values` in `format`: bf16 rounded to nearest
+    /// even (as a checkpoint stores it), Q8/Q4 by the reference quantizer. For tests and
+    /// tools that compare backends on the same weights.
+    pub fn from_f32(format: WeightFormat, values: &[f32], rows: usize, cols: usize) -> Linear {
+        assert_eq!(
+            values.len(),
+            rows * cols,
+            "[{rows}, {cols}] matrix from {} values",
+            values.len()
+        );
+        match format {
+            WeightFormat::Bf16 => {
+                let mut words = vec![0u64; (rows * cols * 2).div_ceil(8)];
+                for (i, &v) in values.iter().enumerate() {
+                    let bits = v.to_bits();
+                    let bf16 = ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u64;
+                    words[i / 4] |= bf16 << (16 * (i % 4));
+                }
+                let storage = crate::tensor::Storage::Owned {
+                    words: Arc::new(words),
+                    len: rows * cols * 2,
+                };
+                Linear::Mapped(Matrix::new(DType::Bf16, rows, cols, storage))
+            }
+            WeightFormat::Q8 | WeightFormat::Q4 => Linear::Quantized(Arc::new(
+                QuantizedMatrix::quantize(values, rows, cols, format),
+            )),
+        }
+    }
+
     /// The matrix as a borrowed view in its format.
     pub fn mat(&self) -> MatRef<'_> {
         match self {
@@ -84,5 +114,35 @@ impl Linear {
             m.release_pages();
         }
         Linear::Quantized(Arc::new(quantized))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_f32_rounds_bf16_to_nearest_even_and_quantizes_with_the_reference() {
+        // 1 + 2^-8 is halfway between two bf16 values: it rounds to the even one (1.0);
+        // 1 + 3·2^-8 rounds up to 1 + 2^-6.
+        let values = [1.5, -2.25, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0];
+        let m = Linear::from_f32(WeightFormat::Bf16, &values, 2, 2);
+        let mut row = [0.0f32; 2];
+        m.mat().row_to_f32(1, &mut row);
+        assert_eq!(row, [1.0, 1.0 + 1.0 / 64.0]);
+        m.mat().row_to_f32(0, &mut row);
+        assert_eq!(row, [1.5, -2.25]);
+
+        let values: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        for format in [WeightFormat::Q8, WeightFormat::Q4] {
+            let Linear::Quantized(q) = Linear::from_f32(format, &values, 2, 32) else {
+                panic!("{format} is not quantized");
+            };
+            let want = QuantizedMatrix::quantize(&values, 2, 32, format);
+            assert_eq!(
+                (q.qs.as_slice(), q.scales.as_slice()),
+                (want.qs.as_slice(), want.scales.as_slice())
+            );
+        }
     }
 }
