@@ -489,7 +489,8 @@ fn write_install(
     let names = TensorNames::detect(&ck)?;
     let config_path = src.join("config.json");
     let config_json: Value = serde_json::from_str(
-        &std::fs::read_to_string(&config_path).map_err(InstallError::io(&config_path))?,
+        &crate::fs::read_bounded_to_string(&config_path, crate::fs::CONFIG_LIMIT)
+            .map_err(InstallError::io(&config_path))?,
     )
     .map_err(|e| {
         InstallError::Model(crate::ModelError::Json {
@@ -561,7 +562,8 @@ fn write_install(
     for name in AUX_FILES {
         let from = src.join(name);
         if from.is_file() {
-            let bytes = std::fs::read(&from).map_err(InstallError::io(&from))?;
+            let bytes = crate::fs::read_bounded(&from, crate::fs::AUX_LIMIT)
+                .map_err(InstallError::io(&from))?;
             let mut out = HashedFile::create(root, name)?;
             out.write(&bytes)?;
             files.push(out.finish()?);
