@@ -16,6 +16,7 @@
 
 pub mod check;
 pub mod error;
+pub mod lock;
 pub mod manifest;
 pub mod plan;
 pub mod quantize;

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use super::error::{InstallError, Result};
+use super::lock::DestinationLock;
 use super::manifest::{
     part_bytes, ExpertLayerLayout, FileEntry, Manifest, PartLayout, ResidentSection, FORMAT,
     FORMAT_VERSION,
@@ -444,15 +445,17 @@ pub fn convert(
     quant: WeightFormat,
     progress: &mut dyn FnMut(&Progress) -> bool,
 ) -> Result<Manifest> {
-    if dst.exists() {
-        return Err(InstallError::Exists {
-            path: dst.to_owned(),
-        });
-    }
     let file_name = dst.file_name().ok_or_else(|| InstallError::Manifest {
         path: dst.to_owned(),
         message: "the destination needs a directory name".into(),
     })?;
+    // Checked under the lock: a convert that finished while we waited is seen.
+    let _lock = DestinationLock::acquire(dst, &file_name.to_string_lossy())?;
+    if dst.symlink_metadata().is_ok() {
+        return Err(InstallError::Exists {
+            path: dst.to_owned(),
+        });
+    }
     let tmp = dst.with_file_name(format!("{}.partial", file_name.to_string_lossy()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(InstallError::io(&tmp))?;
