@@ -101,9 +101,16 @@ pub fn write_atomic(path: &Path, tensors: &[(&str, Tensor)]) -> Result<()> {
     let bytes =
         safetensors::serialize(views, None).context("cannot serialize the output tensors")?;
 
+    spindle_model::fs::check_output(path, &[], false)
+        .with_context(|| format!("cannot write {}", path.display()))?;
     let temp = temp_path(path)?;
     let written = (|| -> std::io::Result<()> {
-        let mut file = fs::File::create(&temp)?;
+        // A new file: never one a symlink planted at the temporary name points to.
+        let _ = fs::remove_file(&temp);
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)?;
         file.write_all(&bytes)?;
         file.sync_all()
     })();

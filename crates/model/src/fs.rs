@@ -93,6 +93,56 @@ pub fn read_bounded_to_string(path: &Path, limit: u64) -> io::Result<String> {
     })
 }
 
+/// Checks `out`, a path a command is about to create or replace (`--out`, a convert's
+/// destination): it must not exist or be a regular file (never a symlink, directory, FIFO,
+/// socket or device, which a rename would replace), its directory must exist, and it must not
+/// lie inside any of `protected` (the model directories being read). With `dir_output` the
+/// path is a directory to be created and must not exist at all.
+pub fn check_output(out: &Path, protected: &[&Path], dir_output: bool) -> io::Result<()> {
+    let refuse = |message: String| Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+    let Some(name) = out.file_name() else {
+        return refuse("expected a path ending in a file name".into());
+    };
+    match std::fs::symlink_metadata(out) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            return refuse("is a symlink; give the path of a regular file (or a new one)".into())
+        }
+        Ok(meta) if dir_output || !meta.is_file() => {
+            return refuse(format!(
+                "already exists and is {}; give a new path",
+                if meta.is_file() {
+                    "a file"
+                } else {
+                    kind_of(&meta)
+                }
+            ))
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let real = parent
+        .canonicalize()
+        .map_err(|e| io::Error::new(e.kind(), format!("directory {}: {e}", parent.display())))?
+        .join(name);
+    for dir in protected {
+        let Ok(dir) = dir.canonicalize() else {
+            continue;
+        };
+        if real.starts_with(&dir) {
+            return refuse(format!(
+                "lies inside the model directory {} being read; write it elsewhere",
+                dir.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,5 +170,36 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let err = read_bounded(&fifo, 1 << 20).unwrap_err().to_string();
         assert!(err.contains("a FIFO"), "{err}");
+    }
+
+    #[test]
+    fn outputs_replace_only_regular_files_outside_the_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model");
+        std::fs::create_dir(&model).unwrap();
+        let file = dir.path().join("out.safetensors");
+        check_output(&file, &[&model], false).unwrap();
+        std::fs::write(&file, b"old").unwrap();
+        check_output(&file, &[&model], false).unwrap();
+        assert!(check_output(&file, &[&model], true).is_err());
+
+        let err = |p: &Path| check_output(p, &[&model], false).unwrap_err().to_string();
+        assert!(err(&model.join("model.safetensors")).contains("inside the model directory"));
+        assert!(err(&model.join("../model/x")).contains("inside the model directory"));
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(err(&link).contains("symlink"));
+        // A symlinked directory leading into the model is seen through.
+        let into = dir.path().join("into");
+        std::os::unix::fs::symlink(&model, &into).unwrap();
+        assert!(err(&into.join("weights")).contains("inside the model directory"));
+        assert!(err(Path::new("/dev/null")).contains("character device"));
+        assert!(err(&model).contains("a directory"));
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(err(&fifo).contains("a FIFO"));
+        assert!(err(&dir.path().join("missing/out")).contains("missing"));
     }
 }

@@ -449,6 +449,9 @@ pub fn convert(
         path: dst.to_owned(),
         message: "the destination needs a directory name".into(),
     })?;
+    if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(InstallError::io(parent))?;
+    }
     // Checked under the lock: a convert that finished while we waited is seen.
     let _lock = DestinationLock::acquire(dst, &file_name.to_string_lossy())?;
     if dst.symlink_metadata().is_ok() {
@@ -456,6 +459,7 @@ pub fn convert(
             path: dst.to_owned(),
         });
     }
+    crate::fs::check_output(dst, &[src], true).map_err(InstallError::io(dst))?;
     let tmp = dst.with_file_name(format!("{}.partial", file_name.to_string_lossy()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(InstallError::io(&tmp))?;
