@@ -51,9 +51,13 @@ impl Tensor {
     }
 }
 
-/// Every tensor of a safetensors file, by name.
+/// Largest reference file `--compare` / `--tokens-from` reads (logits of a long prompt).
+const READ_LIMIT: u64 = 4 << 30;
+
+/// Every tensor of a safetensors file, by name (a regular file of at most [`READ_LIMIT`]).
 pub fn read(path: &Path) -> Result<BTreeMap<String, Tensor>> {
-    let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = spindle_model::fs::read_bounded(path, READ_LIMIT)
+        .with_context(|| format!("cannot read {}", path.display()))?;
     let parsed = SafeTensors::deserialize(&bytes)
         .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
     let mut out = BTreeMap::new();

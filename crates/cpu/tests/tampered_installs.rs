@@ -218,6 +218,11 @@ fn manifest_numbers_disagreeing_with_the_config_are_refused() {
             vec!["experts[0].parts[2]", "too large"],
         ),
         (
+            "format-case",
+            Box::new(|m| m["experts"][0]["parts"][0]["format"] = "Q8".into()),
+            vec!["experts[0].parts[0]", "format \"Q8\""],
+        ),
+        (
             "layer",
             Box::new(|m| m["experts"][0]["layer"] = 999.into()),
             vec!["experts[0].layer 999 is not a MoE layer"],

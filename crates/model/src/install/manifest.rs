@@ -99,7 +99,8 @@ pub fn part_bytes(format: &str, rows: usize, cols: usize) -> Option<(u64, u64)> 
     let element: u64 = match format {
         "bf16" | "f16" => 2,
         "f32" => 4,
-        _ => {
+        // Exactly the names the loader's `PackedFormat::parse` takes (no case folding).
+        "q8" | "q4" => {
             let q: WeightFormat = format.parse().ok()?;
             // Every format stores at most 2 bytes per weight: a product that fits is safe.
             (rows as u64).checked_mul(cols as u64)?.checked_mul(2)?;
@@ -110,6 +111,7 @@ pub fn part_bytes(format: &str, rows: usize, cols: usize) -> Option<(u64, u64)> 
                 )
             });
         }
+        _ => return None,
     };
     let codes = (rows as u64)
         .checked_mul(cols as u64)?
