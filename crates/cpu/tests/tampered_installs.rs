@@ -169,6 +169,23 @@ fn manifest_paths_outside_the_install_are_refused() {
     assert!(status.success());
     assert_mentions(&refusal(&dir), &["generation_config.json", "a FIFO"]);
 
+    // --verify writes its receipt as a new file: a planted symlink is replaced, not followed.
+    let dir = installs.tampered("receipt", |_| {});
+    let victim = installs.tmp.0.join("victim.txt");
+    std::fs::write(&victim, b"keep").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.join(install::RECEIPT)).unwrap();
+    let options = LoadOptions {
+        verify: Verify::Full,
+        ..Default::default()
+    };
+    Engine::load_with(&dir, &options).unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    assert!(dir
+        .join(install::RECEIPT)
+        .symlink_metadata()
+        .unwrap()
+        .is_file());
+
     // The pristine install still loads.
     Engine::load_with(&installs.pristine, &LoadOptions::default()).unwrap();
 }

@@ -298,7 +298,7 @@ fn check_files(dir: &Path, manifest: &Manifest, verify: Verify) -> Result<()> {
     }
     // A read-only install cannot hold a receipt; the next open verifies again.
     let text = serde_json::to_string_pretty(&receipt).expect("JSON values serialize");
-    if let Err(e) = std::fs::write(&receipt_path, text + "\n") {
+    if let Err(e) = crate::fs::write_replacing(&receipt_path, (text + "\n").as_bytes()) {
         tracing::warn!("cannot write {}: {e}", receipt_path.display());
     }
     Ok(())
