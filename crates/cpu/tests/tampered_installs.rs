@@ -190,10 +190,13 @@ fn manifest_paths_outside_the_install_are_refused() {
     Engine::load_with(&installs.pristine, &LoadOptions::default()).unwrap();
 }
 
+/// A change to a manifest's JSON.
+type Edit = Box<dyn Fn(&mut Value)>;
+
 #[test]
 fn manifest_numbers_disagreeing_with_the_config_are_refused() {
     let installs = Installs::new("numbers");
-    let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, Vec<&str>)> = vec![
+    let cases: Vec<(&str, Edit, Vec<&str>)> = vec![
         (
             "experts",
             Box::new(|m| m["experts"][0]["experts"] = 4.into()),
