@@ -4,7 +4,9 @@
 //! converted a block of rows at a time (at most [`BLOCK_BYTES`] of f32), written and hashed as
 //! they go, so a checkpoint far larger than RAM converts. Everything is written under
 //! `DST.partial` and renamed to `DST` only when complete and synced; an error or cancellation
-//! removes the partial directory, so a half install never exists under `DST`.
+//! removes the partial directory, so a half install never exists under `DST`. A convert holds
+//! an exclusive lock on `DST.lock` (beside `DST`) throughout, so a second convert into the same
+//! destination is refused rather than mixed with the first ([`super::lock`]).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -452,7 +454,7 @@ pub fn convert(
     if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(InstallError::io(parent))?;
     }
-    // Checked under the lock: a convert that finished while we waited is seen.
+    // Checked under the lock, so a convert that finished just before us is seen.
     let _lock = DestinationLock::acquire(dst, &file_name.to_string_lossy())?;
     if dst.symlink_metadata().is_ok() {
         return Err(InstallError::Exists {
