@@ -103,6 +103,9 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
             args.model.display()
         );
     }
+    // Before the (possibly long) run, so a bad --out fails fast.
+    spindle_model::fs::check_output(&args.out, &[&args.model], false)
+        .with_context(|| format!("--out {}", args.out.display()))?;
     let (config, run) = run_on_device(args, &prompt)?;
     let config = &config;
 

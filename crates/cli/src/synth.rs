@@ -64,6 +64,8 @@ pub fn run(args: &SynthArgs) -> Result<ExitCode> {
             args.out.display()
         );
     }
+    spindle_model::fs::check_output(&args.out, &[], true)
+        .with_context(|| format!("--out {}", args.out.display()))?;
     let parsed = ModelConfig::from_json_str(&config.to_string(), &args.out.join("config.json"))?;
     let total: u64 = checkpoint_tensors(&parsed, ExpertKeys::Fused)
         .iter()

@@ -51,9 +51,13 @@ impl Tensor {
     }
 }
 
-/// Every tensor of a safetensors file, by name.
+/// Largest reference file `--compare` / `--tokens-from` reads (logits of a long prompt).
+const READ_LIMIT: u64 = 4 << 30;
+
+/// Every tensor of a safetensors file, by name (a regular file of at most [`READ_LIMIT`]).
 pub fn read(path: &Path) -> Result<BTreeMap<String, Tensor>> {
-    let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = spindle_model::fs::read_bounded(path, READ_LIMIT)
+        .with_context(|| format!("cannot read {}", path.display()))?;
     let parsed = SafeTensors::deserialize(&bytes)
         .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
     let mut out = BTreeMap::new();
@@ -101,9 +105,16 @@ pub fn write_atomic(path: &Path, tensors: &[(&str, Tensor)]) -> Result<()> {
     let bytes =
         safetensors::serialize(views, None).context("cannot serialize the output tensors")?;
 
+    spindle_model::fs::check_output(path, &[], false)
+        .with_context(|| format!("cannot write {}", path.display()))?;
     let temp = temp_path(path)?;
     let written = (|| -> std::io::Result<()> {
-        let mut file = fs::File::create(&temp)?;
+        // A new file: never one a symlink planted at the temporary name points to.
+        let _ = fs::remove_file(&temp);
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)?;
         file.write_all(&bytes)?;
         file.sync_all()
     })();

@@ -123,7 +123,7 @@ impl Engine {
 
     fn load_install(dir: &Path, options: &LoadOptions) -> Result<Self> {
         let install = Install::open(dir, options.verify).map_err(ModelError::from)?;
-        let config = ModelConfig::from_dir(dir)?;
+        let config = install.config().clone();
         let quant = install.manifest().quant_format();
         if options.quant != WeightFormat::Bf16 && options.quant != quant {
             return Err(ModelError::Unsupported {
@@ -135,7 +135,8 @@ impl Engine {
             }
             .into());
         }
-        let checkpoint = Checkpoint::open(dir)?;
+        let checkpoint =
+            Checkpoint::open_file(dir, &install.path_of(&install.manifest().resident.file))?;
         let context = if options.context == 0 {
             4096
         } else {

@@ -6,7 +6,6 @@
 //! as views of the maps; nothing is copied whole into the heap.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -67,11 +66,26 @@ impl Checkpoint {
         Ok(checkpoint)
     }
 
+    /// Opens the one safetensors file `file` of `dir` (an install's resident file), ignoring
+    /// any index or other file the directory holds.
+    pub fn open_file(dir: &Path, file: &Path) -> Result<Self> {
+        let mut checkpoint = Checkpoint {
+            dir: dir.to_owned(),
+            shards: Vec::new(),
+            entries: HashMap::new(),
+        };
+        checkpoint.add_shard(file)?;
+        Ok(checkpoint)
+    }
+
     fn open_sharded(dir: &Path, index: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(index).map_err(|error| ModelError::Io {
-            path: index.to_owned(),
-            error,
-        })?;
+        let text =
+            crate::fs::read_bounded_to_string(index, crate::fs::INDEX_LIMIT).map_err(|error| {
+                ModelError::Io {
+                    path: index.to_owned(),
+                    error,
+                }
+            })?;
         let value: Value = serde_json::from_str(&text).map_err(|error| ModelError::Json {
             path: index.to_owned(),
             error,
@@ -132,7 +146,7 @@ impl Checkpoint {
             path: path.to_owned(),
             error,
         };
-        let file = File::open(path).map_err(io_err)?;
+        let file = crate::fs::open_regular(path).map_err(io_err)?;
         // SAFETY: the file is opened read-only and spindle never writes through the map.
         // Another process truncating a checkpoint while it is in use is outside our contract
         // (as for every mmap-based loader).

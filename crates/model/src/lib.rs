@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod forward;
+pub mod fs;
 pub mod install;
 pub mod layout;
 pub mod names;

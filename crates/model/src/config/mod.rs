@@ -159,10 +159,13 @@ impl ModelConfig {
     }
 
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|error| ModelError::Io {
-            path: path.to_owned(),
-            error,
-        })?;
+        let text =
+            crate::fs::read_bounded_to_string(path, crate::fs::CONFIG_LIMIT).map_err(|error| {
+                ModelError::Io {
+                    path: path.to_owned(),
+                    error,
+                }
+            })?;
         Self::from_json_str(&text, path)
     }
 

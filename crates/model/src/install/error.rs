@@ -40,6 +40,10 @@ pub enum InstallError {
     #[error("{path}: already exists; choose a new directory (a convert never overwrites)")]
     Exists { path: PathBuf },
 
+    /// Another convert is writing the same destination.
+    #[error("{path}: another convert into this destination is running (it holds {lock}); wait for it, or choose another directory")]
+    Locked { path: PathBuf, lock: PathBuf },
+
     /// The convert was cancelled before it finished; nothing was left behind.
     #[error("{path}: convert cancelled; nothing was written")]
     Cancelled { path: PathBuf },
@@ -70,6 +74,7 @@ impl From<InstallError> for ModelError {
                     | InstallError::Checksum { path, .. }
                     | InstallError::Manifest { path, .. }
                     | InstallError::Exists { path }
+                    | InstallError::Locked { path, .. }
                     | InstallError::Cancelled { path } => path,
                     InstallError::Io { .. } | InstallError::Model(_) => {
                         unreachable!("handled above")

@@ -93,14 +93,17 @@ pub struct FileEntry {
 }
 
 /// `(codes, scales)` bytes of a `[rows, cols]` part stored as `format`: bf16, f16 or f32
-/// values (no scales), or q8/q4 blocks. None for an unknown format or a block format whose rows
-/// are not whole groups.
+/// values (no scales), or q8/q4 blocks. None for an unknown format, a block format whose rows
+/// are not whole groups, or sizes that overflow.
 pub fn part_bytes(format: &str, rows: usize, cols: usize) -> Option<(u64, u64)> {
-    let element = match format {
+    let element: u64 = match format {
         "bf16" | "f16" => 2,
         "f32" => 4,
-        _ => {
+        // Exactly the names the loader's `PackedFormat::parse` takes (no case folding).
+        "q8" | "q4" => {
             let q: WeightFormat = format.parse().ok()?;
+            // Every format stores at most 2 bytes per weight: a product that fits is safe.
+            (rows as u64).checked_mul(cols as u64)?.checked_mul(2)?;
             return q.fits(cols).then(|| {
                 (
                     q.code_bytes(rows, cols) as u64,
@@ -108,8 +111,26 @@ pub fn part_bytes(format: &str, rows: usize, cols: usize) -> Option<(u64, u64)> 
                 )
             });
         }
+        _ => return None,
     };
-    Some(((rows * cols * element) as u64, 0))
+    let codes = (rows as u64)
+        .checked_mul(cols as u64)?
+        .checked_mul(element)?;
+    Some((codes, 0))
+}
+
+/// Whether `path`, the value of manifest field `field`, names a file inside the install: a
+/// relative `/`-separated path of plain names (no `..`, `.`, empty component, backslash or
+/// NUL), at most one directory deep (`experts/layer-003.bin`).
+pub fn check_relative(field: &str, path: &str) -> std::result::Result<(), String> {
+    let components: Vec<&str> = path.split('/').collect();
+    let plain = |c: &&str| !c.is_empty() && *c != "." && *c != ".." && !c.contains(['\\', '\0']);
+    if components.len() > 2 || !components.iter().all(plain) {
+        return Err(format!(
+            "{field} {path:?} must be a file name inside the install (relative, no `..`, at most one directory)"
+        ));
+    }
+    Ok(())
 }
 
 impl Manifest {
@@ -118,7 +139,8 @@ impl Manifest {
             path: path.to_owned(),
             message,
         };
-        let text = std::fs::read_to_string(path).map_err(InstallError::io(path))?;
+        let text = crate::fs::read_bounded_to_string(path, crate::fs::MANIFEST_LIMIT)
+            .map_err(InstallError::io(path))?;
         let manifest: Manifest =
             serde_json::from_str(&text).map_err(|e| bad(format!("not a valid manifest: {e}")))?;
         if manifest.format != FORMAT {
@@ -139,40 +161,102 @@ impl Manifest {
                 manifest.quant
             )));
         }
-        for layer in &manifest.experts {
-            if layer.stride % super::PAGE != 0 || layer.parts.len() != 3 {
-                return Err(bad(format!(
-                    "experts of layer {}: stride {} must be a multiple of {} and there must be 3 parts (gate, up, down)",
-                    layer.layer,
+        manifest.check_paths().map_err(bad)?;
+        manifest.check_expert_layouts().map_err(bad)?;
+        Ok(manifest)
+    }
+
+    /// Every path is a file name inside the install, listed once in `files[]` (so its size is
+    /// always checked and its SHA-256 by `--verify`).
+    fn check_paths(&self) -> std::result::Result<(), String> {
+        let mut listed = std::collections::HashSet::new();
+        for (i, f) in self.files.iter().enumerate() {
+            check_relative(&format!("files[{i}].path"), &f.path)?;
+            if !listed.insert(f.path.as_str()) {
+                return Err(format!("files[{i}].path {:?} is listed twice", f.path));
+            }
+        }
+        let mut referenced = vec![("resident.file".to_owned(), &self.resident.file)];
+        for (i, layer) in self.experts.iter().enumerate() {
+            referenced.push((format!("experts[{i}].file"), &layer.file));
+        }
+        for (field, path) in referenced {
+            check_relative(&field, path)?;
+            if !listed.contains(path.as_str()) {
+                return Err(format!(
+                    "{field} {path:?} is not listed in files[] with its size and SHA-256"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each expert layout is self-consistent: stride a multiple of the page, three parts whose
+    /// byte counts match their shapes and formats, 64-byte aligned, inside the stride (all in
+    /// checked arithmetic). Agreement with the config and the file sizes is
+    /// [`Self::check_against`]'s.
+    fn check_expert_layouts(&self) -> std::result::Result<(), String> {
+        let mut layers = std::collections::HashSet::new();
+        for (i, layer) in self.experts.iter().enumerate() {
+            if !layers.insert(layer.layer) {
+                return Err(format!(
+                    "experts[{i}].layer {} is listed twice",
+                    layer.layer
+                ));
+            }
+            if layer.stride % super::PAGE != 0 {
+                return Err(format!(
+                    "experts[{i}].stride {} is not a multiple of {}",
                     layer.stride,
                     super::PAGE
-                )));
+                ));
             }
-            for part in &layer.parts {
-                let sizes = part_bytes(&part.format, part.rows, part.cols);
-                let end = (part.scales_offset + part.scales_bytes)
-                    .max(part.codes_offset + part.codes_bytes);
-                if sizes != Some((part.codes_bytes, part.scales_bytes))
-                    || end > layer.stride
-                    || part.codes_offset % 64 != 0
-                    || part.scales_offset % 64 != 0
-                {
-                    return Err(bad(format!(
-                        "layer {} part {}: offsets/sizes disagree with [{}, {}] {} and stride {}",
-                        layer.layer, part.name, part.rows, part.cols, part.format, layer.stride
-                    )));
+            let names: Vec<&str> = layer.parts.iter().map(|p| p.name.as_str()).collect();
+            if names != ["gate", "up", "down"] {
+                return Err(format!(
+                    "experts[{i}].parts are {names:?}, expected [\"gate\", \"up\", \"down\"]"
+                ));
+            }
+            for (j, part) in layer.parts.iter().enumerate() {
+                let at = format!("experts[{i}].parts[{j}]");
+                let sizes = part_bytes(&part.format, part.rows, part.cols).ok_or_else(|| {
+                    format!(
+                        "{at}: format {:?} cannot hold [{}, {}] (unknown format, rows not whole 32-weight groups, or too large)",
+                        part.format, part.rows, part.cols
+                    )
+                })?;
+                if sizes != (part.codes_bytes, part.scales_bytes) {
+                    return Err(format!(
+                        "{at}: codes_bytes {} and scales_bytes {} but [{}, {}] {} takes {} and {}",
+                        part.codes_bytes,
+                        part.scales_bytes,
+                        part.rows,
+                        part.cols,
+                        part.format,
+                        sizes.0,
+                        sizes.1
+                    ));
+                }
+                for (field, offset, bytes) in [
+                    ("codes", part.codes_offset, part.codes_bytes),
+                    ("scales", part.scales_offset, part.scales_bytes),
+                ] {
+                    if offset % 64 != 0 {
+                        return Err(format!(
+                            "{at}.{field}_offset {offset} is not a multiple of 64"
+                        ));
+                    }
+                    let end = offset.checked_add(bytes).filter(|&e| e <= layer.stride);
+                    if end.is_none() {
+                        return Err(format!(
+                            "{at}: {field}_offset {offset} + {field}_bytes {bytes} runs past experts[{i}].stride {}",
+                            layer.stride
+                        ));
+                    }
                 }
             }
         }
-        for f in &manifest.files {
-            if f.path.starts_with('/') || f.path.split('/').any(|c| c == ".." || c.is_empty()) {
-                return Err(bad(format!(
-                    "file path {:?} must be relative and inside the install",
-                    f.path
-                )));
-            }
-        }
-        Ok(manifest)
+        Ok(())
     }
 
     pub fn write(&self, path: &Path) -> Result<()> {

@@ -2,7 +2,6 @@
 //! SHA-256 on request), and the resident tensors are memory-mapped.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,6 +14,7 @@ use super::error::{InstallError, Result};
 use super::manifest::{ExpertLayerLayout, Manifest};
 use super::{sha256, MANIFEST, RECEIPT};
 use crate::quant::WeightFormat;
+use crate::ModelConfig;
 
 /// How much of an install to check when it is opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -37,7 +37,7 @@ pub struct MappedFile {
 
 impl MappedFile {
     pub fn open(path: &Path) -> Result<Arc<Self>> {
-        let file = File::open(path).map_err(InstallError::io(path))?;
+        let file = crate::fs::open_regular(path).map_err(InstallError::io(path))?;
         // SAFETY: the file is opened read-only and spindle never writes through the map; an
         // install changed while in use is outside the contract (as for any mmap loader).
         let map = unsafe { Mmap::map(&file) }.map_err(InstallError::io(path))?;
@@ -82,15 +82,25 @@ struct Entry {
 pub struct Install {
     dir: PathBuf,
     manifest: Manifest,
+    config: ModelConfig,
     resident: Arc<MappedFile>,
     entries: HashMap<String, Entry>,
 }
 
 impl Install {
-    /// Opens the install at `dir`: refuses a missing or wrongly sized file (and with
-    /// [`Verify::Full`], an altered one) by name.
+    /// Opens the install at `dir`: refuses a missing, wrongly sized or misplaced file (and
+    /// with [`Verify::Full`], an altered one) by name, and an expert layout that disagrees
+    /// with `config.json` by manifest field.
     pub fn open(dir: &Path, verify: Verify) -> Result<Self> {
-        let manifest = Manifest::read(&dir.join(MANIFEST))?;
+        let manifest_path = dir.join(MANIFEST);
+        let manifest = Manifest::read(&manifest_path)?;
+        let config = ModelConfig::from_dir(dir)?;
+        manifest
+            .check_against(&config)
+            .map_err(|message| InstallError::Manifest {
+                path: manifest_path,
+                message,
+            })?;
         check_files(dir, &manifest, verify)?;
         let path = dir.join(&manifest.resident.file);
         let resident = MappedFile::open(&path)?;
@@ -116,6 +126,7 @@ impl Install {
         Ok(Install {
             dir: dir.to_owned(),
             manifest,
+            config,
             resident,
             entries,
         })
@@ -127,6 +138,11 @@ impl Install {
 
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// The install's `config.json`, validated, which the manifest was checked against.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
     }
 
     /// The quantized matrix `name` (`name.qs` + `name.scales`), if the install stores it so.
@@ -154,6 +170,12 @@ impl Install {
             }
         };
         let rows = codes.shape[0];
+        if !format.fits(cols) {
+            return Err(bad(format!(
+                "{format} codes of {cols} columns are not whole {}-weight groups",
+                crate::quant::GROUP
+            )));
+        }
         let expected = [rows, cols / crate::quant::GROUP];
         if scales.dtype != Dtype::F16 || scales.shape != expected || scales.range.start % 2 != 0 {
             return Err(bad(format!(
@@ -202,17 +224,44 @@ fn mtime_ns(meta: &std::fs::Metadata) -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
+/// Refuses `path` (a file the manifest lists) unless it is a regular file that resolves,
+/// through any symlinks, to a place inside the install directory `root` (canonical).
+fn check_inside(root: &Path, path: &Path) -> Result<std::fs::Metadata> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(InstallError::Missing {
+                path: path.to_owned(),
+            })
+        }
+        Err(error) => {
+            return Err(InstallError::Io {
+                path: path.to_owned(),
+                error,
+            })
+        }
+    };
+    crate::fs::check_regular(&meta).map_err(InstallError::io(path))?;
+    let real = path.canonicalize().map_err(InstallError::io(path))?;
+    if !real.starts_with(root) {
+        return Err(InstallError::Manifest {
+            path: path.to_owned(),
+            message: format!(
+                "resolves to {}, outside the install {}: an install's files must lie inside it",
+                real.display(),
+                root.display()
+            ),
+        });
+    }
+    Ok(meta)
+}
+
 fn check_files(dir: &Path, manifest: &Manifest, verify: Verify) -> Result<()> {
+    let root = dir.canonicalize().map_err(InstallError::io(dir))?;
     let mut stamps = Vec::new();
     for f in &manifest.files {
         let path = dir.join(&f.path);
-        let meta = match std::fs::metadata(&path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(InstallError::Missing { path })
-            }
-            Err(error) => return Err(InstallError::Io { path, error }),
-        };
+        let meta = check_inside(&root, &path)?;
         if meta.len() != f.size {
             return Err(InstallError::Size {
                 path,
@@ -229,7 +278,7 @@ fn check_files(dir: &Path, manifest: &Manifest, verify: Verify) -> Result<()> {
     let receipt = json!({"manifest_sha256": manifest_hash, "files": stamps});
     let receipt_path = dir.join(RECEIPT);
     let trusted = verify == Verify::Once
-        && std::fs::read_to_string(&receipt_path)
+        && crate::fs::read_bounded_to_string(&receipt_path, crate::fs::MANIFEST_LIMIT)
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .is_some_and(|r| r == receipt);
@@ -249,7 +298,7 @@ fn check_files(dir: &Path, manifest: &Manifest, verify: Verify) -> Result<()> {
     }
     // A read-only install cannot hold a receipt; the next open verifies again.
     let text = serde_json::to_string_pretty(&receipt).expect("JSON values serialize");
-    if let Err(e) = std::fs::write(&receipt_path, text + "\n") {
+    if let Err(e) = crate::fs::write_replacing(&receipt_path, (text + "\n").as_bytes()) {
         tracing::warn!("cannot write {}: {e}", receipt_path.display());
     }
     Ok(())

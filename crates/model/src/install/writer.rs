@@ -4,7 +4,9 @@
 //! converted a block of rows at a time (at most [`BLOCK_BYTES`] of f32), written and hashed as
 //! they go, so a checkpoint far larger than RAM converts. Everything is written under
 //! `DST.partial` and renamed to `DST` only when complete and synced; an error or cancellation
-//! removes the partial directory, so a half install never exists under `DST`.
+//! removes the partial directory, so a half install never exists under `DST`. A convert holds
+//! an exclusive lock on `DST.lock` (beside `DST`) throughout, so a second convert into the same
+//! destination is refused rather than mixed with the first ([`super::lock`]).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -13,6 +15,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use super::error::{InstallError, Result};
+use super::lock::DestinationLock;
 use super::manifest::{
     part_bytes, ExpertLayerLayout, FileEntry, Manifest, PartLayout, ResidentSection, FORMAT,
     FORMAT_VERSION,
@@ -444,15 +447,21 @@ pub fn convert(
     quant: WeightFormat,
     progress: &mut dyn FnMut(&Progress) -> bool,
 ) -> Result<Manifest> {
-    if dst.exists() {
-        return Err(InstallError::Exists {
-            path: dst.to_owned(),
-        });
-    }
     let file_name = dst.file_name().ok_or_else(|| InstallError::Manifest {
         path: dst.to_owned(),
         message: "the destination needs a directory name".into(),
     })?;
+    if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(InstallError::io(parent))?;
+    }
+    // Checked under the lock, so a convert that finished just before us is seen.
+    let _lock = DestinationLock::acquire(dst, &file_name.to_string_lossy())?;
+    if dst.symlink_metadata().is_ok() {
+        return Err(InstallError::Exists {
+            path: dst.to_owned(),
+        });
+    }
+    crate::fs::check_output(dst, &[src], true).map_err(InstallError::io(dst))?;
     let tmp = dst.with_file_name(format!("{}.partial", file_name.to_string_lossy()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(InstallError::io(&tmp))?;
@@ -489,7 +498,8 @@ fn write_install(
     let names = TensorNames::detect(&ck)?;
     let config_path = src.join("config.json");
     let config_json: Value = serde_json::from_str(
-        &std::fs::read_to_string(&config_path).map_err(InstallError::io(&config_path))?,
+        &crate::fs::read_bounded_to_string(&config_path, crate::fs::CONFIG_LIMIT)
+            .map_err(InstallError::io(&config_path))?,
     )
     .map_err(|e| {
         InstallError::Model(crate::ModelError::Json {
@@ -561,7 +571,8 @@ fn write_install(
     for name in AUX_FILES {
         let from = src.join(name);
         if from.is_file() {
-            let bytes = std::fs::read(&from).map_err(InstallError::io(&from))?;
+            let bytes = crate::fs::read_bounded(&from, crate::fs::AUX_LIMIT)
+                .map_err(InstallError::io(&from))?;
             let mut out = HashedFile::create(root, name)?;
             out.write(&bytes)?;
             files.push(out.finish()?);
