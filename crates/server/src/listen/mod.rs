@@ -30,6 +30,8 @@ use error_bodies::JsonErrorBodies;
 
 /// The largest request head (request line and headers) read; beyond it, 431.
 pub const MAX_HEAD_BYTES: usize = 64 << 10;
+/// The most header fields a request may carry; beyond it, 431.
+pub const MAX_HEADERS: usize = 100;
 
 /// How connections are held to account.
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +62,8 @@ pub async fn serve(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
+        .max_header_size(MAX_HEAD_BYTES)
+        .max_headers(MAX_HEADERS)
         .max_buf_size(MAX_HEAD_BYTES);
     let builder = Arc::new(builder);
     let registry = Connections::new();

@@ -174,6 +174,7 @@ async fn oversized_bodies_get_413_and_unknown_paths_404() {
     let r = server
         .client
         .post(server.url("/v1/completions"))
+        .header("content-type", "application/json")
         .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
             chunks,
         )))
