@@ -11,7 +11,10 @@ fn an_empty_spindle_api_key_is_refused_by_its_name() {
         .expect("cannot start the spindle binary");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("SPINDLE_API_KEY is set but empty"), "{stderr}");
+    assert!(
+        stderr.contains("SPINDLE_API_KEY is set but empty"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("--api-key"), "{stderr}");
 }
 

@@ -36,9 +36,9 @@ pub use error::{ApiError, ServerError};
 pub use metrics::{AllResident, EngineExperts, ExpertCacheProbe};
 pub use spindle_runtime;
 
+use listen::ConnectionLimits;
 use metrics::Metrics;
 use queue::Scheduler;
-use listen::ConnectionLimits;
 use state::AppState;
 
 /// How the server behaves.

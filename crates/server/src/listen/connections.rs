@@ -50,7 +50,10 @@ impl Connections {
     }
 
     pub fn len(&self) -> usize {
-        self.open.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     /// Registers a new connection; it counts until [`Connections::remove`].

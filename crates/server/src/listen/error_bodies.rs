@@ -121,8 +121,12 @@ mod tests {
         );
         let ours = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 90\r\n\r\n";
         assert_eq!(automatic_error(ours), None);
-        assert_eq!(automatic_error(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"), None);
-        let text = String::from_utf8(render(&ApiError::unparsable(StatusCode::BAD_REQUEST))).unwrap();
+        assert_eq!(
+            automatic_error(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"),
+            None
+        );
+        let text =
+            String::from_utf8(render(&ApiError::unparsable(StatusCode::BAD_REQUEST))).unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
         assert!(head.contains(&format!("content-length: {}", body.len())));
         let body: serde_json::Value = serde_json::from_str(body).unwrap();

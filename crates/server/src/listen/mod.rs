@@ -110,7 +110,10 @@ pub async fn serve(
     drop(listener);
     registry.close_all();
     let all_closed = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(limits.drain, all_closed).await.is_err() {
+    if tokio::time::timeout(limits.drain, all_closed)
+        .await
+        .is_err()
+    {
         tracing::warn!(
             "{} connections still open {:?} after the stop; dropping them",
             registry.len(),

@@ -166,8 +166,12 @@ pub struct RawAnswer {
 
 impl RawAnswer {
     pub fn json(&self) -> Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("{} answered with non-JSON {:?}: {e}", self.status, self.body))
+        serde_json::from_str(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "{} answered with non-JSON {:?}: {e}",
+                self.status, self.body
+            )
+        })
     }
 }
 
@@ -186,13 +190,18 @@ pub async fn read_answer(stream: &mut tokio::net::TcpStream, within: Duration) -
                     .find_map(|l| l.strip_prefix("content-length:"))
                     .map_or(0, |n| n.trim().parse::<usize>().unwrap());
                 if bytes.len() >= end + 4 + length {
-                    let body = String::from_utf8_lossy(&bytes[end + 4..end + 4 + length]).into_owned();
+                    let body =
+                        String::from_utf8_lossy(&bytes[end + 4..end + 4 + length]).into_owned();
                     let status = head[9..12].parse().unwrap();
                     return RawAnswer { status, head, body };
                 }
             }
             let n = stream.read(&mut chunk).await.expect("reading the answer");
-            assert!(n > 0, "the connection closed before a whole answer: {:?}", String::from_utf8_lossy(&bytes));
+            assert!(
+                n > 0,
+                "the connection closed before a whole answer: {:?}",
+                String::from_utf8_lossy(&bytes)
+            );
             bytes.extend_from_slice(&chunk[..n]);
         }
     };

@@ -83,7 +83,10 @@ async fn slow_headers_short_bodies_and_idle_connections_are_closed() {
     let mut slow = connect(&server).await;
     let started = Instant::now();
     let trickle = async {
-        for byte in b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: ".iter().cycle() {
+        for byte in b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: "
+            .iter()
+            .cycle()
+        {
             if slow.write_all(&[*byte]).await.is_err() {
                 return;
             }
@@ -116,7 +119,10 @@ async fn slow_headers_short_bodies_and_idle_connections_are_closed() {
     idle.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
-    assert_eq!(read_answer(&mut idle, Duration::from_secs(2)).await.status, 200);
+    assert_eq!(
+        read_answer(&mut idle, Duration::from_secs(2)).await.status,
+        200
+    );
     let started = Instant::now();
     closed_within(&mut idle, Duration::from_secs(4)).await;
     assert!(started.elapsed() >= Duration::from_millis(500));
@@ -168,7 +174,10 @@ async fn health_answers_within_a_second_with_1000_idle_connections_open() {
         .expect("/health answers within 1 s")
         .unwrap();
         assert_eq!(health.status(), 200);
-        eprintln!("/health with 1000 idle connections: {:?}", started.elapsed());
+        eprintln!(
+            "/health with 1000 idle connections: {:?}",
+            started.elapsed()
+        );
     }
     drop(idle);
     server.stop().await;
@@ -177,14 +186,20 @@ async fn health_answers_within_a_second_with_1000_idle_connections_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unparsable_requests_get_error_objects() {
     let server = TestServer::start(|_| {}).await;
-    let long_target = format!("GET /{} HTTP/1.1\r\nHost: localhost\r\n\r\n", "a".repeat(20_000));
+    let long_target = format!(
+        "GET /{} HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        "a".repeat(20_000)
+    );
     let huge_header = format!(
         "GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: {}\r\n\r\n",
         "b".repeat(100_000)
     );
     let cases: [(&[u8], u16); 5] = [
         (b"GARBAGE\r\n\r\n", 400),
-        (b"GET / HTTP/1.1\r\nHost: localhost\r\nBad Header\r\n\r\n", 400),
+        (
+            b"GET / HTTP/1.1\r\nHost: localhost\r\nBad Header\r\n\r\n",
+            400,
+        ),
         (b"GET /\x01 HTTP/1.1\r\n\r\n", 400),
         (long_target.as_bytes(), 414),
         (huge_header.as_bytes(), 431),
@@ -196,8 +211,14 @@ async fn unparsable_requests_get_error_objects() {
         let answer = read_answer(&mut stream, Duration::from_secs(5)).await;
         assert_eq!(answer.status, status, "{answer:?}");
         let error = &answer.json()["error"];
-        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{answer:?}");
-        assert!(error["type"].is_string() && error.get("code").is_some(), "{answer:?}");
+        assert!(
+            error["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{answer:?}"
+        );
+        assert!(
+            error["type"].is_string() && error.get("code").is_some(),
+            "{answer:?}"
+        );
     }
     server.stop().await;
 }
@@ -227,7 +248,11 @@ async fn host_and_content_type_are_checked() {
         }
     }
     let request = serde_json::to_vec(&crate::common::chat("hi", 2)).unwrap();
-    for content_type in [None, Some("text/plain"), Some("application/x-www-form-urlencoded")] {
+    for content_type in [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+    ] {
         let mut post = server
             .client
             .post(server.url("/v1/chat/completions"))
@@ -273,7 +298,10 @@ async fn shutdown_closes_idle_connections_and_answers_late_requests_503() {
     idle.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
-    assert_eq!(read_answer(&mut idle, Duration::from_secs(2)).await.status, 200);
+    assert_eq!(
+        read_answer(&mut idle, Duration::from_secs(2)).await.status,
+        200
+    );
     let body = serde_json::to_vec(&crate::common::chat("hi", 2)).unwrap();
     let mut late = connect(&server).await;
     let head = format!(
@@ -291,10 +319,12 @@ async fn shutdown_closes_idle_connections_and_answers_late_requests_503() {
     let answer = read_answer(&mut late, Duration::from_secs(5)).await;
     assert_eq!(answer.status, 503, "{answer:?}");
     assert_eq!(answer.json()["error"]["code"], "shutting_down");
-    assert!(TcpStream::connect(server.addr()).await.is_err() || {
-        // The listener may still be closing; a new connection is never answered.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        TcpStream::connect(server.addr()).await.is_err()
-    });
+    assert!(
+        TcpStream::connect(server.addr()).await.is_err() || {
+            // The listener may still be closing; a new connection is never answered.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            TcpStream::connect(server.addr()).await.is_err()
+        }
+    );
     server.stop().await;
 }
