@@ -3,10 +3,15 @@
 //! never lock out a new client (or a `/health` probe).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
 /// One connection as the registry sees it.
@@ -16,9 +21,17 @@ pub struct Connection {
     in_flight: AtomicUsize,
     /// Milliseconds since the registry started when the connection was last busy.
     last_busy_ms: AtomicU64,
+    /// Requests started on this connection.
+    requests: AtomicU64,
+    /// Bytes have arrived since the last request started (a request may be on its way).
+    pub received: AtomicBool,
     /// Signalled when the connection must close (evicted or shutting down).
     pub close: Notify,
 }
+
+/// How long after its last answer an idle connection is still closed gracefully (letting
+/// hyper flush the answer's last bytes) rather than dropped.
+const FLUSH_MS: u64 = 200;
 
 impl Connection {
     pub fn is_idle(&self) -> bool {
@@ -33,6 +46,8 @@ pub struct Connections {
     start: Instant,
     /// Signalled whenever a connection leaves the registry.
     pub left: Notify,
+    /// Set by [`Connections::close_all`].
+    stopping: AtomicBool,
 }
 
 impl Connections {
@@ -42,6 +57,7 @@ impl Connections {
             next_id: AtomicU64::new(0),
             start: Instant::now(),
             left: Notify::new(),
+            stopping: AtomicBool::new(false),
         })
     }
 
@@ -62,6 +78,8 @@ impl Connections {
         let connection = Arc::new(Connection {
             in_flight: AtomicUsize::new(0),
             last_busy_ms: AtomicU64::new(self.now_ms()),
+            requests: AtomicU64::new(0),
+            received: AtomicBool::new(false),
             close: Notify::new(),
         });
         self.open
@@ -101,6 +119,7 @@ impl Connections {
 
     /// Asks every connection to close once its request in progress is answered.
     pub fn close_all(&self) {
+        self.stopping.store(true, Ordering::Release);
         for connection in self
             .open
             .lock()
@@ -111,9 +130,24 @@ impl Connections {
         }
     }
 
+    /// True when `connection` can be dropped at once, its socket closed, without cutting an
+    /// answer short: no request in progress, and none ever or the last one answered a while
+    /// ago. On a stop, a new connection with a request on its way is kept, so that the
+    /// request gets its 503.
+    pub fn can_drop(&self, connection: &Connection) -> bool {
+        let requests = connection.requests.load(Ordering::Acquire);
+        let arriving = requests == 0 && connection.received.load(Ordering::Acquire);
+        connection.is_idle()
+            && !(arriving && self.stopping.load(Ordering::Acquire))
+            && (requests == 0
+                || self.now_ms() >= connection.last_busy_ms.load(Ordering::Acquire) + FLUSH_MS)
+    }
+
     /// Marks a request in progress on `connection` until the returned guard is dropped.
     pub fn busy(self: &Arc<Self>, connection: &Arc<Connection>) -> Busy {
         connection.in_flight.fetch_add(1, Ordering::AcqRel);
+        connection.requests.fetch_add(1, Ordering::AcqRel);
+        connection.received.store(false, Ordering::Release);
         connection
             .last_busy_ms
             .store(self.now_ms(), Ordering::Release);
@@ -140,6 +174,51 @@ impl Drop for Busy {
     }
 }
 
+/// A socket that marks its connection when bytes arrive.
+pub struct Watched<S> {
+    inner: S,
+    connection: Arc<Connection>,
+}
+
+impl<S> Watched<S> {
+    pub fn new(inner: S, connection: Arc<Connection>) -> Self {
+        Self { inner, connection }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.connection.received.store(true, Ordering::Release);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,11 +229,17 @@ mod tests {
         let (_, first) = registry.add();
         let (_, second) = registry.add();
         let busy = registry.busy(&first);
+        assert!(registry.can_drop(&second), "never used");
+        assert!(!registry.can_drop(&first), "busy");
         assert!(registry.evict_longest_idle());
         assert_eq!(registry.len(), 1);
         assert!(!registry.evict_longest_idle(), "the busy one stays");
         drop(busy);
         assert!(first.is_idle() && second.is_idle());
+        assert!(
+            !registry.can_drop(&first),
+            "just answered: closed gracefully"
+        );
         assert!(registry.evict_longest_idle());
         assert_eq!(registry.len(), 0);
     }

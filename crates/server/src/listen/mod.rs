@@ -25,7 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 
-use connections::{Busy, Connection, Connections};
+use connections::{Busy, Connection, Connections, Watched};
 use error_bodies::JsonErrorBodies;
 
 /// The largest request head (request line and headers) read; beyond it, 431.
@@ -66,6 +66,7 @@ pub async fn serve(
         .max_headers(MAX_HEADERS)
         .max_buf_size(MAX_HEAD_BYTES);
     let builder = Arc::new(builder);
+    let max_connections = fit_descriptor_limit(limits.max_connections);
     let registry = Connections::new();
     let mut tasks = JoinSet::new();
     tokio::pin!(stop);
@@ -88,7 +89,7 @@ pub async fn serve(
                 }
             },
         };
-        while registry.len() >= limits.max_connections && !registry.evict_longest_idle() {
+        while registry.len() >= max_connections && !registry.evict_longest_idle() {
             // Every connection has a request in progress: wait for one to finish.
             tokio::select! {
                 biased;
@@ -123,6 +124,48 @@ pub async fn serve(
     }
 }
 
+/// Descriptors kept free for everything but client connections (model files, the listener,
+/// blocking threads' needs).
+const SPARE_DESCRIPTORS: u64 = 64;
+
+/// The connection limit this process's descriptor limit can hold: raises the soft limit
+/// towards the hard one if needed, and lowers `max_connections` (with a warning) when even
+/// that is too few, so the limit is met before `accept` runs out of descriptors.
+fn fit_descriptor_limit(max_connections: usize) -> usize {
+    #[cfg(unix)]
+    {
+        let want = max_connections as u64 + SPARE_DESCRIPTORS;
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes only the struct passed by pointer.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+            return max_connections;
+        }
+        if limit.rlim_cur < want && limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: want.min(limit.rlim_max),
+                rlim_max: limit.rlim_max,
+            };
+            // SAFETY: setrlimit reads only the struct passed by pointer.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                limit = raised;
+            }
+        }
+        let fits = limit.rlim_cur.saturating_sub(SPARE_DESCRIPTORS).max(1);
+        if fits < max_connections as u64 {
+            tracing::warn!(
+                "--max-connections {max_connections} lowered to {fits}: the descriptor limit is \
+                 {} ({SPARE_DESCRIPTORS} kept spare)",
+                limit.rlim_cur
+            );
+            return fits as usize;
+        }
+    }
+    max_connections
+}
+
 fn is_out_of_descriptors(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
@@ -136,7 +179,10 @@ async fn serve_connection(
     connection: Arc<Connection>,
 ) {
     let local = stream.local_addr().ok();
-    let io = TokioIo::new(JsonErrorBodies::new(stream));
+    let io = TokioIo::new(JsonErrorBodies::new(Watched::new(
+        stream,
+        Arc::clone(&connection),
+    )));
     let service = {
         let (registry, connection) = (Arc::clone(&registry), Arc::clone(&connection));
         hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
@@ -163,7 +209,11 @@ async fn serve_connection(
                 break;
             }
             () = connection.close.notified(), if !closing => {
-                // Idle: closed now; busy: closed once its answer is sent.
+                // Idle: its socket closed now (freeing the descriptor); busy or just answered:
+                // closed once its answer is sent.
+                if registry.can_drop(&connection) {
+                    break;
+                }
                 closing = true;
                 served.as_mut().graceful_shutdown();
             }
