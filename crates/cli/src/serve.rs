@@ -51,11 +51,60 @@ pub struct ServeArgs {
     /// Seconds in-flight generations may run after SIGTERM/Ctrl-C before they are cancelled.
     #[arg(long, default_value_t = 5.0)]
     shutdown_grace: f64,
+    /// Seconds a connection has to send each complete request head, counted from when it
+    /// opened or its previous answer was sent; then it is closed (slow senders and idle
+    /// keep-alive connections).
+    #[arg(long, default_value_t = 10.0)]
+    header_timeout: f64,
+    /// Seconds a request has to send its whole body once its head is in; then 408.
+    #[arg(long, default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Connections open at once; at the limit the one idle the longest is closed to make room
+    /// (with every connection busy, a new one waits).
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// Messages a chat request may hold; more get 400.
+    #[arg(long, default_value_t = 2048)]
+    max_messages: usize,
+    /// A host name (the `Host` header) to answer besides localhost, 127.0.0.1, [::1] and the
+    /// listening address, when no API key is set (DNS-rebinding protection). Repeatable.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_hosts: Vec<String>,
+}
+
+/// A positive number of seconds from an option.
+fn seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("{flag} must be a positive number of seconds, not {value}"))
+}
+
+/// `--api-key`, else `SPINDLE_API_KEY`; a variable that is set but empty is refused by name
+/// (it would otherwise be mistaken for "no key").
+fn api_key(flag: Option<&str>) -> anyhow::Result<Option<String>> {
+    if let Some(key) = flag {
+        anyhow::ensure!(!key.is_empty(), "--api-key must not be empty");
+        return Ok(Some(key.to_owned()));
+    }
+    match std::env::var("SPINDLE_API_KEY") {
+        Ok(key) if key.is_empty() => anyhow::bail!(
+            "SPINDLE_API_KEY is set but empty: give it a key, or unset it to serve without one"
+        ),
+        Ok(key) => Ok(Some(key)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            anyhow::bail!("SPINDLE_API_KEY is not valid UTF-8")
+        }
+    }
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let grace = Duration::try_from_secs_f64(args.shutdown_grace)
         .context("--shutdown-grace must be a non-negative number of seconds")?;
+    let header_timeout = seconds(args.header_timeout, "--header-timeout")?;
+    let body_timeout = seconds(args.body_timeout, "--body-timeout")?;
+    let api_key = api_key(args.api_key.as_deref())?;
     let (model, id) = open_model_on(
         args.model.as_deref(),
         args.model_id.clone(),
@@ -64,14 +113,21 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     )?;
     tracing::info!(device = %model.backend.describe(), "serving {id}");
     let config = ServerConfig {
-        api_key: args
-            .api_key
-            .clone()
-            .or_else(|| std::env::var("SPINDLE_API_KEY").ok()),
+        api_key,
         parallel: args.parallel,
         queue: args.queue,
         max_body_bytes: args.max_body_bytes,
         shutdown_grace: grace,
+        header_timeout,
+        body_timeout,
+        max_connections: args.max_connections,
+        max_messages: args.max_messages,
+        allowed_hosts: args
+            .allow_hosts
+            .iter()
+            .chain([&args.host])
+            .cloned()
+            .collect(),
         ..ServerConfig::new(id.clone())
     };
     let server = Server::new(model, config)?;

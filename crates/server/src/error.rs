@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -21,6 +21,11 @@ pub struct ApiError {
     /// The request field at fault (`messages[1].role`, `temperature`), when there is one.
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// Seconds a client should wait before retrying (`Retry-After`), for 429 and 503.
+    pub retry_after_s: Option<u32>,
+    /// Close the connection after answering (`Connection: close`): the request body was not
+    /// read to its end, or the client is too slow to keep.
+    pub close: bool,
 }
 
 impl ApiError {
@@ -32,6 +37,8 @@ impl ApiError {
             kind: "invalid_request_error",
             param: Some(param.into()).filter(|p: &String| !p.is_empty()),
             code: None,
+            retry_after_s: None,
+            close: false,
         }
     }
 
@@ -55,6 +62,8 @@ impl ApiError {
             kind: "authentication_error",
             param: None,
             code: Some("invalid_api_key"),
+            retry_after_s: None,
+            close: false,
         }
     }
 
@@ -65,6 +74,8 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: Some("request_too_large"),
+            retry_after_s: None,
+            close: true,
         }
     }
 
@@ -78,6 +89,8 @@ impl ApiError {
             kind: "rate_limit_error",
             param: None,
             code: Some("queue_full"),
+            retry_after_s: Some(1),
+            close: false,
         }
     }
 
@@ -88,7 +101,102 @@ impl ApiError {
             kind: "server_error",
             param: None,
             code: Some("shutting_down"),
+            retry_after_s: Some(5),
+            close: false,
         }
+    }
+
+    /// The client took longer than `--body-timeout` to send its body (408; the connection is
+    /// closed).
+    pub fn body_timeout(timeout: std::time::Duration) -> Self {
+        Self {
+            status: StatusCode::REQUEST_TIMEOUT,
+            code: Some("request_timeout"),
+            close: true,
+            ..Self::malformed(format!(
+                "the request body did not arrive within {} s (--body-timeout)",
+                timeout.as_secs_f64()
+            ))
+        }
+    }
+
+    /// A POST body that is not declared as JSON (415).
+    pub fn not_json(content_type: Option<&str>) -> Self {
+        let given = content_type.map_or_else(|| "none".to_owned(), |t| format!("{t:?}"));
+        Self {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            code: Some("unsupported_media_type"),
+            ..Self::malformed(format!(
+                "the request body must be sent with `Content-Type: application/json` (given: {given})"
+            ))
+        }
+    }
+
+    /// A `Host` header naming another machine while no API key is set (403): a page from
+    /// another site reaching a local server through DNS rebinding.
+    pub fn host_not_allowed(host: &str) -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            code: Some("host_not_allowed"),
+            ..Self::malformed(format!(
+                "Host {host:?} is not this server: without --api-key only localhost, 127.0.0.1, \
+                 [::1] and the address the server listens on are answered (see --allow-host)"
+            ))
+        }
+    }
+
+    /// A request target longer than the server reads (414).
+    pub fn uri_too_long(len: usize, limit: usize) -> Self {
+        Self {
+            status: StatusCode::URI_TOO_LONG,
+            code: Some("uri_too_long"),
+            close: true,
+            ..Self::malformed(format!(
+                "the request target is {len} bytes; at most {limit} are accepted"
+            ))
+        }
+    }
+
+    /// What the server sends for a request it cannot parse as HTTP/1.1 (hyper's own status:
+    /// 400 for a bad request line or header, 414, 431), before closing the connection.
+    pub fn unparsable(status: StatusCode) -> Self {
+        let (code, message) = match status {
+            StatusCode::URI_TOO_LONG => ("uri_too_long", "the request target is too long"),
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => (
+                "headers_too_large",
+                "the request line and headers are larger than the server reads (64 KiB) or \
+                 number more than 100",
+            ),
+            _ => (
+                "bad_request",
+                "the request is not valid HTTP/1.1 (bad request line or header)",
+            ),
+        };
+        Self {
+            status,
+            code: Some(code),
+            close: true,
+            ..Self::malformed(message)
+        }
+    }
+
+    /// Every connection is busy with a request (503).
+    pub fn too_many_connections(limit: usize) -> Self {
+        Self {
+            code: Some("too_many_connections"),
+            retry_after_s: Some(1),
+            close: true,
+            ..Self::shutting_down()
+        }
+        .with_message(format!(
+            "the server is busy: all {limit} connections (--max-connections) have a request in \
+             progress; retry later"
+        ))
+    }
+
+    fn with_message(mut self, message: String) -> Self {
+        self.message = message;
+        self
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -98,6 +206,8 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: Some("not_found"),
+            retry_after_s: None,
+            close: false,
         }
     }
 
@@ -108,6 +218,8 @@ impl ApiError {
             kind: "server_error",
             param: None,
             code: None,
+            retry_after_s: None,
+            close: false,
         }
     }
 
@@ -146,7 +258,15 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        let headers = response.headers_mut();
+        if let Some(seconds) = self.retry_after_s {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if self.close {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 

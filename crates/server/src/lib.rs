@@ -12,6 +12,8 @@
 //! ```
 
 mod error;
+mod listen;
+mod memory;
 mod metrics;
 mod queue;
 mod request;
@@ -34,6 +36,7 @@ pub use error::{ApiError, ServerError};
 pub use metrics::{AllResident, EngineExperts, ExpertCacheProbe};
 pub use spindle_runtime;
 
+use listen::ConnectionLimits;
 use metrics::Metrics;
 use queue::Scheduler;
 use state::AppState;
@@ -53,6 +56,19 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// On shutdown, how long in-flight generations may run before they are cancelled.
     pub shutdown_grace: Duration,
+    /// Time a connection has to send each complete request head, counted from when it opened
+    /// or its previous answer was sent: closes slow senders and idle keep-alive connections.
+    pub header_timeout: Duration,
+    /// Time a request has to send its whole body once its head is in; then 408.
+    pub body_timeout: Duration,
+    /// Connections open at once; beyond it the one idle the longest is closed (or, with every
+    /// connection busy, the new one waits).
+    pub max_connections: usize,
+    /// Messages a chat request may hold.
+    pub max_messages: usize,
+    /// Host names answered besides localhost, 127.0.0.1, [::1] and the listening address,
+    /// when no API key is set (the DNS-rebinding check).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl ServerConfig {
@@ -64,6 +80,11 @@ impl ServerConfig {
             queue: 16,
             max_body_bytes: 4 << 20,
             shutdown_grace: Duration::from_secs(5),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 512,
+            max_messages: 2048,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -108,6 +129,7 @@ pub fn open_model_on(
 pub struct Server {
     state: Arc<AppState>,
     shutdown_grace: Duration,
+    limits: ConnectionLimits,
 }
 
 impl Server {
@@ -140,6 +162,19 @@ impl Server {
         if config.api_key.as_deref() == Some("") {
             return Err(ServerError::Option("--api-key must not be empty".into()));
         }
+        for (name, value) in [
+            ("--header-timeout", config.header_timeout),
+            ("--body-timeout", config.body_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ServerError::Option(format!("{name} must be positive")));
+            }
+        }
+        if config.max_connections == 0 || config.max_messages == 0 {
+            return Err(ServerError::Option(
+                "--max-connections and --max-messages must be positive".into(),
+            ));
+        }
         let state = AppState {
             model,
             model_id: config.model_id,
@@ -149,12 +184,21 @@ impl Server {
             experts,
             api_key: config.api_key,
             max_body_bytes: config.max_body_bytes,
+            body_timeout: config.body_timeout,
+            max_messages: config.max_messages,
+            allowed_hosts: config.allowed_hosts,
             shutting_down: AtomicBool::new(false),
             cancel_all: AtomicBool::new(false),
+        };
+        let limits = ConnectionLimits {
+            header_timeout: config.header_timeout,
+            max_connections: config.max_connections,
+            drain: config.shutdown_grace + config.body_timeout.max(config.header_timeout),
         };
         Ok(Self {
             state: Arc::new(state),
             shutdown_grace: config.shutdown_grace,
+            limits,
         })
     }
 
@@ -163,8 +207,9 @@ impl Server {
         routes::router(Arc::clone(&self.state))
     }
 
-    /// Serves until `shutdown` resolves, then stops accepting, lets in-flight generations run
-    /// for the grace period, cancels what is left and returns once every connection is done.
+    /// Serves until `shutdown` resolves, then stops accepting, closes idle connections, answers
+    /// new requests on open ones with 503, lets in-flight generations run for the grace
+    /// period, cancels what is left and returns once every connection is closed.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -181,10 +226,8 @@ impl Server {
                 state.cancel_all.store(true, Ordering::Release);
             });
         };
-        axum::serve(listener, self.router())
-            .with_graceful_shutdown(stopping)
-            .await
-            .map_err(ServerError::Serve)
+        listen::serve(listener, self.router(), self.limits, stopping).await;
+        Ok(())
     }
 }
 

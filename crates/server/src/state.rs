@@ -19,6 +19,12 @@ pub struct AppState {
     pub experts: Arc<dyn ExpertCacheProbe>,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
+    /// Time a request has to send its whole body.
+    pub body_timeout: std::time::Duration,
+    /// Messages a chat request may hold.
+    pub max_messages: usize,
+    /// Host names answered besides the local ones (without an API key).
+    pub allowed_hosts: Vec<String>,
     /// Set on shutdown: new generation requests get 503.
     pub shutting_down: AtomicBool,
     /// Set when in-flight generations must stop now (shutdown grace period over).

@@ -1,5 +1,5 @@
-//! Running one generation: wait for a slot (leaving the queue if the client goes away), then
-//! generate on a blocking thread, never on the async executor. Text deltas and the final
+//! Running one generation in the slot its request holds, on a blocking thread, never on the
+//! async executor. Text deltas and the final
 //! result flow back over a channel; when the receiver is dropped (the client disconnected or
 //! the handler was dropped) the next delta stops generation and frees the slot.
 
@@ -10,7 +10,7 @@ use std::time::Duration;
 use spindle_runtime::{Completion, Finish, Flow, GenerateOptions, RuntimeError};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::queue::Ticket;
+use crate::queue::Slot;
 use crate::state::AppState;
 
 /// What a running generation reports.
@@ -22,21 +22,16 @@ pub enum GenEvent {
     Done(Result<Completion, RuntimeError>),
 }
 
-/// Queues a generation of `prompt_ids` and returns the channel its events arrive on.
+/// Starts a generation of `prompt_ids` in `slot` and returns the channel its events arrive on.
 pub fn spawn_generation(
     state: &Arc<AppState>,
-    ticket: Ticket,
+    slot: Slot,
     prompt_ids: Vec<u32>,
     options: GenerateOptions,
 ) -> UnboundedReceiver<GenEvent> {
     let (tx, rx) = unbounded_channel();
     let state = Arc::clone(state);
     tokio::spawn(async move {
-        let slot = tokio::select! {
-            slot = ticket.start() => slot,
-            // The client went away while waiting: give up the place in the queue.
-            () = tx.closed() => return,
-        };
         let worker = tokio::task::spawn_blocking(move || {
             let cancel_all = &state.cancel_all;
             let result = if cancel_all.load(Ordering::Acquire) {

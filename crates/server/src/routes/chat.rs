@@ -11,7 +11,7 @@ use axum::Json;
 use spindle_runtime::{Completion, Prompt};
 use spindle_text::{parse_output, OutputParser, ParseEvent};
 
-use super::{admit, check_prompt_fits, read_json};
+use super::{admit_and_read, check_prompt_fits, prepare};
 use crate::error::ApiError;
 use crate::request::{from_value, RawChat, RawCommon};
 use crate::response::{
@@ -27,24 +27,34 @@ pub async fn handle(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_json(&state, &headers, body).await?;
+    let (ticket, body, body_bytes) = admit_and_read(&state, &headers, body).await?;
     let generation = from_value::<RawCommon>(&body)?.check(&state.model.defaults)?;
+    let messages = body
+        .get("messages")
+        .and_then(serde_json::Value::as_array)
+        .map_or(0, Vec::len);
+    if messages > state.max_messages {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "the request holds {messages} messages; at most {} are accepted (--max-messages)",
+                state.max_messages
+            ),
+        ));
+    }
     let request = from_value::<RawChat>(&body)?.check(generation)?;
+    drop(body);
     let prompt = Prompt::Chat {
         messages: request.messages,
         tools: request.tools,
         vars: request.vars,
         add_generation_prompt: true,
     };
-    let model = Arc::clone(&state.model);
-    let prepared = tokio::task::spawn_blocking(move || model.prepare(&prompt))
-        .await
-        .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))?
-        .map_err(|e| ApiError::from_prepare(e, "messages"))?;
+    let slot = ticket.start().await;
+    let prepared = prepare(&state, prompt, body_bytes, "messages").await?;
     check_prompt_fits(&state, prepared.ids.len(), "messages")?;
     let generation = request.generation;
-    let ticket = admit(&state)?;
-    let events = spawn_generation(&state, ticket, prepared.ids, generation.options);
+    let events = spawn_generation(&state, slot, prepared.ids, generation.options);
     let (id, created) = (unique_id("chatcmpl-"), now_s());
     if generation.stream {
         let formatter = ChatChunks {

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use spindle_runtime::{Completion, Prompt};
 
-use super::{admit, check_prompt_fits, read_json};
+use super::{admit_and_read, check_prompt_fits, prepare};
 use crate::error::ApiError;
 use crate::request::{from_value, PromptInput, RawCommon, RawCompletion};
 use crate::response::{finish_reason, now_s, unique_id, TextChoice, TextCompletion, Usage};
@@ -22,9 +22,10 @@ pub async fn handle(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = read_json(&state, &headers, body).await?;
+    let (ticket, body, body_bytes) = admit_and_read(&state, &headers, body).await?;
     let generation = from_value::<RawCommon>(&body)?.check(&state.model.defaults)?;
     let request = from_value::<RawCompletion>(&body)?.check(generation)?;
+    drop(body);
     let prompt = match request.prompt {
         PromptInput::Text(text) => Prompt::Text(text),
         PromptInput::Tokens(ids) => {
@@ -38,18 +39,14 @@ pub async fn handle(
             Prompt::Tokens(ids)
         }
     };
-    let model = Arc::clone(&state.model);
-    let prepared = tokio::task::spawn_blocking(move || model.prepare(&prompt))
-        .await
-        .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))?
-        .map_err(|e| ApiError::from_prepare(e, "prompt"))?;
+    let slot = ticket.start().await;
+    let prepared = prepare(&state, prompt, body_bytes, "prompt").await?;
     if prepared.ids.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt has no tokens"));
     }
     check_prompt_fits(&state, prepared.ids.len(), "prompt")?;
     let generation = request.generation;
-    let ticket = admit(&state)?;
-    let events = spawn_generation(&state, ticket, prepared.ids, generation.options);
+    let events = spawn_generation(&state, slot, prepared.ids, generation.options);
     let mut chunks = TextChunks {
         id: unique_id("cmpl-"),
         created: now_s(),

@@ -1,8 +1,10 @@
-//! The HTTP surface: the router, the API-key and metrics middleware, and reading a bounded
-//! JSON body.
+//! The HTTP surface: the router; the target, `Host`, API-key and metrics middleware; and the
+//! order every generation request follows: a place in the queue before its body is kept, a
+//! generation slot before its prompt is rendered and tokenized.
 
 mod chat;
 mod completions;
+mod host;
 mod info;
 
 use std::sync::atomic::Ordering;
@@ -17,7 +19,11 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::Value;
 
+use spindle_runtime::{PreparedPrompt, Prompt};
+
 use crate::error::ApiError;
+use crate::listen::LocalAddr;
+use crate::memory::{release_freed_memory, LARGE_REQUEST_BYTES};
 use crate::queue::Ticket;
 use crate::request::parse_body;
 use crate::state::AppState;
@@ -35,6 +41,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             require_api_key,
+        ))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            check_target_and_host,
         ))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
@@ -109,8 +119,59 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Reads a JSON object body of at most `--max-body-bytes` (413 beyond).
-async fn read_json(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+/// Longest request target answered; longer gets 414.
+const MAX_URI_BYTES: usize = 8 << 10;
+
+/// Refuses, before anything else is read: an overlong request target (414) and, when no API
+/// key is set, a `Host` that is not this machine (403: DNS rebinding).
+async fn check_target_and_host(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let target = request.uri().to_string().len();
+    if target > MAX_URI_BYTES {
+        return ApiError::uri_too_long(target, MAX_URI_BYTES).into_response();
+    }
+    if state.api_key.is_none() && request.uri().path() != "/health" {
+        let local = request.extensions().get::<LocalAddr>().map(|a| a.0.ip());
+        let host = request
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .or_else(|| {
+                let value = request.headers().get(header::HOST)?;
+                Some(String::from_utf8_lossy(value.as_bytes()).into_owned())
+            });
+        if let Some(host) = host {
+            if !host::is_allowed(&host, local, &state.allowed_hosts) {
+                return ApiError::host_not_allowed(&host).into_response();
+            }
+        }
+    }
+    next.run(request).await
+}
+
+/// Checks the body's declared type (415) and size (413), takes the request's place in the
+/// queue (429 or 503, before any work: the body of a refused request is read and thrown
+/// away, never kept), then reads the JSON body within `--body-timeout` (408). Returns the
+/// place, the body and its size in bytes.
+async fn admit_and_read(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Ticket, Value, usize), ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let is_json = content_type.as_deref().is_some_and(|t| {
+        t.split(';')
+            .next()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+    });
+    if !is_json {
+        return Err(ApiError::not_json(content_type.as_deref()));
+    }
     let limit = state.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -119,16 +180,80 @@ async fn read_json(state: &AppState, headers: &HeaderMap, body: Body) -> Result<
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::body_too_large(limit));
     }
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let too_large = std::error::Error::source(&e)
-            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-        if too_large {
-            ApiError::body_too_large(limit)
-        } else {
-            ApiError::malformed(format!("cannot read the request body: {e}"))
+    let ticket = match admit(state) {
+        Ok(ticket) => ticket,
+        Err(mut refused) => {
+            refused.close |= !discard_body(state, body).await;
+            return Err(refused);
         }
-    })?;
-    parse_body(&bytes)
+    };
+    let reading = axum::body::to_bytes(body, limit);
+    let bytes = match tokio::time::timeout(state.body_timeout, reading).await {
+        Err(_) => return Err(ApiError::body_timeout(state.body_timeout)),
+        Ok(read) => read.map_err(|e| {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                ApiError::body_too_large(limit)
+            } else {
+                ApiError {
+                    close: true,
+                    ..ApiError::malformed(format!("cannot read the request body: {e}"))
+                }
+            }
+        })?,
+    };
+    let value = parse_body(&bytes)?;
+    Ok((ticket, value, bytes.len()))
+}
+
+/// Reads a refused request's body to its end without keeping it (so the client reads the
+/// refusal rather than a reset); false when it is longer than `--max-body-bytes` or slower
+/// than `--body-timeout`, and the connection must close instead.
+async fn discard_body(state: &AppState, body: Body) -> bool {
+    use http_body_util::BodyExt;
+    let limit = state.max_body_bytes;
+    let draining = async {
+        let mut body = body;
+        let mut seen = 0usize;
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { return false };
+            seen += frame.data_ref().map_or(0, |d| d.len());
+            if seen > limit {
+                return false;
+            }
+        }
+        true
+    };
+    tokio::time::timeout(state.body_timeout, draining)
+        .await
+        .unwrap_or(false)
+}
+
+/// Renders and tokenizes a prompt on a blocking thread (the caller holds a generation slot,
+/// so at most `--parallel` prompts are prepared at once). After a large request the freed
+/// memory of the rendering and tokenizing is given back to the OS.
+async fn prepare(
+    state: &AppState,
+    prompt: Prompt,
+    body_bytes: usize,
+    param: &str,
+) -> Result<PreparedPrompt, ApiError> {
+    let model = Arc::clone(&state.model);
+    tokio::task::spawn_blocking(move || {
+        let prepared = model.prepare(&prompt).map(|mut p| {
+            p.text = String::new();
+            p
+        });
+        drop(prompt);
+        if body_bytes >= LARGE_REQUEST_BYTES {
+            release_freed_memory();
+        }
+        prepared
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))?
+    .map_err(|e| ApiError::from_prepare(e, param))
 }
 
 /// Admits a generation request to the queue: 503 while shutting down, 429 when full.

@@ -98,6 +98,18 @@ impl TestServer {
         r.text().await.unwrap()
     }
 
+    /// The server's `host:port`.
+    pub fn addr(&self) -> &str {
+        self.base.strip_prefix("http://").unwrap()
+    }
+
+    /// Signals the server to stop without waiting for it (as SIGTERM does).
+    pub fn begin_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
     /// Stops the server and waits for it to exit.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
@@ -142,4 +154,76 @@ pub fn user(text: &str) -> Value {
 /// A greedy chat request.
 pub fn chat(text: &str, max_tokens: u32) -> Value {
     json!({"model": "anything", "messages": user(text), "temperature": 0, "max_tokens": max_tokens})
+}
+
+/// A raw HTTP/1.1 answer: status, lower-cased head, body.
+#[derive(Debug)]
+pub struct RawAnswer {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
+}
+
+impl RawAnswer {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "{} answered with non-JSON {:?}: {e}",
+                self.status, self.body
+            )
+        })
+    }
+}
+
+/// Reads one answer from `stream` (its head, then `content-length` bytes of body), within
+/// `within`.
+pub async fn read_answer(stream: &mut tokio::net::TcpStream, within: Duration) -> RawAnswer {
+    use tokio::io::AsyncReadExt;
+    let reading = async {
+        let mut bytes = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |n| n.trim().parse::<usize>().unwrap());
+                if bytes.len() >= end + 4 + length {
+                    let body =
+                        String::from_utf8_lossy(&bytes[end + 4..end + 4 + length]).into_owned();
+                    let status = head[9..12].parse().unwrap();
+                    return RawAnswer { status, head, body };
+                }
+            }
+            let n = stream.read(&mut chunk).await.expect("reading the answer");
+            assert!(
+                n > 0,
+                "the connection closed before a whole answer: {:?}",
+                String::from_utf8_lossy(&bytes)
+            );
+            bytes.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(within, reading)
+        .await
+        .expect("an answer in time")
+}
+
+/// Waits until the server closes `stream` (a read returns end of file or a reset), ignoring
+/// what it sends first; panics after `within`.
+pub async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) {
+    use tokio::io::AsyncReadExt;
+    let waiting = async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(within, waiting)
+        .await
+        .expect("the server closes the connection in time");
 }

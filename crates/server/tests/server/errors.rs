@@ -174,6 +174,7 @@ async fn oversized_bodies_get_413_and_unknown_paths_404() {
     let r = server
         .client
         .post(server.url("/v1/completions"))
+        .header("content-type", "application/json")
         .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
             chunks,
         )))
@@ -198,5 +199,25 @@ async fn oversized_bodies_get_413_and_unknown_paths_404() {
         .unwrap();
     let status = r.status().as_u16();
     assert_error(status, &r.json().await.unwrap(), 405, None);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_messages_than_max_messages_are_refused() {
+    let server = TestServer::start(|c| c.max_messages = 2).await;
+    let three = json!({"messages": [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]});
+    let (status, body) = server.post("/v1/chat/completions", &three).await;
+    assert_error(status, &body, 400, Some("messages"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-messages"),
+        "{body}"
+    );
     server.stop().await;
 }
