@@ -90,7 +90,7 @@ fn a_tokenizer_larger_than_the_vocabulary_is_refused_naming_both_sizes() {
     let _ = std::fs::remove_dir_all(&dir);
     let message = err.to_string();
     assert!(
-        message.contains("4201") && message.contains("4096"),
+        message.contains("4097") && message.contains("4096"),
         "{message}"
     );
 }
