@@ -185,12 +185,14 @@ struct GenerationConfig {
 
 fn read_generation_config(dir: &Path) -> Result<GenerationConfig> {
     let path = dir.join("generation_config.json");
-    let Ok(text) = std::fs::read_to_string(&path) else {
+    if !path.exists() {
         return Ok(GenerationConfig {
             values: GenerationConfigValues::default(),
             eos_ids: Vec::new(),
         });
-    };
+    }
+    // Bounded, and a FIFO or device is refused rather than read (a real file is < 1 KB).
+    let text = spindle_text::read_bounded_text(&path, 1 << 20)?;
     let bad = |message: String| RuntimeError::File {
         path: path.clone(),
         message,

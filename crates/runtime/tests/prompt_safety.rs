@@ -94,3 +94,20 @@ fn a_tokenizer_larger_than_the_vocabulary_is_refused_naming_both_sizes() {
         "{message}"
     );
 }
+
+#[test]
+fn a_fifo_for_generation_config_is_refused_without_hanging() {
+    let dir = demo_copy("fifo-generation");
+    let path = dir.join("generation_config.json");
+    std::fs::remove_file(&path).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let err = Model::load(&dir)
+        .err()
+        .expect("a FIFO generation_config.json loads");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+}

@@ -287,10 +287,11 @@ impl ChatTemplate {
     }
 }
 
-/// Jinja instructions one render may run (minijinja fuel). A long agentic conversation with
-/// tools takes a few hundred thousand; two nested `range(100000)` loops are stopped after
-/// about a second.
-pub const RENDER_FUEL: u64 = 50_000_000;
+/// Jinja instructions one render may run (minijinja fuel), which bounds its CPU time: 8,000
+/// messages with tool calls through the Qwen3.6 template take about a million; two nested
+/// `range(100000)` loops are stopped after 1-2 s. minijinja cannot be interrupted, so this is
+/// also how long a render outlives a cancelled request.
+pub const RENDER_FUEL: u64 = 20_000_000;
 
 /// The most bytes a rendered prompt may have (far above any context window's worth of text).
 pub const MAX_RENDERED_BYTES: usize = 256 << 20;
