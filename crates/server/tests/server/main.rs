@@ -5,3 +5,4 @@ mod api;
 mod common;
 mod errors;
 mod load;
+mod special_tokens;
