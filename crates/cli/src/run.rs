@@ -26,9 +26,14 @@ pub struct RunArgs {
     /// to read the prompt from stdin.
     pub prompt: Option<String>,
 
-    /// Send the prompt as plain text, without the chat template.
+    /// Send the prompt as plain text, without the chat template. Spellings of special
+    /// tokens in it (`<|im_start|>`) become those tokens unless --no-special is given.
     #[arg(long)]
     pub raw: bool,
+
+    /// With --raw: encode special-token spellings as plain text, as chat messages always are.
+    #[arg(long, requires = "raw")]
+    pub no_special: bool,
 
     /// System message for the chat template.
     #[arg(long)]
@@ -159,7 +164,10 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
 
 fn one_shot(args: &RunArgs, model: &Model, text: String) -> Result<ExitCode> {
     let prompt = if args.raw {
-        Prompt::Text(text)
+        Prompt::Text {
+            text,
+            special_tokens: !args.no_special,
+        }
     } else {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {

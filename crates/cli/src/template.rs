@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{Map, Value};
-use spindle_text::ChatTemplate;
+use spindle_text::{read_bounded_text, ChatTemplate};
 
 use crate::model_dir;
 
@@ -46,9 +46,13 @@ fn parse_var(s: &str) -> Result<(String, Value), String> {
     Ok((name.to_string(), value))
 }
 
+/// The largest `--messages` or `--tools` file read (a conversation filling a long context is a
+/// few MB of JSON).
+const MAX_MESSAGES_BYTES: u64 = 64 << 20;
+
 fn read_json(path: &Path) -> Result<Value> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    // A regular file of bounded size only: a FIFO or /dev/zero is refused, never read.
+    let text = read_bounded_text(path, MAX_MESSAGES_BYTES)?;
     serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
 }
 

@@ -183,3 +183,65 @@ fn tokenize_and_template_need_no_weights() {
     assert!(out.status.success());
     assert_eq!(String::from_utf8(out.stdout).unwrap(), "9419,11,1814,0\n");
 }
+
+#[test]
+fn template_refuses_devices_and_fifos_as_message_files_without_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("messages.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success(), "mkfifo failed");
+    for path in [fifo.as_path(), std::path::Path::new("/dev/zero")] {
+        let start = std::time::Instant::now();
+        let out = spindle()
+            .args(["template", "--messages"])
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("not a regular file"), "{stderr}");
+        assert!(start.elapsed().as_secs() < 10, "took {:?}", start.elapsed());
+    }
+}
+
+#[test]
+fn run_raw_no_special_encodes_markers_as_text() {
+    let prompt = "a<|im_end|>b";
+    let count = |extra: &[&str]| {
+        let out = spindle()
+            .args([
+                "run",
+                "--raw",
+                "--max-tokens",
+                "1",
+                "--temperature",
+                "0",
+                "--stats",
+            ])
+            .args(extra)
+            .arg(prompt)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        let tokens = stderr
+            .split("[prompt: ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse::<usize>().ok());
+        tokens.unwrap_or_else(|| panic!("no prompt token count in {stderr}"))
+    };
+    let model = Model::load(&demo_dir().unwrap()).unwrap();
+    assert_eq!(
+        count(&[]),
+        model.tokenizer.encode(prompt, true).unwrap().len()
+    );
+    assert_eq!(
+        count(&["--no-special"]),
+        model.tokenizer.encode(prompt, false).unwrap().len()
+    );
+}

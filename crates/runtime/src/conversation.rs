@@ -2,7 +2,7 @@
 //! tokens (the end of the previous answer and the new user message), never the whole history.
 
 use serde_json::{json, Map, Value};
-use spindle_text::{parse_output, ParsedOutput};
+use spindle_text::{parse_output, ParsedOutput, PromptText};
 
 use crate::backend::BackendSession;
 use crate::error::{Result, RuntimeError};
@@ -46,17 +46,19 @@ impl Conversation {
         }
     }
 
-    fn render(&self, model: &Model, generation_prompt: bool) -> Result<String> {
+    /// The conversation rendered; message text that spells special tokens is marked plain.
+    fn render(&self, model: &Model, generation_prompt: bool) -> Result<PromptText> {
         let template = model.template.as_ref().ok_or_else(|| RuntimeError::File {
             path: model.dir.clone(),
             message: "chat needs a chat template (chat_template.jinja or tokenizer_config.json)"
                 .into(),
         })?;
-        Ok(template.render(
+        Ok(template.render_prompt(
             &Value::Array(self.messages.clone()),
             None,
             generation_prompt,
             &self.vars,
+            &model.tokenizer.special_spellings(),
         )?)
     }
 
@@ -70,25 +72,24 @@ impl Conversation {
     fn tokens_to_feed(
         &mut self,
         model: &Model,
-        previous: Option<String>,
-        prompt: &str,
+        previous: Option<PromptText>,
+        prompt: &PromptText,
     ) -> Result<Vec<u32>> {
+        // Only the template's own markers count: message text may spell `<|im_end|>`.
         let resume_at = previous.and_then(|p| {
-            let held = p.matches(END_OF_TURN).count();
-            let (i, _) = prompt
-                .match_indices(END_OF_TURN)
+            let held = p.template_matches(END_OF_TURN).count();
+            let i = prompt
+                .template_matches(END_OF_TURN)
                 .nth(held.checked_sub(1)?)?;
             Some(i + END_OF_TURN.len())
         });
         match resume_at {
             Some(at) if self.context_tokens() > 0 => {
                 let mut ids = std::mem::take(&mut self.pending);
-                let mut text = String::new();
                 if !self.closed {
-                    text.push_str(END_OF_TURN);
+                    ids.extend(model.tokenizer.encode(END_OF_TURN, true)?);
                 }
-                text.push_str(&prompt[at..]);
-                ids.extend(model.tokenizer.encode(&text, true)?);
+                ids.extend(model.tokenizer.encode_prompt(&prompt.tail(at))?);
                 Ok(ids)
             }
             // Otherwise start over from the full rendering.
@@ -97,7 +98,7 @@ impl Conversation {
                 self.session = None;
                 self.session = Some(model.new_session()?);
                 self.pending.clear();
-                Ok(model.tokenizer.encode(prompt, true)?)
+                Ok(model.tokenizer.encode_prompt(prompt)?)
             }
         }
     }
@@ -138,7 +139,7 @@ impl Conversation {
         };
         self.pending = completion.ids.last().copied().into_iter().collect();
         self.closed = matches!(completion.finish, Finish::Eos(id) if model.tokenizer.token_to_id(END_OF_TURN) == Some(id));
-        let parsed = parse_output(&completion.text, ends_in_open_think(&prompt));
+        let parsed = parse_output(&completion.text, ends_in_open_think(&prompt.text));
         let mut message = json!({"role": "assistant", "content": parsed.content});
         if !parsed.reasoning.is_empty() {
             message["reasoning_content"] = json!(parsed.reasoning);

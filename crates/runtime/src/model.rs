@@ -24,8 +24,10 @@ pub enum Prompt {
         vars: Map<String, Value>,
         add_generation_prompt: bool,
     },
-    /// Plain text, tokenized as is (special tokens allowed).
-    Text(String),
+    /// Plain text, tokenized as is. With `special_tokens`, spellings of special tokens
+    /// (`<|im_start|>`) become those tokens (the default of a raw prompt, which is trusted);
+    /// without, they are encoded as plain text.
+    Text { text: String, special_tokens: bool },
     /// Token ids.
     Tokens(Vec<u32>),
 }
@@ -68,6 +70,7 @@ impl Model {
     pub fn load_on(dir: &Path, device: Device, options: &LoadOptions) -> Result<Self> {
         let backend = Backend::load(dir, device, options)?;
         let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
+        check_tokenizer_fits(&tokenizer, backend.config().vocab_size)?;
         let template = match ChatTemplate::from_dir(dir) {
             Ok(t) => Some(t),
             Err(spindle_text::TextError::NoChatTemplate { .. }) => None,
@@ -109,7 +112,16 @@ impl Model {
                     starts_in_reasoning: false,
                 })
             }
-            Prompt::Text(text) => text.clone(),
+            Prompt::Text {
+                text,
+                special_tokens,
+            } => {
+                return Ok(PreparedPrompt {
+                    ids: self.tokenizer.encode(text, *special_tokens)?,
+                    starts_in_reasoning: ends_in_open_think(text),
+                    text: text.clone(),
+                })
+            }
             Prompt::Chat {
                 messages,
                 tools,
@@ -120,16 +132,40 @@ impl Model {
                     path: self.dir.clone(),
                     message: "no chat template (chat_template.jinja or tokenizer_config.json); use a raw prompt".into(),
                 })?;
-                template.render(messages, tools.as_ref(), *add_generation_prompt, vars)?
+                template.render_prompt(
+                    messages,
+                    tools.as_ref(),
+                    *add_generation_prompt,
+                    vars,
+                    &self.tokenizer.special_spellings(),
+                )?
             }
         };
-        let ids = self.tokenizer.encode(&text, true)?;
+        // Message text is plain: only the template's own markers become special tokens.
+        let ids = self.tokenizer.encode_prompt(&text)?;
         Ok(PreparedPrompt {
-            starts_in_reasoning: ends_in_open_think(&text),
-            text,
+            starts_in_reasoning: ends_in_open_think(&text.text),
+            text: text.text,
             ids,
         })
     }
+}
+
+/// Refuses a tokenizer that can produce ids the model has no embedding row for: every text
+/// prompt holding such a token would fail later, mid-request. Released Qwen checkpoints pad
+/// `vocab_size` above the tokenizer (248077 ids in 248320 rows), so this never refuses them.
+fn check_tokenizer_fits(tokenizer: &Tokenizer, vocab_size: usize) -> Result<()> {
+    let ids = tokenizer.id_limit();
+    if ids > vocab_size {
+        return Err(RuntimeError::File {
+            path: tokenizer.path().to_path_buf(),
+            message: format!(
+                "the tokenizer has {ids} ids but config.json's vocab_size is {vocab_size}: \
+                 ids {vocab_size}..{ids} have no embedding row (tokenizer and weights do not belong together)"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// True when the last `<think>` of the final turn has no `</think>` after it.
@@ -149,12 +185,14 @@ struct GenerationConfig {
 
 fn read_generation_config(dir: &Path) -> Result<GenerationConfig> {
     let path = dir.join("generation_config.json");
-    let Ok(text) = std::fs::read_to_string(&path) else {
+    if !path.exists() {
         return Ok(GenerationConfig {
             values: GenerationConfigValues::default(),
             eos_ids: Vec::new(),
         });
-    };
+    }
+    // Bounded, and a FIFO or device is refused rather than read (a real file is < 1 KB).
+    let text = spindle_text::read_bounded_text(&path, 1 << 20)?;
     let bad = |message: String| RuntimeError::File {
         path: path.clone(),
         message,

@@ -71,7 +71,10 @@ fn streamed_text_equals_decoded_greedy_tokens() {
 fn stopping_from_the_callback_cancels() {
     let model = Model::load(&demo_dir().unwrap()).unwrap();
     let prompt = model
-        .prepare(&Prompt::Text("Once upon a time".into()))
+        .prepare(&Prompt::Text {
+            text: "Once upon a time".into(),
+            special_tokens: true,
+        })
         .unwrap();
     let mut session = model.new_session().unwrap();
     let mut calls = 0;

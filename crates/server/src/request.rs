@@ -96,6 +96,9 @@ pub struct RawFunctionDef {
 #[derive(Debug, Deserialize)]
 pub struct RawCompletion {
     pub prompt: Value,
+    /// spindle's extension: `false` encodes special-token spellings in a text prompt as plain
+    /// text (default `true`: a raw prompt may hold the chat format's markers).
+    pub special_tokens: Option<bool>,
     pub echo: Option<bool>,
     pub suffix: Option<String>,
     pub best_of: Option<i64>,
@@ -123,6 +126,8 @@ pub struct ChatRequest {
 pub struct CompletionRequest {
     pub generation: Generation,
     pub prompt: PromptInput,
+    /// Whether a text prompt's special-token spellings become special tokens.
+    pub special_tokens: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -299,7 +304,11 @@ impl RawCompletion {
         if prompt == PromptInput::Text(String::new()) {
             return Err(ApiError::invalid("prompt", "prompt must not be empty"));
         }
-        Ok(CompletionRequest { generation, prompt })
+        Ok(CompletionRequest {
+            generation,
+            prompt,
+            special_tokens: self.special_tokens.unwrap_or(true),
+        })
     }
 }
 

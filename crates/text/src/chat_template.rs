@@ -14,6 +14,8 @@ use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{Map as JsonMap, Value as Json};
 
 use crate::json::write_python_json;
+use crate::prompt::{PromptText, Shield};
+use crate::read::{read_bounded_text, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_CONFIG_BYTES};
 use crate::TextError;
 
 /// Special-token fields of `tokenizer_config.json` that transformers exposes to templates.
@@ -168,8 +170,74 @@ impl ChatTemplate {
     /// Renders a conversation. `messages` is the OpenAI-style list of messages, `tools` the
     /// list of tool schemas, and `extra` any further template variables (`enable_thinking`,
     /// ...). A template's `raise_exception(msg)` becomes [`TextError::TemplateException`].
+    /// The render runs within [`RENDER_FUEL`] and [`MAX_RENDERED_BYTES`].
     pub fn render(
         &self,
+        messages: &Json,
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+        extra: &JsonMap<String, Json>,
+    ) -> Result<String, TextError> {
+        let name = self.pick(tools.is_some())?;
+        self.render_named(name, messages, tools, add_generation_prompt, extra)
+    }
+
+    /// [`ChatTemplate::render`] for a prompt to be tokenized: spellings of the special tokens
+    /// in `protect` inside the request's strings (message text, tool-call arguments, tool
+    /// schemas, extra variables) are kept out of the template's sight and come back as plain
+    /// ranges of the [`PromptText`], so only the template's own markers become special
+    /// tokens. Templates see markup tags (`<think>`, `<tool_call>`, ...) as written; see
+    /// `TEMPLATE_VISIBLE_TAGS`. Without protected spellings in the request the text is
+    /// exactly what [`ChatTemplate::render`] returns.
+    pub fn render_prompt(
+        &self,
+        messages: &Json,
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+        extra: &JsonMap<String, Json>,
+        protect: &[String],
+    ) -> Result<PromptText, TextError> {
+        let name = self.pick(tools.is_some())?;
+        let extra_json = Json::Object(extra.clone());
+        let mut inputs = vec![messages, &extra_json];
+        inputs.extend(tools);
+        let Some(shield) = Shield::new(protect, &inputs) else {
+            let text = self.render_named(name, messages, tools, add_generation_prompt, extra)?;
+            return Ok(PromptText::trusted(text));
+        };
+        let marker = shield.marker();
+        if self
+            .env
+            .templates()
+            .any(|(_, t)| t.source().contains(marker))
+        {
+            return Err(TextError::TemplateRender {
+                name: name.to_string(),
+                message: format!(
+                    "the template writes U+{:04X}, which spindle reserves to mark message text",
+                    marker as u32
+                ),
+            });
+        }
+        let messages = shield.cover(messages);
+        let tools = tools.map(|t| shield.cover(t));
+        let extra = match shield.cover(&extra_json) {
+            Json::Object(map) => map,
+            _ => JsonMap::new(),
+        };
+        let rendered = self.render_named(
+            name,
+            &messages,
+            tools.as_ref(),
+            add_generation_prompt,
+            &extra,
+        )?;
+        shield.uncover(&rendered, name)
+    }
+
+    fn render_named(
+        &self,
+        name: &str,
         messages: &Json,
         tools: Option<&Json>,
         add_generation_prompt: bool,
@@ -181,7 +249,6 @@ impl ChatTemplate {
                 message: format!("expected a list of messages, got {}", json_kind(messages)),
             });
         }
-        let name = self.pick(tools.is_some())?;
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         for (key, value) in &self.special_tokens {
             ctx.insert(key.clone(), Value::from(value.as_str()));
@@ -201,13 +268,60 @@ impl ChatTemplate {
             .env
             .get_template(name)
             .map_err(|e| render_error(name, &e))?;
-        template.render(ctx).map_err(|e| render_error(name, &e))
+        let mut out = CappedWriter::default();
+        match template.render_captured_to(ctx, &mut out) {
+            Ok(_) => String::from_utf8(out.bytes).map_err(|e| TextError::TemplateRender {
+                name: name.to_string(),
+                message: format!("output is not UTF-8: {e}"),
+            }),
+            Err(_) if out.overflowed => Err(TextError::TemplateBudget {
+                name: name.to_string(),
+                budget: format!("{MAX_RENDERED_BYTES} bytes of output"),
+            }),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(TextError::TemplateBudget {
+                name: name.to_string(),
+                budget: format!("{RENDER_FUEL} steps (fuel)"),
+            }),
+            Err(e) => Err(render_error(name, &e)),
+        }
+    }
+}
+
+/// Jinja instructions one render may run (minijinja fuel), which bounds its CPU time: 8,000
+/// messages with tool calls through the Qwen3.6 template take about a million; two nested
+/// `range(100000)` loops are stopped after 1-2 s. minijinja cannot be interrupted, so this is
+/// also how long a render outlives a cancelled request.
+pub const RENDER_FUEL: u64 = 20_000_000;
+
+/// The most bytes a rendered prompt may have (far above any context window's worth of text).
+pub const MAX_RENDERED_BYTES: usize = 256 << 20;
+
+/// Collects the rendering and refuses to grow past [`MAX_RENDERED_BYTES`].
+#[derive(Default)]
+struct CappedWriter {
+    bytes: Vec<u8>,
+    overflowed: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > MAX_RENDERED_BYTES {
+            self.overflowed = true;
+            return Err(std::io::Error::other("rendered prompt too large"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
 /// A Jinja environment configured as transformers configures Jinja2.
 fn new_environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(RENDER_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -292,14 +406,11 @@ fn special_tokens(config: &Json, path: &Path) -> Result<BTreeMap<String, String>
 }
 
 fn read_text(path: &Path) -> Result<String, TextError> {
-    std::fs::read_to_string(path).map_err(|source| TextError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    read_bounded_text(path, MAX_TEMPLATE_BYTES)
 }
 
 fn read_json(path: &Path) -> Result<Json, TextError> {
-    serde_json::from_str(&read_text(path)?)
+    serde_json::from_str(&read_bounded_text(path, MAX_TOKENIZER_CONFIG_BYTES)?)
         .map_err(|e| TextError::invalid_file(path, format!("invalid JSON: {e}")))
 }
 

@@ -12,6 +12,13 @@ pub enum TextError {
         #[source]
         source: std::io::Error,
     },
+    /// A file is larger than spindle reads for its kind.
+    #[error("{path} is {size} bytes, more than the {max_bytes} bytes allowed for this file")]
+    FileTooLarge {
+        path: PathBuf,
+        size: u64,
+        max_bytes: u64,
+    },
     /// A file was read but is not what it should be (bad JSON, wrong field types, ...).
     #[error("{path}: {message}")]
     InvalidFile { path: PathBuf, message: String },
@@ -39,6 +46,10 @@ pub enum TextError {
     /// Rendering failed for another reason (an undefined attribute, a bad filter argument, ...).
     #[error("rendering chat template {name:?} failed: {message}")]
     TemplateRender { name: String, message: String },
+    /// The template ran past its budget of steps or output: a template that loops or grows
+    /// without end, stopped.
+    #[error("chat template {name:?} exceeded its budget of {budget}; a real chat template needs far less, so this one is refused")]
+    TemplateBudget { name: String, budget: String },
     /// A render argument has the wrong shape (e.g. `messages` is not a list).
     #[error("chat template argument `{field}`: {message}")]
     InvalidTemplateArgument {

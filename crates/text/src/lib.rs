@@ -16,12 +16,19 @@ mod detokenizer;
 mod error;
 mod json;
 mod parse;
+mod prompt;
+mod read;
 mod stop;
 mod tokenizer;
 
-pub use chat_template::ChatTemplate;
+pub use chat_template::{ChatTemplate, MAX_RENDERED_BYTES, RENDER_FUEL};
 pub use detokenizer::Detokenizer;
 pub use error::TextError;
 pub use parse::{parse_output, OutputParser, ParseEvent, ParsedOutput, ToolCall};
+pub use prompt::PromptText;
+pub use read::{
+    read_bounded, read_bounded_text, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES,
+    MAX_TOKENIZER_CONFIG_BYTES,
+};
 pub use stop::{FinishReason, StopConditions, StopScan, StopStrings, StreamDelta, TextStream};
 pub use tokenizer::Tokenizer;

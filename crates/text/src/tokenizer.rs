@@ -8,7 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::TextError;
+use crate::read::{read_bounded, MAX_TOKENIZER_BYTES};
+
+use crate::{PromptText, TextError};
 
 /// A loaded `tokenizer.json`.
 pub struct Tokenizer {
@@ -39,10 +41,7 @@ impl Tokenizer {
     /// Loads a `tokenizer.json` file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TextError> {
         let path = path.as_ref().to_path_buf();
-        let bytes = std::fs::read(&path).map_err(|source| TextError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let bytes = read_bounded(&path, MAX_TOKENIZER_BYTES)?;
         let inner =
             tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TextError::TokenizerLoad {
                 path: path.clone(),
@@ -98,6 +97,37 @@ impl Tokenizer {
                 message: e.to_string(),
             })?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Encodes a rendered chat prompt: the template's text with special tokens recognised,
+    /// the caller's text that spells special tokens ([`PromptText::plain`]) as plain text.
+    /// A prompt without plain ranges encodes exactly as `encode(text, true)`.
+    pub fn encode_prompt(&self, prompt: &PromptText) -> Result<Vec<u32>, TextError> {
+        let mut ids = Vec::new();
+        for (segment, allow_special) in prompt.segments() {
+            ids.extend(self.encode(segment, allow_special)?);
+        }
+        Ok(ids)
+    }
+
+    /// The spellings of the special tokens, for [`crate::ChatTemplate::render_prompt`].
+    pub fn special_spellings(&self) -> Vec<String> {
+        self.special_ids
+            .iter()
+            .filter_map(|&id| self.inner.id_to_token(id))
+            .collect()
+    }
+
+    /// One more than the largest id the tokenizer can produce (added tokens included), the
+    /// least vocabulary size a model needs to embed every id.
+    pub fn id_limit(&self) -> usize {
+        let added = self
+            .inner
+            .get_added_tokens_decoder()
+            .keys()
+            .max()
+            .map_or(0, |&m| m as usize + 1);
+        self.inner.get_vocab_size(false).max(added)
     }
 
     /// Decodes ids to text; with `skip_special`, special tokens contribute nothing.

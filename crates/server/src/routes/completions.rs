@@ -27,7 +27,10 @@ pub async fn handle(
     let request = from_value::<RawCompletion>(&body)?.check(generation)?;
     drop(body);
     let prompt = match request.prompt {
-        PromptInput::Text(text) => Prompt::Text(text),
+        PromptInput::Text(text) => Prompt::Text {
+            text,
+            special_tokens: request.special_tokens,
+        },
         PromptInput::Tokens(ids) => {
             let vocab = state.model.config().vocab_size;
             if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {

@@ -5,4 +5,5 @@ mod api;
 mod common;
 mod errors;
 mod load;
+mod special_tokens;
 mod transport;
