@@ -51,6 +51,10 @@ pub enum RuntimeError {
         position: usize,
     },
 
+    /// A prompt that tokenizes to nothing: there is no token to continue from.
+    #[error("the prompt is empty: there is no token to continue from")]
+    EmptyPrompt,
+
     #[error("the prompt has {prompt} tokens but the context holds {limit}")]
     PromptTooLong { prompt: usize, limit: usize },
 }

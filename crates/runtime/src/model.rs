@@ -100,8 +100,11 @@ impl Model {
     }
 
     /// Renders and tokenizes a prompt.
+    ///
+    /// A prompt with no tokens (empty text or ids) is refused with [`RuntimeError::EmptyPrompt`].
     pub fn prepare(&self, prompt: &Prompt) -> Result<PreparedPrompt> {
         let text = match prompt {
+            Prompt::Tokens(ids) if ids.is_empty() => return Err(RuntimeError::EmptyPrompt),
             Prompt::Tokens(ids) => {
                 return Ok(PreparedPrompt {
                     text: String::new(),
@@ -124,6 +127,9 @@ impl Model {
             }
         };
         let ids = self.tokenizer.encode(&text, true)?;
+        if ids.is_empty() {
+            return Err(RuntimeError::EmptyPrompt);
+        }
         Ok(PreparedPrompt {
             starts_in_reasoning: ends_in_open_think(&text),
             text,
