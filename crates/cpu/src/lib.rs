@@ -143,7 +143,7 @@ impl Engine {
         let checkpoint = Checkpoint::open(dir)?;
         if options.check_weights {
             checkpoint.check_finite()?;
-            spindle_model::finite::check_install_experts(&install)?;
+            spindle_model::install::check::check_install_experts(&install)?;
         }
         let context = if options.context == 0 {
             4096

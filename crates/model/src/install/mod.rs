@@ -14,6 +14,7 @@
 //! The layouts are described in [`manifest`]. `config.json` and the tokenizer files sit where
 //! a Hugging Face directory has them, so everything that reads those reads an install too.
 
+pub mod check;
 pub mod error;
 pub mod manifest;
 pub mod plan;
