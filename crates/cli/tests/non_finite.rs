@@ -153,3 +153,45 @@ fn clean_fixture_passes_check_weights() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn nan_in_an_install_expert_pack_is_refused_by_name_with_check_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let install = tmp.path().join("q8");
+    let src = spindle_testkit::fixture("qwen3_5_moe");
+    let out = spindle(&[
+        "convert",
+        src.to_str().unwrap(),
+        install.to_str().unwrap(),
+        "--quant",
+        "q8",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(install.join("manifest.json")).unwrap()).unwrap();
+    let layer = &manifest["experts"][1];
+    let part = &layer["parts"][0];
+    let mut file = OpenOptions::new()
+        .write(true)
+        .open(install.join(layer["file"].as_str().unwrap()))
+        .unwrap();
+    // The f16 scale of the fourth block of expert 0's first part.
+    let at = part["scales_offset"].as_u64().unwrap() + 2 * 3;
+    file.seek(SeekFrom::Start(at)).unwrap();
+    file.write_all(&[0x00, 0x7e]).unwrap();
+    drop(file);
+    let err = logits_fails(&install, &["--check-weights"]);
+    let name = format!(
+        "layer {} expert 0 {} (scales)",
+        layer["layer"],
+        part["name"].as_str().unwrap()
+    );
+    assert!(
+        err.contains(&name) && err.contains("element 3 is NaN"),
+        "{err}"
+    );
+}
