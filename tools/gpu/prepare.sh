@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=${1:-.device-carry}
 mkdir -p "$dir"
+# The CUDA build has its own target directory, so target/release/spindle stays the CPU build
+# the Python tests and the README's examples run.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
 cargo build --release -p spindle-cli --features cuda
 # Every GPU test binary of the crate (fixtures, kernels, ...) as DIR/<name>-test.
 cargo test --release -p spindle-cuda --no-run --message-format=json 2>/dev/null |

@@ -2,7 +2,7 @@
 //! memory-bandwidth roofline measured in the same run, on any backend (the measurements are
 //! `spindle_runtime::bench`'s; this prints them).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -65,13 +65,14 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         anyhow::bail!("--context and --layers are options of the CUDA bench (--device cuda)");
     }
     let dir = model_dir::resolve(args.model.as_ref())?;
+    let name = model_dir::name(args.model.as_ref());
     let started = Instant::now();
     let backend = Backend::load_layers(&dir, args.device, &args.load.options(), args.layers)
         .with_context(|| {
             if cpu {
-                format!("loading {}", dir.display())
+                format!("loading {name}")
             } else {
-                format!("loading {} onto {}", dir.display(), args.device)
+                format!("loading {name} onto {}", args.device)
             }
         })?;
     let load_s = started.elapsed().as_secs_f64();
@@ -87,8 +88,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     )?;
     print_profiles(&report);
     match backend.cpu() {
-        Some(engine) => print_cpu(args, &dir, engine, &report),
-        None => print_gpu(args, &dir, &backend, &report, load_s),
+        Some(engine) => print_cpu(args, &name, engine, &report),
+        None => print_gpu(args, &name, &backend, &report, load_s),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -125,7 +126,7 @@ fn gb(bytes: f64) -> f64 {
 
 /// The CPU report: one decode figure (after the prompt), the engine's threads and its expert
 /// counters (which cover the warm-up and the measured runs).
-fn print_cpu(args: &BenchArgs, dir: &Path, engine: &Engine, report: &BenchReport) {
+fn print_cpu(args: &BenchArgs, name: &str, engine: &Engine, report: &BenchReport) {
     let experts = engine.expert_stats();
     // An install carries its own format; a checkpoint is quantized as asked.
     let quant: WeightFormat = engine
@@ -146,7 +147,7 @@ fn print_cpu(args: &BenchArgs, dir: &Path, engine: &Engine, report: &BenchReport
             "measured_bandwidth_bytes_per_s": report.measured_bandwidth_bytes_per_s,
             "decode_roofline_fraction": report.decode_roofline_fraction(),
             "peak_rss_bytes": report.peak_rss_bytes,
-            "model": dir.display().to_string(),
+            "model": name,
             "quant": quant.name(),
             "experts": format!("{:?}", engine.expert_placement()),
             "expert_hit_rate": experts.hit_rate(),
@@ -158,7 +159,7 @@ fn print_cpu(args: &BenchArgs, dir: &Path, engine: &Engine, report: &BenchReport
     }
     println!(
         "model        {} ({}, {} threads)",
-        dir.display(),
+        name,
         quant.name(),
         report.threads
     );
@@ -195,7 +196,10 @@ fn print_cpu(args: &BenchArgs, dir: &Path, engine: &Engine, report: &BenchReport
         "prefill/decode ratio {:.1}x",
         report.prefill_tokens_per_s() / report.decode_tokens_per_s()
     );
-    println!("peak RSS     {:>10.2} GB", gb(report.peak_rss_bytes as f64));
+    println!(
+        "peak RSS     {:>10.2} GB (before the bandwidth probe)",
+        gb(report.peak_rss_bytes as f64)
+    );
     if experts.hits + experts.misses > 0 {
         println!(
             "experts      {:?}: hit rate {:.1}%, read {:.2} GB, stalled {:.2} s",
@@ -209,7 +213,7 @@ fn print_cpu(args: &BenchArgs, dir: &Path, engine: &Engine, report: &BenchReport
 
 /// The GPU report: decode after each `--context`, the device, CUDA graphs and the load time
 /// (the JSON keys the CPU report shares have the same meaning).
-fn print_gpu(args: &BenchArgs, dir: &Path, backend: &Backend, report: &BenchReport, load_s: f64) {
+fn print_gpu(args: &BenchArgs, name: &str, backend: &Backend, report: &BenchReport, load_s: f64) {
     let layers = backend.config().num_layers();
     let roofline = report.roofline_tokens_per_s();
     if args.json {
@@ -226,7 +230,7 @@ fn print_gpu(args: &BenchArgs, dir: &Path, backend: &Backend, report: &BenchRepo
             })
             .collect();
         let value = json!({
-            "model": dir.display().to_string(),
+            "model": name,
             "device": report.device,
             "quant": args.load.quant.name(),
             "layers": layers,
@@ -249,7 +253,7 @@ fn print_gpu(args: &BenchArgs, dir: &Path, backend: &Backend, report: &BenchRepo
     }
     println!(
         "model        {} ({}, {} layers) on {}{}",
-        dir.display(),
+        name,
         args.load.quant.name(),
         layers,
         report.device,

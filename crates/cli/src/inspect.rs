@@ -77,7 +77,14 @@ pub fn run(args: &InspectArgs) -> Result<ExitCode> {
     } else {
         args.quant
     };
-    let plan = MemoryPlan::new(&config, quant, args.context);
+    let plan = MemoryPlan::checked(&config, quant, args.context).ok_or_else(|| {
+        anyhow::anyhow!(
+            "--context {}: the KV cache at that many tokens would take more than 2^64 bytes; \
+             give a context this model could hold (max_position_embeddings is {})",
+            args.context,
+            config.max_position_embeddings
+        )
+    })?;
     if args.json {
         let mut value = to_json(&args.path, &config, &params);
         value["memory_plan"] = plan_json(&plan, quant);

@@ -41,6 +41,12 @@ pub struct LoadArgs {
     /// checked); a success is recorded in the install's verified.json.
     #[arg(long)]
     pub verify: bool,
+
+    /// Scan every stored weight for NaN and infinity before running, and refuse the first
+    /// tensor holding one by name (reads the whole model once). Without it a forward pass
+    /// that goes non-finite still fails, naming the layer (on the CPU).
+    #[arg(long)]
+    pub check_weights: bool,
 }
 
 fn parse_quant(s: &str) -> Result<WeightFormat, String> {
@@ -87,6 +93,7 @@ impl LoadArgs {
             } else {
                 Verify::Sizes
             },
+            check_weights: self.check_weights,
             ..LoadOptions::default()
         }
     }

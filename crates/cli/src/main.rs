@@ -14,6 +14,7 @@ mod serve;
 mod synth;
 mod template;
 mod tensor_file;
+mod terminal;
 mod tokenize;
 
 use std::process::ExitCode;

@@ -18,3 +18,12 @@ pub fn resolve(model: Option<&PathBuf>) -> Result<PathBuf> {
         None => spindle_runtime::demo_dir().context("unpacking the embedded demo model"),
     }
 }
+
+/// The model as messages show it: `--model`'s directory as given, or the embedded demo's name
+/// (`spindle-demo (embedded)`), never the cache directory it is unpacked into.
+pub fn name(model: Option<&PathBuf>) -> String {
+    match model {
+        Some(dir) => dir.display().to_string(),
+        None => format!("{} (embedded)", spindle_runtime::DEMO_MODEL_ID),
+    }
+}

@@ -15,6 +15,7 @@ use spindle_runtime::{Completion, Conversation, Device, Flow, GenerateOptions, M
 
 use crate::model_dir;
 use crate::sampling_args::SamplingArgs;
+use crate::terminal;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -22,8 +23,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
 
-    /// The prompt. Omit it on a terminal for an interactive chat; omit it with piped input
-    /// to read the prompt from stdin.
+    /// The prompt (an empty one is refused). Omit it on a terminal for an interactive chat;
+    /// omit it with piped input to read the prompt from stdin. On a terminal, control
+    /// characters in the model's text other than newline and tab are shown as visible
+    /// stand-ins (ESC as ␛); piped output is the exact text.
     pub prompt: Option<String>,
 
     /// Send the prompt as plain text, without the chat template. Spellings of special
@@ -93,18 +96,19 @@ impl RunArgs {
 
 fn load(args: &RunArgs) -> Result<Model> {
     let dir = model_dir::resolve(args.model.as_ref())?;
+    let name = model_dir::name(args.model.as_ref());
     let spinner = indicatif::ProgressBar::new_spinner();
-    spinner.set_message(format!("loading {}", dir.display()));
+    spinner.set_message(format!("loading {name}"));
     spinner.enable_steady_tick(Duration::from_millis(100));
     let model = Model::load_on(&dir, args.device, &args.load.options())
-        .with_context(|| format!("loading {} on {}", dir.display(), args.device));
+        .with_context(|| format!("loading {name} on {}", args.device));
     spinner.finish_and_clear();
     model
 }
 
 fn print_stats(model: &Model, c: &Completion) {
     eprintln!(
-        "\n[prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s | stop: {:?}]",
+        "\n[prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s | stop: {}]",
         c.prompt_tokens,
         c.prefill_tokens_per_s(),
         c.completion_tokens(),
@@ -130,10 +134,17 @@ fn print_stats(model: &Model, c: &Completion) {
     }
 }
 
-/// Streams deltas to stdout as they come.
+/// Streams deltas to stdout as they come; on a terminal with control characters made
+/// visible ([`terminal::printable`]), elsewhere byte for byte.
 fn stdout_sink(stop: Option<Arc<AtomicBool>>) -> impl FnMut(&str) -> Flow {
+    let tty = std::io::stdout().is_terminal();
     move |text: &str| {
         let mut out = std::io::stdout().lock();
+        let text = if tty {
+            terminal::printable(text)
+        } else {
+            text.into()
+        };
         let _ = out.write_all(text.as_bytes());
         let _ = out.flush();
         match &stop {
@@ -155,6 +166,12 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         }
         None => None,
     };
+    if prompt.as_deref().is_some_and(|p| p.trim().is_empty()) {
+        anyhow::bail!(
+            "the prompt is empty: give it as an argument (spindle run \"...\"), pipe it on \
+             stdin, or leave it out on a terminal for an interactive chat"
+        );
+    }
     let model = load(args)?;
     match prompt {
         Some(text) => one_shot(args, &model, text),
@@ -202,7 +219,7 @@ fn chat(args: &RunArgs, model: &Model) -> Result<ExitCode> {
     let mut conversation = Conversation::new(model, args.system.as_deref(), args.template_vars());
     eprintln!(
         "spindle chat with {} on {} (Ctrl-C stops an answer, Ctrl-D quits)",
-        model.dir.display(),
+        model_dir::name(args.model.as_ref()),
         model.backend.describe()
     );
     let stdin = std::io::stdin();

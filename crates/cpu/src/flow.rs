@@ -9,7 +9,7 @@ use spindle_kernels::norm::{rms_norm_zc, GateActivation};
 use spindle_kernels::rope::RopeFreqs;
 use spindle_model::{GdnGate, ModelConfig};
 
-use crate::error::Result;
+use crate::error::{first_non_finite_row, EngineError, NonFiniteSite, Result};
 use crate::qwen4::{hyper, ngram, ple};
 use crate::session::{LayerState, Session};
 use spindle_model::forward::LogitsFor;
@@ -77,13 +77,33 @@ fn residual_step(
     Ok(())
 }
 
+/// Refuses a residual stream (rows of `width`) that holds a NaN or an infinity, naming `site`.
+fn check_finite(
+    x: &[f32],
+    width: usize,
+    site: NonFiniteSite,
+    start: usize,
+    first_row: usize,
+) -> Result<()> {
+    match first_non_finite_row(x, width) {
+        None => Ok(()),
+        Some(row) => Err(EngineError::NonFinite {
+            site,
+            token: first_row + row,
+            position: start + first_row + row,
+        }),
+    }
+}
+
 fn run_layer(
     ctx: &Ctx,
+    index: usize,
     layer: &LayerWeights,
     state: &mut LayerState,
     h: &mut [f32],
     start: usize,
 ) -> Result<()> {
+    let width = ctx.streams * ctx.hidden;
     let config = ctx.config;
     residual_step(ctx, &layer.residual, Sublayer::Mixer, h, |x| {
         Ok(match (&layer.mixer, state) {
@@ -108,6 +128,7 @@ fn run_layer(
             _ => unreachable!("session layers are built from the same config as the weights"),
         })
     })?;
+    check_finite(h, width, NonFiniteSite::Mixer { layer: index }, start, 0)?;
     residual_step(ctx, &layer.residual, Sublayer::Ffn, h, |x| {
         match &layer.ffn {
             FfnWeights::Dense(w) => Ok(ffn::mlp(w, x, ctx.tokens)),
@@ -119,7 +140,8 @@ fn run_layer(
                 ctx.hidden,
             ),
         }
-    })
+    })?;
+    check_finite(h, width, NonFiniteSite::Ffn { layer: index }, start, 0)
 }
 
 /// Runs `ids` (already validated) through the model from the session's state.
@@ -154,8 +176,15 @@ pub fn forward(
         }
     }
 
+    check_finite(&h, width, NonFiniteSite::Embedding, start, 0)?;
+
     let mut ple_ordinal = 0;
-    for (layer, state) in weights.layers.iter().zip(session.layers.iter_mut()) {
+    for (index, (layer, state)) in weights
+        .layers
+        .iter()
+        .zip(session.layers.iter_mut())
+        .enumerate()
+    {
         if let (Some(w), Some(ple_state)) = (&layer.ple, session.ple.as_mut()) {
             let conv = &mut ple_state.conv[ple_ordinal];
             ple::add(
@@ -169,8 +198,9 @@ pub fn forward(
                 ctx.eps,
             );
             ple_ordinal += 1;
+            check_finite(&h, width, NonFiniteSite::Ple { layer: index }, start, 0)?;
         }
-        run_layer(&ctx, layer, state, &mut h, start)?;
+        run_layer(&ctx, index, layer, state, &mut h, start)?;
     }
     if let Some(ple_state) = session.ple.as_mut() {
         ngram::advance_history(&mut ple_state.history, ids);
@@ -182,9 +212,19 @@ pub fn forward(
         LogitsFor::Last => &h[(ids.len() - 1) * width..],
     };
     let count = rows.len() / width;
+    let first_row = ids.len() - count;
     let head_in = match &weights.head_input {
         HeadInput::Norm(w) => norm_rows(rows, w, ctx.eps),
         HeadInput::HyperMixer(w) => hyper::enter(w, rows, count, streams, hidden, ctx.eps).x,
     };
-    Ok(weights.lm_head.forward(&head_in, count))
+    check_finite(&head_in, hidden, NonFiniteSite::HeadInput, start, first_row)?;
+    let logits = weights.lm_head.forward(&head_in, count);
+    check_finite(
+        &logits,
+        config.vocab_size,
+        NonFiniteSite::Logits,
+        start,
+        first_row,
+    )?;
+    Ok(logits)
 }

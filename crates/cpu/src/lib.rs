@@ -29,7 +29,7 @@ use spindle_model::experts::{
 };
 use spindle_model::weights::{self, ModelWeights};
 
-pub use error::{EngineError, Result};
+pub use error::{first_non_finite_row, EngineError, NonFiniteSite, Result};
 pub use linear::LinearExt;
 pub use session::Session;
 /// The expert provider's types live in `spindle_model::experts`; re-exported for the front ends.
@@ -58,6 +58,8 @@ pub struct LoadOptions {
     pub verify: Verify,
     /// Context length the memory plan provisions for (`auto`); 0 means 4096.
     pub context: usize,
+    /// Scan every stored weight for NaN and infinity before running (`--check-weights`).
+    pub check_weights: bool,
 }
 
 /// Fraction of the available memory `auto` lets a model plan to use.
@@ -98,6 +100,9 @@ impl Engine {
         }
         let config = ModelConfig::from_dir(dir)?;
         let checkpoint = Checkpoint::open(dir)?;
+        if options.check_weights {
+            checkpoint.check_finite()?;
+        }
         let mut weights = weights::load(&checkpoint, &config)?;
         weights.quantize(options.quant, &|done, total| {
             if let Some(progress) = &options.progress {
@@ -137,6 +142,10 @@ impl Engine {
         }
         let checkpoint =
             Checkpoint::open_file(dir, &install.path_of(&install.manifest().resident.file))?;
+        if options.check_weights {
+            checkpoint.check_finite()?;
+            spindle_model::install::scan::check_install_experts(&install)?;
+        }
         let context = if options.context == 0 {
             4096
         } else {

@@ -289,6 +289,33 @@ impl Checkpoint {
         }
     }
 
+    /// Refuses the first tensor (in name order) holding a NaN or an infinity, naming it and
+    /// its file (`--check-weights`; reads every float tensor once). Integer tensors (quantized
+    /// codes, buffers) cannot be non-finite and are skipped.
+    pub fn check_finite(&self) -> Result<()> {
+        let mut names: Vec<&String> = self.entries.keys().collect();
+        names.sort();
+        for name in names {
+            let entry = &self.entries[name];
+            let dtype = match entry.dtype {
+                StDtype::BF16 => DType::Bf16,
+                StDtype::F16 => DType::F16,
+                StDtype::F32 => DType::F32,
+                _ => continue,
+            };
+            let bytes = &self.shards[entry.shard].map[entry.start..entry.end];
+            if let Some((index, nan)) = crate::finite::first_non_finite(dtype, bytes) {
+                return Err(crate::finite::non_finite_error(
+                    &self.shards[entry.shard].path,
+                    name,
+                    index,
+                    nan,
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Total bytes of all mapped files.
     pub fn mapped_bytes(&self) -> usize {
         self.shards.iter().map(|s| s.map.len()).sum()

@@ -54,6 +54,15 @@ pub enum ModelError {
         message: String,
     },
 
+    /// `--check-weights` found a NaN or an infinity in a stored weight.
+    #[error("tensor `{tensor}` in {path}: element {index} is {what}; refused by --check-weights (a non-finite weight makes the logits NaN)")]
+    NonFinite {
+        path: PathBuf,
+        tensor: String,
+        index: usize,
+        what: &'static str,
+    },
+
     /// The index names a shard that does not hold the tensor, or two shards hold the same name.
     #[error("{path}: {message}")]
     Index { path: PathBuf, message: String },

@@ -8,6 +8,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod finite;
 pub mod forward;
 pub mod fs;
 pub mod install;

@@ -38,6 +38,23 @@ pub enum RuntimeError {
     #[error("{0}")]
     Request(String),
 
+    /// A backend that cannot locate the layer returned logits holding NaN or infinity.
+    #[error(
+        "the logits on {device} are not finite (NaN or infinity), first at input token {token} \
+         (position {position}); the weights may be damaged: load with --check-weights to scan \
+         them, or run the same input with --device cpu, which names the layer where the hidden \
+         state first went non-finite"
+    )]
+    NonFiniteLogits {
+        device: String,
+        token: usize,
+        position: usize,
+    },
+
+    /// A prompt that tokenizes to nothing: there is no token to continue from.
+    #[error("the prompt is empty: there is no token to continue from")]
+    EmptyPrompt,
+
     #[error("the prompt has {prompt} tokens but the context holds {limit}")]
     PromptTooLong { prompt: usize, limit: usize },
 }

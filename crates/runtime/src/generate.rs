@@ -35,6 +35,20 @@ pub enum Finish {
     Cancelled,
 }
 
+/// How generation ended, in words for people (the stats line of `spindle run`):
+/// `end of sequence (token 4065)`, `stop string "\n\n"`, `--max-tokens reached`, ...
+impl std::fmt::Display for Finish {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Finish::Eos(id) => write!(f, "end of sequence (token {id})"),
+            Finish::Stop(s) => write!(f, "stop string {s:?}"),
+            Finish::Length => write!(f, "token limit reached"),
+            Finish::ContextFull => write!(f, "context window full"),
+            Finish::Cancelled => write!(f, "cancelled"),
+        }
+    }
+}
+
 /// The caller's answer to each streamed delta.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flow {

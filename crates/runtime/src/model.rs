@@ -103,8 +103,11 @@ impl Model {
     }
 
     /// Renders and tokenizes a prompt.
+    ///
+    /// A prompt with no tokens (empty text or ids) is refused with [`RuntimeError::EmptyPrompt`].
     pub fn prepare(&self, prompt: &Prompt) -> Result<PreparedPrompt> {
         let text = match prompt {
+            Prompt::Tokens(ids) if ids.is_empty() => return Err(RuntimeError::EmptyPrompt),
             Prompt::Tokens(ids) => {
                 return Ok(PreparedPrompt {
                     text: String::new(),
@@ -116,11 +119,15 @@ impl Model {
                 text,
                 special_tokens,
             } => {
+                let ids = self.tokenizer.encode(text, *special_tokens)?;
+                if ids.is_empty() {
+                    return Err(RuntimeError::EmptyPrompt);
+                }
                 return Ok(PreparedPrompt {
-                    ids: self.tokenizer.encode(text, *special_tokens)?,
+                    ids,
                     starts_in_reasoning: ends_in_open_think(text),
                     text: text.clone(),
-                })
+                });
             }
             Prompt::Chat {
                 messages,
@@ -143,6 +150,9 @@ impl Model {
         };
         // Message text is plain: only the template's own markers become special tokens.
         let ids = self.tokenizer.encode_prompt(&text)?;
+        if ids.is_empty() {
+            return Err(RuntimeError::EmptyPrompt);
+        }
         Ok(PreparedPrompt {
             starts_in_reasoning: ends_in_open_think(&text.text),
             text: text.text,

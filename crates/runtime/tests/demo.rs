@@ -171,3 +171,37 @@ fn a_failed_turn_leaves_the_conversation_usable() {
     assert_eq!(retried.completion.ids, wanted.completion.ids);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_empty_prompt_is_refused_by_name() {
+    let dir = spindle_runtime::demo_dir().unwrap();
+    let model = spindle_runtime::Model::load(&dir).unwrap();
+    for prompt in [
+        spindle_runtime::Prompt::Text {
+            text: String::new(),
+            special_tokens: true,
+        },
+        spindle_runtime::Prompt::Tokens(Vec::new()),
+    ] {
+        let err = model.prepare(&prompt).unwrap_err();
+        assert!(
+            matches!(err, spindle_runtime::RuntimeError::EmptyPrompt),
+            "{err}"
+        );
+        assert!(err.to_string().contains("the prompt is empty"), "{err}");
+    }
+}
+
+#[test]
+fn finish_reads_as_words() {
+    use spindle_runtime::Finish;
+    assert_eq!(
+        Finish::Eos(4065).to_string(),
+        "end of sequence (token 4065)"
+    );
+    assert_eq!(Finish::Length.to_string(), "token limit reached");
+    assert_eq!(
+        Finish::Stop("\n\n".into()).to_string(),
+        "stop string \"\\n\\n\""
+    );
+}

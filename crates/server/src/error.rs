@@ -234,6 +234,7 @@ impl ApiError {
             RuntimeError::Text(
                 e @ (TextError::TemplateRender { .. } | TextError::InvalidTemplateArgument { .. }),
             ) => Self::invalid(param, e.to_string()),
+            RuntimeError::EmptyPrompt => Self::invalid(param, err.to_string()),
             RuntimeError::PromptTooLong { .. } => {
                 Self::invalid(param, err.to_string()).with_code("context_length_exceeded")
             }

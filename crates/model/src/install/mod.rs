@@ -21,6 +21,7 @@ pub mod manifest;
 pub mod plan;
 pub mod quantize;
 pub mod reader;
+pub mod scan;
 pub mod sha256;
 pub mod writer;
 

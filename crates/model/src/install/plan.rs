@@ -240,3 +240,38 @@ pub fn memory_budget() -> Option<u64> {
         (a, c) => a.or(c),
     }
 }
+
+impl MemoryPlan {
+    /// [`MemoryPlan::new`] with its arithmetic checked: `None` when the state at `context`
+    /// tokens, or a peak RSS of the plan, would not fit in 64 bits of bytes (a `--context`
+    /// far beyond any machine, e.g. 2^60, which wrapped around before this check).
+    pub fn checked(config: &ModelConfig, quant: WeightFormat, context: usize) -> Option<Self> {
+        checked_state_bytes(config, context)?;
+        let plan = Self::new(config, quant, context);
+        let all_slots = plan
+            .record_bytes
+            .checked_mul(plan.experts_per_layer.checked_mul(plan.moe_layers)? as u64)?;
+        BASE_OVERHEAD_BYTES
+            .checked_add(plan.dense_bytes)?
+            .checked_add(plan.state_bytes)?
+            .checked_add(plan.work_bytes)?
+            .checked_add(plan.expert_bytes.max(all_slots))?;
+        Some(plan)
+    }
+}
+
+/// [`state_bytes`] with checked arithmetic: `None` on overflow.
+pub fn checked_state_bytes(config: &ModelConfig, context: usize) -> Option<u64> {
+    let a = &config.attention;
+    let indexer = config.qsa.as_ref().map_or(0, |q| q.head_dim);
+    let per_token = (2 * a.num_kv_heads * a.head_dim + indexer) as u64 * 4;
+    let mut total = 0u64;
+    for layer in &config.layers {
+        if layer.mixer == MixerKind::FullAttention {
+            total = total.checked_add(per_token.checked_mul(context as u64)?)?;
+        }
+    }
+    // The rest does not depend on the context: add it as state_bytes at one token does.
+    let fixed = state_bytes(config, 0);
+    total.checked_add(fixed)
+}

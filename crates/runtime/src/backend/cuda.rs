@@ -78,6 +78,11 @@ impl CudaBackend {
         if let Some(reason) = cuda_refusal(dir, options) {
             return Err(RuntimeError::Unsupported(reason));
         }
+        if options.check_weights {
+            spindle_model::Checkpoint::open(dir)
+                .and_then(|ck| ck.check_finite())
+                .map_err(spindle_cpu::EngineError::from)?;
+        }
         let engine = spindle_cuda::CudaEngine::load_with(dir, ordinal, options.quant, layers)?;
         tracing::info!(
             device = %engine.device_name(),

@@ -183,9 +183,15 @@ impl Backend {
     ) -> Result<Vec<f32>> {
         check_input(self.config(), session.position(), ids)?;
         match (self, session) {
+            // The CPU engine checks the residual stream after every sublayer and the logits.
             (Backend::Cpu(e), BackendSession::Cpu(s)) => Ok(e.forward(s, ids, want)?),
             #[cfg(feature = "cuda")]
-            (Backend::Cuda(c), BackendSession::Cuda(s)) => c.forward(s, ids, want),
+            (Backend::Cuda(c), BackendSession::Cuda(s)) => {
+                let start = s.session().position;
+                let logits = c.forward(s, ids, want)?;
+                self.check_logits(&logits, ids.len(), start)?;
+                Ok(logits)
+            }
             #[cfg(feature = "cuda")]
             (backend, _) => Err(backend.foreign_session()),
         }
@@ -204,6 +210,24 @@ impl Backend {
             (Backend::Cuda(c), BackendSession::Cuda(s)) => c.decode_greedy(s, id),
             #[cfg(feature = "cuda")]
             (backend, _) => Err(backend.foreign_session()),
+        }
+    }
+
+    /// Refuses logits `[rows, V]` of a forward pass over `tokens` tokens from `start` that hold
+    /// a NaN or an infinity (the rows are the last `rows` of the input).
+    #[cfg(feature = "cuda")]
+    fn check_logits(&self, logits: &[f32], tokens: usize, start: usize) -> Result<()> {
+        let vocab = self.config().vocab_size;
+        match spindle_cpu::first_non_finite_row(logits, vocab) {
+            None => Ok(()),
+            Some(row) => {
+                let token = tokens - logits.len() / vocab + row;
+                Err(RuntimeError::NonFiniteLogits {
+                    device: self.describe(),
+                    token,
+                    position: start + token,
+                })
+            }
         }
     }
 

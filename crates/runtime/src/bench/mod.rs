@@ -64,6 +64,7 @@ pub struct BenchReport {
     pub decode: Vec<DecodeAt>,
     pub weight_bytes_per_token: usize,
     pub measured_bandwidth_bytes_per_s: f64,
+    /// The process's peak resident memory before the bandwidth probe (which runs last).
     pub peak_rss_bytes: u64,
     /// Empty unless the backend profiles its kernels.
     pub profiles: Vec<KernelProfile>,
@@ -103,8 +104,10 @@ fn prefill_once(backend: &Backend, prompt: &[u32]) -> Result<f64> {
 /// prompt, each in a fresh session. Decode, for each context: a fresh session prefilled with
 /// `context` tokens, a few warm-up steps (on CUDA they capture the decode graph), then `runs`
 /// timed stretches of `gen_tokens` greedy steps continuing that sequence.
+///
+/// The peak RSS is read before the bandwidth probe runs (last), so it is the model's and its
+/// runs' memory, not the probe's buffer (1 GiB by default).
 pub fn run(backend: &Backend, options: &BenchOptions) -> Result<BenchReport> {
-    let bandwidth = backend.measure_bandwidth(options.probe_bytes)?;
     let runs = options.runs.max(1);
     let gen = options.gen_tokens.max(1);
     let vocab = backend.config().vocab_size;
@@ -166,6 +169,8 @@ pub fn run(backend: &Backend, options: &BenchOptions) -> Result<BenchReport> {
             tokens_per_s,
         });
     }
+    let peak_rss = peak_rss_bytes();
+    let bandwidth = backend.measure_bandwidth(options.probe_bytes)?;
     Ok(BenchReport {
         device: backend.device_name(),
         prompt_tokens: prompt.len(),
@@ -177,7 +182,7 @@ pub fn run(backend: &Backend, options: &BenchOptions) -> Result<BenchReport> {
         decode,
         weight_bytes_per_token: backend.weight_bytes_per_token(),
         measured_bandwidth_bytes_per_s: bandwidth,
-        peak_rss_bytes: peak_rss_bytes(),
+        peak_rss_bytes: peak_rss,
         profiles,
     })
 }
