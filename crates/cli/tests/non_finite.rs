@@ -49,7 +49,9 @@ fn write_nan(dir: &Path, name: &str, index: usize) {
 
 /// Runs `spindle logits` on `dir` (plus `extra`), which must fail; returns stderr.
 fn logits_fails(dir: &Path, extra: &[&str]) -> String {
-    let out_file = dir.join("out.safetensors");
+    // Outside the model: --out refuses a path inside the model being read.
+    let out_dir = tempfile::tempdir().unwrap();
+    let out_file = out_dir.path().join("out.safetensors");
     let mut args = vec![
         "logits",
         "--model",
@@ -136,7 +138,8 @@ fn nan_in_an_attention_weight_names_the_layer_on_every_family() {
 #[test]
 fn clean_fixture_passes_check_weights() {
     let tmp = copy_fixture("qwen3_5_moe");
-    let out_file = tmp.path().join("out.safetensors");
+    let out_dir = tempfile::tempdir().unwrap();
+    let out_file = out_dir.path().join("out.safetensors");
     let out = spindle(&[
         "logits",
         "--model",
