@@ -62,6 +62,13 @@ pub struct LoadOptions {
     pub check_weights: bool,
 }
 
+/// One sequence's share of a batched step ([`Engine::forward_batch`]).
+pub struct BatchItem<'a> {
+    pub session: &'a mut Session,
+    pub ids: &'a [u32],
+    pub want: LogitsFor,
+}
+
 /// Fraction of the available memory `auto` lets a model plan to use.
 const AUTO_BUDGET_FRACTION: f64 = 0.85;
 
@@ -243,6 +250,19 @@ impl Engine {
         // updated some layers' state: the session refuses further steps.
         flow::forward(&self.config, &self.weights, &self.rope, session, ids, want)
             .inspect_err(|e| session.broken = Some(e.to_string()))
+    }
+
+    /// One step over many sequences: each item feeds its own `ids` (one token for a decoding
+    /// sequence, a prompt chunk for a prefilling one) to its own session, and gets back its own
+    /// result: the logits `want` asks for, or why that sequence failed (a failed sequence's
+    /// session is broken; the others are not affected). Input is checked as for
+    /// [`Engine::forward`].
+    pub fn forward_batch(&self, items: &mut [BatchItem<'_>]) -> Vec<Result<Vec<f32>>> {
+        // Sequence by sequence for now; the batched flow shares each weight read.
+        items
+            .iter_mut()
+            .map(|item| self.forward(item.session, item.ids, item.want))
+            .collect()
     }
 
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache.

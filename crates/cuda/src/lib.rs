@@ -58,6 +58,13 @@ pub use session::CudaSession;
 /// kernels; the result is the same as one pass).
 const MAX_CHUNK: usize = 4096;
 
+/// One sequence's share of a batched step ([`CudaEngine::forward_batch`]).
+pub struct CudaBatchItem<'a> {
+    pub session: &'a mut CudaSession,
+    pub ids: &'a [u32],
+    pub want: LogitsFor,
+}
+
 /// A model loaded onto one CUDA device.
 pub struct CudaEngine {
     dev: Device,
@@ -230,6 +237,16 @@ impl CudaEngine {
             }
         }
         Ok(logits)
+    }
+
+    /// One step over many sequences, as the CPU backend's `Engine::forward_batch`: each item
+    /// feeds its own `ids` to its own session and gets back its own logits (host) or error.
+    pub fn forward_batch(&self, items: &mut [CudaBatchItem<'_>]) -> Vec<Result<Vec<f32>>> {
+        // Sequence by sequence for now; the batched flow shares each weight read.
+        items
+            .iter_mut()
+            .map(|item| self.forward(item.session, item.ids, item.want))
+            .collect()
     }
 
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache, in

@@ -76,6 +76,13 @@ impl BackendSession {
     }
 }
 
+/// One sequence's share of a batched step ([`Backend::forward_batch`]).
+pub struct BatchItem<'a> {
+    pub session: &'a mut BackendSession,
+    pub ids: &'a [u32],
+    pub want: LogitsFor,
+}
+
 impl Backend {
     /// Loads the model in `dir` onto `device` with `options`. On CUDA only `options.quant` is
     /// used; options only the CPU engine has are refused by name (see [`cuda_refusal`]), and a
@@ -197,6 +204,64 @@ impl Backend {
         }
     }
 
+    /// One step over many sequences: each item feeds its own `ids` to its own session and gets
+    /// back its own logits (as [`Backend::forward`] would return them) or its own error. Each
+    /// item's input is checked here; an item refused (or failing) leaves the others running.
+    pub fn forward_batch(&self, items: &mut [BatchItem<'_>]) -> Vec<Result<Vec<f32>>> {
+        let config = self.config();
+        let mut results: Vec<Option<Result<Vec<f32>>>> = items
+            .iter()
+            .map(|item| {
+                check_input(config, item.session.position(), item.ids)
+                    .err()
+                    .map(|e| Err(e.into()))
+            })
+            .collect();
+        let runnable: Vec<usize> = (0..items.len()).filter(|&n| results[n].is_none()).collect();
+        match self {
+            Backend::Cpu(e) => {
+                let mut batch = Vec::with_capacity(runnable.len());
+                #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+                let mut foreign: Vec<usize> = Vec::new();
+                for (n, item) in items.iter_mut().enumerate() {
+                    if results[n].is_some() {
+                        continue;
+                    }
+                    match &mut item.session {
+                        BackendSession::Cpu(s) => batch.push((
+                            n,
+                            spindle_cpu::BatchItem {
+                                session: s,
+                                ids: item.ids,
+                                want: item.want,
+                            },
+                        )),
+                        #[cfg(feature = "cuda")]
+                        BackendSession::Cuda(_) => foreign.push(n),
+                    }
+                }
+                for n in foreign {
+                    results[n] = Some(Err(self.foreign_session()));
+                }
+                let (order, mut engine_items): (Vec<usize>, Vec<_>) = batch.into_iter().unzip();
+                for (n, r) in order.into_iter().zip(e.forward_batch(&mut engine_items)) {
+                    results[n] = Some(r.map_err(Into::into));
+                }
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => {
+                for n in runnable {
+                    let item = &mut items[n];
+                    results[n] = Some(self.forward(item.session, item.ids, item.want));
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every item has a result"))
+            .collect()
+    }
+
     /// Feeds one token and returns the greedy next token ([`argmax`] of its logits): on the
     /// CPU from the logits row, on CUDA chosen on the device (4 bytes come back instead of the
     /// row; the device argmax keeps the lowest index on ties, as [`argmax`] does).
@@ -231,7 +296,6 @@ impl Backend {
         }
     }
 
-    #[cfg(feature = "cuda")]
     fn foreign_session(&self) -> RuntimeError {
         RuntimeError::Request(format!(
             "a session of another backend was given to the model on {}",
