@@ -1,5 +1,8 @@
 //! The decode loop: prefill the prompt, then sample, detokenize and check stop conditions one
-//! token at a time, streaming text to the caller, who may stop it at any step.
+//! token at a time, streaming text to the caller, who may stop it at any step. The per-token
+//! half of it is [`SequenceDecoder`], which the continuous-batching scheduler
+//! ([`crate::batch`]) runs for each of its sequences: one code path for a token, alone or in a
+//! batch.
 
 use std::time::{Duration, Instant};
 
@@ -85,10 +88,153 @@ impl Completion {
     }
 }
 
+/// One sequence's side of the decode loop, between forward passes: its own [`Sampler`], the
+/// history its penalties see, the streaming detokenizer with the stop conditions, and the
+/// text and ids so far. Whoever runs the forward pass (one session in [`Model::generate`], a
+/// batched step in [`crate::batch`]) hands it each row of logits; it answers with the visible
+/// text and either the token to feed next or why the sequence ended.
+pub struct SequenceDecoder {
+    sampler: Sampler,
+    stream: TextStream,
+    /// Prompt and generated ids (what the penalties count).
+    history: Vec<u32>,
+    text: String,
+    ids: Vec<u32>,
+    prompt_tokens: usize,
+    max_tokens: Option<usize>,
+    /// The model's context (`max_position_embeddings`).
+    limit: usize,
+    finish: Option<Finish>,
+}
+
+/// What one row of logits produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenStep {
+    /// Visible text to show now (may be empty).
+    pub text: String,
+    /// The token to feed next, or `None` when the sequence ended ([`SequenceDecoder::finish`]).
+    pub next: Option<u32>,
+}
+
+impl SequenceDecoder {
+    /// A decoder for `prompt_ids` fed to a session already holding `start` tokens. Refuses a
+    /// prompt that leaves no room to generate and invalid sampling parameters.
+    pub fn new(
+        model: &Model,
+        start: usize,
+        prompt_ids: &[u32],
+        options: &GenerateOptions,
+    ) -> Result<Self> {
+        let limit = model.config().max_position_embeddings;
+        if start + prompt_ids.len() >= limit {
+            return Err(RuntimeError::PromptTooLong {
+                prompt: start + prompt_ids.len(),
+                limit,
+            });
+        }
+        let sampler = Sampler::new(options.sampling.clone())?;
+        let conditions = StopConditions {
+            eos_ids: model.eos_ids.clone(),
+            stop_strings: options.stop.clone(),
+            max_tokens: options.max_tokens,
+        };
+        Ok(Self {
+            sampler,
+            stream: TextStream::new(model.tokenizer.clone(), &conditions),
+            history: prompt_ids.to_vec(),
+            text: String::new(),
+            ids: Vec::new(),
+            prompt_tokens: prompt_ids.len(),
+            max_tokens: options.max_tokens,
+            limit,
+            finish: None,
+        })
+    }
+
+    /// Takes the logits `[V]` of the last token fed (the prompt's last token, then each token
+    /// [`TokenStep::next`] named) to a session now at `position`: samples, detokenizes and
+    /// checks EOS, stop strings, `max_tokens` and the context. `logits` is changed in place
+    /// (penalties). After the sequence ended it returns empty steps.
+    pub fn step(&mut self, logits: &mut [f32], position: usize) -> Result<TokenStep> {
+        let ended = TokenStep {
+            text: String::new(),
+            next: None,
+        };
+        if self.finish.is_some() {
+            return Ok(ended);
+        }
+        if self.max_tokens == Some(0) {
+            self.finish = Some(Finish::Length);
+            return Ok(ended);
+        }
+        let id = self.sampler.sample(logits, &self.history);
+        self.ids.push(id);
+        self.history.push(id);
+        let delta = self.stream.push(id)?;
+        let mut text = delta.text;
+        if let Some(reason) = delta.finished {
+            self.finish = Some(match reason {
+                FinishReason::Eos(id) => Finish::Eos(id),
+                FinishReason::StopString(s) => Finish::Stop(s),
+                FinishReason::MaxTokens => Finish::Length,
+            });
+        } else if position + 1 >= self.limit {
+            text.push_str(&self.end(Finish::ContextFull)?);
+        }
+        self.text.push_str(&text);
+        let next = self.finish.is_none().then_some(id);
+        Ok(TokenStep { text, next })
+    }
+
+    /// Ends the sequence from outside (the caller stopped it): returns the text held back
+    /// (part of a character or of a possible stop string), now visible. A no-op once ended.
+    pub fn cancel(&mut self) -> Result<String> {
+        if self.finish.is_some() {
+            return Ok(String::new());
+        }
+        let rest = self.end(Finish::Cancelled)?;
+        self.text.push_str(&rest);
+        Ok(rest)
+    }
+
+    fn end(&mut self, finish: Finish) -> Result<String> {
+        self.finish = Some(finish);
+        Ok(self.stream.finish(FinishReason::MaxTokens)?.text)
+    }
+
+    /// Why the sequence ended, once it has.
+    pub fn finish(&self) -> Option<&Finish> {
+        self.finish.as_ref()
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    /// The result, with the timings the caller measured (a sequence not ended counts as
+    /// cancelled).
+    pub fn into_completion(self, prefill_time: Duration, decode_time: Duration) -> Completion {
+        Completion {
+            text: self.text,
+            ids: self.ids,
+            finish: self.finish.unwrap_or(Finish::Cancelled),
+            prompt_tokens: self.prompt_tokens,
+            prefill_time,
+            decode_time,
+        }
+    }
+}
+
 impl Model {
     /// Feeds `prompt_ids` to `session` and generates until a stop condition, calling
     /// `on_text` with every visible delta (possibly empty strings are skipped). The same loop
-    /// runs on every backend: only the forward pass is the backend's.
+    /// runs on every backend: only the forward pass is the backend's; each token goes through
+    /// [`SequenceDecoder`], as in a batched step.
     pub fn generate(
         &self,
         session: &mut BackendSession,
@@ -96,80 +242,28 @@ impl Model {
         options: &GenerateOptions,
         on_text: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<Completion> {
-        let limit = self.config().max_position_embeddings;
-        if session.position() + prompt_ids.len() >= limit {
-            return Err(RuntimeError::PromptTooLong {
-                prompt: session.position() + prompt_ids.len(),
-                limit,
-            });
-        }
-        let mut sampler = Sampler::new(options.sampling.clone())?;
-        let conditions = StopConditions {
-            eos_ids: self.eos_ids.clone(),
-            stop_strings: options.stop.clone(),
-            max_tokens: options.max_tokens,
-        };
-        let mut stream = TextStream::new(self.tokenizer.clone(), &conditions);
-        let mut history: Vec<u32> = prompt_ids.to_vec();
-        let mut text = String::new();
-        let mut ids = Vec::new();
-
+        let mut decoder = SequenceDecoder::new(self, session.position(), prompt_ids, options)?;
         let started = Instant::now();
         let mut logits = self.backend.forward(session, prompt_ids, LogitsFor::Last)?;
         let prefill_time = started.elapsed();
         let decode_started = Instant::now();
-
-        let finish = loop {
-            if options.max_tokens == Some(0) {
-                break Finish::Length;
-            }
-            let id = sampler.sample(&mut logits, &history);
-            ids.push(id);
-            history.push(id);
-            let delta = stream.push(id)?;
-            text.push_str(&delta.text);
-            let flow = if delta.text.is_empty() {
+        loop {
+            let step = decoder.step(&mut logits, session.position())?;
+            let flow = if step.text.is_empty() {
                 Flow::Continue
             } else {
-                on_text(&delta.text)
+                on_text(&step.text)
             };
-            if let Some(reason) = delta.finished {
-                break match reason {
-                    FinishReason::Eos(id) => Finish::Eos(id),
-                    FinishReason::StopString(s) => Finish::Stop(s),
-                    FinishReason::MaxTokens => Finish::Length,
-                };
-            }
+            let Some(next) = step.next else { break };
             if flow == Flow::Stop {
-                break self.flush(&mut stream, &mut text, on_text, Finish::Cancelled)?;
+                let rest = decoder.cancel()?;
+                if !rest.is_empty() {
+                    on_text(&rest);
+                }
+                break;
             }
-            if session.position() + 1 >= limit {
-                break self.flush(&mut stream, &mut text, on_text, Finish::ContextFull)?;
-            }
-            logits = self.backend.forward(session, &[id], LogitsFor::Last)?;
-        };
-        Ok(Completion {
-            text,
-            ids,
-            finish,
-            prompt_tokens: prompt_ids.len(),
-            prefill_time,
-            decode_time: decode_started.elapsed(),
-        })
-    }
-
-    fn flush(
-        &self,
-        stream: &mut TextStream,
-        text: &mut String,
-        on_text: &mut dyn FnMut(&str) -> Flow,
-        finish: Finish,
-    ) -> Result<Finish> {
-        let rest = stream.finish(FinishReason::MaxTokens)?;
-        if !rest.text.is_empty() {
-            text.push_str(&rest.text);
-            on_text(&rest.text);
+            logits = self.backend.forward(session, &[next], LogitsFor::Last)?;
         }
-        Ok(finish)
+        Ok(decoder.into_completion(prefill_time, decode_started.elapsed()))
     }
 }

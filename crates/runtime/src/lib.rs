@@ -6,6 +6,7 @@
 //! the server both drive generation, logits and benchmarks through here.
 
 pub mod backend;
+pub mod batch;
 pub mod bench;
 pub mod conversation;
 pub mod demo;
@@ -22,6 +23,6 @@ pub use conversation::{Conversation, Turn};
 pub use demo::{demo_dir, DEMO_MODEL_ID};
 pub use device::Device;
 pub use error::{Result, RuntimeError};
-pub use generate::{Completion, Finish, Flow, GenerateOptions};
+pub use generate::{Completion, Finish, Flow, GenerateOptions, SequenceDecoder, TokenStep};
 pub use input::InputError;
 pub use model::{Model, PreparedPrompt, Prompt};

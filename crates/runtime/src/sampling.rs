@@ -185,6 +185,27 @@ impl Sampler {
     /// usually the prompt and the generated tokens). NaN logits are never picked; if every
     /// logit is NaN or -inf the result is 0.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        let uniform = self.next_uniform();
+        self.sample_with(logits, history, uniform)
+    }
+
+    /// The random draw the next [`Sampler::sample`] would use, consuming the random stream
+    /// exactly as `sample` does: one uniform value in [0, 1) per non-greedy step, none when
+    /// greedy. `sample(l, h)` is `sample_with(l, h, next_uniform())`, so a device sampler
+    /// handed this value (and the same parameters) picks the token the host would have.
+    pub fn next_uniform(&mut self) -> Option<f64> {
+        (!self.params.is_greedy()).then(|| self.rng.random::<f64>())
+    }
+
+    /// [`Sampler::sample`] with the uniform draw given: `uniform` is what
+    /// [`Sampler::next_uniform`] returned for this step (ignored when greedy; a non-greedy
+    /// step given `None` takes the most likely surviving candidate).
+    pub fn sample_with(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        uniform: Option<f64>,
+    ) -> u32 {
         self.apply_penalties(logits, history);
         if self.params.is_greedy() {
             return argmax(logits) as u32;
@@ -205,7 +226,7 @@ impl Sampler {
         self.softmax_sorted();
         self.keep_top_p();
         self.keep_min_p();
-        self.draw()
+        self.draw(uniform.unwrap_or(0.0))
     }
 
     /// Repetition, presence and frequency penalties for every distinct token in `history`.
@@ -286,10 +307,11 @@ impl Sampler {
         self.candidates.retain(|c| c.2 >= threshold);
     }
 
-    /// Draws from the surviving candidates in proportion to their probabilities.
-    fn draw(&mut self) -> u32 {
+    /// Draws from the surviving candidates in proportion to their probabilities, with
+    /// `uniform` in [0, 1) as the random draw.
+    fn draw(&self, uniform: f64) -> u32 {
         let total: f64 = self.candidates.iter().map(|c| c.2).sum();
-        let mut target = self.rng.random::<f64>() * total;
+        let mut target = uniform * total;
         for c in &self.candidates {
             if target < c.2 {
                 return c.0;
@@ -384,6 +406,30 @@ mod tests {
         };
         assert_eq!(draws(42), draws(42));
         assert_ne!(draws(42), draws(43));
+    }
+
+    #[test]
+    fn next_uniform_consumes_the_stream_as_sample_does() {
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 37 % 11) as f32) * 0.3).collect();
+        let params = SamplingParams {
+            top_k: 20,
+            top_p: 0.9,
+            ..seeded(0.8)
+        };
+        let mut host = sampler(params.clone());
+        let mut split = sampler(params);
+        let mut differ = false;
+        let mut previous = None;
+        for _ in 0..200 {
+            let a = host.sample(&mut logits.clone(), &[]);
+            let u = split.next_uniform();
+            assert!(u.is_some_and(|u| (0.0..1.0).contains(&u)));
+            differ |= previous.is_some() && previous != u;
+            previous = u;
+            assert_eq!(split.sample_with(&mut logits.clone(), &[], u), a);
+        }
+        assert!(differ, "the draws must vary");
+        assert_eq!(sampler(SamplingParams::default()).next_uniform(), None);
     }
 
     #[test]

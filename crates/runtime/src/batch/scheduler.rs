@@ -1,0 +1,551 @@
+//! The engine thread: admission (FIFO, at most `max_seqs` with a session), the step loop,
+//! cancellation, and the handles callers hold.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use spindle_cpu::LogitsFor;
+
+use super::plan::{plan_step, Work};
+use super::stats::SchedulerStats;
+use crate::backend::{BackendSession, BatchItem};
+use crate::error::{Result, RuntimeError};
+use crate::generate::{Completion, Flow, GenerateOptions, SequenceDecoder};
+use crate::model::Model;
+
+/// How the scheduler batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchConfig {
+    /// Sequences with a session at once; more submitted ones wait, first come first served.
+    pub max_seqs: usize,
+    /// Tokens one step feeds at most (decode tokens plus prompt chunks); at least `max_seqs`,
+    /// so every decoding sequence gets its token each step.
+    pub token_budget: usize,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            max_seqs: 16,
+            token_budget: 1024,
+        }
+    }
+}
+
+impl BatchConfig {
+    fn validate(&self) -> Result<()> {
+        if self.max_seqs == 0 {
+            return Err(RuntimeError::Request(
+                "max_seqs is 0 but at least one sequence must be able to run".into(),
+            ));
+        }
+        if self.token_budget < self.max_seqs {
+            return Err(RuntimeError::Request(format!(
+                "token_budget {} is below max_seqs {}: every running sequence needs a token per step",
+                self.token_budget, self.max_seqs
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What a sequence reports, in order: visible text deltas, then exactly one `Done`.
+#[derive(Debug)]
+pub enum SeqEvent {
+    Text(String),
+    /// The completion (with `Finish::Cancelled` when it was cancelled), or why it failed.
+    Done(Result<Completion>),
+}
+
+/// Receives a sequence's events on the engine thread. Answering [`Flow::Stop`] to a text
+/// event cancels the sequence.
+pub type EventSink = Box<dyn FnMut(SeqEvent) -> Flow + Send>;
+
+enum Command {
+    Submit(Box<Request>),
+    /// Something changed (a cancel flag): look before sleeping again.
+    Wake,
+    CancelAll,
+    Shutdown,
+}
+
+/// A submitted sequence without a session yet.
+struct Request {
+    prompt: Vec<u32>,
+    decoder: SequenceDecoder,
+    sink: EventSink,
+    cancel: Arc<AtomicBool>,
+    submitted: Instant,
+}
+
+/// A sequence with a session, being prefilled or decoded.
+struct Sequence {
+    request: Request,
+    session: BackendSession,
+    /// Prompt tokens fed so far.
+    fed: usize,
+    /// The token to feed next once the prompt is in.
+    next: [u32; 1],
+    prefill_started: Option<Instant>,
+    prefill_time: Duration,
+    /// When the last token was sampled (the first marks the end of the prefill).
+    last_token: Option<Instant>,
+}
+
+impl Sequence {
+    fn work(&self) -> Work {
+        match self.request.prompt.len() - self.fed {
+            0 => Work::Decode,
+            remaining => Work::Prefill { remaining },
+        }
+    }
+}
+
+/// Cancels its sequence when dropped (or on [`SequenceGuard::cancel`]): the engine frees the
+/// sequence's session before its next step.
+pub struct SequenceGuard {
+    cancel: Arc<AtomicBool>,
+    wake: Sender<Command>,
+}
+
+impl SequenceGuard {
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Release);
+        let _ = self.wake.send(Command::Wake);
+    }
+}
+
+impl Drop for SequenceGuard {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+/// A submitted sequence's events on a channel; dropping it cancels the sequence.
+pub struct SequenceHandle {
+    events: Receiver<SeqEvent>,
+    guard: SequenceGuard,
+}
+
+impl SequenceHandle {
+    /// The next event, blocking; `None` after `Done` was received.
+    pub fn recv(&self) -> Option<SeqEvent> {
+        self.events.recv().ok()
+    }
+
+    pub fn cancel(&self) {
+        self.guard.cancel();
+    }
+
+    /// Waits for the end, collecting nothing but the completion.
+    pub fn wait(self) -> Result<Completion> {
+        while let Some(event) = self.recv() {
+            if let SeqEvent::Done(result) = event {
+                return result;
+            }
+        }
+        Err(RuntimeError::Request(
+            "the scheduler stopped without finishing the sequence".into(),
+        ))
+    }
+}
+
+/// The continuous-batching scheduler over one model: [`Scheduler::submit`] queues a sequence
+/// and returns at once; the engine thread runs it with the others. Dropping the scheduler
+/// cancels what is left and stops the thread.
+pub struct Scheduler {
+    commands: Sender<Command>,
+    stats: Arc<SchedulerStats>,
+    model: Arc<Model>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Scheduler {
+    pub fn start(model: Arc<Model>, config: BatchConfig) -> Result<Self> {
+        config.validate()?;
+        let stats = Arc::new(SchedulerStats::new(config.max_seqs, config.token_budget));
+        let (commands, received) = channel();
+        let engine = EngineLoop {
+            model: Arc::clone(&model),
+            config,
+            stats: Arc::clone(&stats),
+            commands: received,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            stopping: false,
+        };
+        let thread = std::thread::Builder::new()
+            .name("spindle-batch".into())
+            .spawn(move || engine.run())
+            .map_err(|e| RuntimeError::Request(format!("cannot start the engine thread: {e}")))?;
+        Ok(Self {
+            commands,
+            stats,
+            model,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn stats(&self) -> &Arc<SchedulerStats> {
+        &self.stats
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Queues `prompt_ids` (fed to a fresh session) to generate with `options`; events go to
+    /// `sink` on the engine thread. Refused at once: an empty prompt, one that leaves no room
+    /// to generate, invalid sampling parameters.
+    pub fn submit_with(
+        &self,
+        prompt_ids: Vec<u32>,
+        options: &GenerateOptions,
+        sink: EventSink,
+    ) -> Result<SequenceGuard> {
+        if prompt_ids.is_empty() {
+            return Err(RuntimeError::EmptyPrompt);
+        }
+        let decoder = SequenceDecoder::new(&self.model, 0, &prompt_ids, options)?;
+        let cancel = Arc::new(AtomicBool::new(false));
+        let request = Request {
+            prompt: prompt_ids,
+            decoder,
+            sink,
+            cancel: Arc::clone(&cancel),
+            submitted: Instant::now(),
+        };
+        self.commands
+            .send(Command::Submit(Box::new(request)))
+            .map_err(|_| RuntimeError::Request("the scheduler has stopped".into()))?;
+        Ok(SequenceGuard {
+            cancel,
+            wake: self.commands.clone(),
+        })
+    }
+
+    /// [`Scheduler::submit_with`] with the events on a channel.
+    pub fn submit(
+        &self,
+        prompt_ids: Vec<u32>,
+        options: &GenerateOptions,
+    ) -> Result<SequenceHandle> {
+        let (tx, events) = channel();
+        let sink: EventSink = Box::new(move |event| match tx.send(event) {
+            Ok(()) => Flow::Continue,
+            Err(_) => Flow::Stop,
+        });
+        let guard = self.submit_with(prompt_ids, options, sink)?;
+        Ok(SequenceHandle { events, guard })
+    }
+
+    /// Cancels every sequence submitted so far (running or waiting).
+    pub fn cancel_all(&self) {
+        let _ = self.commands.send(Command::CancelAll);
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(thread) = self.thread.take() {
+            // The last owner may be a sink running on the engine thread itself.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// The engine thread's state.
+struct EngineLoop {
+    model: Arc<Model>,
+    config: BatchConfig,
+    stats: Arc<SchedulerStats>,
+    commands: Receiver<Command>,
+    waiting: VecDeque<Request>,
+    running: Vec<Sequence>,
+    stopping: bool,
+}
+
+impl EngineLoop {
+    fn run(mut self) {
+        loop {
+            self.take_commands();
+            self.reap_cancelled();
+            if self.stopping {
+                self.cancel_everything();
+                return;
+            }
+            self.admit();
+            self.publish();
+            if !self.running.is_empty() {
+                self.step();
+                self.publish();
+            }
+        }
+    }
+
+    /// Takes every queued command; sleeps for one when there is nothing to run.
+    fn take_commands(&mut self) {
+        if self.running.is_empty() && self.waiting.is_empty() {
+            match self.commands.recv() {
+                Ok(command) => self.apply(command),
+                Err(_) => self.stopping = true,
+            }
+        }
+        loop {
+            match self.commands.try_recv() {
+                Ok(command) => self.apply(command),
+                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Disconnected) => {
+                    self.stopping = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, command: Command) {
+        match command {
+            Command::Submit(request) => self.waiting.push_back(*request),
+            Command::Wake => {}
+            Command::CancelAll => {
+                let flags = self.waiting.iter().map(|r| &r.cancel);
+                for flag in flags.chain(self.running.iter().map(|s| &s.request.cancel)) {
+                    flag.store(true, Ordering::Release);
+                }
+            }
+            Command::Shutdown => self.stopping = true,
+        }
+    }
+
+    fn cancel_everything(&mut self) {
+        for request in std::mem::take(&mut self.waiting) {
+            finish_request(request, Duration::ZERO, Duration::ZERO);
+        }
+        for sequence in std::mem::take(&mut self.running) {
+            self.end(sequence, None);
+        }
+        self.publish();
+    }
+
+    /// Ends every cancelled sequence, freeing its session, before the next step.
+    fn reap_cancelled(&mut self) {
+        let cancelled = |flag: &Arc<AtomicBool>| flag.load(Ordering::Acquire);
+        let (gone, kept): (VecDeque<Request>, VecDeque<Request>) =
+            std::mem::take(&mut self.waiting)
+                .into_iter()
+                .partition(|r| cancelled(&r.cancel));
+        self.waiting = kept;
+        if !gone.is_empty() {
+            self.publish();
+        }
+        for request in gone {
+            finish_request(request, Duration::ZERO, Duration::ZERO);
+        }
+        let mut n = 0;
+        while n < self.running.len() {
+            if cancelled(&self.running[n].request.cancel) {
+                let sequence = self.running.remove(n);
+                self.end(sequence, None);
+            } else {
+                n += 1;
+            }
+        }
+    }
+
+    /// Gives sessions to waiting sequences, first come first served, up to `max_seqs`. A
+    /// session that cannot be created (memory) leaves its sequence waiting for a running one
+    /// to finish; with none running there is nothing to wait for and it fails.
+    fn admit(&mut self) {
+        while self.running.len() < self.config.max_seqs {
+            let Some(request) = self.waiting.pop_front() else {
+                return;
+            };
+            match self.model.backend.new_session() {
+                Ok(session) => self.running.push(Sequence {
+                    request,
+                    session,
+                    fed: 0,
+                    next: [0],
+                    prefill_started: None,
+                    prefill_time: Duration::ZERO,
+                    last_token: None,
+                }),
+                Err(e) if self.running.is_empty() => {
+                    let mut request = request;
+                    (request.sink)(SeqEvent::Done(Err(e)));
+                }
+                Err(e) => {
+                    tracing::debug!("a sequence waits for memory: {e}");
+                    self.waiting.push_front(request);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn publish(&self) {
+        let bytes = self.running.iter().map(|s| s.session.state_bytes()).sum();
+        self.stats
+            .set_occupancy(self.running.len(), self.waiting.len(), bytes);
+    }
+
+    /// One batched forward step over the running sequences, then each one's token.
+    fn step(&mut self) {
+        let work: Vec<Work> = self.running.iter().map(Sequence::work).collect();
+        let take = plan_step(&work, self.config.token_budget);
+        let started = Instant::now();
+        let mut order = Vec::with_capacity(take.len());
+        let mut items = Vec::with_capacity(take.len());
+        for (n, sequence) in self.running.iter_mut().enumerate() {
+            if take[n] == 0 {
+                continue;
+            }
+            let Sequence {
+                request,
+                session,
+                fed,
+                next,
+                prefill_started,
+                ..
+            } = sequence;
+            let ids: &[u32] = match work[n] {
+                Work::Decode => &next[..],
+                Work::Prefill { .. } => {
+                    prefill_started.get_or_insert(started);
+                    &request.prompt[*fed..*fed + take[n]]
+                }
+            };
+            order.push(n);
+            items.push(BatchItem {
+                session,
+                ids,
+                want: LogitsFor::Last,
+            });
+        }
+        let results = self.model.backend.forward_batch(&mut items);
+        drop(items);
+        self.stats
+            .record_step(order.len(), take.iter().sum::<usize>());
+        let now = Instant::now();
+        let mut ended: Vec<(usize, Option<RuntimeError>)> = Vec::new();
+        for (n, result) in order.into_iter().zip(results) {
+            let sequence = &mut self.running[n];
+            let mut logits = match result {
+                Ok(logits) => logits,
+                Err(e) => {
+                    ended.push((n, Some(e)));
+                    continue;
+                }
+            };
+            if let Work::Prefill { remaining } = work[n] {
+                sequence.fed += take[n];
+                if take[n] < remaining {
+                    continue;
+                }
+                sequence.prefill_time = now - sequence.prefill_started.unwrap_or(started);
+            }
+            match self.token(n, &mut logits, now) {
+                Ok(true) => {}
+                Ok(false) => ended.push((n, None)),
+                Err(e) => ended.push((n, Some(e))),
+            }
+        }
+        // Highest index first, so the others keep theirs; the rest keep their order.
+        ended.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
+        for (n, error) in ended {
+            let sequence = self.running.remove(n);
+            self.end(sequence, error);
+        }
+    }
+
+    /// Samples sequence `n`'s next token from `logits` and sends its text. False when the
+    /// sequence ended (a stop condition, or its sink stopped it).
+    fn token(&mut self, n: usize, logits: &mut [f32], now: Instant) -> Result<bool> {
+        let sequence = &mut self.running[n];
+        let position = sequence.session.position();
+        let step = sequence.request.decoder.step(logits, position)?;
+        if sequence.request.decoder.generated() > 0 {
+            match sequence.last_token {
+                None => self
+                    .stats
+                    .time_to_first_token
+                    .observe((now - sequence.request.submitted).as_secs_f64()),
+                Some(last) => self
+                    .stats
+                    .inter_token_latency
+                    .observe((now - last).as_secs_f64()),
+            }
+        }
+        sequence.last_token = Some(now);
+        let flow = if step.text.is_empty() {
+            Flow::Continue
+        } else {
+            (sequence.request.sink)(SeqEvent::Text(step.text))
+        };
+        let Some(next) = step.next else {
+            return Ok(false);
+        };
+        sequence.next = [next];
+        if flow == Flow::Stop {
+            sequence.request.cancel.store(true, Ordering::Release);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Frees a sequence's session, then sends its end: the error, or the completion
+    /// (cancelled if it had not ended).
+    fn end(&self, sequence: Sequence, error: Option<RuntimeError>) {
+        let Sequence {
+            request,
+            session,
+            prefill_time,
+            last_token,
+            prefill_started,
+            ..
+        } = sequence;
+        drop(session);
+        // Counted free before the caller hears of the end.
+        self.publish();
+        let decode_time = match (last_token, prefill_started) {
+            (Some(last), Some(start)) => last.saturating_duration_since(start + prefill_time),
+            _ => Duration::ZERO,
+        };
+        match error {
+            Some(e) => {
+                let mut request = request;
+                (request.sink)(SeqEvent::Done(Err(e)));
+            }
+            None => finish_request(request, prefill_time, decode_time),
+        }
+    }
+}
+
+/// Sends a request's end: what it generated (cancelled unless it had finished).
+fn finish_request(request: Request, prefill_time: Duration, decode_time: Duration) {
+    let Request {
+        mut decoder,
+        mut sink,
+        ..
+    } = request;
+    match decoder.cancel() {
+        Ok(rest) => {
+            if !rest.is_empty() {
+                sink(SeqEvent::Text(rest));
+            }
+            sink(SeqEvent::Done(Ok(
+                decoder.into_completion(prefill_time, decode_time)
+            )));
+        }
+        Err(e) => {
+            sink(SeqEvent::Done(Err(e)));
+        }
+    }
+}
