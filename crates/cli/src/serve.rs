@@ -19,8 +19,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     load: crate::load_args::LoadArgs,
     /// Backend to run on: cpu, or (in a build with the `cuda` feature) cuda or cuda:N (CUDA GPU
-    /// N; Hugging Face checkpoints only, every expert in GPU memory; with --parallel above 1
-    /// the sessions take turns on the GPU step by step).
+    /// N; Hugging Face checkpoints only, every expert in GPU memory).
     #[arg(long, default_value = "cpu")]
     device: Device,
     /// Address to listen on. The default serves this machine only; use 0.0.0.0 to listen on
@@ -35,9 +34,15 @@ pub struct ServeArgs {
     /// out of the process list).
     #[arg(long)]
     api_key: Option<String>,
-    /// Sessions generating at once.
+    /// Sequences generating at once: the most the continuous-batching scheduler runs in one
+    /// forward step. Requests beyond it wait in the queue.
     #[arg(long, default_value_t = 1)]
     parallel: usize,
+    /// Tokens one batched step feeds at most: each running sequence's next token first, then
+    /// chunks of the prompts being prefilled (a long prompt is spread over several steps, so
+    /// it never stalls the others' next token). Raised to --parallel when below it.
+    #[arg(long, default_value_t = 1024)]
+    token_budget: usize,
     /// Requests that may wait for a free session; beyond that the server answers 429.
     #[arg(long, default_value_t = 16)]
     queue: usize,
@@ -115,6 +120,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let config = ServerConfig {
         api_key,
         parallel: args.parallel,
+        token_budget: args.token_budget,
         queue: args.queue,
         max_body_bytes: args.max_body_bytes,
         shutdown_grace: grace,

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use spindle_runtime::batch::{BatchConfig, Scheduler as BatchScheduler};
 use spindle_runtime::{demo_dir, Device, Model, DEMO_MODEL_ID};
 use tokio::net::TcpListener;
 
@@ -48,8 +49,11 @@ pub struct ServerConfig {
     pub model_id: String,
     /// When set, every endpoint but `/health` needs `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
-    /// Sessions generating at once (at least 1).
+    /// Sequences generating at once, batched together in each forward step (at least 1).
     pub parallel: usize,
+    /// Tokens one batched step feeds at most: every running sequence's next token, then
+    /// chunks of the prompts being prefilled (raised to `parallel` when below it).
+    pub token_budget: usize,
     /// Requests that may wait for a generation slot; more get HTTP 429.
     pub queue: usize,
     /// Largest request body accepted; larger gets HTTP 413.
@@ -77,6 +81,7 @@ impl ServerConfig {
             model_id: model_id.into(),
             api_key: None,
             parallel: 1,
+            token_budget: 1024,
             queue: 16,
             max_body_bytes: 4 << 20,
             shutdown_grace: Duration::from_secs(5),
@@ -175,12 +180,25 @@ impl Server {
                 "--max-connections and --max-messages must be positive".into(),
             ));
         }
+        if config.token_budget == 0 {
+            return Err(ServerError::Option(
+                "--token-budget must be positive".into(),
+            ));
+        }
+        let engine = BatchScheduler::start(
+            Arc::clone(&model),
+            BatchConfig {
+                max_seqs: config.parallel,
+                token_budget: config.token_budget.max(config.parallel),
+            },
+        )?;
         let state = AppState {
+            engine,
             model,
             model_id: config.model_id,
             created: response::now_s(),
             scheduler: Scheduler::new(config.parallel, config.queue),
-            metrics: Metrics::default(),
+            metrics: Arc::new(Metrics::default()),
             experts,
             api_key: config.api_key,
             max_body_bytes: config.max_body_bytes,
@@ -188,7 +206,7 @@ impl Server {
             max_messages: config.max_messages,
             allowed_hosts: config.allowed_hosts,
             shutting_down: AtomicBool::new(false),
-            cancel_all: AtomicBool::new(false),
+            cancel_all: Arc::new(AtomicBool::new(false)),
         };
         let limits = ConnectionLimits {
             header_timeout: config.header_timeout,
@@ -224,6 +242,7 @@ impl Server {
             tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
                 state.cancel_all.store(true, Ordering::Release);
+                state.engine.cancel_all();
             });
         };
         listen::serve(listener, self.router(), self.limits, stopping).await;

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use spindle_runtime::batch::{HistogramSnapshot, SchedulerStats};
 use spindle_runtime::{Completion, Finish};
 
 use crate::queue::Scheduler;
@@ -77,7 +78,12 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition of every metric.
-    pub fn render(&self, scheduler: &Scheduler, experts: &Arc<dyn ExpertCacheProbe>) -> String {
+    pub fn render(
+        &self,
+        scheduler: &Scheduler,
+        engine: &SchedulerStats,
+        experts: &Arc<dyn ExpertCacheProbe>,
+    ) -> String {
         let mut out = String::new();
         let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -164,6 +170,67 @@ impl Metrics {
             "Routed-expert lookups served from memory, over all lookups (1 when all resident).",
             &plain(experts.hit_rate().to_string()),
         );
+        metric(
+            "spindle_running_sequences",
+            "gauge",
+            "Sequences in the engine's batch (being prefilled or decoded).",
+            &plain(engine.running().to_string()),
+        );
+        metric(
+            "spindle_waiting_sequences",
+            "gauge",
+            "Requests admitted and waiting to join the batch (for a slot or for memory).",
+            &plain((scheduler.waiting() + engine.waiting()).to_string()),
+        );
+        metric(
+            "spindle_state_bytes",
+            "gauge",
+            "Bytes the running sequences' states hold (KV caches, GDN and PLE states).",
+            &plain(engine.state_bytes().to_string()),
+        );
+        metric(
+            "spindle_batch_steps_total",
+            "counter",
+            "Batched forward steps run.",
+            &plain(engine.steps().to_string()),
+        );
+        let histograms = [
+            (
+                "spindle_batch_size",
+                "Sequences in each batched step.",
+                engine.batch_size.snapshot(),
+            ),
+            (
+                "spindle_step_tokens",
+                "Tokens fed in each batched step (decode tokens plus prompt chunks).",
+                engine.step_tokens.snapshot(),
+            ),
+            (
+                "spindle_time_to_first_token_seconds",
+                "From a sequence's submission to its first generated token.",
+                engine.time_to_first_token.snapshot(),
+            ),
+            (
+                "spindle_inter_token_latency_seconds",
+                "Between consecutive generated tokens of a sequence.",
+                engine.inter_token_latency.snapshot(),
+            ),
+        ];
+        for (name, help, h) in histograms {
+            render_histogram(&mut out, name, help, &h);
+        }
         out
     }
+}
+
+/// A histogram in the Prometheus text format: cumulative `_bucket` lines with `le`, then
+/// `_sum` and `_count`.
+fn render_histogram(out: &mut String, name: &str, help: &str, h: &HistogramSnapshot) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (bound, n) in h.bounds.iter().zip(&h.cumulative) {
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {n}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum {}", h.sum);
+    let _ = writeln!(out, "{name}_count {}", h.count);
 }

@@ -10,10 +10,9 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use spindle_runtime::Completion;
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
-use crate::worker::GenEvent;
+use crate::worker::{GenEvent, Generation};
 
 /// Turns one endpoint's generation events into JSON chunks.
 pub trait ChunkFormatter: Send + 'static {
@@ -26,7 +25,7 @@ pub trait ChunkFormatter: Send + 'static {
 }
 
 struct StreamState<F> {
-    events: UnboundedReceiver<GenEvent>,
+    events: Generation,
     formatter: F,
     ready: VecDeque<String>,
     ended: bool,
@@ -37,10 +36,7 @@ fn frame(data: &str) -> Bytes {
 }
 
 /// The streaming response for a generation's `events`.
-pub fn sse_response<F: ChunkFormatter>(
-    events: UnboundedReceiver<GenEvent>,
-    mut formatter: F,
-) -> Response {
+pub fn sse_response<F: ChunkFormatter>(events: Generation, mut formatter: F) -> Response {
     let ready = formatter.start().into();
     let state = StreamState {
         events,

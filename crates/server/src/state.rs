@@ -3,6 +3,7 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+use spindle_runtime::batch::Scheduler as BatchScheduler;
 use spindle_runtime::Model;
 
 use crate::metrics::{ExpertCacheProbe, Metrics};
@@ -14,8 +15,11 @@ pub struct AppState {
     pub model_id: String,
     /// When the server started (Unix seconds), for `/v1/models`.
     pub created: u64,
+    /// The bounded queue in front of the engine (`--parallel` slots, `--queue` places).
     pub scheduler: Arc<Scheduler>,
-    pub metrics: Metrics,
+    /// The continuous-batching engine every generation runs in.
+    pub engine: BatchScheduler,
+    pub metrics: Arc<Metrics>,
     pub experts: Arc<dyn ExpertCacheProbe>,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
@@ -28,5 +32,5 @@ pub struct AppState {
     /// Set on shutdown: new generation requests get 503.
     pub shutting_down: AtomicBool,
     /// Set when in-flight generations must stop now (shutdown grace period over).
-    pub cancel_all: AtomicBool,
+    pub cancel_all: Arc<AtomicBool>,
 }

@@ -44,7 +44,9 @@ pub async fn health() -> Json<Value> {
 }
 
 pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let text = state.metrics.render(&state.scheduler, &state.experts);
+    let text = state
+        .metrics
+        .render(&state.scheduler, state.engine.stats(), &state.experts);
     (
         [(
             header::CONTENT_TYPE,
