@@ -11,10 +11,11 @@ use clap::Args;
 use serde_json::{json, Value};
 use spindle_cpu::Engine;
 use spindle_model::quant::WeightFormat;
-use spindle_runtime::bench::{self, BenchOptions, BenchReport};
+use spindle_runtime::bench::{self, BatchBenchOptions, BenchOptions, BenchReport};
 use spindle_runtime::{Backend, Device};
 
 use crate::load_args::LoadArgs;
+use crate::loadgen::{self, LoadOptions};
 use crate::model_dir;
 
 #[derive(Debug, Args)]
@@ -54,12 +55,47 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     pub layers: Option<usize>,
 
+    /// Batched decode: aggregate decode tok/s with B sequences per forward step, for each B
+    /// (comma-separated; B=1 is always measured, as the baseline of the ratios). Replaces
+    /// the prefill/decode report.
+    #[arg(long, value_delimiter = ',', value_name = "B,...")]
+    pub batch: Vec<usize>,
+
+    /// Load-generate against a running server at this URL (http://HOST:PORT) instead of
+    /// loading a model: streamed chat requests, reporting aggregate tok/s, time to first
+    /// token and inter-token latency per --clients count.
+    #[arg(long, value_name = "URL")]
+    pub serve: Option<String>,
+
+    /// With --serve: concurrent clients, one measurement per count (comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "N,...", default_value = "1")]
+    pub clients: Vec<usize>,
+
+    /// With --serve: words in each request's prompt.
+    #[arg(long, default_value_t = 200)]
+    pub prompt_words: usize,
+
+    /// With --serve: max_tokens of each request (temperature 0).
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+
+    /// With --serve: requests each client sends, one after another.
+    #[arg(long, default_value_t = 2)]
+    pub requests: usize,
+
+    /// With --serve: the server's API key (else SPINDLE_API_KEY when set).
+    #[arg(long)]
+    pub api_key: Option<String>,
+
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
+    if let Some(url) = &args.serve {
+        return run_load(args, url);
+    }
     let cpu = args.device == Device::Cpu;
     if cpu && (!args.context.is_empty() || args.layers.is_some()) {
         anyhow::bail!("--context and --layers are options of the CUDA bench (--device cuda)");
@@ -76,6 +112,9 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             }
         })?;
     let load_s = started.elapsed().as_secs_f64();
+    if !args.batch.is_empty() {
+        return run_batch(args, &name, &backend);
+    }
     let report = bench::run(
         &backend,
         &BenchOptions {
@@ -292,4 +331,142 @@ fn print_gpu(args: &BenchArgs, name: &str, backend: &Backend, report: &BenchRepo
         "peak RSS     {:>10.2} GB (host)",
         gb(report.peak_rss_bytes as f64)
     );
+}
+
+/// `--batch`: batched decode at each B, with B=1 first as the baseline of the ratios.
+fn run_batch(args: &BenchArgs, name: &str, backend: &Backend) -> Result<ExitCode> {
+    let mut sizes = vec![1];
+    sizes.extend(args.batch.iter().copied().filter(|&b| b != 1));
+    anyhow::ensure!(
+        sizes.iter().all(|&b| b > 0),
+        "--batch sizes must be positive"
+    );
+    let report = bench::run_batch(
+        backend,
+        &BatchBenchOptions {
+            batch_sizes: sizes,
+            prompt_tokens: args.prompt.min(64),
+            steps: args.gen,
+            runs: args.runs,
+        },
+    )?;
+    let base = report[0].tokens_per_s.median;
+    if args.json {
+        let rows: Vec<Value> = report
+            .iter()
+            .map(|r| {
+                json!({
+                    "batch": r.batch,
+                    "tokens_per_s": r.tokens_per_s.median,
+                    "decode": r.tokens_per_s,
+                    "vs_batch_1": r.tokens_per_s.median / base,
+                    "step_ms": r.step_ms.median,
+                    "step": r.step_ms,
+                })
+            })
+            .collect();
+        let value = json!({
+            "model": name,
+            "device": backend.device_name(),
+            "quant": args.load.quant.name(),
+            "prompt_tokens": args.prompt.min(64),
+            "steps": args.gen,
+            "runs": args.runs,
+            "batched_decode": rows,
+        });
+        println!("{value}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "model        {} ({}) on {}; {} prompt tokens per sequence, {} steps x {} runs",
+        name,
+        args.load.quant.name(),
+        backend.device_name(),
+        args.prompt.min(64),
+        args.gen,
+        args.runs
+    );
+    println!(
+        "{:>6} {:>14} {:>10} {:>12}",
+        "batch", "decode tok/s", "vs B=1", "step ms"
+    );
+    for r in &report {
+        println!(
+            "{:>6} {:>14.2} {:>9.2}x {:>12.2}",
+            r.batch,
+            r.tokens_per_s.median,
+            r.tokens_per_s.median / base,
+            r.step_ms.median
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--serve URL`: the load generator against a running server.
+fn run_load(args: &BenchArgs, url: &str) -> Result<ExitCode> {
+    anyhow::ensure!(
+        args.clients.iter().all(|&c| c > 0) && !args.clients.is_empty(),
+        "--clients must be positive counts"
+    );
+    anyhow::ensure!(args.requests > 0, "--requests must be positive");
+    let api_key = args.api_key.clone().or_else(|| {
+        std::env::var("SPINDLE_API_KEY")
+            .ok()
+            .filter(|k| !k.is_empty())
+    });
+    let reports = loadgen::run(&LoadOptions {
+        url: url.to_owned(),
+        clients: args.clients.clone(),
+        prompt_words: args.prompt_words,
+        max_tokens: args.max_tokens,
+        requests_per_client: args.requests,
+        api_key,
+    })?;
+    if args.json {
+        println!(
+            "{}",
+            json!({ "url": url, "prompt_words": args.prompt_words,
+            "max_tokens": args.max_tokens, "results": reports })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "server       {url}; {} prompt words, max_tokens {}, temperature 0, {} requests per client",
+        args.prompt_words, args.max_tokens, args.requests
+    );
+    println!(
+        "{:>7} {:>8} {:>7} {:>10} {:>7} {:>9} {:>9} {:>8} {:>8} {:>10}",
+        "clients",
+        "requests",
+        "failed",
+        "tok/s",
+        "vs 1st",
+        "TTFT p50",
+        "TTFT p99",
+        "ITL p50",
+        "ITL p99",
+        "latency"
+    );
+    let base = reports[0].tokens_per_s;
+    for r in &reports {
+        println!(
+            "{:>7} {:>8} {:>7} {:>10.2} {:>6.2}x {:>7.0}ms {:>7.0}ms {:>6.1}ms {:>6.1}ms {:>9.2}s",
+            r.clients,
+            r.requests,
+            r.failed,
+            r.tokens_per_s,
+            r.tokens_per_s / base,
+            r.ttft_p50_ms,
+            r.ttft_p99_ms,
+            r.itl_p50_ms,
+            r.itl_p99_ms,
+            r.latency_p50_s
+        );
+    }
+    let failed: usize = reports.iter().map(|r| r.failed).sum();
+    Ok(if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -6,6 +6,7 @@ mod compare;
 mod convert;
 mod inspect;
 mod load_args;
+mod loadgen;
 mod logits;
 mod model_dir;
 mod run;

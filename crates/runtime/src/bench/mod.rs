@@ -4,11 +4,14 @@
 //! the process's peak memory. Everything runs through [`Backend`]: the probe, the decode step
 //! (a device argmax on CUDA) and the kernel profile are the backend's.
 
+mod batch;
+
 use std::time::Instant;
 
 pub use crate::measure::{
     measure_read_bandwidth, peak_rss_bytes, synthetic_prompt, KernelTime, Stat,
 };
+pub use batch::{run_batch, BatchBenchOptions, BatchDecode};
 use serde::Serialize;
 use spindle_cpu::LogitsFor;
 use spindle_kernels::softmax::argmax;

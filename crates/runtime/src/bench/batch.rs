@@ -1,0 +1,111 @@
+//! `spindle bench --batch 1,16,64`: aggregate decode speed when one forward step carries B
+//! sequences ([`Backend::forward_batch`]), for each B asked for. B sessions are prefilled with
+//! short prompts of their own, then timed stretches of batched greedy decode steps run, each
+//! step feeding every sequence its next token. Reported per B: tokens/s over all sequences
+//! and the latency of one step (what each sequence waits between its tokens).
+
+use std::time::Instant;
+
+use serde::Serialize;
+use spindle_cpu::LogitsFor;
+use spindle_kernels::softmax::argmax;
+
+use crate::backend::{Backend, BackendSession, BatchItem};
+use crate::error::Result;
+use crate::measure::{synthetic_prompt, Stat};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BatchBenchOptions {
+    /// Sequences per step, one measurement each, in this order.
+    pub batch_sizes: Vec<usize>,
+    /// Prompt tokens each sequence is prefilled with before decode is timed.
+    pub prompt_tokens: usize,
+    /// Decode steps per timed run.
+    pub steps: usize,
+    /// Timed runs (after a few warm-up steps).
+    pub runs: usize,
+}
+
+/// Decode with `batch` sequences per step.
+#[derive(Clone, Debug, Serialize)]
+pub struct BatchDecode {
+    pub batch: usize,
+    /// Tokens generated per second over all the sequences.
+    pub tokens_per_s: Stat,
+    /// Milliseconds of one step (each sequence's time between tokens).
+    pub step_ms: Stat,
+}
+
+/// Measures batched decode at every size in `options.batch_sizes`.
+pub fn run_batch(backend: &Backend, options: &BatchBenchOptions) -> Result<Vec<BatchDecode>> {
+    let vocab = backend.config().vocab_size;
+    let steps = options.steps.max(1);
+    let runs = options.runs.max(1);
+    let mut report = Vec::new();
+    for &batch in &options.batch_sizes {
+        let batch = batch.max(1);
+        let capacity = options.prompt_tokens + (runs + 1) * steps + 8;
+        let mut sessions = Vec::with_capacity(batch);
+        let mut next = Vec::with_capacity(batch);
+        for b in 0..batch {
+            // Each sequence its own prompt (the synthetic prompt shifted by b).
+            let prompt: Vec<u32> = synthetic_prompt(vocab, options.prompt_tokens.max(1))
+                .into_iter()
+                .map(|id| (id + b as u32) % vocab as u32)
+                .collect();
+            let mut session = backend.new_session_with_capacity(capacity)?;
+            let logits = backend.forward(&mut session, &prompt, LogitsFor::Last)?;
+            next.push(argmax(&logits) as u32);
+            sessions.push(session);
+        }
+        let warm_up = steps.min(4);
+        for _ in 0..warm_up {
+            decode_step(backend, &mut sessions, &mut next)?;
+        }
+        let mut speeds = Vec::with_capacity(runs);
+        let mut step_ms = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            backend.sync()?;
+            let started = Instant::now();
+            for _ in 0..steps {
+                decode_step(backend, &mut sessions, &mut next)?;
+            }
+            let seconds = started.elapsed().as_secs_f64();
+            speeds.push((batch * steps) as f64 / seconds);
+            step_ms.push(seconds * 1e3 / steps as f64);
+        }
+        let decode = BatchDecode {
+            batch,
+            tokens_per_s: Stat::of(speeds),
+            step_ms: Stat::of(step_ms),
+        };
+        tracing::info!(
+            batch,
+            tokens_per_s = decode.tokens_per_s.median,
+            "batched decode measured"
+        );
+        report.push(decode);
+    }
+    Ok(report)
+}
+
+/// One batched greedy step: every session is fed its `next` token, which is replaced by the
+/// arg-max of its logits.
+fn decode_step(backend: &Backend, sessions: &mut [BackendSession], next: &mut [u32]) -> Result<()> {
+    let ids: Vec<[u32; 1]> = next.iter().map(|&id| [id]).collect();
+    let mut items: Vec<BatchItem<'_>> = sessions
+        .iter_mut()
+        .zip(&ids)
+        .map(|(session, id)| BatchItem {
+            session,
+            ids: id,
+            want: LogitsFor::Last,
+        })
+        .collect();
+    let results = backend.forward_batch(&mut items);
+    for (slot, logits) in next.iter_mut().zip(results) {
+        *slot = argmax(&logits?) as u32;
+    }
+    Ok(())
+}
