@@ -2,8 +2,10 @@
 //! engine or (with the `cuda` feature) a CUDA GPU, chosen by [`Device`]: load, sessions, the
 //! forward pass with its input checked once ([`input`]), and what [`bench`] measures. Above it:
 //! a model directory (weights, tokenizer, chat template, generation defaults), the decode loop
-//! with [`sampling`] and streaming detokenization, and multi-turn conversations. The CLI and
-//! the server both drive generation, logits and benchmarks through here.
+//! with [`sampling`] and streaming detokenization, multi-turn conversations, and the
+//! continuous-batching scheduler ([`batch`]) that runs many sequences per forward step with
+//! the same per-token code ([`SequenceDecoder`]). The CLI and the server both drive
+//! generation, logits and benchmarks through here.
 
 pub mod backend;
 pub mod batch;
