@@ -2,8 +2,9 @@
 //! memory-bandwidth roofline measured in the same run, on any backend (the measurements are
 //! `spindle_runtime::bench`'s; this prints them).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -12,7 +13,7 @@ use serde_json::{json, Value};
 use spindle_cpu::Engine;
 use spindle_model::quant::WeightFormat;
 use spindle_runtime::bench::{self, BatchBenchOptions, BenchOptions, BenchReport};
-use spindle_runtime::{Backend, Device};
+use spindle_runtime::{Backend, Device, Model};
 
 use crate::load_args::LoadArgs;
 use crate::loadgen::{self, LoadOptions};
@@ -102,6 +103,9 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     }
     let dir = model_dir::resolve(args.model.as_ref())?;
     let name = model_dir::name(args.model.as_ref());
+    if !args.batch.is_empty() {
+        return run_batch(args, &dir, &name);
+    }
     let started = Instant::now();
     let backend = Backend::load_layers(&dir, args.device, &args.load.options(), args.layers)
         .with_context(|| {
@@ -112,9 +116,6 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             }
         })?;
     let load_s = started.elapsed().as_secs_f64();
-    if !args.batch.is_empty() {
-        return run_batch(args, &name, &backend);
-    }
     let report = bench::run(
         &backend,
         &BenchOptions {
@@ -333,14 +334,40 @@ fn print_gpu(args: &BenchArgs, name: &str, backend: &Backend, report: &BenchRepo
     );
 }
 
-/// `--batch`: batched decode at each B, with B=1 first as the baseline of the ratios.
-fn run_batch(args: &BenchArgs, name: &str, backend: &Backend) -> Result<ExitCode> {
+/// `--batch`: batched decode at each B, with B=1 first as the baseline of the ratios; and,
+/// when the model has a tokenizer (and runs whole), the same decode through the scheduler.
+fn run_batch(args: &BenchArgs, dir: &Path, name: &str) -> Result<ExitCode> {
     let mut sizes = vec![1];
     sizes.extend(args.batch.iter().copied().filter(|&b| b != 1));
     anyhow::ensure!(
         sizes.iter().all(|&b| b > 0),
         "--batch sizes must be positive"
     );
+    let options = args.load.options();
+    let model = if args.layers.is_none() && dir.join("tokenizer.json").is_file() {
+        let model = Model::load_on(dir, args.device, &options)
+            .with_context(|| format!("loading {name}"))?;
+        Some(Arc::new(model))
+    } else {
+        None
+    };
+    let loaded;
+    let backend = match &model {
+        Some(model) => &model.backend,
+        None => {
+            loaded = Backend::load_layers(dir, args.device, &options, args.layers)
+                .with_context(|| format!("loading {name}"))?;
+            &loaded
+        }
+    };
+    let prompt_tokens = args.prompt.min(64);
+    let scheduled = match &model {
+        Some(model) => sizes
+            .iter()
+            .map(|&b| bench::run_scheduled(model, b, prompt_tokens, args.gen))
+            .collect::<std::result::Result<Vec<_>, _>>()?,
+        None => Vec::new(),
+    };
     let report = bench::run_batch(
         backend,
         &BatchBenchOptions {
@@ -365,6 +392,17 @@ fn run_batch(args: &BenchArgs, name: &str, backend: &Backend) -> Result<ExitCode
                 })
             })
             .collect();
+        let scheduled: Vec<Value> = scheduled
+            .iter()
+            .map(|s| {
+                json!({
+                    "batch": s.batch,
+                    "tokens_per_s": s.tokens_per_s,
+                    "inter_token_ms": s.inter_token_ms,
+                    "generated": s.generated,
+                })
+            })
+            .collect();
         let value = json!({
             "model": name,
             "device": backend.device_name(),
@@ -373,6 +411,7 @@ fn run_batch(args: &BenchArgs, name: &str, backend: &Backend) -> Result<ExitCode
             "steps": args.gen,
             "runs": args.runs,
             "batched_decode": rows,
+            "scheduler_decode": scheduled,
         });
         println!("{value}");
         return Ok(ExitCode::SUCCESS);
@@ -387,17 +426,31 @@ fn run_batch(args: &BenchArgs, name: &str, backend: &Backend) -> Result<ExitCode
         args.runs
     );
     println!(
-        "{:>6} {:>14} {:>10} {:>12}",
-        "batch", "decode tok/s", "vs B=1", "step ms"
+        "{:>6} {:>14} {:>10} {:>12}   {:>16} {:>12}",
+        "batch", "decode tok/s", "vs B=1", "step ms", "scheduler tok/s", "vs engine"
     );
-    for r in &report {
+    for (n, r) in report.iter().enumerate() {
+        let through_scheduler = scheduled.get(n).map_or_else(
+            || format!("{:>16} {:>12}", "-", "-"),
+            |s| {
+                format!(
+                    "{:>16.2} {:>11.1}%",
+                    s.tokens_per_s,
+                    100.0 * s.tokens_per_s / r.tokens_per_s.median
+                )
+            },
+        );
         println!(
-            "{:>6} {:>14.2} {:>9.2}x {:>12.2}",
+            "{:>6} {:>14.2} {:>9.2}x {:>12.2}   {}",
             r.batch,
             r.tokens_per_s.median,
             r.tokens_per_s.median / base,
-            r.step_ms.median
+            r.step_ms.median,
+            through_scheduler
         );
+    }
+    if model.is_none() {
+        println!("(no tokenizer.json beside the weights: the scheduler's rate is not measured)");
     }
     Ok(ExitCode::SUCCESS)
 }

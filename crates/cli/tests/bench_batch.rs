@@ -39,6 +39,17 @@ fn bench_batch_reports_each_size_beside_batch_1() {
         assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["step_ms"].as_f64().unwrap() > 0.0, "{r}");
     }
+    // The demo has a tokenizer: the same decode through the scheduler is measured too.
+    let scheduled = v["scheduler_decode"].as_array().unwrap();
+    let sizes: Vec<u64> = scheduled
+        .iter()
+        .map(|r| r["batch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [1, 3]);
+    for r in scheduled {
+        assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["generated"].as_u64().unwrap() > 0, "{r}");
+    }
 }
 
 #[test]
