@@ -360,23 +360,25 @@ fn run_batch(args: &BenchArgs, dir: &Path, name: &str) -> Result<ExitCode> {
             &loaded
         }
     };
+    // Each size through the scheduler, then at the engine, before the next size: a machine
+    // whose load drifts (other processes) shifts both figures of a row alike.
     let prompt_tokens = args.prompt.min(64);
-    let scheduled = match &model {
-        Some(model) => sizes
-            .iter()
-            .map(|&b| bench::run_scheduled(model, b, prompt_tokens, args.gen))
-            .collect::<std::result::Result<Vec<_>, _>>()?,
-        None => Vec::new(),
-    };
-    let report = bench::run_batch(
-        backend,
-        &BatchBenchOptions {
-            batch_sizes: sizes,
-            prompt_tokens: args.prompt.min(64),
-            steps: args.gen,
-            runs: args.runs,
-        },
-    )?;
+    let mut scheduled = Vec::new();
+    let mut report = Vec::new();
+    for &b in &sizes {
+        if let Some(model) = &model {
+            scheduled.push(bench::run_scheduled(model, b, prompt_tokens, args.gen)?);
+        }
+        report.extend(bench::run_batch(
+            backend,
+            &BatchBenchOptions {
+                batch_sizes: vec![b],
+                prompt_tokens,
+                steps: args.gen,
+                runs: args.runs,
+            },
+        )?);
+    }
     let base = report[0].tokens_per_s.median;
     if args.json {
         let rows: Vec<Value> = report
