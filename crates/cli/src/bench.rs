@@ -367,7 +367,10 @@ fn run_batch(args: &BenchArgs, dir: &Path, name: &str) -> Result<ExitCode> {
     let mut report = Vec::new();
     for &b in &sizes {
         if let Some(model) = &model {
-            scheduled.push(bench::run_scheduled(model, b, prompt_tokens, args.gen)?);
+            // As many tokens as the engine-level run feeds (warm-up and timed runs), so both
+            // time the same positions of the same greedy sequences.
+            let tokens = args.gen.min(4) + args.runs.max(1) * args.gen.max(1);
+            scheduled.push(bench::run_scheduled(model, b, prompt_tokens, tokens)?);
         }
         report.extend(bench::run_batch(
             backend,
