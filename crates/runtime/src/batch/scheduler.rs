@@ -169,18 +169,23 @@ impl Scheduler {
         config.validate()?;
         let stats = Arc::new(SchedulerStats::new(config.max_seqs, config.token_budget));
         let (commands, received) = channel();
-        let engine = EngineLoop {
-            model: Arc::clone(&model),
-            config,
-            stats: Arc::clone(&stats),
-            commands: received,
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            stopping: false,
-        };
+        let (engine_model, engine_stats) = (Arc::clone(&model), Arc::clone(&stats));
+        // The loop is built on its thread: sessions are created, used and dropped there and
+        // never cross threads (a backend's session need not be `Send`).
         let thread = std::thread::Builder::new()
             .name("spindle-batch".into())
-            .spawn(move || engine.run())
+            .spawn(move || {
+                EngineLoop {
+                    model: engine_model,
+                    config,
+                    stats: engine_stats,
+                    commands: received,
+                    waiting: VecDeque::new(),
+                    running: Vec::new(),
+                    stopping: false,
+                }
+                .run()
+            })
             .map_err(|e| RuntimeError::Request(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             commands,
