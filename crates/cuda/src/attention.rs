@@ -19,7 +19,7 @@ use crate::kernels::{
     ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_SPLIT_KEYS, MATVEC_MAX_TOKENS, QSA_PICK_THREADS,
     QSA_WARPS,
 };
-use crate::session::{selection_stride, KvCache};
+use crate::session::{selection_stride, KvCache, Seg};
 use crate::weights::{GpuAttention, GpuIndexer};
 
 /// What attention needs besides the layer's device weights.
@@ -81,26 +81,55 @@ pub fn reserve(
     Ok(())
 }
 
-/// Runs `tokens` tokens at positions `start..` (or from the position at `start_dev`, in a
-/// captured graph) through one attention layer, input and output as `io`.
+/// Runs a step's `tokens` tokens through one attention layer (input and output as `io`): the
+/// projections once over all rows, the core (q/k norms, RoPE at each sequence's own
+/// positions, the KV append, QSA selection, attention) per sequence on its own cache.
 pub fn forward(
     dev: &Device,
     ctx: &AttentionCtx,
     w: &GpuAttention,
-    cache: &mut KvCache,
+    seqs: &mut [(&mut KvCache, Seg)],
     io: Io,
     tokens: usize,
-    start: usize,
-    start_dev: u64,
 ) -> Result<Option<DevBuf<f32>>> {
     let a = &ctx.config.attention;
     let hidden = ctx.config.hidden_size;
-    let (n_h, n_kv, d) = (a.num_heads, a.num_kv_heads, a.head_dim);
+    let (n_h, d) = (a.num_heads, a.head_dim);
 
     let qkv = io.project(dev, &w.qkv, hidden, tokens)?;
-    reserve(dev, cache, start + tokens, ctx.config)?;
     let q = dev.scratch::<f32>(tokens * n_h * d)?;
     let gate = dev.scratch::<f32>(tokens * n_h * d)?;
+    let out = dev.scratch::<f32>(tokens * n_h * d)?;
+    for (cache, seg) in seqs.iter_mut() {
+        if seg.tokens > 0 {
+            let rows = (qkv.arg_at(seg.offset * w.qkv.rows), w.qkv.rows);
+            let qgo = (
+                q.arg_at(seg.offset * n_h * d),
+                gate.arg_at(seg.offset * n_h * d),
+                out.arg_at(seg.offset * n_h * d),
+            );
+            core(dev, ctx, w, cache, rows, qgo, seg)?;
+        }
+    }
+    io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens)
+}
+
+/// One sequence's attention core on its rows of the step: `qkv` rows (address, stride) in,
+/// the gated attention output rows `out` (`[tokens, n_h·d]`) out; `q` and `gate` are scratch
+/// rows of the same shape.
+fn core(
+    dev: &Device,
+    ctx: &AttentionCtx,
+    w: &GpuAttention,
+    cache: &mut KvCache,
+    (qkv, ld): (Ptr<f32>, usize),
+    (q, gate, out): (Ptr<f32>, Ptr<f32>, Ptr<f32>),
+    seg: &Seg,
+) -> Result<()> {
+    let a = &ctx.config.attention;
+    let (n_h, n_kv, d) = (a.num_heads, a.num_kv_heads, a.head_dim);
+    let (tokens, start, start_dev) = (seg.tokens, seg.start, seg.start_dev);
+    reserve(dev, cache, start + tokens, ctx.config)?;
     kernels::attention::AttentionPrepare::launch(
         dev,
         Launch::new(
@@ -108,14 +137,14 @@ pub fn forward(
             threads_for(d),
             (d * 4) as u32,
         ),
-        qkv.arg(),
-        i(w.qkv.rows),
+        qkv,
+        i(ld),
         w.q_norm.arg(),
         w.k_norm.arg(),
         ctx.inv_freq.arg(),
         i(ctx.config.rope.rotary_dim),
-        q.arg(),
-        gate.arg(),
+        q,
+        gate,
         cache.keys.arg(),
         cache.values.arg(),
         i(n_h),
@@ -127,19 +156,18 @@ pub fn forward(
     )?;
 
     let selection = match (&w.indexer, ctx.config.qsa.as_ref()) {
-        (Some(indexer), Some(q)) => Some(select(
-            dev, ctx, q, indexer, cache, &qkv, w.qkv.rows, tokens, start, start_dev,
+        (Some(indexer), Some(qc)) => Some(select(
+            dev, ctx, qc, indexer, cache, qkv, ld, tokens, start, start_dev,
         )?),
         _ => None,
     };
 
-    let out = dev.scratch::<f32>(tokens * n_h * d)?;
     let heads = Heads { n_h, n_kv, d };
     if selection.is_none()
         && attend_split(
             dev,
             heads,
-            (q.arg(), gate.arg(), out.arg()),
+            (q, gate, out),
             (cache.keys.arg(), cache.values.arg(), cache.partials.arg()),
             cache.capacity,
             tokens,
@@ -147,13 +175,12 @@ pub fn forward(
             p(start_dev),
         )?
     {
-        return io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens);
+        return Ok(());
     }
-    let (q, gate, out_ptr) = (q.arg(), gate.arg(), out.arg());
     let (keys, values) = (cache.keys.arg(), cache.values.arg());
     let tiled = selection.is_none()
         && tokens > MATVEC_MAX_TOKENS
-        && attend_tiled(dev, heads, q, gate, keys, values, out_ptr, tokens, start)?;
+        && attend_tiled(dev, heads, q, gate, keys, values, out, tokens, start)?;
     if !tiled {
         let sel = selection
             .as_ref()
@@ -166,13 +193,13 @@ pub fn forward(
             keys,
             values,
             sel,
-            out_ptr,
+            out,
             tokens,
             start,
             p(start_dev),
         )?;
     }
-    io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens)
+    Ok(())
 }
 
 /// Query heads, KV heads and head size.
@@ -348,7 +375,7 @@ fn select(
     q: &QsaConfig,
     w: &GpuIndexer,
     cache: &KvCache,
-    qkv: &DevBuf<f32>,
+    qkv: Ptr<f32>,
     ld: usize,
     tokens: usize,
     start: usize,
@@ -367,7 +394,7 @@ fn select(
             threads_for(d_i),
             (d_i * 4) as u32,
         ),
-        qkv.arg(),
+        qkv,
         i(ld),
         i(w.row),
         w.q_norm.arg(),

@@ -16,7 +16,7 @@ use crate::linear::{decode_linear, project};
 use crate::matvec::{DecodeIn, DecodeOut};
 use crate::norm::norm_rows;
 use crate::qwen4::{self, HyperInput};
-use crate::session::{CudaSession, DecodeGraph, LayerState};
+use crate::session::{CudaSession, DecodeGraph, LayerState, Seg};
 use crate::weights::{GpuFfn, GpuHeadInput, GpuHyper, GpuMixer, GpuResidual};
 use crate::{gdn, mlp, moe, CudaEngine};
 
@@ -173,8 +173,63 @@ pub(crate) fn forward_device(
         (buf.ptr(), Some(buf))
     };
     let _arena = small.then(|| Workspace::begin(dev, session));
-    let (logits, rows) = body(e, session, ids.len(), ids_dev, start, 0, want)?;
-    session.position += ids.len();
+    let seg = Seg {
+        offset: 0,
+        tokens: ids.len(),
+        start,
+        start_dev: 0,
+    };
+    let mut seqs = [StepSeq { session, seg, want }];
+    let (logits, rows) = body(e, &mut seqs, ids.len(), ids_dev)?;
+    seqs[0].session.position += ids.len();
+    let ptr = logits.ptr();
+    let owned = logits.is_owned().then_some(logits);
+    Ok(Logits {
+        ptr,
+        rows,
+        _owned: owned,
+    })
+}
+
+/// One step over several sequences (each item's ids, at most [`crate::MAX_CHUNK`] in all,
+/// none empty): token-wise work once over the concatenated rows, per-sequence work on each
+/// sequence's state. Returns the wanted rows of every item, in item order, on the device.
+pub(crate) fn forward_batch_device(
+    e: &CudaEngine,
+    items: &mut [crate::CudaBatchItem<'_>],
+) -> Result<Logits> {
+    let dev = &e.dev;
+    let tokens: usize = items.iter().map(|it| it.ids.len()).sum();
+    let ids_i32: Vec<i32> = items
+        .iter()
+        .flat_map(|it| it.ids.iter().map(|&id| id as i32))
+        .collect();
+    let ids_buf = dev.upload(&ids_i32)?;
+    let mut offset = 0;
+    let mut seqs: Vec<StepSeq> = items
+        .iter_mut()
+        .map(|it| {
+            let seg = Seg {
+                offset,
+                tokens: it.ids.len(),
+                start: it.session.position,
+                start_dev: 0,
+            };
+            offset += it.ids.len();
+            StepSeq {
+                session: &mut *it.session,
+                seg,
+                want: it.want,
+            }
+        })
+        .collect();
+    // Decode-sized steps carve their scratch from the first session's workspace (sized for
+    // MATVEC_MAX_TOKENS tokens); larger ones allocate, as a solo prefill does.
+    let _arena = (tokens <= MATVEC_MAX_TOKENS).then(|| Workspace::begin(dev, seqs[0].session));
+    let (logits, rows) = body(e, &mut seqs, tokens, ids_buf.ptr())?;
+    for sq in seqs.iter_mut() {
+        sq.session.position += sq.seg.tokens;
+    }
     let ptr = logits.ptr();
     let owned = logits.is_owned().then_some(logits);
     Ok(Logits {
@@ -235,7 +290,18 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
                 dev.end_workspace();
             })
             .during("beginning a CUDA graph capture")?;
-        let result = body(e, session, 1, ids_dev, pos, start_dev, LogitsFor::Last);
+        let seg = Seg {
+            offset: 0,
+            tokens: 1,
+            start: pos,
+            start_dev,
+        };
+        let mut seqs = [StepSeq {
+            session: &mut *session,
+            seg,
+            want: LogitsFor::Last,
+        }];
+        let result = body(e, &mut seqs, 1, ids_dev);
         let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         let (_, overflowed) = dev.end_workspace();
         let (logits, _) = result?;
@@ -265,17 +331,21 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
     Ok(g.logits)
 }
 
-/// The layers and the head for `tokens` tokens whose ids are at device address `ids_dev`,
-/// from position `start` — or, when `start_dev` is not 0, from the position stored there (a
-/// captured graph). Returns the logits and their rows.
+/// One sequence of a forward step: its session, its rows of the step and the logits it wants.
+pub(crate) struct StepSeq<'s> {
+    pub session: &'s mut CudaSession,
+    pub seg: Seg,
+    pub want: LogitsFor,
+}
+
+/// The layers and the head for a step of `tokens` tokens (the sequences' rows, concatenated)
+/// whose ids are at device address `ids_dev`. Returns the logits of the rows the sequences
+/// want (in sequence order) and their count.
 fn body(
     e: &CudaEngine,
-    session: &mut CudaSession,
+    seqs: &mut [StepSeq],
     tokens: usize,
     ids_dev: u64,
-    start: usize,
-    start_dev: u64,
-    want: LogitsFor,
 ) -> Result<(DevBuf<f32>, usize)> {
     let dev = &e.dev;
     let config = &e.config;
@@ -302,36 +372,54 @@ fn body(
 
     let mut ple_ordinal = 0;
     for (index, layer) in e.gpu.layers.iter().enumerate() {
-        if let (Some(w), Some(ple)) = (&layer.ple, session.ple.as_ref()) {
-            qwen4::add(
-                dev,
-                w,
-                &h,
-                ids_dev,
-                s.tokens,
-                &ple.history,
-                &ple.conv[ple_ordinal],
-                s.streams,
-                s.hidden,
-                s.eps,
-            )?;
+        if let Some(w) = &layer.ple {
+            for sq in seqs.iter() {
+                let ple = sq.session.ple.as_ref().expect("PLE state follows the config");
+                qwen4::add(
+                    dev,
+                    w,
+                    h.arg_at(sq.seg.offset * width),
+                    ids_dev + 4 * sq.seg.offset as u64,
+                    sq.seg.tokens,
+                    &ple.history,
+                    &ple.conv[ple_ordinal],
+                    s.streams,
+                    s.hidden,
+                    s.eps,
+                )?;
+            }
             ple_ordinal += 1;
         }
 
         sublayer(dev, &layer.residual, Sublayer::Mixer, &h, &s, |io| {
-            match (&layer.mixer, &mut session.layers[index]) {
-                (GpuMixer::Attention(w), LayerState::Attention(cache)) => {
+            match &layer.mixer {
+                GpuMixer::Attention(w) => {
                     let ctx = AttentionCtx {
                         config,
                         inv_freq: &e.inv_freq,
                         eps: s.eps,
                     };
-                    attention::forward(dev, &ctx, w, cache, io, s.tokens, start, start_dev)
+                    let mut caches: Vec<_> = seqs
+                        .iter_mut()
+                        .map(|sq| match &mut sq.session.layers[index] {
+                            LayerState::Attention(cache) => (cache, sq.seg),
+                            LayerState::Gdn(_) => unreachable!("session layers follow the config"),
+                        })
+                        .collect();
+                    attention::forward(dev, &ctx, w, &mut caches, io, s.tokens)
                 }
-                (GpuMixer::Gdn(w), LayerState::Gdn(state)) => {
-                    gdn::forward(dev, config, w, state, io, s.tokens, s.eps)
+                GpuMixer::Gdn(w) => {
+                    let mut states: Vec<_> = seqs
+                        .iter_mut()
+                        .map(|sq| match &mut sq.session.layers[index] {
+                            LayerState::Gdn(state) => (state, sq.seg),
+                            LayerState::Attention(_) => {
+                                unreachable!("session layers follow the config")
+                            }
+                        })
+                        .collect();
+                    gdn::forward(dev, config, w, &mut states, io, s.tokens, s.eps)
                 }
-                _ => unreachable!("session layers are built from the same config as the weights"),
             }
         })?;
         sublayer(
@@ -347,13 +435,40 @@ fn body(
         )?;
     }
 
-    if let Some(ple) = session.ple.as_ref() {
-        qwen4::advance_history(dev, &ple.history, ids_dev, s.tokens)?;
+    for sq in seqs.iter() {
+        if let Some(ple) = sq.session.ple.as_ref() {
+            let ids = ids_dev + 4 * sq.seg.offset as u64;
+            qwen4::advance_history(dev, &ple.history, ids, sq.seg.tokens)?;
+        }
     }
 
-    let (rows, count) = match want {
-        LogitsFor::All => (h.arg(), s.tokens),
-        LogitsFor::Last => (h.arg_at((s.tokens - 1) * width), 1),
+    // The head runs over the wanted rows only: gathered when they are not one run.
+    let mut wanted = Vec::new();
+    for sq in seqs.iter() {
+        let Seg { offset, tokens, .. } = sq.seg;
+        match sq.want {
+            LogitsFor::All => wanted.extend(offset..offset + tokens),
+            LogitsFor::Last => wanted.push(offset + tokens - 1),
+        }
+    }
+    let count = wanted.len();
+    let gathered;
+    let rows = if wanted.windows(2).all(|w| w[1] == w[0] + 1) {
+        h.arg_at(wanted[0] * width)
+    } else {
+        let index: Vec<i32> = wanted.iter().map(|&r| r as i32).collect();
+        let index = dev.upload(&index)?;
+        gathered = (dev.scratch::<f32>(count * width)?, index);
+        kernels::elementwise::GatherRows::launch(
+            dev,
+            Launch::elementwise(count * width),
+            h.arg(),
+            gathered.1.arg(),
+            gathered.0.arg(),
+            i(count),
+            i(width),
+        )?;
+        gathered.0.arg()
     };
     let lm_head = e.gpu.lm_head();
     if count <= MATVEC_MAX_TOKENS {

@@ -21,15 +21,17 @@ use crate::kernels::{
     MATVEC_MAX_TOKENS,
 };
 use crate::matvec::decode_linear_conv;
-use crate::session::GdnState;
+use crate::session::{GdnState, Seg};
 use crate::weights::GpuGdn;
 
-/// Runs `tokens` tokens through one GDN layer, updating `state` (input and output as `io`).
+/// Runs a step's `tokens` tokens through one GDN layer (input and output as `io`): each
+/// sequence's rows (its [`Seg`]) through its own conv and recurrent state. The projections
+/// run once over all rows; the conv and the delta rule per sequence.
 pub fn forward(
     dev: &Device,
     config: &ModelConfig,
     w: &GpuGdn,
-    state: &mut GdnState,
+    seqs: &mut [(&mut GdnState, Seg)],
     io: Io,
     tokens: usize,
     eps: f32,
@@ -45,8 +47,10 @@ pub fn forward(
     let a_off = b_off + nv;
     let gate_sigmoid = (config.gdn_gate == GdnGate::Sigmoid) as usize;
 
-    // Decode, best case: the conv fused into the in_proj matvec, then a block per value head.
-    if let (true, Some((threads, r, shared))) = (
+    // Decode of one sequence, best case: the conv fused into the in_proj matvec, then a block
+    // per value head.
+    if let ([(state, _)], true, Some((threads, r, shared))) = (
+        &mut *seqs,
         tokens <= MATVEC_MAX_TOKENS,
         heads_launch(dev, config, tokens),
     ) {
@@ -92,53 +96,57 @@ pub fn forward(
     }
 
     let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
-
     let u = dev.scratch::<f32>(tokens * channels)?;
-    kernels::gdn::GdnConv::launch(
-        dev,
-        Launch::elementwise(tokens * channels),
-        proj.arg(),
-        i(width),
-        state.conv.arg(),
-        w.conv.arg(),
-        u.arg(),
-        i(tokens),
-        i(channels),
-        i(g.conv_kernel),
-    )?;
-    kernels::gdn::GdnConvStateUpdate::launch(
-        dev,
-        Launch::new((channels.div_ceil(128) as u32, 1, 1), 128, 0),
-        proj.arg(),
-        i(width),
-        state.conv.arg(),
-        i(tokens),
-        i(channels),
-        i(g.conv_kernel),
-    )?;
-
-    let form = if tokens > MATVEC_MAX_TOKENS {
-        DeltaForm::Chunked
-    } else {
-        DeltaForm::Serial
-    };
-    let rows = DeltaRows {
-        u: u.arg(),
-        proj: proj.arg(),
-        width,
-        z_off,
-        b_off,
-        a_off,
-        state: state.recurrent.arg(),
-        a_log: w.a_log.arg(),
-        dt_bias: w.dt_bias.arg(),
-        norm: w.norm.arg(),
-        out: o.arg(),
-        tokens,
-        eps,
-        gate_sigmoid: gate_sigmoid == 1,
-    };
-    delta_rule(dev, g, &rows, form)?;
+    for (state, seg) in seqs.iter_mut() {
+        let (t0, n) = (seg.offset, seg.tokens);
+        if n == 0 {
+            continue;
+        }
+        kernels::gdn::GdnConv::launch(
+            dev,
+            Launch::elementwise(n * channels),
+            proj.arg_at(t0 * width),
+            i(width),
+            state.conv.arg(),
+            w.conv.arg(),
+            u.arg_at(t0 * channels),
+            i(n),
+            i(channels),
+            i(g.conv_kernel),
+        )?;
+        kernels::gdn::GdnConvStateUpdate::launch(
+            dev,
+            Launch::new((channels.div_ceil(128) as u32, 1, 1), 128, 0),
+            proj.arg_at(t0 * width),
+            i(width),
+            state.conv.arg(),
+            i(n),
+            i(channels),
+            i(g.conv_kernel),
+        )?;
+        let form = if n > MATVEC_MAX_TOKENS {
+            DeltaForm::Chunked
+        } else {
+            DeltaForm::Serial
+        };
+        let rows = DeltaRows {
+            u: u.arg_at(t0 * channels),
+            proj: proj.arg_at(t0 * width),
+            width,
+            z_off,
+            b_off,
+            a_off,
+            state: state.recurrent.arg(),
+            a_log: w.a_log.arg(),
+            dt_bias: w.dt_bias.arg(),
+            norm: w.norm.arg(),
+            out: o.arg_at(t0 * nv * dv),
+            tokens: n,
+            eps,
+            gate_sigmoid: gate_sigmoid == 1,
+        };
+        delta_rule(dev, g, &rows, form)?;
+    }
     io.finish(dev, &w.out_proj, o.arg(), nv * dv, hidden, tokens)
 }
 

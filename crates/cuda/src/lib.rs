@@ -65,6 +65,41 @@ pub struct CudaBatchItem<'a> {
     pub want: LogitsFor,
 }
 
+/// The logits of a batched step on the device ([`CudaEngine::forward_batch_device`]):
+/// `[rows, V]` f32, row-major, the rows of item `n` at [`BatchLogits::item_rows`]`(n)`.
+pub struct BatchLogits {
+    logits: flow::Logits,
+    ranges: Vec<std::ops::Range<usize>>,
+    vocab: usize,
+}
+
+impl BatchLogits {
+    /// The device address of row 0 (f32).
+    pub fn ptr(&self) -> u64 {
+        self.logits.ptr
+    }
+
+    /// Rows in all.
+    pub fn rows(&self) -> usize {
+        self.logits.rows
+    }
+
+    /// The vocabulary size V (the row length).
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// The rows that belong to item `n` (in the order the items were given).
+    pub fn item_rows(&self, n: usize) -> std::ops::Range<usize> {
+        self.ranges[n].clone()
+    }
+
+    /// The device address of row `row`.
+    pub fn row_ptr(&self, row: usize) -> u64 {
+        self.logits.ptr + (row * self.vocab * 4) as u64
+    }
+}
+
 /// A model loaded onto one CUDA device.
 pub struct CudaEngine {
     dev: Device,
@@ -241,12 +276,80 @@ impl CudaEngine {
 
     /// One step over many sequences, as the CPU backend's `Engine::forward_batch`: each item
     /// feeds its own `ids` to its own session and gets back its own logits (host) or error.
+    /// One item is [`CudaEngine::forward`]; several run as one batched step
+    /// ([`CudaEngine::forward_batch_device`]) unless they hold more than `MAX_CHUNK` tokens
+    /// together, when they run one after the other. A failed batched step fails every item
+    /// (their sessions are then in an unknown state, as after any failed forward pass).
     pub fn forward_batch(&self, items: &mut [CudaBatchItem<'_>]) -> Vec<Result<Vec<f32>>> {
-        // Sequence by sequence for now; the batched flow shares each weight read.
-        items
-            .iter_mut()
-            .map(|item| self.forward(item.session, item.ids, item.want))
-            .collect()
+        let tokens: usize = items.iter().map(|it| it.ids.len()).sum();
+        if items.len() == 1 || tokens > MAX_CHUNK || items.iter().any(|it| it.ids.is_empty()) {
+            return items
+                .iter_mut()
+                .map(|item| self.forward(item.session, item.ids, item.want))
+                .collect();
+        }
+        let vocab = self.config.vocab_size;
+        let step = self.forward_batch_device(items).and_then(|logits| {
+            let all = self.download_logits(&logits)?;
+            Ok((0..items.len())
+                .map(|n| all[logits.item_rows(n).start * vocab..logits.item_rows(n).end * vocab].to_vec())
+                .collect::<Vec<_>>())
+        });
+        match step {
+            Ok(rows) => rows.into_iter().map(Ok).collect(),
+            Err(err) => {
+                let msg = err.to_string();
+                items
+                    .iter()
+                    .map(|_| Err(CudaError::BatchStep(msg.clone())))
+                    .collect()
+            }
+        }
+    }
+
+    /// One batched step over `items` (none empty, at most `MAX_CHUNK` = 4096 tokens in all),
+    /// leaving the logits on the device: one `[rows, V]` f32 buffer holding, item after item,
+    /// the rows each item wants (all its tokens, or its last). Token-wise work (embedding,
+    /// norms, hyper-connections, projections, MLP/MoE with the routed experts grouped over all
+    /// tokens, the LM head over the wanted rows) runs once over the items' concatenated rows;
+    /// GDN, attention and PLE run per sequence on its own state. The buffer stays valid until
+    /// the next forward pass of any of these sessions.
+    pub fn forward_batch_device(&self, items: &mut [CudaBatchItem<'_>]) -> Result<BatchLogits> {
+        let tokens: usize = items.iter().map(|it| it.ids.len()).sum();
+        if items.is_empty() || tokens > MAX_CHUNK || items.iter().any(|it| it.ids.is_empty()) {
+            return Err(CudaError::BatchStep(format!(
+                "a batched step takes 1 to {MAX_CHUNK} tokens in all and none of its {} items empty ({tokens} tokens given)",
+                items.len()
+            )));
+        }
+        let mut ranges = Vec::with_capacity(items.len());
+        let mut row = 0;
+        for it in items.iter() {
+            let n = match it.want {
+                LogitsFor::All => it.ids.len(),
+                LogitsFor::Last => 1,
+            };
+            ranges.push(row..row + n);
+            row += n;
+        }
+        let logits = if items.len() == 1 {
+            let it = &mut items[0];
+            flow::forward_device(self, it.session, it.ids, it.want)?
+        } else {
+            flow::forward_batch_device(self, items)?
+        };
+        debug_assert_eq!(logits.rows, row, "the head ran over the wanted rows");
+        Ok(BatchLogits {
+            logits,
+            ranges,
+            vocab: self.config.vocab_size,
+        })
+    }
+
+    /// Copies a batched step's logits `[rows, V]` to the host (waits for the device).
+    pub fn download_logits(&self, logits: &BatchLogits) -> Result<Vec<f32>> {
+        self.dev
+            .download_raw::<f32>(logits.ptr(), logits.rows() * logits.vocab())
     }
 
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache, in

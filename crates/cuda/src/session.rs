@@ -55,6 +55,17 @@ pub struct PleState {
     pub conv: Vec<DevBuf<f32>>,
 }
 
+/// One sequence's rows in a (batched) forward step: rows `offset..offset + tokens` of the
+/// step's activations, at positions `start..` of that sequence, or, in a captured graph
+/// (`start_dev` not 0), from the position stored at device address `start_dev`.
+#[derive(Clone, Copy, Debug)]
+pub struct Seg {
+    pub offset: usize,
+    pub tokens: usize,
+    pub start: usize,
+    pub start_dev: u64,
+}
+
 /// The length of one token's QSA selection list: the most positions it attends to: max_blocks whole blocks (the budget,
 /// a multiple of cr as the config checks) plus a partial tail of fewer than cr positions.
 pub fn selection_stride(q: &QsaConfig) -> usize {

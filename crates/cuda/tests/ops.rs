@@ -151,6 +151,10 @@ const CHECKED_ELSEWHERE: &[(&str, &str)] = &[
         "tests/fixtures.rs (whole attention layers)",
     ),
     ("qsa_prepare", "tests/fixtures.rs (qwen4_exp)"),
+    (
+        "gather_rows",
+        "tests/batch.rs (mixed prefill and decode steps against solo runs)",
+    ),
     ("qsa_score_blocks", "tests/fixtures.rs (qwen4_exp)"),
     (
         "qsa_pick_blocks",
