@@ -19,7 +19,7 @@ use crate::kernels::{
     ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_SPLIT_KEYS, MATVEC_MAX_TOKENS, QSA_PICK_THREADS,
     QSA_WARPS,
 };
-use crate::session::{selection_stride, KvCache, Seg};
+use crate::session::{selection_stride, KvCache, LayerTables, Seg};
 use crate::weights::{GpuAttention, GpuIndexer};
 
 /// What attention needs besides the layer's device weights.
@@ -91,15 +91,79 @@ pub fn forward(
     seqs: &mut [(&mut KvCache, Seg)],
     io: Io,
     tokens: usize,
+    batch: Option<LayerTables>,
 ) -> Result<Option<DevBuf<f32>>> {
     let a = &ctx.config.attention;
     let hidden = ctx.config.hidden_size;
-    let (n_h, d) = (a.num_heads, a.head_dim);
+    let (n_h, n_kv, d) = (a.num_heads, a.num_kv_heads, a.head_dim);
 
     let qkv = io.project(dev, &w.qkv, hidden, tokens)?;
     let q = dev.scratch::<f32>(tokens * n_h * d)?;
     let gate = dev.scratch::<f32>(tokens * n_h * d)?;
     let out = dev.scratch::<f32>(tokens * n_h * d)?;
+    // Decode of B sequences (one token each, caches and positions in device tables; their
+    // caches reserved by the caller): one launch per op for all of them.
+    if let (Some(t), None) = (batch, &w.indexer) {
+        let heads = Heads { n_h, n_kv, d };
+        if let Some(split_shared) = split_shape(dev, heads, t.splits) {
+            debug_assert_eq!(t.seqs, tokens, "one token per sequence");
+            let b = t.seqs;
+            kernels::attention::AttentionPrepareBatch::launch(
+                dev,
+                Launch::new(
+                    (b as u32, (n_h + n_kv) as u32, 1),
+                    threads_for(d),
+                    (d * 4) as u32,
+                ),
+                qkv.arg(),
+                i(w.qkv.rows),
+                w.q_norm.arg(),
+                w.k_norm.arg(),
+                ctx.inv_freq.arg(),
+                i(ctx.config.rope.rotary_dim),
+                q.arg(),
+                gate.arg(),
+                t.table,
+                t.positions,
+                i(b),
+                i(n_h),
+                i(n_kv),
+                i(d),
+                ctx.eps,
+            )?;
+            let partials = dev.scratch::<f32>(b * n_h * t.splits * (d + 2))?;
+            kernels::attention::AttentionDecodeSplitBatch::launch(
+                dev,
+                Launch::new(
+                    (n_kv as u32, t.splits as u32, b as u32),
+                    256,
+                    split_shared as u32,
+                ),
+                q.arg(),
+                t.table,
+                partials.arg(),
+                i(t.splits),
+                i(n_h),
+                i(n_kv),
+                i(d),
+                t.positions,
+                i(b),
+                1.0 / (d as f32).sqrt(),
+            )?;
+            kernels::attention::AttentionDecodeCombineBatch::launch(
+                dev,
+                Launch::new((n_h as u32, b as u32, 1), 256, (4 * t.splits) as u32),
+                partials.arg(),
+                i(t.splits),
+                gate.arg(),
+                out.arg(),
+                i(n_h),
+                i(d),
+                t.positions,
+            )?;
+            return io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens);
+        }
+    }
     for (cache, seg) in seqs.iter_mut() {
         if seg.tokens > 0 {
             let rows = (qkv.arg_at(seg.offset * w.qkv.rows), w.qkv.rows);
@@ -228,19 +292,11 @@ pub(crate) fn attend_split(
     start_dev: Ptr<i32>,
 ) -> Result<bool> {
     let Heads { n_h, n_kv, d } = h;
-    let flash = tokens <= MATVEC_MAX_TOKENS && d % 4 == 0 && d <= 256 && n_h % n_kv == 0;
-    let split_shared = 4
-        * (n_h / n_kv * d
-            + ATTN_SPLIT_KEYS * (d + 4)
-            + ATTN_SPLIT_KEYS * d
-            + n_h / n_kv * ATTN_SPLIT_KEYS);
     let splits = capacity.div_ceil(ATTN_SPLIT_KEYS);
-    if !(flash
-        && split_shared <= dev.shared_limit(kernels::attention::AttentionDecodeSplit::NAME)
-        && 4 * splits <= dev.shared_limit(kernels::attention::AttentionDecodeCombine::NAME))
-    {
+    let Some(split_shared) = split_shape(dev, h, splits).filter(|_| tokens <= MATVEC_MAX_TOKENS)
+    else {
         return Ok(false);
-    }
+    };
     kernels::attention::AttentionDecodeSplit::launch(
         dev,
         Launch::new(
@@ -273,6 +329,22 @@ pub(crate) fn attend_split(
         start_dev,
     )?;
     Ok(true)
+}
+
+/// The dynamic shared bytes of `attention_decode_split` when the flash-decoding kernels take
+/// these heads and `splits` splits on this device.
+fn split_shape(dev: &Device, h: Heads, splits: usize) -> Option<usize> {
+    let Heads { n_h, n_kv, d } = h;
+    let flash = d % 4 == 0 && d <= 256 && n_h % n_kv == 0;
+    let split_shared = 4
+        * (n_h / n_kv * d
+            + ATTN_SPLIT_KEYS * (d + 4)
+            + ATTN_SPLIT_KEYS * d
+            + n_h / n_kv * ATTN_SPLIT_KEYS);
+    (flash
+        && split_shared <= dev.shared_limit(kernels::attention::AttentionDecodeSplit::NAME)
+        && 4 * splits <= dev.shared_limit(kernels::attention::AttentionDecodeCombine::NAME))
+    .then_some(split_shared)
 }
 
 /// Causal attention of `tokens` tokens at positions `start..` over the cache through the

@@ -16,7 +16,7 @@ use crate::linear::{decode_linear, project};
 use crate::matvec::{DecodeIn, DecodeOut};
 use crate::norm::norm_rows;
 use crate::qwen4::{self, HyperInput};
-use crate::session::{CudaSession, DecodeGraph, LayerState, Seg};
+use crate::session::{CudaSession, DecodeGraph, DecodeTables, LayerState, Seg};
 use crate::weights::{GpuFfn, GpuHeadInput, GpuHyper, GpuMixer, GpuResidual};
 use crate::{gdn, mlp, moe, CudaEngine};
 
@@ -180,7 +180,7 @@ pub(crate) fn forward_device(
         start_dev: 0,
     };
     let mut seqs = [StepSeq { session, seg, want }];
-    let (logits, rows) = body(e, &mut seqs, ids.len(), ids_dev)?;
+    let (logits, rows) = body(e, &mut seqs, ids.len(), ids_dev, None)?;
     seqs[0].session.position += ids.len();
     let ptr = logits.ptr();
     let owned = logits.is_owned().then_some(logits);
@@ -205,6 +205,28 @@ pub(crate) fn forward_batch_device(
         .flat_map(|it| it.ids.iter().map(|&id| id as i32))
         .collect();
     let ids_buf = dev.upload(&ids_i32)?;
+    // A decode step (one token each): the caches grown first, then the batched kernels read
+    // every sequence's state addresses and position from device tables.
+    let decode = items.iter().all(|it| it.ids.len() == 1);
+    let mut tables = None;
+    let _table_bufs;
+    if decode {
+        for it in items.iter_mut() {
+            let needed = it.session.position + 1;
+            ensure_capacity(e, it.session, needed)?;
+        }
+        let sessions: Vec<&CudaSession> = items.iter().map(|it| &*it.session).collect();
+        let addresses = dev.upload(&DecodeTables::addresses(&sessions))?;
+        let positions: Vec<i32> = sessions.iter().map(|s| s.position as i32).collect();
+        let positions = dev.upload(&positions)?;
+        tables = Some(DecodeTables {
+            tables: addresses.ptr(),
+            positions: positions.ptr(),
+            seqs: items.len(),
+            splits: max_splits(&sessions),
+        });
+        _table_bufs = (addresses, positions);
+    }
     let mut offset = 0;
     let mut seqs: Vec<StepSeq> = items
         .iter_mut()
@@ -226,7 +248,7 @@ pub(crate) fn forward_batch_device(
     // Decode-sized steps carve their scratch from the first session's workspace (sized for
     // MATVEC_MAX_TOKENS tokens); larger ones allocate, as a solo prefill does.
     let _arena = (tokens <= MATVEC_MAX_TOKENS).then(|| Workspace::begin(dev, seqs[0].session));
-    let (logits, rows) = body(e, &mut seqs, tokens, ids_buf.ptr())?;
+    let (logits, rows) = body(e, &mut seqs, tokens, ids_buf.ptr(), tables.as_ref())?;
     for sq in seqs.iter_mut() {
         sq.session.position += sq.seg.tokens;
     }
@@ -249,6 +271,21 @@ pub(crate) fn forward(
     let logits = forward_device(e, session, ids, want)?;
     e.dev
         .download_raw(logits.ptr, logits.rows * e.gpu.lm_head().rows)
+}
+
+/// ⌈largest KV cache capacity of `sessions` / ATTN_SPLIT_KEYS⌉ (at least 1).
+fn max_splits(sessions: &[&CudaSession]) -> usize {
+    sessions
+        .iter()
+        .flat_map(|s| s.layers.iter())
+        .filter_map(|l| match l {
+            LayerState::Attention(kv) => Some(kv.capacity),
+            LayerState::Gdn(_) => None,
+        })
+        .max()
+        .unwrap_or(0)
+        .div_ceil(kernels::ATTN_SPLIT_KEYS)
+        .max(1)
 }
 
 /// Grows every KV cache (and QSA indexer cache) to hold `needed` tokens.
@@ -301,7 +338,7 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
             seg,
             want: LogitsFor::Last,
         }];
-        let result = body(e, &mut seqs, 1, ids_dev);
+        let result = body(e, &mut seqs, 1, ids_dev, None);
         let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         let (_, overflowed) = dev.end_workspace();
         let (logits, _) = result?;
@@ -341,11 +378,14 @@ pub(crate) struct StepSeq<'s> {
 /// The layers and the head for a step of `tokens` tokens (the sequences' rows, concatenated)
 /// whose ids are at device address `ids_dev`. Returns the logits of the rows the sequences
 /// want (in sequence order) and their count.
+/// With `batch`, every sequence feeds one token and the mixers run their batched decode
+/// kernels from those device tables (the KV caches reserved for this step beforehand).
 fn body(
     e: &CudaEngine,
     seqs: &mut [StepSeq],
     tokens: usize,
     ids_dev: u64,
+    batch: Option<&DecodeTables>,
 ) -> Result<(DevBuf<f32>, usize)> {
     let dev = &e.dev;
     let config = &e.config;
@@ -391,6 +431,7 @@ fn body(
             ple_ordinal += 1;
         }
 
+        let tables = batch.map(|t| t.layer(index));
         sublayer(dev, &layer.residual, Sublayer::Mixer, &h, &s, |io| {
             match &layer.mixer {
                 GpuMixer::Attention(w) => {
@@ -406,7 +447,7 @@ fn body(
                             LayerState::Gdn(_) => unreachable!("session layers follow the config"),
                         })
                         .collect();
-                    attention::forward(dev, &ctx, w, &mut caches, io, s.tokens)
+                    attention::forward(dev, &ctx, w, &mut caches, io, s.tokens, tables)
                 }
                 GpuMixer::Gdn(w) => {
                     let mut states: Vec<_> = seqs
@@ -418,7 +459,7 @@ fn body(
                             }
                         })
                         .collect();
-                    gdn::forward(dev, config, w, &mut states, io, s.tokens, s.eps)
+                    gdn::forward(dev, config, w, &mut states, io, s.tokens, s.eps, tables)
                 }
             }
         })?;

@@ -21,7 +21,7 @@ use crate::kernels::{
     MATVEC_MAX_TOKENS,
 };
 use crate::matvec::decode_linear_conv;
-use crate::session::{GdnState, Seg};
+use crate::session::{GdnState, LayerTables, Seg};
 use crate::weights::GpuGdn;
 
 /// Runs a step's `tokens` tokens through one GDN layer (input and output as `io`): each
@@ -35,6 +35,7 @@ pub fn forward(
     io: Io,
     tokens: usize,
     eps: f32,
+    batch: Option<LayerTables>,
 ) -> Result<Option<DevBuf<f32>>> {
     let g = &config.gdn;
     let hidden = config.hidden_size;
@@ -93,6 +94,47 @@ pub fn forward(
             )?;
             return io.finish(dev, &w.out_proj, o.arg(), nv * dv, hidden, tokens);
         }
+    }
+
+    // Decode of B sequences (one token each, state addresses in device tables): the conv of
+    // every row in one launch (in place), then a block per (value head, sequence).
+    if let (Some(t), Some((threads, r, shared))) = (batch, heads_launch(dev, config, 1)) {
+        debug_assert_eq!(t.seqs, tokens, "one token per sequence");
+        let b = t.seqs;
+        let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
+        kernels::gdn::GdnConvDecodeBatch::launch(
+            dev,
+            Launch::elementwise(b * channels),
+            proj.arg(),
+            i(width),
+            t.table,
+            w.conv.arg(),
+            i(b),
+            i(channels),
+            i(g.conv_kernel),
+        )?;
+        kernels::gdn::GdnDecodeHeadsBatch::launch(
+            dev,
+            Launch::new((nv as u32, b as u32, 1), threads, shared as u32),
+            proj.arg(),
+            i(width),
+            i(nk),
+            i(nv),
+            i(dk),
+            i(dv),
+            i(z_off),
+            i(b_off),
+            i(a_off),
+            t.table.at(b),
+            w.a_log.arg(),
+            w.dt_bias.arg(),
+            w.norm.arg(),
+            o.arg(),
+            eps,
+            i(gate_sigmoid),
+            i(r),
+        )?;
+        return io.finish(dev, &w.out_proj, o.arg(), nv * dv, hidden, tokens);
     }
 
     let proj = io.project(dev, &w.in_proj, hidden, tokens)?;

@@ -5,7 +5,7 @@ use spindle_model::{MixerKind, ModelConfig, QsaConfig};
 
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
-use crate::kernels::MATVEC_MAX_TOKENS;
+use crate::kernels::{Ptr, MATVEC_MAX_TOKENS};
 
 /// Keys (after norm and RoPE) and values `[capacity, n_kv, d]`; rows `< position` are valid.
 pub struct KvCache {
@@ -64,6 +64,62 @@ pub struct Seg {
     pub tokens: usize,
     pub start: usize,
     pub start_dev: u64,
+}
+
+/// A decode step of B sequences of one token each, as its batched kernels read it: per layer
+/// two arrays of B state addresses (GDN: conv states then recurrent states; attention: key
+/// caches then value caches), each sequence's position, and the flash-decoding splits that
+/// cover the largest KV cache.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeTables {
+    /// Device address of `[layers][2][B]` u64.
+    pub tables: u64,
+    /// Device address of `[B]` i32.
+    pub positions: u64,
+    pub seqs: usize,
+    /// ⌈largest KV capacity / ATTN_SPLIT_KEYS⌉.
+    pub splits: usize,
+}
+
+/// One layer's view of [`DecodeTables`].
+#[derive(Clone, Copy, Debug)]
+pub struct LayerTables {
+    /// `[2][B]` state addresses.
+    pub table: Ptr<u64>,
+    /// `[B]` positions.
+    pub positions: Ptr<i32>,
+    pub seqs: usize,
+    pub splits: usize,
+}
+
+impl DecodeTables {
+    /// Layer `index`'s view: its two address arrays `[2][B]`, the positions.
+    pub fn layer(&self, index: usize) -> LayerTables {
+        LayerTables {
+            table: Ptr::raw(self.tables + (index * 2 * self.seqs * 8) as u64),
+            positions: Ptr::raw(self.positions),
+            seqs: self.seqs,
+            splits: self.splits,
+        }
+    }
+
+    /// The host image of the address tables for `sessions` (their caches already reserved).
+    pub fn addresses(sessions: &[&CudaSession]) -> Vec<u64> {
+        let b = sessions.len();
+        let layers = sessions.first().map_or(0, |s| s.layers.len());
+        let mut table = vec![0u64; layers * 2 * b];
+        for (n, s) in sessions.iter().enumerate() {
+            for (l, layer) in s.layers.iter().enumerate() {
+                let (first, second) = match layer {
+                    LayerState::Gdn(g) => (g.conv.ptr(), g.recurrent.ptr()),
+                    LayerState::Attention(kv) => (kv.keys.ptr(), kv.values.ptr()),
+                };
+                table[l * 2 * b + n] = first;
+                table[l * 2 * b + b + n] = second;
+            }
+        }
+        table
+    }
 }
 
 /// The length of one token's QSA selection list: the most positions it attends to: max_blocks whole blocks (the budget,

@@ -152,6 +152,26 @@ const CHECKED_ELSEWHERE: &[(&str, &str)] = &[
     ),
     ("qsa_prepare", "tests/fixtures.rs (qwen4_exp)"),
     (
+        "gdn_conv_decode_batch",
+        "tests/batch.rs (decode steps of several sequences against solo runs)",
+    ),
+    (
+        "gdn_decode_heads_batch",
+        "tests/batch.rs (decode steps of several sequences against solo runs)",
+    ),
+    (
+        "attention_prepare_batch",
+        "tests/batch.rs (decode steps of several sequences against solo runs)",
+    ),
+    (
+        "attention_decode_split_batch",
+        "tests/batch.rs (decode steps of several sequences against solo runs)",
+    ),
+    (
+        "attention_decode_combine_batch",
+        "tests/batch.rs (decode steps of several sequences against solo runs)",
+    ),
+    (
         "gather_rows",
         "tests/batch.rs (mixed prefill and decode steps against solo runs)",
     ),
