@@ -331,6 +331,19 @@ pub(crate) fn attend_split(
     Ok(true)
 }
 
+/// Whether a decode step of many sequences runs this model's attention layers through the
+/// batched kernels (caches and positions from device tables), with `splits` splits, on this
+/// device (not QSA layers, which select per sequence).
+pub fn batch_decode_supported(dev: &Device, config: &ModelConfig, splits: usize) -> bool {
+    let a = &config.attention;
+    let heads = Heads {
+        n_h: a.num_heads,
+        n_kv: a.num_kv_heads,
+        d: a.head_dim,
+    };
+    config.qsa.is_none() && split_shape(dev, heads, splits).is_some()
+}
+
 /// The dynamic shared bytes of `attention_decode_split` when the flash-decoding kernels take
 /// these heads and `splits` splits on this device.
 fn split_shape(dev: &Device, h: Heads, splits: usize) -> Option<usize> {

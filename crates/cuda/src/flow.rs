@@ -113,11 +113,11 @@ fn sublayer(
 }
 
 /// Ends the workspace arena when dropped (also on errors).
-struct Workspace<'d>(&'d Device);
+pub(crate) struct Workspace<'d>(&'d Device);
 
 impl<'d> Workspace<'d> {
-    fn begin(dev: &'d Device, session: &CudaSession) -> Self {
-        dev.begin_workspace(&session.workspace);
+    pub(crate) fn begin(dev: &'d Device, workspace: &DevBuf<u8>) -> Self {
+        dev.begin_workspace(workspace);
         Workspace(dev)
     }
 }
@@ -133,7 +133,7 @@ impl Drop for Workspace<'_> {
 pub(crate) struct Logits {
     pub ptr: u64,
     pub rows: usize,
-    _owned: Option<DevBuf<f32>>,
+    pub _owned: Option<DevBuf<f32>>,
 }
 
 /// Runs `ids` (validated, at most the engine's chunk) through the model from the session's
@@ -172,7 +172,7 @@ pub(crate) fn forward_device(
         let buf = dev.upload(&ids_i32)?;
         (buf.ptr(), Some(buf))
     };
-    let _arena = small.then(|| Workspace::begin(dev, session));
+    let _arena = small.then(|| Workspace::begin(dev, &session.workspace));
     let seg = Seg {
         offset: 0,
         tokens: ids.len(),
@@ -182,76 +182,6 @@ pub(crate) fn forward_device(
     let mut seqs = [StepSeq { session, seg, want }];
     let (logits, rows) = body(e, &mut seqs, ids.len(), ids_dev, None)?;
     seqs[0].session.position += ids.len();
-    let ptr = logits.ptr();
-    let owned = logits.is_owned().then_some(logits);
-    Ok(Logits {
-        ptr,
-        rows,
-        _owned: owned,
-    })
-}
-
-/// One step over several sequences (each item's ids, at most [`crate::MAX_CHUNK`] in all,
-/// none empty): token-wise work once over the concatenated rows, per-sequence work on each
-/// sequence's state. Returns the wanted rows of every item, in item order, on the device.
-pub(crate) fn forward_batch_device(
-    e: &CudaEngine,
-    items: &mut [crate::CudaBatchItem<'_>],
-) -> Result<Logits> {
-    let dev = &e.dev;
-    let tokens: usize = items.iter().map(|it| it.ids.len()).sum();
-    let ids_i32: Vec<i32> = items
-        .iter()
-        .flat_map(|it| it.ids.iter().map(|&id| id as i32))
-        .collect();
-    let ids_buf = dev.upload(&ids_i32)?;
-    // A decode step (one token each): the caches grown first, then the batched kernels read
-    // every sequence's state addresses and position from device tables.
-    let decode = items.iter().all(|it| it.ids.len() == 1);
-    let mut tables = None;
-    let _table_bufs;
-    if decode {
-        for it in items.iter_mut() {
-            let needed = it.session.position + 1;
-            ensure_capacity(e, it.session, needed)?;
-        }
-        let sessions: Vec<&CudaSession> = items.iter().map(|it| &*it.session).collect();
-        let addresses = dev.upload(&DecodeTables::addresses(&sessions))?;
-        let positions: Vec<i32> = sessions.iter().map(|s| s.position as i32).collect();
-        let positions = dev.upload(&positions)?;
-        tables = Some(DecodeTables {
-            tables: addresses.ptr(),
-            positions: positions.ptr(),
-            seqs: items.len(),
-            splits: max_splits(&sessions),
-        });
-        _table_bufs = (addresses, positions);
-    }
-    let mut offset = 0;
-    let mut seqs: Vec<StepSeq> = items
-        .iter_mut()
-        .map(|it| {
-            let seg = Seg {
-                offset,
-                tokens: it.ids.len(),
-                start: it.session.position,
-                start_dev: 0,
-            };
-            offset += it.ids.len();
-            StepSeq {
-                session: &mut *it.session,
-                seg,
-                want: it.want,
-            }
-        })
-        .collect();
-    // Decode-sized steps carve their scratch from the first session's workspace (sized for
-    // MATVEC_MAX_TOKENS tokens); larger ones allocate, as a solo prefill does.
-    let _arena = (tokens <= MATVEC_MAX_TOKENS).then(|| Workspace::begin(dev, seqs[0].session));
-    let (logits, rows) = body(e, &mut seqs, tokens, ids_buf.ptr(), tables.as_ref())?;
-    for sq in seqs.iter_mut() {
-        sq.session.position += sq.seg.tokens;
-    }
     let ptr = logits.ptr();
     let owned = logits.is_owned().then_some(logits);
     Ok(Logits {
@@ -271,21 +201,6 @@ pub(crate) fn forward(
     let logits = forward_device(e, session, ids, want)?;
     e.dev
         .download_raw(logits.ptr, logits.rows * e.gpu.lm_head().rows)
-}
-
-/// ⌈largest KV cache capacity of `sessions` / ATTN_SPLIT_KEYS⌉ (at least 1).
-fn max_splits(sessions: &[&CudaSession]) -> usize {
-    sessions
-        .iter()
-        .flat_map(|s| s.layers.iter())
-        .filter_map(|l| match l {
-            LayerState::Attention(kv) => Some(kv.capacity),
-            LayerState::Gdn(_) => None,
-        })
-        .max()
-        .unwrap_or(0)
-        .div_ceil(kernels::ATTN_SPLIT_KEYS)
-        .max(1)
 }
 
 /// Grows every KV cache (and QSA indexer cache) to hold `needed` tokens.
@@ -380,7 +295,7 @@ pub(crate) struct StepSeq<'s> {
 /// want (in sequence order) and their count.
 /// With `batch`, every sequence feeds one token and the mixers run their batched decode
 /// kernels from those device tables (the KV caches reserved for this step beforehand).
-fn body(
+pub(crate) fn body(
     e: &CudaEngine,
     seqs: &mut [StepSeq],
     tokens: usize,
@@ -483,9 +398,13 @@ fn body(
         }
     }
 
-    // The head runs over the wanted rows only: gathered when they are not one run.
+    // The head runs over the wanted rows only: gathered when they are not one run. A decode
+    // step from tables (perhaps a graph for more rows than sequences) wants every row.
     let mut wanted = Vec::new();
-    for sq in seqs.iter() {
+    if batch.is_some() {
+        wanted.extend(0..tokens);
+    }
+    for sq in seqs.iter().filter(|_| batch.is_none()) {
         let Seg { offset, tokens, .. } = sq.seg;
         match sq.want {
             LogitsFor::All => wanted.extend(offset..offset + tokens),

@@ -48,6 +48,47 @@ pub fn forward(
     let a_off = b_off + nv;
     let gate_sigmoid = (config.gdn_gate == GdnGate::Sigmoid) as usize;
 
+    // Decode of B sequences (one token each, state addresses in device tables): the conv of
+    // every row in one launch (in place), then a block per (value head, sequence).
+    if let (Some(t), Some((threads, r, shared))) = (batch, heads_launch(dev, config, 1)) {
+        debug_assert_eq!(t.seqs, tokens, "one token per sequence");
+        let b = t.seqs;
+        let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
+        kernels::gdn::GdnConvDecodeBatch::launch(
+            dev,
+            Launch::elementwise(b * channels),
+            proj.arg(),
+            i(width),
+            t.table,
+            w.conv.arg(),
+            i(b),
+            i(channels),
+            i(g.conv_kernel),
+        )?;
+        kernels::gdn::GdnDecodeHeadsBatch::launch(
+            dev,
+            Launch::new((nv as u32, b as u32, 1), threads, shared as u32),
+            proj.arg(),
+            i(width),
+            i(nk),
+            i(nv),
+            i(dk),
+            i(dv),
+            i(z_off),
+            i(b_off),
+            i(a_off),
+            t.table.at(b),
+            w.a_log.arg(),
+            w.dt_bias.arg(),
+            w.norm.arg(),
+            o.arg(),
+            eps,
+            i(gate_sigmoid),
+            i(r),
+        )?;
+        return io.finish(dev, &w.out_proj, o.arg(), nv * dv, hidden, tokens);
+    }
+
     // Decode of one sequence, best case: the conv fused into the in_proj matvec, then a block
     // per value head.
     if let ([(state, _)], true, Some((threads, r, shared))) = (
@@ -96,47 +137,6 @@ pub fn forward(
         }
     }
 
-    // Decode of B sequences (one token each, state addresses in device tables): the conv of
-    // every row in one launch (in place), then a block per (value head, sequence).
-    if let (Some(t), Some((threads, r, shared))) = (batch, heads_launch(dev, config, 1)) {
-        debug_assert_eq!(t.seqs, tokens, "one token per sequence");
-        let b = t.seqs;
-        let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
-        kernels::gdn::GdnConvDecodeBatch::launch(
-            dev,
-            Launch::elementwise(b * channels),
-            proj.arg(),
-            i(width),
-            t.table,
-            w.conv.arg(),
-            i(b),
-            i(channels),
-            i(g.conv_kernel),
-        )?;
-        kernels::gdn::GdnDecodeHeadsBatch::launch(
-            dev,
-            Launch::new((nv as u32, b as u32, 1), threads, shared as u32),
-            proj.arg(),
-            i(width),
-            i(nk),
-            i(nv),
-            i(dk),
-            i(dv),
-            i(z_off),
-            i(b_off),
-            i(a_off),
-            t.table.at(b),
-            w.a_log.arg(),
-            w.dt_bias.arg(),
-            w.norm.arg(),
-            o.arg(),
-            eps,
-            i(gate_sigmoid),
-            i(r),
-        )?;
-        return io.finish(dev, &w.out_proj, o.arg(), nv * dv, hidden, tokens);
-    }
-
     let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
     let u = dev.scratch::<f32>(tokens * channels)?;
     for (state, seg) in seqs.iter_mut() {
@@ -166,6 +166,36 @@ pub fn forward(
             i(channels),
             i(g.conv_kernel),
         )?;
+        // A few tokens: the solo decode's kernel (the same arithmetic as a sequence alone).
+        if let (true, Some((threads, r, shared))) =
+            (n <= MATVEC_MAX_TOKENS, heads_launch(dev, config, n))
+        {
+            kernels::gdn::GdnDecodeHeadsRows::launch(
+                dev,
+                Launch::new((nv as u32, 1, 1), threads, shared as u32),
+                u.arg_at(t0 * channels),
+                i(channels),
+                proj.arg_at(t0 * width),
+                i(width),
+                i(n),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                i(z_off),
+                i(b_off),
+                i(a_off),
+                state.recurrent.arg(),
+                w.a_log.arg(),
+                w.dt_bias.arg(),
+                w.norm.arg(),
+                o.arg_at(t0 * nv * dv),
+                eps,
+                i(gate_sigmoid),
+                i(r),
+            )?;
+            continue;
+        }
         let form = if n > MATVEC_MAX_TOKENS {
             DeltaForm::Chunked
         } else {
@@ -190,6 +220,12 @@ pub fn forward(
         delta_rule(dev, g, &rows, form)?;
     }
     io.finish(dev, &w.out_proj, o.arg(), nv * dv, hidden, tokens)
+}
+
+/// Whether a decode step of many sequences runs this model's GDN layers through the batched
+/// kernels (state addresses from device tables) on this device.
+pub fn batch_decode_supported(dev: &Device, config: &ModelConfig) -> bool {
+    heads_launch(dev, config, 1).is_some()
 }
 
 /// The form of the delta rule a prefill runs (MODEL_MATH §1.5).

@@ -19,6 +19,7 @@
 #![allow(clippy::manual_is_multiple_of, clippy::too_many_arguments)]
 
 mod attention;
+mod batch;
 mod device;
 mod error;
 mod flow;
@@ -111,6 +112,9 @@ pub struct CudaEngine {
     graphs: bool,
     /// Bytes of a session's workspace.
     workspace_bytes: usize,
+    /// Batched steps' shared state: scratch arena, decode graphs per bucket, the pad sequence.
+    /// Held for the length of a batched step.
+    batch: std::sync::Mutex<batch::BatchState>,
     quant: WeightFormat,
 }
 
@@ -175,6 +179,7 @@ impl CudaEngine {
             inv_freq,
             graphs,
             workspace_bytes,
+            batch: Default::default(),
             quant,
         })
     }
@@ -197,6 +202,13 @@ impl CudaEngine {
     /// Whether decode steps replay a captured CUDA graph.
     pub fn uses_graphs(&self) -> bool {
         self.graphs
+    }
+
+    /// Turns CUDA graphs on or off for later steps (tests compare both paths; on by default
+    /// unless `SPINDLE_CUDA_NO_GRAPHS` is set or the profiler runs).
+    #[doc(hidden)]
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs = on && !self.dev.profiling();
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -312,8 +324,11 @@ impl CudaEngine {
     /// the rows each item wants (all its tokens, or its last). Token-wise work (embedding,
     /// norms, hyper-connections, projections, MLP/MoE with the routed experts grouped over all
     /// tokens, the LM head over the wanted rows) runs once over the items' concatenated rows;
-    /// GDN, attention and PLE run per sequence on its own state. The buffer stays valid until
-    /// the next forward pass of any of these sessions.
+    /// GDN, attention and PLE run per sequence on its own state; a decode step (one token per
+    /// item) runs each mixer op as one launch for all items, from device tables of their
+    /// states and positions, and, for up to 128 items of a model without PLE or QSA, replays
+    /// a CUDA graph captured once per engine for the batch-size bucket (2, 4, ..., 128). The
+    /// buffer stays valid until the next forward pass of the engine (batched or not).
     pub fn forward_batch_device(&self, items: &mut [CudaBatchItem<'_>]) -> Result<BatchLogits> {
         let tokens: usize = items.iter().map(|it| it.ids.len()).sum();
         if items.is_empty() || tokens > MAX_CHUNK || items.iter().any(|it| it.ids.is_empty()) {
@@ -336,7 +351,7 @@ impl CudaEngine {
             let it = &mut items[0];
             flow::forward_device(self, it.session, it.ids, it.want)?
         } else {
-            flow::forward_batch_device(self, items)?
+            batch::forward_batch_device(self, items)?
         };
         debug_assert_eq!(logits.rows, row, "the head ran over the wanted rows");
         Ok(BatchLogits {

@@ -2,7 +2,9 @@
 //! sequence run alone: on every fixture, at bf16, q8 and q4, batches of sequences that differ
 //! (prompt chunks mixed with decodes, a sequence joining mid-way, one finishing early, steps
 //! of more than `MATVEC_MAX_TOKENS` decoding sequences) give every sequence the logits of its
-//! solo run within 1e-4 and the same greedy tokens.
+//! solo run within 1e-4 and the same greedy tokens. Decode-only steps replay the engine's
+//! bucket graphs (padded to 4 and 16 rows here) where the model allows, and run eagerly from
+//! the device tables with graphs off.
 //! Needs a CUDA GPU: `cargo test --release -p spindle-cuda --test batch -- --ignored`.
 
 use spindle_cuda::{CudaBatchItem, CudaEngine};
@@ -234,12 +236,15 @@ fn check(name: &str, quant: WeightFormat, scenario: &str, engine: &CudaEngine, p
 fn check_family(name: &str) {
     let dir = spindle_testkit::fixture(name);
     for quant in [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4] {
-        let engine = CudaEngine::load_with(&dir, device_ordinal(), quant, None)
+        let mut engine = CudaEngine::load_with(&dir, device_ordinal(), quant, None)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let vocab = engine.config().vocab_size;
         let prompt = pseudo_random(30, vocab, 3);
         check(name, quant, "mixed", &engine, &mixed(&prompt, vocab));
         check(name, quant, "wide", &engine, &wide(vocab));
+        // Batched decode without graphs (the eager table path) against solo runs without.
+        engine.set_graphs(false);
+        check(name, quant, "wide, no graphs", &engine, &wide(vocab));
     }
 }
 

@@ -152,6 +152,10 @@ const CHECKED_ELSEWHERE: &[(&str, &str)] = &[
     ),
     ("qsa_prepare", "tests/fixtures.rs (qwen4_exp)"),
     (
+        "gdn_decode_heads_rows",
+        "tests/batch.rs (prompt chunks and decodes of several sequences against solo runs)",
+    ),
+    (
         "gdn_conv_decode_batch",
         "tests/batch.rs (decode steps of several sequences against solo runs)",
     ),
