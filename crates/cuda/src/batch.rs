@@ -44,6 +44,12 @@ pub(crate) struct BatchState {
     dummy: Option<CudaSession>,
 }
 
+// SAFETY: the state holds driver handles (graphs, device allocations, a session's buffers)
+// that cudarc keeps as raw pointers, which makes it !Send; the driver API may use them from
+// any thread (cudarc binds the engine's context before each call), and every use of this
+// state happens under the engine's lock, so moving it between threads is sound.
+unsafe impl Send for BatchState {}
+
 /// A captured decode step for `bucket` rows.
 struct BucketGraph {
     graph: cudarc::driver::CudaGraph,
