@@ -23,7 +23,7 @@ if [ "$part" = bench ] || [ "$part" = all ]; then
   exe=./spindle; [ -x "$exe" ] || exe=./spindle-old
   [ -d "$WORK/a3b" ] || "$exe" synth --shape qwen3.6-35b-a3b --layers 8 --out "$WORK/a3b" > /dev/null 2> "$WORK/synth.err" || tail -3 "$WORK/synth.err"
   el "batch_decode q4"
-  RUST_LOG=warn timeout 400 ./batch_decode "$WORK/a3b" --quant q4 --batch ${BATCHES:-1,16,64} --context 512 --steps 32 --runs 3 2>&1 | tee "$OUT/batch_decode.log"
+  RUST_LOG=warn timeout 400 ./batch_decode "$WORK/a3b" --quant q4 --batch ${BATCHES:-1,16,64} --context 512 --steps 32 --runs 3 ${MATVEC_ROWS:+--matvec-rows $MATVEC_ROWS} 2>&1 | tee "$OUT/batch_decode.log"
 fi
 if [ "$part" = ab ] || [ "$part" = all ]; then
   el "ab"

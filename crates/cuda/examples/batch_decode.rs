@@ -7,7 +7,7 @@
 //! ```sh
 //! cargo build --release -p spindle-cuda --example batch_decode
 //! batch_decode MODEL_DIR [--quant bf16|q8|q4] [--batch 1,16,64] [--context 512] [--steps 32]
-//!              [--runs 3] [--layers N]
+//!              [--runs 3] [--layers N] [--matvec-rows 0,32]
 //! ```
 
 use std::path::PathBuf;
@@ -25,6 +25,8 @@ struct Args {
     steps: usize,
     runs: usize,
     layers: Option<usize>,
+    /// Values of `CudaEngine::set_batch_matvec_rows` to measure (None: the engine's default).
+    matvec_rows: Option<Vec<usize>>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -37,6 +39,7 @@ fn parse() -> Result<Args, String> {
         steps: 32,
         runs: 3,
         layers: None,
+        matvec_rows: None,
     };
     let mut model = None;
     while let Some(a) = it.next() {
@@ -59,6 +62,14 @@ fn parse() -> Result<Args, String> {
             "--context" => args.context = value()?.parse().map_err(|e| format!("{e}"))?,
             "--steps" => args.steps = value()?.parse().map_err(|e| format!("{e}"))?,
             "--runs" => args.runs = value()?.parse().map_err(|e| format!("{e}"))?,
+            "--matvec-rows" => {
+                args.matvec_rows = Some(
+                    value()?
+                        .split(',')
+                        .map(|b| b.parse().map_err(|e| format!("--matvec-rows {b}: {e}")))
+                        .collect::<Result<_, _>>()?,
+                )
+            }
             "--layers" => args.layers = Some(value()?.parse().map_err(|e| format!("{e}"))?),
             _ if model.is_none() && !a.starts_with('-') => model = Some(PathBuf::from(&a)),
             _ => return Err(format!("unknown argument {a}")),
@@ -84,9 +95,8 @@ fn main() {
         }
     };
     let started = Instant::now();
-    let engine = CudaEngine::load_with(&args.model, 0, args.quant, args.layers)
+    let mut engine = CudaEngine::load_with(&args.model, 0, args.quant, args.layers)
         .unwrap_or_else(|e| panic!("{}: {e}", args.model.display()));
-    let vocab = engine.config().vocab_size;
     println!(
         "{} on {}: {} layers, {}, loaded in {:.1} s; context {} per sequence, {} steps x {} runs",
         args.model.display(),
@@ -98,6 +108,21 @@ fn main() {
         args.steps,
         args.runs
     );
+    let settings: Vec<Option<usize>> = match &args.matvec_rows {
+        Some(v) => v.iter().map(|&r| Some(r)).collect(),
+        None => vec![None],
+    };
+    for setting in settings {
+        if let Some(rows) = setting {
+            engine.set_batch_matvec_rows(rows);
+            println!("-- batched steps of up to {rows} rows as matvecs per 8 rows");
+        }
+        run_batches(&engine, &args);
+    }
+}
+
+fn run_batches(engine: &CudaEngine, args: &Args) {
+    let vocab = engine.config().vocab_size;
     let mut rng = 0x5EED_u64;
     for &b in &args.batches {
         let capacity = args.context + (args.runs + 1) * (args.steps + 4) + 8;

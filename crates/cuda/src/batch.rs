@@ -27,6 +27,10 @@ use crate::{attention, gdn, CudaBatchItem, CudaEngine};
 /// Batch-size buckets of the decode graphs.
 pub const BUCKETS: [usize; 7] = [2, 4, 8, 16, 32, 64, 128];
 
+/// Batched steps of up to this many rows run their projections and MoE blocks as decode
+/// matvecs per MATVEC_MAX_TOKENS rows (see `CudaEngine::set_batch_matvec_rows`).
+pub const DEFAULT_MATVEC_ROWS: usize = 32;
+
 /// The smallest split count a graph is captured for (512 positions of context).
 const MIN_GRAPH_SPLITS: usize = 512 / ATTN_SPLIT_KEYS;
 
@@ -49,6 +53,21 @@ pub(crate) struct BatchState {
 // any thread (cudarc binds the engine's context before each call), and every use of this
 // state happens under the engine's lock, so moving it between threads is sound.
 unsafe impl Send for BatchState {}
+
+impl BatchState {
+    /// Drops every bucket's graph (they are captured again on use).
+    pub(crate) fn clear_graphs(&mut self) {
+        self.graphs.clear();
+    }
+}
+
+/// Runs `f` with the device's small-batch matvec limit set to the engine's (reset after).
+fn with_small_batch<T>(e: &CudaEngine, f: impl FnOnce() -> T) -> T {
+    e.dev.set_small_batch_rows(e.batch_matvec_rows);
+    let out = f();
+    e.dev.set_small_batch_rows(0);
+    out
+}
 
 /// A captured decode step for `bucket` rows.
 struct BucketGraph {
@@ -250,7 +269,8 @@ fn capture(
                 want: LogitsFor::Last,
             })
             .collect();
-        let result = flow::body(e, &mut seqs, bucket, ids_dev, Some(&tables));
+        let result =
+            with_small_batch(e, || flow::body(e, &mut seqs, bucket, ids_dev, Some(&tables)));
         let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         let (_, overflowed) = dev.end_workspace();
         let (logits, rows) = result?;
@@ -346,7 +366,9 @@ fn eager_step(
     let arena = state.arena.as_ref().expect("allocated above");
     let arena_bytes = arena.len();
     dev.begin_workspace(arena);
-    let result = flow::body(e, &mut seqs, tokens, ids_buf.ptr(), tables.as_ref());
+    let result = with_small_batch(e, || {
+        flow::body(e, &mut seqs, tokens, ids_buf.ptr(), tables.as_ref())
+    });
     let (_, overflowed) = dev.end_workspace();
     let (logits, rows) = result?;
     if overflowed {

@@ -112,6 +112,10 @@ pub struct CudaEngine {
     graphs: bool,
     /// Bytes of a session's workspace.
     workspace_bytes: usize,
+    /// Batched steps of more than MATVEC_MAX_TOKENS but at most this many rows run their
+    /// projections and MoE blocks as decode matvecs per 8 rows rather than GEMMs
+    /// (`SPINDLE_CUDA_BATCH_MATVEC_ROWS`, default 32; 0: always GEMMs).
+    batch_matvec_rows: usize,
     /// Batched steps' shared state: scratch arena, decode graphs per bucket, the pad sequence.
     /// Held for the length of a batched step.
     batch: std::sync::Mutex<batch::BatchState>,
@@ -180,6 +184,10 @@ impl CudaEngine {
             graphs,
             workspace_bytes,
             batch: Default::default(),
+            batch_matvec_rows: std::env::var("SPINDLE_CUDA_BATCH_MATVEC_ROWS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(batch::DEFAULT_MATVEC_ROWS),
             quant,
         })
     }
@@ -202,6 +210,18 @@ impl CudaEngine {
     /// Whether decode steps replay a captured CUDA graph.
     pub fn uses_graphs(&self) -> bool {
         self.graphs
+    }
+
+    /// Sets the largest batched step (in rows) whose projections and MoE blocks run as decode
+    /// matvecs per 8 rows instead of GEMMs (0: GEMMs above 8 rows); drops the batched decode
+    /// graphs, which were captured with the old setting.
+    #[doc(hidden)]
+    pub fn set_batch_matvec_rows(&mut self, rows: usize) {
+        self.batch_matvec_rows = rows;
+        self.batch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear_graphs();
     }
 
     /// Turns CUDA graphs on or off for later steps (tests compare both paths; on by default

@@ -33,6 +33,24 @@ pub fn moe(
             return moe_decode(dev, config, w, io, tokens, &plan);
         }
     }
+    // A small batch inside a batched step: the decode kernels per group of MATVEC_MAX_TOKENS
+    // rows (the grouped GEMM pads every expert's tile to TENSOR_GEMM_TOKENS rows).
+    if let (Io::Split(x), true) = (io, tokens <= dev.small_batch_rows()) {
+        if DecodePlan::new(dev, config, w, MATVEC_MAX_TOKENS).is_some() {
+            let hidden = config.hidden_size;
+            let y = dev.scratch::<f32>(tokens * hidden)?;
+            for t0 in (0..tokens).step_by(MATVEC_MAX_TOKENS) {
+                let n = (tokens - t0).min(MATVEC_MAX_TOKENS);
+                let plan = DecodePlan::new(dev, config, w, n)
+                    .expect("fewer rows fit where MATVEC_MAX_TOKENS rows do");
+                let rows = x.view(t0 * hidden, n * hidden);
+                let part = moe_decode(dev, config, w, Io::Split(&rows), n, &plan)?
+                    .expect("a split MoE block returns its output");
+                dev.copy_raw(part.ptr(), y.at(t0 * hidden), n * hidden * 4)?;
+            }
+            return io.give(dev, y);
+        }
+    }
     let x = match io {
         Io::Split(x) => moe_general(dev, config, w, x, tokens)?,
         Io::Fused { h, norm, eps } => {
