@@ -25,6 +25,10 @@ if [ "$part" = bench ] || [ "$part" = all ]; then
   el "batch_decode q4"
   RUST_LOG=warn timeout 400 ./batch_decode "$WORK/a3b" --quant q4 --batch ${BATCHES:-1,16,64} --context 512 --steps 32 --runs 3 ${MATVEC_ROWS:+--matvec-rows $MATVEC_ROWS} 2>&1 | tee "$OUT/batch_decode.log"
 fi
+if [ -n "${PROFILE_BATCHES:-}" ]; then
+  el "batch_decode q4, per-kernel profile (no graphs)"
+  SPINDLE_CUDA_PROFILE=1 RUST_LOG=warn timeout 300 ./batch_decode "$WORK/a3b" --quant q4 --batch $PROFILE_BATCHES --context 512 --steps 8 --runs 1 ${MATVEC_ROWS:+--matvec-rows $MATVEC_ROWS} 2>&1 | tee "$OUT/batch_profile.log" | grep -v "decode_argmax"
+fi
 if [ "$part" = ab ] || [ "$part" = all ]; then
   el "ab"
   [ -x ./spindle-old ] && [ -x ./spindle ] && bash ab.sh "$PWD/spindle-old" "$PWD/spindle" 2>&1 | tee "$OUT/ab.log"

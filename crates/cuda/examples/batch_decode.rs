@@ -157,6 +157,8 @@ fn run_batches(engine: &CudaEngine, args: &Args) {
             step(&mut sessions, &mut ids);
         }
         engine.sync().unwrap();
+        // SPINDLE_CUDA_PROFILE=1: forget the prefill's launches, report the timed steps'.
+        let _ = engine.device().profile_report();
         let mut times = Vec::new();
         for _ in 0..args.runs {
             let t = Instant::now();
@@ -176,6 +178,26 @@ fn run_batches(engine: &CudaEngine, args: &Args) {
             times.iter().map(|t| (t * 1e3).round() / 1e3).collect::<Vec<_>>(),
             args.context
         );
+        if engine.device().profiling() {
+            let mut by_name: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
+            for k in engine.device().profile_report().unwrap() {
+                let e = by_name.entry(k.name).or_default();
+                e.0 += k.calls;
+                e.1 += k.total_us;
+            }
+            let steps = (args.runs * args.steps) as f64;
+            let mut lines: Vec<_> = by_name.into_iter().collect();
+            lines.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+            let total: f64 = lines.iter().map(|l| l.1 .1).sum::<f64>() / steps;
+            println!("  profile B={b}: {total:.1} us of kernels per step");
+            for (name, (calls, us)) in lines.iter().take(14) {
+                println!(
+                    "    {name:<36} {:7.1} us/step  {:5.1} launches/step",
+                    us / steps,
+                    *calls as f64 / steps
+                );
+            }
+        }
         if b == 1 {
             // The path `spindle bench` times: a greedy step with the argmax on the device.
             let mut id = ids[0];
