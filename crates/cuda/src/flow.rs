@@ -10,7 +10,7 @@ use spindle_model::forward::LogitsFor;
 use crate::attention::{self, AttentionCtx};
 use crate::device::{DevBuf, Device};
 use crate::error::{DriverContext, Result};
-use crate::io::Io;
+use crate::io::{decode_sized, row_groups, Io};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS};
 use crate::linear::{decode_linear, project};
 use crate::matvec::{DecodeIn, DecodeOut};
@@ -94,7 +94,7 @@ fn sublayer(
     s: &Shape,
     run: impl FnOnce(Io) -> Result<Option<DevBuf<f32>>>,
 ) -> Result<()> {
-    if let (GpuResidual::Norms { input, post }, true) = (residual, s.tokens <= MATVEC_MAX_TOKENS) {
+    if let (GpuResidual::Norms { input, post }, true) = (residual, decode_sized(dev, s.tokens)) {
         let norm = match which {
             Sublayer::Mixer => input,
             Sublayer::Ffn => post,
@@ -431,27 +431,32 @@ pub(crate) fn body(
         gathered.0.arg()
     };
     let lm_head = e.gpu.lm_head();
-    if count <= MATVEC_MAX_TOKENS {
-        // The final norm fused into the head's matvec.
-        let mixed;
-        let input = match &e.gpu.head_input {
-            GpuHeadInput::Norm(w) => DecodeIn {
-                x: rows,
-                ldx: width,
-                norm: Some((w, s.eps)),
-                normed_out: Ptr::null(),
-            },
+    if decode_sized(dev, count) {
+        // The final norm fused into the head's matvec (per group of MATVEC_MAX_TOKENS rows).
+        let mixed = match &e.gpu.head_input {
+            GpuHeadInput::Norm(_) => None,
             GpuHeadInput::HyperMixer(w) => {
-                mixed = qwen4::enter(dev, w, rows, count, s.streams, s.hidden, s.eps)?.x;
-                DecodeIn::plain(mixed.arg(), s.hidden)
+                Some(qwen4::enter(dev, w, rows, count, s.streams, s.hidden, s.eps)?.x)
             }
         };
         let logits = dev.scratch::<f32>(count * lm_head.rows)?;
-        let out = DecodeOut::Store {
-            y: logits.arg(),
-            ldy: lm_head.rows,
-        };
-        decode_linear(dev, lm_head, 0..lm_head.rows, input, count, out)?;
+        for (t0, n) in row_groups(count) {
+            let input = match (&e.gpu.head_input, &mixed) {
+                (GpuHeadInput::Norm(w), _) => DecodeIn {
+                    x: rows.at(t0 * width),
+                    ldx: width,
+                    norm: Some((w, s.eps)),
+                    normed_out: Ptr::null(),
+                },
+                (_, Some(mixed)) => DecodeIn::plain(mixed.arg_at(t0 * s.hidden), s.hidden),
+                (GpuHeadInput::HyperMixer(_), None) => unreachable!("mixed above"),
+            };
+            let out = DecodeOut::Store {
+                y: logits.arg_at(t0 * lm_head.rows),
+                ldy: lm_head.rows,
+            };
+            decode_linear(dev, lm_head, 0..lm_head.rows, input, n, out)?;
+        }
         return Ok((logits, count));
     }
     let head_in = match &e.gpu.head_input {

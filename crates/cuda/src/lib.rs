@@ -344,7 +344,9 @@ impl CudaEngine {
     /// the rows each item wants (all its tokens, or its last). Token-wise work (embedding,
     /// norms, hyper-connections, projections, MLP/MoE with the routed experts grouped over all
     /// tokens, the LM head over the wanted rows) runs once over the items' concatenated rows;
-    /// GDN, attention and PLE run per sequence on its own state; a decode step (one token per
+    /// GDN, attention and PLE run per sequence on its own state. A step that mixes prompt
+    /// chunks of more than 8 tokens with shorter items runs as two batches (short, then long),
+    /// so every row takes the path it would take alone. A decode step (one token per
     /// item) runs each mixer op as one launch for all items, from device tables of their
     /// states and positions, and, for up to 128 items of a model without PLE or QSA, replays
     /// a CUDA graph captured once per engine for the batch-size bucket (2, 4, ..., 128). The
@@ -367,17 +369,75 @@ impl CudaEngine {
             ranges.push(row..row + n);
             row += n;
         }
-        let logits = if items.len() == 1 {
-            let it = &mut items[0];
-            flow::forward_device(self, it.session, it.ids, it.want)?
+        let short = |it: &CudaBatchItem| it.ids.len() <= kernels::MATVEC_MAX_TOKENS;
+        let mixed = items.iter().any(short) && !items.iter().all(short);
+        let logits = if mixed {
+            self.step_in_two(items, &ranges, row)?
         } else {
-            batch::forward_batch_device(self, items)?
+            self.step(items)?
         };
         debug_assert_eq!(logits.rows, row, "the head ran over the wanted rows");
         Ok(BatchLogits {
             logits,
             ranges,
             vocab: self.config.vocab_size,
+        })
+    }
+
+    /// One step over `items` as one batch (one item: [`CudaEngine::forward`]'s path).
+    fn step(&self, items: &mut [CudaBatchItem<'_>]) -> Result<flow::Logits> {
+        if items.len() == 1 {
+            let it = &mut items[0];
+            flow::forward_device(self, it.session, it.ids, it.want)
+        } else {
+            batch::forward_batch_device(self, items)
+        }
+    }
+
+    /// A step whose items mix prompt chunks (more than MATVEC_MAX_TOKENS tokens) with
+    /// decode-sized ones, as two batches: the short items (decode kernels, as each would
+    /// decode alone), then the long ones (GEMMs, as each would prefill alone), their wanted
+    /// rows copied into one buffer in item order (`ranges`, `rows` in all). Each weight is
+    /// read twice, and no row's arithmetic depends on which kind its neighbours are.
+    fn step_in_two(
+        &self,
+        items: &mut [CudaBatchItem<'_>],
+        ranges: &[std::ops::Range<usize>],
+        rows: usize,
+    ) -> Result<flow::Logits> {
+        let vocab = self.config.vocab_size;
+        let out = self.dev.zeros::<f32>(rows * vocab)?;
+        for long in [false, true] {
+            let chosen: Vec<usize> = (0..items.len())
+                .filter(|&n| (items[n].ids.len() > kernels::MATVEC_MAX_TOKENS) == long)
+                .collect();
+            let mut group: Vec<CudaBatchItem> = items
+                .iter_mut()
+                .enumerate()
+                .filter(|(n, _)| chosen.contains(n))
+                .map(|(_, it)| CudaBatchItem {
+                    session: &mut *it.session,
+                    ids: it.ids,
+                    want: it.want,
+                })
+                .collect();
+            let logits = self.step(&mut group)?;
+            // Copied before the next step reuses the scratch the logits live in.
+            let mut row = 0;
+            for &n in &chosen {
+                let r = &ranges[n];
+                self.dev.copy_raw(
+                    logits.ptr + (row * vocab * 4) as u64,
+                    out.at(r.start * vocab),
+                    r.len() * vocab * 4,
+                )?;
+                row += r.len();
+            }
+        }
+        Ok(flow::Logits {
+            ptr: out.ptr(),
+            rows,
+            _owned: Some(out),
         })
     }
 

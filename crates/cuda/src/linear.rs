@@ -23,19 +23,13 @@ pub fn linear(
     tokens: usize,
     accumulate: bool,
 ) -> Result<()> {
-    // A small batch inside a batched step: decode matvecs in groups of MATVEC_MAX_TOKENS rows
-    // (each weight read once per group; cheaper than the GEMM's padded tiles up to a few
-    // groups, and each row's arithmetic is the decode path's).
+    // A small batch inside a batched step: groups of MATVEC_MAX_TOKENS rows, each through
+    // the path a decode of that many rows takes (each weight read once per group; cheaper
+    // than the GEMM's padded tiles up to a few groups).
     if tokens > MATVEC_MAX_TOKENS && tokens <= dev.small_batch_rows() {
         for t0 in (0..tokens).step_by(MATVEC_MAX_TOKENS) {
             let n = (tokens - t0).min(MATVEC_MAX_TOKENS);
-            let (y, x) = (y.at(t0 * ldy), x.at(t0 * ldx));
-            let out = if accumulate {
-                DecodeOut::Accumulate { y, ldy, gate: None }
-            } else {
-                DecodeOut::Store { y, ldy }
-            };
-            decode_linear(dev, w, 0..w.rows, DecodeIn::plain(x, ldx), n, out)?;
+            linear(dev, w, x.at(t0 * ldx), ldx, y.at(t0 * ldy), ldy, n, accumulate)?;
         }
         return Ok(());
     }
