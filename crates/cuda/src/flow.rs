@@ -328,9 +328,14 @@ pub(crate) fn body(
     let mut ple_ordinal = 0;
     for (index, layer) in e.gpu.layers.iter().enumerate() {
         if let Some(w) = &layer.ple {
+            // Per-sequence work takes the path the sequence would take alone (the GEMM for
+            // a prompt chunk), whatever the batch around it.
+            let small_batch = dev.small_batch_rows();
+            dev.set_small_batch_rows(0);
+            let mut added = Ok(());
             for sq in seqs.iter() {
                 let ple = sq.session.ple.as_ref().expect("PLE state follows the config");
-                qwen4::add(
+                added = qwen4::add(
                     dev,
                     w,
                     h.arg_at(sq.seg.offset * width),
@@ -341,8 +346,13 @@ pub(crate) fn body(
                     s.streams,
                     s.hidden,
                     s.eps,
-                )?;
+                );
+                if added.is_err() {
+                    break;
+                }
             }
+            dev.set_small_batch_rows(small_batch);
+            added?;
             ple_ordinal += 1;
         }
 
