@@ -131,7 +131,9 @@ fn run_batches(engine: &CudaEngine, args: &Args) {
             .collect();
         let prefill = Instant::now();
         for s in sessions.iter_mut() {
-            let prompt: Vec<u32> = (0..args.context).map(|_| next_id(&mut rng, vocab)).collect();
+            let prompt: Vec<u32> = (0..args.context)
+                .map(|_| next_id(&mut rng, vocab))
+                .collect();
             engine.forward(s, &prompt, LogitsFor::Last).unwrap();
         }
         let prefill_s = prefill.elapsed().as_secs_f64();

@@ -107,7 +107,12 @@ impl IoLayout {
 
 /// The host image of a decode step's io: state tables, positions, ids (rows past the
 /// sessions: `pad`'s state, position 0, id 0).
-fn io_image(sessions: &[&CudaSession], ids: &[u32], rows: usize, pad: Option<&CudaSession>) -> Vec<u8> {
+fn io_image(
+    sessions: &[&CudaSession],
+    ids: &[u32],
+    rows: usize,
+    pad: Option<&CudaSession>,
+) -> Vec<u8> {
     let mut all: Vec<&CudaSession> = sessions.to_vec();
     while all.len() < rows {
         all.push(pad.expect("a pad sequence when rows exceed the sessions"));
@@ -118,7 +123,11 @@ fn io_image(sessions: &[&CudaSession], ids: &[u32], rows: usize, pad: Option<&Cu
         bytes.extend_from_slice(&a.to_le_bytes());
     }
     for n in 0..rows {
-        let pos = if n < sessions.len() { sessions[n].position as i32 } else { 0 };
+        let pos = if n < sessions.len() {
+            sessions[n].position as i32
+        } else {
+            0
+        };
         bytes.extend_from_slice(&pos.to_le_bytes());
     }
     for n in 0..rows {
@@ -148,7 +157,11 @@ fn max_splits(sessions: &[&CudaSession]) -> usize {
 fn arena_guess(e: &CudaEngine, tokens: usize, splits: usize) -> usize {
     let a = &e.config.attention;
     let partials = tokens * a.num_heads * splits * (a.head_dim + 2) * 4 * e.config.layers.len();
-    2 * e.gpu.scratch_bytes(&e.config, tokens.max(MATVEC_MAX_TOKENS)) + partials + (8 << 20)
+    2 * e
+        .gpu
+        .scratch_bytes(&e.config, tokens.max(MATVEC_MAX_TOKENS))
+        + partials
+        + (8 << 20)
 }
 
 /// One step over `items` (validated by the caller: at least two, none empty, at most
@@ -185,7 +198,10 @@ fn graph_step(
 ) -> Result<Logits> {
     let dev = &e.dev;
     let b = items.len();
-    let bucket = *BUCKETS.iter().find(|&&k| k >= b).expect("checked by the caller");
+    let bucket = *BUCKETS
+        .iter()
+        .find(|&&k| k >= b)
+        .expect("checked by the caller");
     for it in items.iter_mut() {
         let needed = it.session.position + 1;
         ensure_capacity(e, it.session, needed)?;
@@ -193,9 +209,16 @@ fn graph_step(
     if state.dummy.is_none() {
         state.dummy = Some(e.new_session_with_capacity(1)?);
     }
-    let max_position = items.iter().map(|it| it.session.position).max().unwrap_or(0);
+    let max_position = items
+        .iter()
+        .map(|it| it.session.position)
+        .max()
+        .unwrap_or(0);
     let needed_splits = (max_position + 1).div_ceil(ATTN_SPLIT_KEYS);
-    let stale = state.graphs.get(&bucket).is_none_or(|g| g.splits < needed_splits);
+    let stale = state
+        .graphs
+        .get(&bucket)
+        .is_none_or(|g| g.splits < needed_splits);
     if stale {
         state.graphs.remove(&bucket);
         let splits = needed_splits.next_power_of_two().max(MIN_GRAPH_SPLITS);
@@ -213,7 +236,9 @@ fn graph_step(
     let ids: Vec<u32> = items.iter().map(|it| it.ids[0]).collect();
     let image = io_image(&sessions, &ids, bucket, state.dummy.as_ref());
     dev.write_raw(g.io.ptr(), &image)?;
-    g.graph.launch().during("launching a batched decode graph")?;
+    g.graph
+        .launch()
+        .during("launching a batched decode graph")?;
     for it in items.iter_mut() {
         it.session.position += 1;
     }
@@ -269,8 +294,9 @@ fn capture(
                 want: LogitsFor::Last,
             })
             .collect();
-        let result =
-            with_small_batch(e, || flow::body(e, &mut seqs, bucket, ids_dev, Some(&tables)));
+        let result = with_small_batch(e, || {
+            flow::body(e, &mut seqs, bucket, ids_dev, Some(&tables))
+        });
         let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         let (_, overflowed) = dev.end_workspace();
         let (logits, rows) = result?;

@@ -334,7 +334,11 @@ pub(crate) fn body(
             dev.set_small_batch_rows(0);
             let mut added = Ok(());
             for sq in seqs.iter() {
-                let ple = sq.session.ple.as_ref().expect("PLE state follows the config");
+                let ple = sq
+                    .session
+                    .ple
+                    .as_ref()
+                    .expect("PLE state follows the config");
                 added = qwen4::add(
                     dev,
                     w,
@@ -357,8 +361,13 @@ pub(crate) fn body(
         }
 
         let tables = batch.map(|t| t.layer(index));
-        sublayer(dev, &layer.residual, Sublayer::Mixer, &h, &s, |io| {
-            match &layer.mixer {
+        sublayer(
+            dev,
+            &layer.residual,
+            Sublayer::Mixer,
+            &h,
+            &s,
+            |io| match &layer.mixer {
                 GpuMixer::Attention(w) => {
                     let ctx = AttentionCtx {
                         config,
@@ -386,8 +395,8 @@ pub(crate) fn body(
                         .collect();
                     gdn::forward(dev, config, w, &mut states, io, s.tokens, s.eps, tables)
                 }
-            }
-        })?;
+            },
+        )?;
         sublayer(
             dev,
             &layer.residual,

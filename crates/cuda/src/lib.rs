@@ -324,7 +324,9 @@ impl CudaEngine {
         let step = self.forward_batch_device(items).and_then(|logits| {
             let all = self.download_logits(&logits)?;
             Ok((0..items.len())
-                .map(|n| all[logits.item_rows(n).start * vocab..logits.item_rows(n).end * vocab].to_vec())
+                .map(|n| {
+                    all[logits.item_rows(n).start * vocab..logits.item_rows(n).end * vocab].to_vec()
+                })
                 .collect::<Vec<_>>())
         });
         match step {

@@ -29,7 +29,16 @@ pub fn linear(
     if tokens > MATVEC_MAX_TOKENS && tokens <= dev.small_batch_rows() {
         for t0 in (0..tokens).step_by(MATVEC_MAX_TOKENS) {
             let n = (tokens - t0).min(MATVEC_MAX_TOKENS);
-            linear(dev, w, x.at(t0 * ldx), ldx, y.at(t0 * ldy), ldy, n, accumulate)?;
+            linear(
+                dev,
+                w,
+                x.at(t0 * ldx),
+                ldx,
+                y.at(t0 * ldy),
+                ldy,
+                n,
+                accumulate,
+            )?;
         }
         return Ok(());
     }

@@ -76,7 +76,10 @@ fn step_input(plan: &Plan, step: usize, last_token: Option<u32>) -> Option<(Vec<
         };
         return Some((ids, want));
     }
-    Some((vec![last_token.expect("a decode follows the prompt")], LogitsFor::Last))
+    Some((
+        vec![last_token.expect("a decode follows the prompt")],
+        LogitsFor::Last,
+    ))
 }
 
 /// Runs the scenario with every step batched (`batched`) or each sequence alone, returning
@@ -84,7 +87,10 @@ fn step_input(plan: &Plan, step: usize, last_token: Option<u32>) -> Option<(Vec<
 fn run(engine: &CudaEngine, plans: &[Plan], batched: bool) -> (Trace, Vec<Vec<u32>>) {
     let vocab = engine.config().vocab_size;
     let steps = plans.iter().map(|p| p.leave).max().unwrap();
-    let mut sessions: Vec<_> = plans.iter().map(|_| engine.new_session().unwrap()).collect();
+    let mut sessions: Vec<_> = plans
+        .iter()
+        .map(|_| engine.new_session().unwrap())
+        .collect();
     let mut trace: Trace = plans.iter().map(|_| Vec::new()).collect();
     let mut tokens: Vec<Vec<u32>> = plans.iter().map(|_| Vec::new()).collect();
     for step in 0..steps {
@@ -153,7 +159,10 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 /// chunks beside A's prefill and decodes, D decodes and finishes early, C joins at step 3.
 fn mixed(prompt: &[u32], vocab: usize) -> Vec<Plan> {
     let b = pseudo_random(70, vocab, 7);
-    let c: Vec<u32> = prompt[..5].iter().map(|&t| (t + 1) % vocab as u32).collect();
+    let c: Vec<u32> = prompt[..5]
+        .iter()
+        .map(|&t| (t + 1) % vocab as u32)
+        .collect();
     let d = pseudo_random(12, vocab, 11);
     vec![
         Plan {
