@@ -31,6 +31,9 @@ pub const BUCKETS: [usize; 7] = [2, 4, 8, 16, 32, 64, 128];
 /// matvecs per MATVEC_MAX_TOKENS rows (see `CudaEngine::set_batch_matvec_rows`).
 pub const DEFAULT_MATVEC_ROWS: usize = 32;
 
+/// Eager batched steps of at most this many rows use the engine's arena.
+const ARENA_MAX_ROWS: usize = 256;
+
 /// The smallest split count a graph is captured for (512 positions of context).
 const MIN_GRAPH_SPLITS: usize = 512 / ATTN_SPLIT_KEYS;
 
@@ -157,8 +160,7 @@ fn max_splits(sessions: &[&CudaSession]) -> usize {
 fn arena_guess(e: &CudaEngine, tokens: usize, splits: usize) -> usize {
     let a = &e.config.attention;
     let partials = tokens * a.num_heads * splits * (a.head_dim + 2) * 4 * e.config.layers.len();
-    2 * e
-        .gpu
+    e.gpu
         .scratch_bytes(&e.config, tokens.max(MATVEC_MAX_TOKENS))
         + partials
         + (8 << 20)
@@ -268,7 +270,8 @@ fn capture(
     };
     let ids_dev = io.ptr() + layout.ids as u64;
     let mut bytes = arena_guess(e, bucket, splits);
-    for _attempt in 0..4 {
+    let mut shrunk = false;
+    for _attempt in 0..6 {
         let workspace = dev.zeros::<u8>(bytes)?;
         let started = std::time::Instant::now();
         let stream = dev.stream().clone();
@@ -298,7 +301,7 @@ fn capture(
             flow::body(e, &mut seqs, bucket, ids_dev, Some(&tables))
         });
         let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-        let (_, overflowed) = dev.end_workspace();
+        let (used, overflowed) = dev.end_workspace();
         let (logits, rows) = result?;
         let graph = graph
             .during("ending a CUDA graph capture")?
@@ -306,6 +309,14 @@ fn capture(
         if overflowed || logits.is_owned() {
             drop(graph);
             bytes *= 2;
+            continue;
+        }
+        // The guess is generous: capture once more into what the step used (the same
+        // launches carve the same scratch), so a bucket holds no more memory than it needs.
+        if !shrunk && used + (1 << 20) < bytes / 2 {
+            drop(graph);
+            bytes = (used + (1 << 20)).next_multiple_of(256);
+            shrunk = true;
             continue;
         }
         debug_assert_eq!(rows, bucket);
@@ -366,8 +377,11 @@ fn eager_step(
         });
         _table_buf = buf;
     }
+    // Decode-sized steps carve their scratch from the arena; larger ones (prompt chunks)
+    // allocate as a solo prefill does, so the arena stays small.
+    let use_arena = tokens <= ARENA_MAX_ROWS;
     let wanted = arena_guess(e, tokens, splits).max(state.arena_min);
-    if state.arena.as_ref().is_none_or(|a| a.len() < wanted) {
+    if use_arena && state.arena.as_ref().is_none_or(|a| a.len() < wanted) {
         state.arena = None;
         state.arena = Some(dev.zeros::<u8>(wanted)?);
     }
@@ -389,13 +403,14 @@ fn eager_step(
             }
         })
         .collect();
-    let arena = state.arena.as_ref().expect("allocated above");
-    let arena_bytes = arena.len();
-    dev.begin_workspace(arena);
+    let arena_bytes = state.arena.as_ref().map_or(0, |a| a.len());
+    if use_arena {
+        dev.begin_workspace(state.arena.as_ref().expect("allocated above"));
+    }
     let result = with_small_batch(e, || {
         flow::body(e, &mut seqs, tokens, ids_buf.ptr(), tables.as_ref())
     });
-    let (_, overflowed) = dev.end_workspace();
+    let overflowed = use_arena && dev.end_workspace().1;
     let (logits, rows) = result?;
     if overflowed {
         // Served by allocations this time; a larger arena from the next step on (this step's
