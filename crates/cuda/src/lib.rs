@@ -252,6 +252,26 @@ impl CudaEngine {
         Ok(session)
     }
 
+    /// Admission: an upper bound on the device bytes a new sequence needs to reach `context`
+    /// tokens (its KV caches at the largest capacity they can grow to, GDN and PLE state,
+    /// flash-decoding partials, its workspace). A scheduler admits a sequence when
+    /// [`CudaEngine::free_device_bytes`] covers this (with a margin for batched steps'
+    /// scratch) and lets it wait otherwise. Sequence state is per session for now, not pooled.
+    pub fn sequence_bytes(&self, context: usize) -> usize {
+        session::sequence_state_bytes(&self.config, context) + self.workspace_bytes
+    }
+
+    /// Free and total device memory in bytes, as the driver reports them now.
+    pub fn free_device_bytes(&self) -> Result<(usize, usize)> {
+        self.dev
+            .context()
+            .mem_get_info()
+            .map_err(|source| CudaError::Driver {
+                what: "reading the free device memory".into(),
+                source,
+            })
+    }
+
     /// Feeds one token and returns the greedy next token, chosen on the device (4 bytes come
     /// back instead of the logits row).
     pub fn decode_argmax(&self, session: &mut CudaSession, id: u32) -> Result<u32> {

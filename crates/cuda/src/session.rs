@@ -191,6 +191,50 @@ impl StepIo {
     }
 }
 
+/// The most KV rows a cache holding `context` tokens can have allocated, however it grew
+/// (`attention::reserve` grows to max(needed, 2·capacity, 256)): max(256, 2·(context − 1)).
+pub fn kv_capacity_bound(context: usize) -> usize {
+    (2 * context.saturating_sub(1)).max(context).max(256)
+}
+
+/// Device bytes one sequence's state holds at `context` tokens, as [`CudaSession::state_bytes`]
+/// counts them plus the flash-decoding partials, at the capacity [`kv_capacity_bound`] gives (the
+/// session's own workspace is not included). While a cache grows, the old and the new
+/// allocation are held together for a moment.
+pub fn sequence_state_bytes(config: &ModelConfig, context: usize) -> usize {
+    let a = &config.attention;
+    let g = &config.gdn;
+    let capacity = kv_capacity_bound(context);
+    let mut floats = 0;
+    for spec in &config.layers {
+        floats += match spec.mixer {
+            MixerKind::FullAttention => {
+                let kv = 2 * capacity * a.num_kv_heads * a.head_dim;
+                kv + match &config.qsa {
+                    Some(q) => {
+                        capacity * q.head_dim + capacity.div_ceil(q.compress_ratio) * q.head_dim
+                    }
+                    None => {
+                        MATVEC_MAX_TOKENS
+                            * a.num_heads
+                            * capacity.div_ceil(crate::kernels::ATTN_SPLIT_KEYS)
+                            * (a.head_dim + 2)
+                    }
+                }
+            }
+            MixerKind::LinearAttention => {
+                (g.conv_kernel - 1) * g.conv_channels()
+                    + g.num_value_heads * g.key_head_dim * g.value_head_dim
+            }
+        };
+    }
+    if let Some(ple) = &config.ple {
+        let width = config.hyper.as_ref().map_or(1, |h| h.streams) * config.hidden_size;
+        floats += ple.layers.len() * (ple.conv_kernel - 1) * ple.ngram_size * width;
+    }
+    floats * std::mem::size_of::<f32>()
+}
+
 /// Blocks of the device argmax (`argmax_two_stage`).
 pub const ARGMAX_BLOCKS: usize = 256;
 
@@ -303,5 +347,37 @@ impl CudaSession {
             graph: None,
             graph_failed: false,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_capacity_bound_covers_every_growth_order() {
+        // Grow as attention::reserve does, in steps of 1, 7 and 1000 tokens.
+        for step in [1usize, 7, 1000] {
+            let mut capacity = 0usize;
+            let mut context = 0usize;
+            while context < 20_000 {
+                context += step;
+                if context > capacity {
+                    capacity = context.max(capacity * 2).max(256);
+                }
+                assert!(
+                    capacity <= kv_capacity_bound(context),
+                    "step {step} at {context}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sequence_state_grows_with_the_context() {
+        let config = ModelConfig::from_dir(&spindle_testkit::fixture("qwen3_5_moe")).unwrap();
+        let small = sequence_state_bytes(&config, 1);
+        let large = sequence_state_bytes(&config, 10_000);
+        assert!(small > 0 && large > small, "{small} then {large}");
     }
 }

@@ -322,3 +322,29 @@ fn device_logits_rows_follow_the_items() {
     assert!(max_abs_diff(&got[..vocab], &want_a) < TOLERANCE);
     assert!(max_abs_diff(&got[vocab..], &want_b) < TOLERANCE);
 }
+
+/// The admission bound covers what a session holds after prompts of several lengths, and the
+/// driver's free memory reads.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn admission_bound_covers_a_session() {
+    for name in FAMILIES {
+        let engine = CudaEngine::load(&spindle_testkit::fixture(name), device_ordinal()).unwrap();
+        let vocab = engine.config().vocab_size;
+        for n in [1, 300, 700] {
+            let mut session = engine.new_session().unwrap();
+            let prompt = pseudo_random(n, vocab, n as u64);
+            engine
+                .forward(&mut session, &prompt, LogitsFor::Last)
+                .unwrap();
+            assert!(
+                engine.sequence_bytes(n) >= session.state_bytes(),
+                "{name} at {n}: bound {} below {}",
+                engine.sequence_bytes(n),
+                session.state_bytes()
+            );
+        }
+        let (free, total) = engine.free_device_bytes().unwrap();
+        assert!(free <= total && total > 0, "{free} of {total}");
+    }
+}
