@@ -34,6 +34,7 @@ mod moe;
 mod norm;
 mod qwen4;
 mod reduce;
+mod sampling;
 mod session;
 #[doc(hidden)]
 pub mod testing;
@@ -52,6 +53,7 @@ pub use error::{CudaError, Result};
 #[doc(hidden)]
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
 pub use kernels::ptx_for;
+pub use sampling::{sample_row_on_host, DeviceSampler, RowSampling, MAX_SAMPLE_ROWS};
 pub use session::CudaSession;
 
 /// Prefill runs in pieces of at most this many tokens (grid-dimension limits of the MoE
@@ -77,6 +79,8 @@ pub struct CudaEngine {
     /// Bytes of a session's workspace.
     workspace_bytes: usize,
     quant: WeightFormat,
+    /// Scratch of [`CudaEngine::sample_rows`].
+    sampler: sampling::SharedSampler,
 }
 
 impl CudaEngine {
@@ -141,6 +145,7 @@ impl CudaEngine {
             graphs,
             workspace_bytes,
             quant,
+            sampler: Default::default(),
         })
     }
 
