@@ -1,6 +1,6 @@
 //! Sampling on the device: many rows of logits in, one token id per row out, with the
 //! semantics of the host sampler (`spindle_runtime::sampling::Sampler::sample`) given each
-//! row's draw. Penalties, greedy, temperature, top-k, top-p, min-p and the draw all run in four
+//! row's draw. Penalties, greedy, temperature, top-k, top-p, min-p and the draw all run in five or six
 //! launches (`kernels/sampling.cu` says how); only the ids come back (one small copy).
 //!
 //! A row whose cut or draw the kernels cannot settle inside their window (a top-p or min-p cut
@@ -13,9 +13,10 @@ use std::sync::Mutex;
 use crate::device::{DevBuf, Device};
 use crate::error::{CudaError, Result};
 use crate::kernels::sampling::{
-    SampleCountHistory, SampleHistogram, SamplePick, SampleRowStats, SAMPLE_BUCKETS,
-    SAMPLE_GREEDY, SAMPLE_PARAM_WORDS, SAMPLE_PENALISE, SAMPLE_PICK_SHARED_BYTES,
-    SAMPLE_PICK_THREADS, SAMPLE_UNRESOLVED,
+    SampleCollect, SampleCountHistory, SampleHistogram, SamplePick, SampleRowStats,
+    SampleWindowChoose, SAMPLE_BUCKETS, SAMPLE_GREEDY, SAMPLE_PARAM_WORDS, SAMPLE_PENALISE,
+    SAMPLE_PICK_SHARED_BYTES, SAMPLE_PICK_THREADS, SAMPLE_UNRESOLVED, SAMPLE_WINDOW,
+    SAMPLE_WINDOW_SHARED_BYTES, SAMPLE_WIN_WORDS,
 };
 use crate::kernels::{i, p, Launch};
 use crate::CudaEngine;
@@ -65,6 +66,10 @@ pub struct DeviceSampler {
     parts: Option<DevBuf<u32>>,
     /// Per row: bucket counts, then bucket masses (f32 bits).
     hist: Option<DevBuf<u32>>,
+    /// Per row: the window to collect, its slot counter, the masses above and below it.
+    win: Option<DevBuf<u32>>,
+    /// Per row: the window's candidates as sort keys.
+    keys: Option<DevBuf<u64>>,
     /// Per row `[V]` occurrences of each history id; zero between calls (the pick clears it).
     counts: Option<DevBuf<u32>>,
     out: Option<DevBuf<u32>>,
@@ -73,10 +78,14 @@ pub struct DeviceSampler {
 }
 
 /// A buffer of at least `len` elements in `slot` (a new zeroed one when it is too small).
-fn ensure<'a>(dev: &Device, slot: &'a mut Option<DevBuf<u32>>, len: usize) -> Result<&'a DevBuf<u32>> {
+fn ensure<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    dev: &Device,
+    slot: &'a mut Option<DevBuf<T>>,
+    len: usize,
+) -> Result<&'a DevBuf<T>> {
     if slot.as_ref().is_none_or(|b| b.len() < len) {
         *slot = None;
-        *slot = Some(dev.zeros::<u32>(len)?);
+        *slot = Some(dev.zeros::<T>(len)?);
     }
     Ok(slot.as_ref().expect("just filled"))
 }
@@ -120,24 +129,30 @@ impl DeviceSampler {
             .max()
             .unwrap_or(0);
         // Slices per row for the two streaming passes: about eight blocks per SM in all.
-        let split = 1056usize.div_ceil(n).clamp(1, 64);
+        let split = 2048usize.div_ceil(n).clamp(1, 256);
 
         let params = ensure(dev, &mut self.params, words.len())?.ptr();
         dev.write_raw(params, &words)?;
         let parts = ensure(dev, &mut self.parts, n * split * 4)?.ptr();
         let hist = ensure(dev, &mut self.hist, n * 2 * SAMPLE_BUCKETS)?.ptr();
         let out = ensure(dev, &mut self.out, n)?.ptr();
+        let win = ensure(dev, &mut self.win, n * SAMPLE_WIN_WORDS)?.ptr();
+        let keys = ensure(dev, &mut self.keys, n * SAMPLE_WINDOW)?.ptr();
         let counts = if penalised {
             ensure(dev, &mut self.counts, n * vocab)?.ptr()
         } else {
             0
         };
-        let shared = SAMPLE_PICK_SHARED_BYTES;
-        if dev.shared_limit(SamplePick::NAME) < shared {
-            return Err(CudaError::Unsupported(format!(
-                "sampling on the device needs {shared} bytes of shared memory per block; this GPU gives {}",
-                dev.shared_limit(SamplePick::NAME)
-            )));
+        for (name, bytes) in [
+            (SamplePick::NAME, SAMPLE_PICK_SHARED_BYTES),
+            (SampleWindowChoose::NAME, SAMPLE_WINDOW_SHARED_BYTES),
+        ] {
+            if dev.shared_limit(name) < bytes {
+                return Err(CudaError::Unsupported(format!(
+                    "sampling on the device needs {bytes} bytes of shared memory per block in {name}; this GPU gives {}",
+                    dev.shared_limit(name)
+                )));
+            }
         }
 
         if penalised {
@@ -173,16 +188,39 @@ impl DeviceSampler {
                 p(hist),
             )?;
         }
+        let rows_grid = (n as u32, 1, 1);
+        SampleWindowChoose::launch(
+            dev,
+            Launch::new(rows_grid, SAMPLE_PICK_THREADS, SAMPLE_WINDOW_SHARED_BYTES as u32),
+            p(params),
+            p(parts),
+            i(split),
+            p(hist),
+            p(win),
+        )?;
+        if sampled {
+            SampleCollect::launch(
+                dev,
+                Launch::new(grid, 256, 0),
+                p(params),
+                p(logits),
+                i(vocab),
+                p(counts),
+                p(parts),
+                p(win),
+                p(keys),
+            )?;
+        }
         SamplePick::launch(
             dev,
-            Launch::new((n as u32, 1, 1), SAMPLE_PICK_THREADS, shared as u32),
+            Launch::new(rows_grid, SAMPLE_PICK_THREADS, SAMPLE_PICK_SHARED_BYTES as u32),
             p(params),
-            p(logits),
             i(vocab),
             p(counts),
             p(parts),
             i(split),
-            p(hist),
+            p(win),
+            p(keys),
             p(out),
         )?;
         let mut ids = dev.download_raw::<u32>(out, n)?;

@@ -9,11 +9,13 @@
 //                         the number of candidates (finite or +inf);
 //   sample_histogram      per slice: count and mass exp(s - max) of the candidates in 4096
 //                         buckets of the distance d = max - s (1/128 of a logit each);
-//   sample_pick           one block per row: from the histogram, the buckets that must hold the
+//   sample_window_choose  one block per row: from the histogram, the buckets that must hold the
 //                         cut and the draw (a prefix, or a window around the draw when nothing
-//                         is cut), those candidates collected (at most SAMPLE_WINDOW), sorted in
-//                         shared memory and walked exactly as the host does, with the exact
-//                         (f64) mass of everything above and below the window.
+//                         is cut), at most SAMPLE_WINDOW candidates;
+//   sample_collect        per slice: the window's candidates to a per-row list, the masses
+//                         above and below the window summed (f64 sums of f32 exponentials);
+//   sample_pick           one block per row: the window sorted in shared memory and walked as
+//                         the host does (f64 masses), the greedy rows' arg-max written.
 // A row whose cut or draw cannot be settled inside a window gets SAMPLE_UNRESOLVED and the host
 // samples it (rare: a cut far down a flat distribution, or a bucket of more than SAMPLE_WINDOW
 // equal-looking logits).
@@ -289,6 +291,11 @@ __device__ __forceinline__ float sample_s_of(unsigned long long key) {
     return sample_unkey((unsigned)(key >> 32));
 }
 
+// One bucket past the last that can hold a min-p survivor (d <= -ln(min_p)), for rounding.
+__device__ __forceinline__ int sample_min_p_bucket(const SampleRow& p) {
+    return p.min_p > 0.0f ? min(SAMPLE_BUCKETS - 1, sample_bucket(-logf(p.min_p)) + 1) : SAMPLE_BUCKETS - 1;
+}
+
 // The buckets to collect: [lo, hi] (hi < 0: none fits; lo == 0: a prefix of the sorted row).
 // bk, bp, bd_lo, bd_hi: the first bucket whose cumulative count reaches top-k, whose mass
 // reaches top-p, and whose mass passes the draw (with a margin either side); bm: one bucket past
@@ -318,22 +325,42 @@ __device__ void sample_window(const SampleRow& p, unsigned n, const unsigned* hc
     }
 }
 
-// The chosen id of one non-greedy row with n > 0 candidates and maximum scaled logit m, or
-// SAMPLE_UNRESOLVED. Shared memory: keys[SAMPLE_WINDOW] u64, cum[SAMPLE_WINDOW] f64,
-// hc/cc[SAMPLE_BUCKETS] u32, hm[SAMPLE_BUCKETS] f64.
-__device__ unsigned sample_pick_row(const SampleRow& p, const float* __restrict__ logits, int vocab,
-                                    const unsigned* __restrict__ counts, size_t base, float m,
-                                    unsigned n, const unsigned* __restrict__ ghist,
-                                    unsigned long long* keys, double* cum, unsigned* hc, double* hm,
-                                    unsigned* cc) {
+// Per row, 8 words of `win`: the window [lo, hi] (hi < 0: nothing to collect), the collect
+// slot counter, then the exact masses above and below the window (f64).
+#define SAMPLE_WIN_WORDS 8
+
+// The host's unnormalised probability in f32 arithmetic (for the sums above and below a window).
+__device__ __forceinline__ double sample_mass_f32(float s, float m) {
+    if (m == SP_INF) return s == SP_INF ? 1.0 : 0.0;
+    return (double)expf(s - m);
+}
+
+// grid (rows), SAMPLE_PICK_THREADS threads, dynamic shared memory: cumulative masses (f64),
+// counts and cumulative counts (u32) of the histogram. Chooses each row's window.
+extern "C" __global__ void __launch_bounds__(SAMPLE_PICK_THREADS)
+sample_window_choose(const unsigned* __restrict__ params, const unsigned* __restrict__ parts, int split,
+                     const unsigned* __restrict__ hist, unsigned* __restrict__ win) {
+    extern __shared__ unsigned long long sample_smem[];
+    const int NB = SAMPLE_BUCKETS;
+    double* hm = reinterpret_cast<double*>(sample_smem);
+    unsigned* hc = reinterpret_cast<unsigned*>(hm + NB);
+    unsigned* cc = hc + NB;
     __shared__ double red[33];
     __shared__ unsigned redu[33];
-    __shared__ unsigned s_n;
-    __shared__ int s_lo, s_hi;
-    const int NB = SAMPLE_BUCKETS;
-    int tid = threadIdx.x;
-    double u = __hiloint2double((int)p.uniform_hi, (int)p.uniform_lo);
+    int row = blockIdx.x, tid = threadIdx.x;
+    SampleRow p = sample_params(params, row);
+    unsigned* w = win + (size_t)row * SAMPLE_WIN_WORDS;
+    unsigned gk, gi, mk, n;
+    sample_row_totals(parts, row, split, gk, gi, mk, n);
+    if (tid == 0) {
+        w[0] = 0u; w[1] = 0xffffffffu; w[2] = 0u; w[3] = 0u;
+        reinterpret_cast<double*>(w)[2] = 0.0;
+        reinterpret_cast<double*>(w)[3] = 0.0;
+    }
+    if ((p.flags & SAMPLE_GREEDY) || n == 0u) return;
+    const unsigned* ghist = hist + (size_t)row * 2 * NB;
     const float* gm = reinterpret_cast<const float*>(ghist + NB);
+    double u = __hiloint2double((int)p.uniform_hi, (int)p.uniform_lo);
     for (int b = tid; b < NB; b += blockDim.x) { hc[b] = ghist[b]; cc[b] = ghist[b]; hm[b] = gm[b]; }
     __syncthreads();
     sample_scan(cc, NB, redu);
@@ -345,42 +372,87 @@ __device__ unsigned sample_pick_row(const SampleRow& p, const float* __restrict_
     int bp = sample_first(NB, [&](int b) { return p_on && hm[b] >= (double)p.top_p * zh * (1.0 + 1e-5); });
     int bd_lo = sample_first(NB, [&](int b) { return hm[b] > u * zh * (1.0 - 1e-5); });
     int bd_hi = sample_first(NB, [&](int b) { return hm[b] > u * zh * (1.0 + 1e-5); });
-    // Survivors of min-p have d <= -ln(min_p): one bucket more for rounding.
-    int bm = m_on ? min(NB - 1, sample_bucket(-logf(p.min_p)) + 1) : NB - 1;
     if (tid == 0) {
-        int lo, hi;
-        sample_window(p, n, hc, cc, min(bk, NB - 1), min(bp, NB - 1), bm, min(bd_lo, NB - 1),
-                      min(bd_hi, NB - 1), lo, hi);
-        s_lo = lo;
-        s_hi = hi;
-        s_n = 0u;
+        int lo = 0, hi;
+        if (sample_unkey(mk) == SP_INF) {
+            // Only the +inf candidates have mass: they decide every cut and the draw.
+            hi = cc[0] <= SAMPLE_WINDOW ? 0 : -1;
+        } else {
+            sample_window(p, n, hc, cc, min(bk, NB - 1), min(bp, NB - 1), sample_min_p_bucket(p),
+                          min(bd_lo, NB - 1), min(bd_hi, NB - 1), lo, hi);
+        }
+        w[0] = (unsigned)lo;
+        w[1] = (unsigned)hi;
     }
-    __syncthreads();
-    int lo = s_lo, hi = s_hi;
-    if (hi < 0) return SAMPLE_UNRESOLVED;
+}
 
-    // Collect the window; the exact mass above and below it.
+// grid (split, rows): each slice's candidates inside its row's window go to keys[row][slot]
+// (scaled-logit key << 32 | ~id); the masses above and below the window are summed.
+extern "C" __global__ void sample_collect(const unsigned* __restrict__ params, const float* __restrict__ logits,
+                                          int vocab, const unsigned* __restrict__ counts,
+                                          const unsigned* __restrict__ parts, unsigned* __restrict__ win,
+                                          unsigned long long* __restrict__ keys) {
+    __shared__ double red[33];
+    int row = blockIdx.y, split = gridDim.x;
+    unsigned* w = win + (size_t)row * SAMPLE_WIN_WORDS;
+    int lo = (int)w[0], hi = (int)w[1];
+    if (hi < 0) return;
+    SampleRow p = sample_params(params, row);
+    unsigned gk, gi, mk, n;
+    sample_row_totals(parts, row, split, gk, gi, mk, n);
+    float m = sample_unkey(mk);
+    size_t base = (size_t)row * vocab;
+    unsigned long long* rkeys = keys + (size_t)row * SAMPLE_WINDOW;
+    int chunk = (vocab + split - 1) / split;
+    int first = blockIdx.x * chunk, last = min(vocab, first + chunk);
     double above = 0.0, below = 0.0;
-    for (int i = tid; i < vocab; i += blockDim.x) {
+    for (int i = first + threadIdx.x; i < last; i += blockDim.x) {
         float l = sample_logit(logits, counts, base + i, p);
         if (!sample_candidate(l)) continue;
         float s = __fmul_rn(l, p.inv_t);
         int b = sample_bucket(sample_distance(s, m));
-        if (b < lo) above += sample_mass(s, m);
-        else if (b > hi) below += sample_mass(s, m);
+        if (b < lo) above += sample_mass_f32(s, m);
+        else if (b > hi) below += sample_mass_f32(s, m);
         else {
-            unsigned slot = atomicAdd(&s_n, 1u);
+            unsigned slot = atomicAdd(&w[2], 1u);
             if (slot < SAMPLE_WINDOW)
-                keys[slot] = ((unsigned long long)sample_key(s) << 32) | (0xffffffffu - (unsigned)i);
+                rkeys[slot] = ((unsigned long long)sample_key(s) << 32) | (0xffffffffu - (unsigned)i);
         }
     }
     above = sample_block_sum(above, red);
     below = sample_block_sum(below, red);
-    int nw = (int)s_n;
-    if (nw == 0 || nw > SAMPLE_WINDOW) return SAMPLE_UNRESOLVED;
+    if (threadIdx.x == 0) {
+        if (above != 0.0) atomicAdd(reinterpret_cast<double*>(w) + 2, above);
+        if (below != 0.0) atomicAdd(reinterpret_cast<double*>(w) + 3, below);
+    }
+}
+
+// The chosen id of one non-greedy row from its collected window (n candidates, maximum scaled
+// logit m), or SAMPLE_UNRESOLVED. keys, cum: SAMPLE_WINDOW each, in shared memory.
+__device__ unsigned sample_pick_row(const SampleRow& p, float m, unsigned n, const unsigned* w,
+                                    const unsigned long long* __restrict__ gkeys,
+                                    unsigned long long* keys, double* cum) {
+    __shared__ double red[33];
+    int tid = threadIdx.x;
+    int lo = (int)w[0], hi = (int)w[1];
+    unsigned collected = w[2];
+    double above = reinterpret_cast<const double*>(w)[2], below = reinterpret_cast<const double*>(w)[3];
+    if (hi < 0 || collected == 0u || collected > SAMPLE_WINDOW) return SAMPLE_UNRESOLVED;
+    double u = __hiloint2double((int)p.uniform_hi, (int)p.uniform_lo);
+    unsigned k_eff = (p.top_k > 0u && p.top_k < n) ? p.top_k : n;
+    bool k_on = k_eff < n, p_on = p.top_p < 1.0f, m_on = p.min_p > 0.0f;
+    int bm = sample_min_p_bucket(p);
+    int nw = (int)collected;
+    if (m == SP_INF) {
+        // Every other candidate has mass 0: the rows' answer is the same with the +inf ones alone.
+        n = collected;
+        k_eff = min(k_eff, n);
+        k_on = k_eff < n;
+        below = 0.0;
+    }
     int npad = 1;
     while (npad < nw) npad <<= 1;
-    for (int j = nw + tid; j < npad; j += blockDim.x) keys[j] = 0ull;
+    for (int j = tid; j < npad; j += blockDim.x) keys[j] = j < nw ? gkeys[j] : 0ull;
     __syncthreads();
     // Bitonic sort, descending: scaled logit descending, then id ascending.
     for (int k = 2; k <= npad; k <<= 1) {
@@ -434,7 +506,7 @@ __device__ unsigned sample_pick_row(const SampleRow& p, const float* __restrict_
         else if (range == unw && hi >= bm) lm = unw;  // everything past the window is below
         else { lm = INF; unknown = true; }
     }
-    unsigned l = min(k_eff, min(lp, lm));
+    unsigned l = max(1u, min(k_eff, min(lp, lm)));
     if (l > unw && (unknown || l != n)) return SAMPLE_UNRESOLVED;
     double target = u * (l <= unw ? cum[l - 1] : window_mass + below);
     int walk = (int)min(l, unw);
@@ -446,18 +518,16 @@ __device__ unsigned sample_pick_row(const SampleRow& p, const float* __restrict_
     return sample_id_of(keys[last < 0 ? 0 : last]);
 }
 
-// grid (rows), SAMPLE_PICK_THREADS threads, dynamic shared memory as sample_pick_row says.
-// out[row]: the chosen id, or SAMPLE_UNRESOLVED for the host. Clears the row's history counts.
+// grid (rows), SAMPLE_PICK_THREADS threads, dynamic shared memory: SAMPLE_WINDOW keys (u64)
+// and cumulative masses (f64). out[row]: the chosen id, or SAMPLE_UNRESOLVED for the host.
+// Clears the row's history counts.
 extern "C" __global__ void __launch_bounds__(SAMPLE_PICK_THREADS)
-sample_pick(const unsigned* __restrict__ params, const float* __restrict__ logits, int vocab,
-            unsigned* __restrict__ counts, const unsigned* __restrict__ parts, int split,
-            const unsigned* __restrict__ hist, unsigned* __restrict__ out) {
+sample_pick(const unsigned* __restrict__ params, int vocab, unsigned* __restrict__ counts,
+            const unsigned* __restrict__ parts, int split, const unsigned* __restrict__ win,
+            const unsigned long long* __restrict__ keys, unsigned* __restrict__ out) {
     extern __shared__ unsigned long long sample_smem[];
-    unsigned long long* keys = sample_smem;
-    double* cum = reinterpret_cast<double*>(keys + SAMPLE_WINDOW);
-    double* hm = cum + SAMPLE_WINDOW;
-    unsigned* hc = reinterpret_cast<unsigned*>(hm + SAMPLE_BUCKETS);
-    unsigned* cc = hc + SAMPLE_BUCKETS;
+    unsigned long long* skeys = sample_smem;
+    double* cum = reinterpret_cast<double*>(skeys + SAMPLE_WINDOW);
     int row = blockIdx.x;
     SampleRow p = sample_params(params, row);
     unsigned gk, gi, mk, n;
@@ -466,8 +536,8 @@ sample_pick(const unsigned* __restrict__ params, const float* __restrict__ logit
     if ((p.flags & SAMPLE_GREEDY) || n == 0u) {
         result = gi == 0xffffffffu ? 0u : gi;
     } else {
-        result = sample_pick_row(p, logits, vocab, counts, (size_t)row * vocab, sample_unkey(mk), n,
-                                 hist + (size_t)row * 2 * SAMPLE_BUCKETS, keys, cum, hc, hm, cc);
+        result = sample_pick_row(p, sample_unkey(mk), n, win + (size_t)row * SAMPLE_WIN_WORDS,
+                                 keys + (size_t)row * SAMPLE_WINDOW, skeys, cum);
     }
     if (threadIdx.x == 0) out[row] = result;
     if (p.flags & SAMPLE_PENALISE) {

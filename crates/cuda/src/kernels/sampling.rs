@@ -16,10 +16,13 @@ pub const SAMPLE_GREEDY: u32 = 1;
 pub const SAMPLE_PENALISE: u32 = 2;
 /// What `sample_pick` writes for a row the host must sample (`SAMPLE_UNRESOLVED`).
 pub const SAMPLE_UNRESOLVED: u32 = u32::MAX;
-/// Dynamic shared memory of `sample_pick`: window keys (u64) and cumulative masses (f64),
-/// histogram masses (f64), counts and cumulative counts (u32).
-pub const SAMPLE_PICK_SHARED_BYTES: usize =
-    SAMPLE_WINDOW * 16 + SAMPLE_BUCKETS * 8 + SAMPLE_BUCKETS * 8;
+/// Words of one row's window record (`SAMPLE_WIN_WORDS`).
+pub const SAMPLE_WIN_WORDS: usize = 8;
+/// Dynamic shared memory of `sample_window_choose`: the histogram's cumulative masses (f64),
+/// counts and cumulative counts (u32).
+pub const SAMPLE_WINDOW_SHARED_BYTES: usize = SAMPLE_BUCKETS * 16;
+/// Dynamic shared memory of `sample_pick`: window keys (u64) and cumulative masses (f64).
+pub const SAMPLE_PICK_SHARED_BYTES: usize = SAMPLE_WINDOW * 16;
 
 kernels! {
     /// grid (blocks, rows): counts each penalised row's history ids into `counts [rows, V]`.
@@ -50,16 +53,36 @@ kernels! {
         parts: Ptr<u32>,
         hist: Ptr<u32>,
     );
-    /// grid (rows): the chosen id of each row (or `SAMPLE_UNRESOLVED`); clears the counts.
-    SamplePick = "sample_pick"
+    /// grid (rows): each row's window of buckets to collect, from its histogram.
+    SampleWindowChoose = "sample_window_choose"
+    (
+        params: Ptr<u32>,
+        parts: Ptr<u32>,
+        split: i32,
+        hist: Ptr<u32>,
+        win: Ptr<u32>,
+    );
+    /// grid (split, rows): the window's candidates as sort keys; the masses above and below.
+    SampleCollect = "sample_collect"
     (
         params: Ptr<u32>,
         logits: Ptr<f32>,
         vocab: i32,
         counts: Ptr<u32>,
         parts: Ptr<u32>,
+        win: Ptr<u32>,
+        keys: Ptr<u64>,
+    );
+    /// grid (rows): the chosen id of each row (or `SAMPLE_UNRESOLVED`); clears the counts.
+    SamplePick = "sample_pick"
+    (
+        params: Ptr<u32>,
+        vocab: i32,
+        counts: Ptr<u32>,
+        parts: Ptr<u32>,
         split: i32,
-        hist: Ptr<u32>,
+        win: Ptr<u32>,
+        keys: Ptr<u64>,
         out: Ptr<u32>,
     );
 }
@@ -68,6 +91,8 @@ pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
     SampleCountHistory::DECLS,
     SampleRowStats::DECLS,
     SampleHistogram::DECLS,
+    SampleWindowChoose::DECLS,
+    SampleCollect::DECLS,
     SamplePick::DECLS,
 ];
 
@@ -97,5 +122,6 @@ mod tests {
         assert_eq!(define("SAMPLE_GREEDY"), SAMPLE_GREEDY as u64);
         assert_eq!(define("SAMPLE_PENALISE"), SAMPLE_PENALISE as u64);
         assert_eq!(define("SAMPLE_UNRESOLVED"), SAMPLE_UNRESOLVED as u64);
+        assert_eq!(define("SAMPLE_WIN_WORDS"), SAMPLE_WIN_WORDS as u64);
     }
 }
