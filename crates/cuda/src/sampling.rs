@@ -1,7 +1,7 @@
 //! Sampling on the device: many rows of logits in, one token id per row out, with the
 //! semantics of the host sampler (`spindle_runtime::sampling::Sampler::sample`) given each
-//! row's draw. Penalties, greedy, temperature, top-k, top-p, min-p and the draw all run in five or six
-//! launches (`kernels/sampling.cu` says how); only the ids come back (one small copy).
+//! row's draw. Penalties, greedy, temperature, top-k, top-p, min-p and the draw all run in at most nine
+//! launches (no host work between them) (`kernels/sampling.cu` says how); only the ids come back (one small copy).
 //!
 //! A row whose cut or draw the kernels cannot settle inside their window (a top-p or min-p cut
 //! far down a flat distribution, a top-k past the window, a draw within the histogram's
@@ -15,8 +15,8 @@ use crate::error::{CudaError, Result};
 use crate::kernels::sampling::{
     SampleCollect, SampleCountHistory, SampleHistogram, SamplePick, SampleRowStats,
     SampleWindowChoose, SAMPLE_BUCKETS, SAMPLE_GREEDY, SAMPLE_PARAM_WORDS, SAMPLE_PENALISE,
-    SAMPLE_PICK_SHARED_BYTES, SAMPLE_PICK_THREADS, SAMPLE_UNRESOLVED, SAMPLE_WINDOW,
-    SAMPLE_WINDOW_SHARED_BYTES, SAMPLE_WIN_WORDS,
+    SAMPLE_PICK_SHARED_BYTES, SAMPLE_PICK_THREADS, SAMPLE_SECOND_ROUND, SAMPLE_UNRESOLVED,
+    SAMPLE_WINDOW, SAMPLE_WINDOW_SHARED_BYTES, SAMPLE_WIN_WORDS,
 };
 use crate::kernels::{i, p, Launch};
 use crate::CudaEngine;
@@ -189,43 +189,63 @@ impl DeviceSampler {
             )?;
         }
         let rows_grid = (n as u32, 1, 1);
-        SampleWindowChoose::launch(
-            dev,
-            Launch::new(rows_grid, SAMPLE_PICK_THREADS, SAMPLE_WINDOW_SHARED_BYTES as u32),
-            p(params),
-            p(parts),
-            i(split),
-            p(hist),
-            p(win),
-        )?;
-        if sampled {
-            SampleCollect::launch(
+        let pick = |round: i32, last: bool| {
+            SamplePick::launch(
                 dev,
-                Launch::new(grid, 256, 0),
+                Launch::new(
+                    rows_grid,
+                    SAMPLE_PICK_THREADS,
+                    SAMPLE_PICK_SHARED_BYTES as u32,
+                ),
                 p(params),
-                p(logits),
                 i(vocab),
                 p(counts),
                 p(parts),
+                i(split),
                 p(win),
                 p(keys),
-            )?;
+                p(out),
+                round,
+                i32::from(last),
+            )
+        };
+        if sampled {
+            // Round 1 settles most rows; round 2 draws for those whose cut fell in a window
+            // inside the row (the draw above or below it).
+            for round in [1, 2] {
+                SampleWindowChoose::launch(
+                    dev,
+                    Launch::new(
+                        rows_grid,
+                        SAMPLE_PICK_THREADS,
+                        SAMPLE_WINDOW_SHARED_BYTES as u32,
+                    ),
+                    p(params),
+                    p(parts),
+                    i(split),
+                    p(hist),
+                    p(win),
+                    round,
+                )?;
+                SampleCollect::launch(
+                    dev,
+                    Launch::new(grid, 256, 0),
+                    p(params),
+                    p(logits),
+                    i(vocab),
+                    p(counts),
+                    p(parts),
+                    p(win),
+                    p(keys),
+                )?;
+                pick(round, round == 2)?;
+            }
+        } else {
+            pick(1, true)?;
         }
-        SamplePick::launch(
-            dev,
-            Launch::new(rows_grid, SAMPLE_PICK_THREADS, SAMPLE_PICK_SHARED_BYTES as u32),
-            p(params),
-            i(vocab),
-            p(counts),
-            p(parts),
-            i(split),
-            p(win),
-            p(keys),
-            p(out),
-        )?;
         let mut ids = dev.download_raw::<u32>(out, n)?;
         for (r, id) in ids.iter_mut().enumerate() {
-            if *id == SAMPLE_UNRESOLVED {
+            if *id == SAMPLE_UNRESOLVED || *id == SAMPLE_SECOND_ROUND {
                 let at = logits + (r * vocab * std::mem::size_of::<f32>()) as u64;
                 let mut row = dev.download_raw::<f32>(at, vocab)?;
                 *id = sample_row_on_host(&mut row, &rows[r]);
@@ -258,7 +278,8 @@ fn pack_params(rows: &[RowSampling<'_>]) -> Result<Vec<u32>> {
             )));
         }
         let inv_t = if greedy { 0.0 } else { 1.0 / row.temperature };
-        let flags = if greedy { SAMPLE_GREEDY } else { 0 } | if penalise { SAMPLE_PENALISE } else { 0 };
+        let flags =
+            if greedy { SAMPLE_GREEDY } else { 0 } | if penalise { SAMPLE_PENALISE } else { 0 };
         let uniform = row.uniform.to_bits();
         let w = &mut words[r * SAMPLE_PARAM_WORDS..(r + 1) * SAMPLE_PARAM_WORDS];
         w[0] = inv_t.to_bits();

@@ -157,7 +157,9 @@ fn logits_row(rng: &mut Rng, vocab: usize, kind: usize) -> Vec<f32> {
     let mut row: Vec<f32> = match kind {
         0 => (0..vocab).map(|_| normal(rng, 1.0)).collect(),
         1 => (0..vocab).map(|_| normal(rng, 3.0)).collect(),
-        3 => (0..vocab).map(|_| (normal(rng, 2.0) * 2.0).round() / 2.0).collect(),
+        3 => (0..vocab)
+            .map(|_| (normal(rng, 2.0) * 2.0).round() / 2.0)
+            .collect(),
         _ => (0..vocab).map(|_| normal(rng, 2.0)).collect(),
     };
     if kind == 2 || kind >= 4 {
@@ -195,26 +197,26 @@ fn logits_row(rng: &mut Rng, vocab: usize, kind: usize) -> Vec<f32> {
 /// frequency).
 fn params(case: usize) -> (f32, usize, f32, f32, f32, f32, f32) {
     const CASES: &[(f32, usize, f32, f32, f32, f32, f32)] = &[
-        (0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0),       // greedy
-        (0.8, 1, 1.0, 0.0, 1.0, 0.0, 0.0),       // top-k 1: greedy
-        (1.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0),       // temperature alone
-        (0.6, 0, 1.0, 0.0, 1.0, 0.0, 0.0),       // colder
-        (2.5, 0, 1.0, 0.0, 1.0, 0.0, 0.0),       // hotter
-        (1.0, 20, 1.0, 0.0, 1.0, 0.0, 0.0),      // top-k
-        (0.7, 20, 0.8, 0.0, 1.0, 0.0, 0.0),      // Qwen's defaults
-        (1.0, 0, 0.9, 0.0, 1.0, 0.0, 0.0),       // top-p alone
-        (1.0, 0, 1.0, 0.1, 1.0, 0.0, 0.0),       // min-p alone
-        (1.0, 50, 0.95, 0.05, 1.0, 0.0, 0.0),    // all three
-        (1.0, 3000, 1.0, 0.0, 1.0, 0.0, 0.0),    // a wide top-k
-        (0.0, 0, 1.0, 0.0, 1.3, 0.0, 0.0),       // greedy, repetition penalty
-        (1.0, 0, 1.0, 0.0, 1.3, 0.0, 0.0),       // repetition penalty
-        (1.0, 40, 1.0, 0.0, 1.0, 1.5, 0.0),      // presence penalty
-        (0.9, 0, 0.95, 0.0, 1.0, 0.0, 0.7),      // frequency penalty
-        (0.0, 0, 1.0, 0.0, 1.1, 0.5, 0.25),      // greedy, every penalty
-        (1.2, 10, 0.9, 0.02, 1.2, 0.4, 0.3),     // everything
-        (1.0, 2, 1.0, 0.0, 1.0, 0.0, 0.0),       // top-k 2
-        (1.0, 0, 0.3, 0.0, 1.0, 0.0, 0.0),       // narrow top-p
-        (1.0, 0, 1.0, 1.0, 1.0, 0.0, 0.0),       // min-p 1: the best (and its ties)
+        (0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0),    // greedy
+        (0.8, 1, 1.0, 0.0, 1.0, 0.0, 0.0),    // top-k 1: greedy
+        (1.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0),    // temperature alone
+        (0.6, 0, 1.0, 0.0, 1.0, 0.0, 0.0),    // colder
+        (2.5, 0, 1.0, 0.0, 1.0, 0.0, 0.0),    // hotter
+        (1.0, 20, 1.0, 0.0, 1.0, 0.0, 0.0),   // top-k
+        (0.7, 20, 0.8, 0.0, 1.0, 0.0, 0.0),   // Qwen's defaults
+        (1.0, 0, 0.9, 0.0, 1.0, 0.0, 0.0),    // top-p alone
+        (1.0, 0, 1.0, 0.1, 1.0, 0.0, 0.0),    // min-p alone
+        (1.0, 50, 0.95, 0.05, 1.0, 0.0, 0.0), // all three
+        (1.0, 3000, 1.0, 0.0, 1.0, 0.0, 0.0), // a wide top-k
+        (0.0, 0, 1.0, 0.0, 1.3, 0.0, 0.0),    // greedy, repetition penalty
+        (1.0, 0, 1.0, 0.0, 1.3, 0.0, 0.0),    // repetition penalty
+        (1.0, 40, 1.0, 0.0, 1.0, 1.5, 0.0),   // presence penalty
+        (0.9, 0, 0.95, 0.0, 1.0, 0.0, 0.7),   // frequency penalty
+        (0.0, 0, 1.0, 0.0, 1.1, 0.5, 0.25),   // greedy, every penalty
+        (1.2, 10, 0.9, 0.02, 1.2, 0.4, 0.3),  // everything
+        (1.0, 2, 1.0, 0.0, 1.0, 0.0, 0.0),    // top-k 2
+        (1.0, 0, 0.3, 0.0, 1.0, 0.0, 0.0),    // narrow top-p
+        (1.0, 0, 1.0, 1.0, 1.0, 0.0, 0.0),    // min-p 1: the best (and its ties)
     ];
     CASES[case % CASES.len()]
 }
@@ -249,8 +251,7 @@ fn check_batch(
         .collect();
     let specs: Vec<RowSampling<'_>> = (0..rows)
         .map(|r| {
-            let (temperature, top_k, top_p, min_p, rep, pres, freq) =
-                params(r * 7 + case_base);
+            let (temperature, top_k, top_p, min_p, rep, pres, freq) = params(r * 7 + case_base);
             RowSampling {
                 temperature,
                 top_k,
@@ -268,7 +269,10 @@ fn check_batch(
     let got = sampler.sample_rows(dev, buf.ptr(), vocab, &specs).unwrap();
     let after: Vec<f32> = dev.download(&buf, 0, rows * vocab).unwrap();
     assert!(
-        after.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()),
+        after
+            .iter()
+            .zip(&logits)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
         "sample_rows modified the logits"
     );
     let (mut separated, mut matched, mut close_matched) = (0, 0, 0);
@@ -277,7 +281,11 @@ fn check_batch(
         let (want, sep) = reference(row, &specs[r]);
         let greedy = specs[r].temperature == 0.0 || specs[r].top_k == 1;
         if greedy {
-            assert_eq!(got[r], want, "row {r} (greedy, kind {}): {:?}", kinds[r], specs[r]);
+            assert_eq!(
+                got[r], want,
+                "row {r} (greedy, kind {}): {:?}",
+                kinds[r], specs[r]
+            );
         }
         if sep {
             separated += 1;
@@ -325,7 +333,12 @@ fn device_sampling_matches_the_host_reference() {
             t.0 - t.1,
             sampler.host_rows() - before
         );
-        totals = (totals.0 + t.0, totals.1 + t.1, totals.2 + t.2, totals.3 + t.3);
+        totals = (
+            totals.0 + t.0,
+            totals.1 + t.1,
+            totals.2 + t.2,
+            totals.3 + t.3,
+        );
     }
     assert!(
         totals.1 * 10 >= totals.0 * 9,
@@ -341,7 +354,12 @@ fn a_batch_of_draws_matches_the_reference_draw_for_draw() {
     let dev = device();
     let mut sampler = DeviceSampler::new();
     let mut rng = Rng(99);
-    for (vocab, kind, case) in [(QWEN_VOCAB, 2, 2), (QWEN_VOCAB, 0, 6), (QWEN_VOCAB, 1, 9), (300, 0, 2)] {
+    for (vocab, kind, case) in [
+        (QWEN_VOCAB, 2, 2),
+        (QWEN_VOCAB, 0, 6),
+        (QWEN_VOCAB, 1, 9),
+        (300, 0, 2),
+    ] {
         let row = logits_row(&mut rng, vocab, kind);
         let rows = 128;
         let mut logits = Vec::with_capacity(rows * vocab);
@@ -350,17 +368,20 @@ fn a_batch_of_draws_matches_the_reference_draw_for_draw() {
         }
         let buf = dev.upload(&logits).unwrap();
         let (temperature, top_k, top_p, min_p, rep, pres, freq) = params(case);
-        let prepared = prepare(&row, &RowSampling {
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            repetition_penalty: rep,
-            presence_penalty: pres,
-            frequency_penalty: freq,
-            uniform: 0.0,
-            history: &[],
-        });
+        let prepared = prepare(
+            &row,
+            &RowSampling {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                repetition_penalty: rep,
+                presence_penalty: pres,
+                frequency_penalty: freq,
+                uniform: 0.0,
+                history: &[],
+            },
+        );
         let (mut equal, mut separated, mut draws) = (0, 0, 0);
         let mut distinct = std::collections::BTreeSet::new();
         for _ in 0..4 {
@@ -435,14 +456,15 @@ fn timing_of_device_sampling_against_downloading_the_rows() {
         let before = sampler.host_rows();
         let mut time = |t: f32, k: usize, p: f32, pen: bool, rng: &mut Rng| {
             let mut us = Vec::new();
-            for rep in 0..25 {
-                let specs: Vec<RowSampling<'_>> = (0..rows).map(|_| spec(t, k, p, pen, rng)).collect();
+            for rep in 0..15 {
+                let specs: Vec<RowSampling<'_>> =
+                    (0..rows).map(|_| spec(t, k, p, pen, rng)).collect();
                 dev.sync().unwrap();
                 let started = Instant::now();
                 let ids = sampler.sample_rows(&dev, buf.ptr(), vocab, &specs).unwrap();
                 let el = started.elapsed().as_secs_f64() * 1e6;
                 assert_eq!(ids.len(), rows);
-                if rep >= 5 {
+                if rep >= 3 {
                     us.push(el);
                 }
             }

@@ -296,38 +296,54 @@ __device__ __forceinline__ int sample_min_p_bucket(const SampleRow& p) {
     return p.min_p > 0.0f ? min(SAMPLE_BUCKETS - 1, sample_bucket(-logf(p.min_p)) + 1) : SAMPLE_BUCKETS - 1;
 }
 
-// The buckets to collect: [lo, hi] (hi < 0: none fits; lo == 0: a prefix of the sorted row).
-// bk, bp, bd_lo, bd_hi: the first bucket whose cumulative count reaches top-k, whose mass
-// reaches top-p, and whose mass passes the draw (with a margin either side); bm: one bucket past
-// the last that can hold a min-p survivor.
+// Widens [lo, hi] by up to four buckets on each side while the window holds at most
+// SAMPLE_WINDOW candidates; hi = -1 when [lo, hi] itself is too large.
+__device__ void sample_widen(const unsigned* hc, const unsigned* cc, int& lo, int& hi) {
+    const int NB = SAMPLE_BUCKETS;
+    unsigned c = cc[hi] - (lo > 0 ? cc[lo - 1] : 0u);
+    if (c > SAMPLE_WINDOW) { hi = -1; return; }
+    for (int grow = 0; grow < 4; grow++) {
+        if (lo > 0 && c + hc[lo - 1] <= SAMPLE_WINDOW) { lo--; c += hc[lo]; }
+        if (hi + 1 < NB && c + hc[hi + 1] <= SAMPLE_WINDOW) { hi++; c += hc[hi]; }
+    }
+}
+
+// The buckets to collect: [lo, hi] (hi < 0: none fits). The first bucket whose cumulative
+// count reaches top-k (bk), whose mass reaches top-p (bp), past the last min-p survivor (bm),
+// and whose mass passes the draw (bd_lo, bd_hi: a margin either side). A prefix of the sorted
+// row when it fits; else a window around the cut (the draw then takes a second round) or, with
+// nothing cut, around the draw.
 __device__ void sample_window(const SampleRow& p, unsigned n, const unsigned* hc, const unsigned* cc,
                               int bk, int bp, int bm, int bd_lo, int bd_hi, int& lo, int& hi) {
     const int NB = SAMPLE_BUCKETS;
     bool k_on = p.top_k > 0u && p.top_k < n, p_on = p.top_p < 1.0f, m_on = p.min_p > 0.0f;
     lo = 0;
     if (k_on || p_on || m_on) {
-        // Top-p needs the top-k mass, so with both on the window holds the whole top-k.
-        hi = (k_on && p_on) ? bk : min(k_on ? bk : NB - 1, min(p_on ? bp : NB - 1, bm));
-        if (cc[hi] > SAMPLE_WINDOW) hi = -1;
+        // Top-p needs the top-k mass, so with both on the window holds the k-th candidate too.
+        int c_hi = (k_on && p_on) ? bk : min(k_on ? bk : NB - 1, min(p_on ? bp : NB - 1, bm));
+        int c_lo = (k_on && p_on) ? min(bp, bk) : c_hi;
+        if (!k_on && !p_on) c_lo = max(0, bm - 2);
+        if (cc[c_hi] <= SAMPLE_WINDOW) { hi = c_hi; return; }
+        lo = c_lo;
+        hi = c_hi;
     } else if (cc[bd_hi] <= SAMPLE_WINDOW) {
         hi = bd_hi;
         if (hi + 1 < NB && cc[hi + 1] <= SAMPLE_WINDOW) hi++;
+        return;
     } else {
-        // Nothing is cut: a window around the draw, widened while it fits.
         lo = bd_lo;
         hi = bd_hi;
-        unsigned c = cc[hi] - (lo > 0 ? cc[lo - 1] : 0u);
-        if (c > SAMPLE_WINDOW) { hi = -1; return; }
-        for (int grow = 0; grow < 4; grow++) {
-            if (lo > 0 && c + hc[lo - 1] <= SAMPLE_WINDOW) { lo--; c += hc[lo]; }
-            if (hi + 1 < NB && c + hc[hi + 1] <= SAMPLE_WINDOW) { hi++; c += hc[hi]; }
-        }
     }
+    sample_widen(hc, cc, lo, hi);
 }
 
-// Per row, 8 words of `win`: the window [lo, hi] (hi < 0: nothing to collect), the collect
-// slot counter, then the exact masses above and below the window (f64).
-#define SAMPLE_WIN_WORDS 8
+// Per row, SAMPLE_WIN_WORDS words of `win`: [0] lo, [1] hi of the window (hi < 0: nothing to
+// collect), [2] the collect slot counter, [3] candidates above the window, [4..5] their mass,
+// [6..7] the mass below the window (f64), [8..9] the second round's target (f64), [10] stage:
+// SAMPLE_STAGE_DRAW when the draw needs the second round.
+#define SAMPLE_WIN_WORDS 16
+#define SAMPLE_STAGE_DRAW 2u
+#define SAMPLE_SECOND_ROUND 0xfffffffeu
 
 // The host's unnormalised probability in f32 arithmetic (for the sums above and below a window).
 __device__ __forceinline__ double sample_mass_f32(float s, float m) {
@@ -335,11 +351,15 @@ __device__ __forceinline__ double sample_mass_f32(float s, float m) {
     return (double)expf(s - m);
 }
 
+__device__ __forceinline__ double* sample_win_at(unsigned* w, int i) { return reinterpret_cast<double*>(w) + i; }
+__device__ __forceinline__ double sample_win_get(const unsigned* w, int i) { return reinterpret_cast<const double*>(w)[i]; }
+
 // grid (rows), SAMPLE_PICK_THREADS threads, dynamic shared memory: cumulative masses (f64),
-// counts and cumulative counts (u32) of the histogram. Chooses each row's window.
+// counts and cumulative counts (u32) of the histogram. Chooses each row's window: in round 1
+// for the row's cuts and draw, in round 2 around the draw target of the rows that need one.
 extern "C" __global__ void __launch_bounds__(SAMPLE_PICK_THREADS)
 sample_window_choose(const unsigned* __restrict__ params, const unsigned* __restrict__ parts, int split,
-                     const unsigned* __restrict__ hist, unsigned* __restrict__ win) {
+                     const unsigned* __restrict__ hist, unsigned* __restrict__ win, int round) {
     extern __shared__ unsigned long long sample_smem[];
     const int NB = SAMPLE_BUCKETS;
     double* hm = reinterpret_cast<double*>(sample_smem);
@@ -352,12 +372,17 @@ sample_window_choose(const unsigned* __restrict__ params, const unsigned* __rest
     unsigned* w = win + (size_t)row * SAMPLE_WIN_WORDS;
     unsigned gk, gi, mk, n;
     sample_row_totals(parts, row, split, gk, gi, mk, n);
+    bool second = round == 2;
+    bool active = second ? w[10] == SAMPLE_STAGE_DRAW : !((p.flags & SAMPLE_GREEDY) || n == 0u);
+    double target = second ? sample_win_get(w, 4) : 0.0;
+    __syncthreads();
     if (tid == 0) {
         w[0] = 0u; w[1] = 0xffffffffu; w[2] = 0u; w[3] = 0u;
-        reinterpret_cast<double*>(w)[2] = 0.0;
-        reinterpret_cast<double*>(w)[3] = 0.0;
+        *sample_win_at(w, 2) = 0.0;
+        *sample_win_at(w, 3) = 0.0;
+        if (!second) { *sample_win_at(w, 4) = 0.0; w[10] = 0u; }
     }
-    if ((p.flags & SAMPLE_GREEDY) || n == 0u) return;
+    if (!active) return;
     const unsigned* ghist = hist + (size_t)row * 2 * NB;
     const float* gm = reinterpret_cast<const float*>(ghist + NB);
     double u = __hiloint2double((int)p.uniform_hi, (int)p.uniform_lo);
@@ -366,15 +391,20 @@ sample_window_choose(const unsigned* __restrict__ params, const unsigned* __rest
     sample_scan(cc, NB, redu);
     sample_scan(hm, NB, red);  // hm is now the cumulative mass
     double zh = hm[NB - 1];
+    double draw = second ? target : u * zh;
     unsigned k_eff = (p.top_k > 0u && p.top_k < n) ? p.top_k : n;
-    bool k_on = k_eff < n, p_on = p.top_p < 1.0f, m_on = p.min_p > 0.0f;
+    bool k_on = k_eff < n, p_on = p.top_p < 1.0f;
     int bk = sample_first(NB, [&](int b) { return k_on && cc[b] >= k_eff; });
     int bp = sample_first(NB, [&](int b) { return p_on && hm[b] >= (double)p.top_p * zh * (1.0 + 1e-5); });
-    int bd_lo = sample_first(NB, [&](int b) { return hm[b] > u * zh * (1.0 - 1e-5); });
-    int bd_hi = sample_first(NB, [&](int b) { return hm[b] > u * zh * (1.0 + 1e-5); });
+    int bd_lo = sample_first(NB, [&](int b) { return hm[b] > draw * (1.0 - 1e-5); });
+    int bd_hi = sample_first(NB, [&](int b) { return hm[b] > draw * (1.0 + 1e-5); });
     if (tid == 0) {
         int lo = 0, hi;
-        if (sample_unkey(mk) == SP_INF) {
+        if (second) {
+            lo = min(bd_lo, NB - 1);
+            hi = min(bd_hi, NB - 1);
+            sample_widen(hc, cc, lo, hi);
+        } else if (sample_unkey(mk) == SP_INF) {
             // Only the +inf candidates have mass: they decide every cut and the draw.
             hi = cc[0] <= SAMPLE_WINDOW ? 0 : -1;
         } else {
@@ -387,16 +417,19 @@ sample_window_choose(const unsigned* __restrict__ params, const unsigned* __rest
 }
 
 // grid (split, rows): each slice's candidates inside its row's window go to keys[row][slot]
-// (scaled-logit key << 32 | ~id); the masses above and below the window are summed.
+// (scaled-logit key << 32 | ~id); the candidates above the window are counted, the masses above
+// and below it summed.
 extern "C" __global__ void sample_collect(const unsigned* __restrict__ params, const float* __restrict__ logits,
                                           int vocab, const unsigned* __restrict__ counts,
                                           const unsigned* __restrict__ parts, unsigned* __restrict__ win,
                                           unsigned long long* __restrict__ keys) {
     __shared__ double red[33];
+    __shared__ unsigned s_above;
     int row = blockIdx.y, split = gridDim.x;
     unsigned* w = win + (size_t)row * SAMPLE_WIN_WORDS;
     int lo = (int)w[0], hi = (int)w[1];
     if (hi < 0) return;
+    if (threadIdx.x == 0) s_above = 0u;
     SampleRow p = sample_params(params, row);
     unsigned gk, gi, mk, n;
     sample_row_totals(parts, row, split, gk, gi, mk, n);
@@ -406,12 +439,13 @@ extern "C" __global__ void sample_collect(const unsigned* __restrict__ params, c
     int chunk = (vocab + split - 1) / split;
     int first = blockIdx.x * chunk, last = min(vocab, first + chunk);
     double above = 0.0, below = 0.0;
+    unsigned n_above = 0u;
     for (int i = first + threadIdx.x; i < last; i += blockDim.x) {
         float l = sample_logit(logits, counts, base + i, p);
         if (!sample_candidate(l)) continue;
         float s = __fmul_rn(l, p.inv_t);
         int b = sample_bucket(sample_distance(s, m));
-        if (b < lo) above += sample_mass_f32(s, m);
+        if (b < lo) { above += sample_mass_f32(s, m); n_above++; }
         else if (b > hi) below += sample_mass_f32(s, m);
         else {
             unsigned slot = atomicAdd(&w[2], 1u);
@@ -419,42 +453,26 @@ extern "C" __global__ void sample_collect(const unsigned* __restrict__ params, c
                 rkeys[slot] = ((unsigned long long)sample_key(s) << 32) | (0xffffffffu - (unsigned)i);
         }
     }
+    __syncthreads();
+    if (n_above) atomicAdd(&s_above, n_above);
     above = sample_block_sum(above, red);
     below = sample_block_sum(below, red);
     if (threadIdx.x == 0) {
-        if (above != 0.0) atomicAdd(reinterpret_cast<double*>(w) + 2, above);
-        if (below != 0.0) atomicAdd(reinterpret_cast<double*>(w) + 3, below);
+        if (s_above) atomicAdd(&w[3], s_above);
+        if (above != 0.0) atomicAdd(sample_win_at(w, 2), above);
+        if (below != 0.0) atomicAdd(sample_win_at(w, 3), below);
     }
 }
 
-// The chosen id of one non-greedy row from its collected window (n candidates, maximum scaled
-// logit m), or SAMPLE_UNRESOLVED. keys, cum: SAMPLE_WINDOW each, in shared memory.
-__device__ unsigned sample_pick_row(const SampleRow& p, float m, unsigned n, const unsigned* w,
-                                    const unsigned long long* __restrict__ gkeys,
-                                    unsigned long long* keys, double* cum) {
-    __shared__ double red[33];
+// Loads the row's collected window into shared memory, sorts it (scaled logit descending, id
+// ascending) and fills cum with the inclusive prefix sums of the host's masses. Returns its size.
+__device__ int sample_sort_window(int nw, float m, const unsigned long long* __restrict__ gkeys,
+                                  unsigned long long* keys, double* cum, double* red) {
     int tid = threadIdx.x;
-    int lo = (int)w[0], hi = (int)w[1];
-    unsigned collected = w[2];
-    double above = reinterpret_cast<const double*>(w)[2], below = reinterpret_cast<const double*>(w)[3];
-    if (hi < 0 || collected == 0u || collected > SAMPLE_WINDOW) return SAMPLE_UNRESOLVED;
-    double u = __hiloint2double((int)p.uniform_hi, (int)p.uniform_lo);
-    unsigned k_eff = (p.top_k > 0u && p.top_k < n) ? p.top_k : n;
-    bool k_on = k_eff < n, p_on = p.top_p < 1.0f, m_on = p.min_p > 0.0f;
-    int bm = sample_min_p_bucket(p);
-    int nw = (int)collected;
-    if (m == SP_INF) {
-        // Every other candidate has mass 0: the rows' answer is the same with the +inf ones alone.
-        n = collected;
-        k_eff = min(k_eff, n);
-        k_on = k_eff < n;
-        below = 0.0;
-    }
     int npad = 1;
     while (npad < nw) npad <<= 1;
     for (int j = tid; j < npad; j += blockDim.x) keys[j] = j < nw ? gkeys[j] : 0ull;
     __syncthreads();
-    // Bitonic sort, descending: scaled logit descending, then id ascending.
     for (int k = 2; k <= npad; k <<= 1) {
         for (int j = k >> 1; j > 0; j >>= 1) {
             for (int i = tid; i < npad; i += blockDim.x) {
@@ -468,63 +486,107 @@ __device__ unsigned sample_pick_row(const SampleRow& p, float m, unsigned n, con
             __syncthreads();
         }
     }
-    auto mass = [&](int j) { return sample_mass(sample_s_of(keys[j]), m); };
-    for (int j = tid; j < nw; j += blockDim.x) cum[j] = mass(j);
+    for (int j = tid; j < nw; j += blockDim.x) cum[j] = sample_mass(sample_s_of(keys[j]), m);
     __syncthreads();
     sample_scan(cum, nw, red);
-    double window_mass = cum[nw - 1];
+    return nw;
+}
 
-    if (lo > 0) {
-        // A window inside the row (nothing is cut): walk it from the mass above it.
-        double t = u * (above + window_mass + below) - above;
-        if (t < 0.0) return SAMPLE_UNRESOLVED;
-        int j = sample_first(nw, [&](int j) { return t < cum[j]; });
-        return j < nw ? sample_id_of(keys[j]) : SAMPLE_UNRESOLVED;
+// Round 1 of one non-greedy row (n candidates, maximum scaled logit m): the chosen id,
+// SAMPLE_SECOND_ROUND (the draw's target stored in the window record) or SAMPLE_UNRESOLVED.
+// The window holds positions [ca, ca + nw) of the sorted row; every cut of the host's algorithm
+// is a prefix length, found here when it falls inside the window.
+__device__ unsigned sample_pick_row(const SampleRow& p, float m, unsigned n, unsigned* w,
+                                    const unsigned long long* __restrict__ gkeys,
+                                    unsigned long long* keys, double* cum) {
+    __shared__ double red[33];
+    int lo = (int)w[0], hi = (int)w[1];
+    unsigned collected = w[2], ca = w[3];
+    double ma = sample_win_get(w, 2), mb = sample_win_get(w, 3);
+    if (hi < 0 || collected == 0u || collected > SAMPLE_WINDOW) return SAMPLE_UNRESOLVED;
+    double u = __hiloint2double((int)p.uniform_hi, (int)p.uniform_lo);
+    unsigned k_eff = (p.top_k > 0u && p.top_k < n) ? p.top_k : n;
+    bool k_on = k_eff < n, p_on = p.top_p < 1.0f, m_on = p.min_p > 0.0f;
+    int bm = sample_min_p_bucket(p);
+    int nw = sample_sort_window((int)collected, m, gkeys, keys, cum, red);
+    if (m == SP_INF) {
+        // Every other candidate has mass 0: the row's answer is the same with the +inf ones alone.
+        n = collected;
+        k_eff = min(k_eff, n);
+        k_on = k_eff < n;
+        mb = 0.0;
     }
-    // A prefix of the sorted row: the host's filters in order, each a prefix length.
+    auto mass = [&](int j) { return sample_mass(sample_s_of(keys[j]), m); };
+    double window_mass = cum[nw - 1];
     const unsigned INF = 0xffffffffu;
-    unsigned unw = (unsigned)nw;
-    // The softmax denominator: the top-k set's mass (-1: the top-k set runs past the window).
-    double z = k_on ? (k_eff <= unw ? cum[k_eff - 1] : -1.0) : window_mass + below;
-    unsigned lim = min(k_eff, unw);
+    unsigned top = ca + (unsigned)nw;  // positions [ca, top) are in the window
+    // The softmax denominator: the top-k set's mass (-1: not known here).
+    double z = k_on ? ((k_eff > ca && k_eff <= top) ? ma + cum[k_eff - ca - 1] : -1.0)
+                    : ma + window_mass + mb;
+    unsigned s_end = min(k_eff, top);  // the top-k set's end, or the window's
     unsigned lp = n, lm = n;
     bool unknown = false;
     if (p_on) {
-        if (z < 0.0) return SAMPLE_UNRESOLVED;
-        unsigned j = (unsigned)sample_first((int)lim, [&](int j) { return cum[j] / z >= (double)p.top_p; });
-        if (j < lim) lp = j + 1;
-        else if (k_eff <= unw) lp = k_eff;
+        if (z < 0.0 || ma / z >= (double)p.top_p) return SAMPLE_UNRESOLVED;
+        int lim = (int)(s_end - ca);
+        int j = sample_first(lim, [&](int j) { return (ma + cum[j]) / z >= (double)p.top_p; });
+        if (j < lim) lp = ca + j + 1;
+        else if (k_eff <= top) lp = k_eff;
         else { lp = INF; unknown = true; }
     }
     if (m_on) {
+        // Everything above the window must survive min-p (its distance is below lo / scale).
+        if (lo > 0 && expf(-(float)lo / SAMPLE_BUCKET_SCALE) < p.min_p * 1.001f) return SAMPLE_UNRESOLVED;
         double zz = z > 0.0 ? z : 1.0;
-        double threshold = (double)p.min_p * (mass(0) / zz);
-        unsigned range = min(lim, lp);
-        unsigned j = (unsigned)sample_first((int)range, [&](int j) { return mass(j) / zz < threshold; });
-        if (j < range) lm = j;
-        else if (range == min(k_eff, lp)) lm = n;
-        else if (range == unw && hi >= bm) lm = unw;  // everything past the window is below
+        double threshold = (double)p.min_p * (1.0 / zz);  // the best candidate's mass is 1
+        unsigned range_end = min(s_end, lp);
+        int range = range_end > ca ? (int)(range_end - ca) : 0;
+        int j = sample_first(range, [&](int j) { return mass(j) / zz < threshold; });
+        if (j < range) lm = ca + j;
+        else if (range_end == min(k_eff, lp)) lm = n;
+        else if (range_end == top && hi >= bm) lm = top;  // everything past the window is below
         else { lm = INF; unknown = true; }
     }
     unsigned l = max(1u, min(k_eff, min(lp, lm)));
-    if (l > unw && (unknown || l != n)) return SAMPLE_UNRESOLVED;
-    double target = u * (l <= unw ? cum[l - 1] : window_mass + below);
-    int walk = (int)min(l, unw);
-    int j = sample_first(walk, [&](int j) { return target < cum[j]; });
+    if ((l > top && (unknown || l != n)) || l <= ca) return SAMPLE_UNRESOLVED;
+    double target = u * (l <= top ? ma + cum[l - ca - 1] : ma + window_mass + mb);
+    double t = target - ma;
+    int walk = (int)(min(l, top) - ca);
+    int j = t >= 0.0 ? sample_first(walk, [&](int j) { return t < cum[j]; }) : walk;
     if (j < walk) return sample_id_of(keys[j]);
-    if (l > unw) return SAMPLE_UNRESOLVED;  // the draw lies past the window
+    if (t < 0.0 || l > top) {
+        // The draw lies above or below the window: a second round around it.
+        if (threadIdx.x == 0) { *sample_win_at(w, 4) = target; w[10] = SAMPLE_STAGE_DRAW; }
+        return SAMPLE_SECOND_ROUND;
+    }
     // Rounding left the target past the end: the last candidate with mass, as the host.
-    int last = sample_last((int)l, [&](int j) { return mass(j) > 0.0; });
-    return sample_id_of(keys[last < 0 ? 0 : last]);
+    int last = sample_last(walk, [&](int j) { return mass(j) > 0.0; });
+    if (last < 0) return ca == 0 ? sample_id_of(keys[0]) : SAMPLE_UNRESOLVED;
+    return sample_id_of(keys[last]);
+}
+
+// Round 2 of a row: the candidate where the cumulative mass passes the stored target.
+__device__ unsigned sample_draw_row(float m, const unsigned* w, const unsigned long long* __restrict__ gkeys,
+                                    unsigned long long* keys, double* cum) {
+    __shared__ double red[33];
+    int hi = (int)w[1];
+    unsigned collected = w[2];
+    if (hi < 0 || collected == 0u || collected > SAMPLE_WINDOW) return SAMPLE_UNRESOLVED;
+    int nw = sample_sort_window((int)collected, m, gkeys, keys, cum, red);
+    double t = sample_win_get(w, 4) - sample_win_get(w, 2);
+    if (t < 0.0) return SAMPLE_UNRESOLVED;
+    int j = sample_first(nw, [&](int j) { return t < cum[j]; });
+    return j < nw ? sample_id_of(keys[j]) : SAMPLE_UNRESOLVED;
 }
 
 // grid (rows), SAMPLE_PICK_THREADS threads, dynamic shared memory: SAMPLE_WINDOW keys (u64)
-// and cumulative masses (f64). out[row]: the chosen id, or SAMPLE_UNRESOLVED for the host.
-// Clears the row's history counts.
+// and cumulative masses (f64). Round 1: out[row] is the chosen id, SAMPLE_SECOND_ROUND or
+// SAMPLE_UNRESOLVED (the host samples the row). Round 2: the rows left for it get their id.
+// The last round clears the rows' history counts.
 extern "C" __global__ void __launch_bounds__(SAMPLE_PICK_THREADS)
 sample_pick(const unsigned* __restrict__ params, int vocab, unsigned* __restrict__ counts,
-            const unsigned* __restrict__ parts, int split, const unsigned* __restrict__ win,
-            const unsigned long long* __restrict__ keys, unsigned* __restrict__ out) {
+            const unsigned* __restrict__ parts, int split, unsigned* __restrict__ win,
+            const unsigned long long* __restrict__ keys, unsigned* __restrict__ out, int round, int last) {
     extern __shared__ unsigned long long sample_smem[];
     unsigned long long* skeys = sample_smem;
     double* cum = reinterpret_cast<double*>(skeys + SAMPLE_WINDOW);
@@ -532,15 +594,18 @@ sample_pick(const unsigned* __restrict__ params, int vocab, unsigned* __restrict
     SampleRow p = sample_params(params, row);
     unsigned gk, gi, mk, n;
     sample_row_totals(parts, row, split, gk, gi, mk, n);
-    unsigned result;
-    if ((p.flags & SAMPLE_GREEDY) || n == 0u) {
-        result = gi == 0xffffffffu ? 0u : gi;
-    } else {
-        result = sample_pick_row(p, sample_unkey(mk), n, win + (size_t)row * SAMPLE_WIN_WORDS,
-                                 keys + (size_t)row * SAMPLE_WINDOW, skeys, cum);
+    unsigned* w = win + (size_t)row * SAMPLE_WIN_WORDS;
+    const unsigned long long* rkeys = keys + (size_t)row * SAMPLE_WINDOW;
+    if (round == 1) {
+        unsigned result;
+        if ((p.flags & SAMPLE_GREEDY) || n == 0u) result = gi == 0xffffffffu ? 0u : gi;
+        else result = sample_pick_row(p, sample_unkey(mk), n, w, rkeys, skeys, cum);
+        if (threadIdx.x == 0) out[row] = result;
+    } else if (w[10] == SAMPLE_STAGE_DRAW) {
+        unsigned result = sample_draw_row(sample_unkey(mk), w, rkeys, skeys, cum);
+        if (threadIdx.x == 0) out[row] = result;
     }
-    if (threadIdx.x == 0) out[row] = result;
-    if (p.flags & SAMPLE_PENALISE) {
+    if (last && (p.flags & SAMPLE_PENALISE)) {
         __syncthreads();
         const unsigned* history = params + p.history_at;
         for (unsigned j = threadIdx.x; j < p.history_len; j += blockDim.x) {

@@ -16,8 +16,11 @@ pub const SAMPLE_GREEDY: u32 = 1;
 pub const SAMPLE_PENALISE: u32 = 2;
 /// What `sample_pick` writes for a row the host must sample (`SAMPLE_UNRESOLVED`).
 pub const SAMPLE_UNRESOLVED: u32 = u32::MAX;
+/// What round 1 of `sample_pick` writes for a row whose draw takes round 2
+/// (`SAMPLE_SECOND_ROUND`).
+pub const SAMPLE_SECOND_ROUND: u32 = u32::MAX - 1;
 /// Words of one row's window record (`SAMPLE_WIN_WORDS`).
-pub const SAMPLE_WIN_WORDS: usize = 8;
+pub const SAMPLE_WIN_WORDS: usize = 16;
 /// Dynamic shared memory of `sample_window_choose`: the histogram's cumulative masses (f64),
 /// counts and cumulative counts (u32).
 pub const SAMPLE_WINDOW_SHARED_BYTES: usize = SAMPLE_BUCKETS * 16;
@@ -53,7 +56,8 @@ kernels! {
         parts: Ptr<u32>,
         hist: Ptr<u32>,
     );
-    /// grid (rows): each row's window of buckets to collect, from its histogram.
+    /// grid (rows): each row's window of buckets to collect, from its histogram (round 1: for
+    /// its cuts and draw; round 2: around the draw of the rows round 1 left for it).
     SampleWindowChoose = "sample_window_choose"
     (
         params: Ptr<u32>,
@@ -61,6 +65,7 @@ kernels! {
         split: i32,
         hist: Ptr<u32>,
         win: Ptr<u32>,
+        round: i32,
     );
     /// grid (split, rows): the window's candidates as sort keys; the masses above and below.
     SampleCollect = "sample_collect"
@@ -73,7 +78,8 @@ kernels! {
         win: Ptr<u32>,
         keys: Ptr<u64>,
     );
-    /// grid (rows): the chosen id of each row (or `SAMPLE_UNRESOLVED`); clears the counts.
+    /// grid (rows): the chosen id of each row (round 1 also `SAMPLE_SECOND_ROUND`, either
+    /// `SAMPLE_UNRESOLVED`); the last round clears the counts.
     SamplePick = "sample_pick"
     (
         params: Ptr<u32>,
@@ -84,6 +90,8 @@ kernels! {
         win: Ptr<u32>,
         keys: Ptr<u64>,
         out: Ptr<u32>,
+        round: i32,
+        last: i32,
     );
 }
 
@@ -123,5 +131,6 @@ mod tests {
         assert_eq!(define("SAMPLE_PENALISE"), SAMPLE_PENALISE as u64);
         assert_eq!(define("SAMPLE_UNRESOLVED"), SAMPLE_UNRESOLVED as u64);
         assert_eq!(define("SAMPLE_WIN_WORDS"), SAMPLE_WIN_WORDS as u64);
+        assert_eq!(define("SAMPLE_SECOND_ROUND"), SAMPLE_SECOND_ROUND as u64);
     }
 }
