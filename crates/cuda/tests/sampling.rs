@@ -474,7 +474,6 @@ fn timing_of_device_sampling_against_downloading_the_rows() {
         let qwen = time(0.7, 20, 0.8, false, &mut rng);
         let plain = time(1.0, 0, 1.0, false, &mut rng);
         let penal = time(1.0, 0, 0.95, true, &mut rng);
-        drop(time);
         let host_rows = sampler.host_rows() - before;
         let mut down = Vec::new();
         for rep in 0..12 {
