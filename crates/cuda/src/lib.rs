@@ -35,6 +35,7 @@ mod moe;
 mod norm;
 mod qwen4;
 mod reduce;
+mod sampling;
 mod session;
 #[doc(hidden)]
 pub mod testing;
@@ -53,6 +54,7 @@ pub use error::{CudaError, Result};
 #[doc(hidden)]
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
 pub use kernels::ptx_for;
+pub use sampling::{sample_row_on_host, DeviceSampler, RowSampling, MAX_SAMPLE_ROWS};
 pub use session::CudaSession;
 
 /// Prefill runs in pieces of at most this many tokens (grid-dimension limits of the MoE
@@ -120,6 +122,8 @@ pub struct CudaEngine {
     /// Held for the length of a batched step.
     batch: std::sync::Mutex<batch::BatchState>,
     quant: WeightFormat,
+    /// Scratch of [`CudaEngine::sample_rows`].
+    sampler: sampling::SharedSampler,
 }
 
 impl CudaEngine {
@@ -189,6 +193,7 @@ impl CudaEngine {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(batch::DEFAULT_MATVEC_ROWS),
             quant,
+            sampler: Default::default(),
         })
     }
 

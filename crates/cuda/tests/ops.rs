@@ -146,6 +146,12 @@ const OPS: &[Op] = &[
 
 /// Kernels this table does not run, and where they are checked instead.
 const CHECKED_ELSEWHERE: &[(&str, &str)] = &[
+    ("sample_count_history", "tests/sampling.rs"),
+    ("sample_row_stats", "tests/sampling.rs"),
+    ("sample_histogram", "tests/sampling.rs"),
+    ("sample_window_choose", "tests/sampling.rs"),
+    ("sample_collect", "tests/sampling.rs"),
+    ("sample_pick", "tests/sampling.rs"),
     (
         "attention_prepare",
         "tests/fixtures.rs (whole attention layers)",
