@@ -6,7 +6,8 @@ use spindle_kernels::activation::{sigmoid, swiglu_in_place};
 use spindle_kernels::softmax::{softmax_in_place, top_k};
 use spindle_model::MoeConfig;
 
-use crate::error::{EngineError, Result};
+#[cfg(doc)]
+use crate::error::EngineError;
 use spindle_model::weights::{MlpWeights, MoeWeights};
 
 use crate::linear::LinearExt;
@@ -51,13 +52,16 @@ pub fn route(router_logits: &[f32], cfg: &MoeConfig) -> Vec<Route> {
 /// and overlap the shared expert; when a layer has fewer slots than the call needs experts,
 /// they run in waves of at most `slots`. Outputs are added in expert order either way, so the
 /// result does not depend on residency, slot count or scheduling.
+///
+/// The error is the message of a streamed expert that could not be read: it concerns every
+/// token of the call (the caller turns it into [`EngineError::ExpertRead`] for each sequence).
 pub fn moe(
     w: &MoeWeights,
     cfg: &MoeConfig,
     x: &[f32],
     tokens: usize,
     hidden: usize,
-) -> Result<Vec<f32>> {
+) -> std::result::Result<Vec<f32>, String> {
     let routes = route(&w.router.forward(x, tokens), cfg);
     let users = expert_users(&routes, cfg.num_experts);
     let ids: Vec<usize> = users.iter().map(|(e, _)| *e).collect();
@@ -117,16 +121,15 @@ pub fn moe(
         }
         out
     };
-    let read_error = |message| EngineError::ExpertRead { message };
     let slots = begin(0);
     let (mut out, outputs) = rayon::join(shared, || run_wave(0, slots));
-    add(&mut out, 0, &outputs.map_err(read_error)?);
+    add(&mut out, 0, &outputs?);
     let mut first = group_of(0).len();
     while first < users.len() {
         add(
             &mut out,
             first,
-            &run_wave(first, begin(first)).map_err(read_error)?,
+            &run_wave(first, begin(first))?,
         );
         first += group_of(first).len();
     }

@@ -11,6 +11,7 @@ use spindle_model::GdnConfig;
 use crate::session::GdnState;
 use spindle_model::weights::{GdnProjection, GdnWeights};
 
+use crate::batch::{for_each_seq, split_rows, Span};
 use crate::linear::LinearExt;
 
 /// Projected inputs of a GDN layer for `tokens` tokens, in the split layout.
@@ -68,22 +69,73 @@ fn project(w: &GdnWeights, g: &GdnConfig, x: &[f32], tokens: usize) -> Projected
     }
 }
 
-/// Runs `tokens` tokens through one GDN layer, updating `state`. `x` is `[tokens, H]`.
-/// One token (decode) takes the recurrent step; a prompt takes the chunked form.
+impl Projected {
+    /// The projections of one sequence's rows.
+    fn rows(&self, g: &GdnConfig, span: &Span) -> ProjectedRows<'_> {
+        let (_, nv, _, dv) = g.dims();
+        let r = &span.rows;
+        let channels = g.conv_channels();
+        ProjectedRows {
+            mixed: &self.mixed[r.start * channels..r.end * channels],
+            z: &self.z[r.start * nv * dv..r.end * nv * dv],
+            b: &self.b[r.start * nv..r.end * nv],
+            a: &self.a[r.start * nv..r.end * nv],
+        }
+    }
+}
+
+/// [`Projected`] restricted to one sequence's rows.
+struct ProjectedRows<'p> {
+    mixed: &'p [f32],
+    z: &'p [f32],
+    b: &'p [f32],
+    a: &'p [f32],
+}
+
+/// Runs a step's tokens through one GDN layer. `x` is the normed input `[N, H]` of every
+/// sequence in the step; `seqs` gives each sequence's rows of `x` (consecutive, in order) and
+/// its state, which is updated. The projections run once over all rows; the causal conv and
+/// the delta rule run per sequence on its own state (in parallel across sequences).
 pub fn forward(
     w: &GdnWeights,
     g: &GdnConfig,
     eps: f32,
     act: GateActivation,
-    state: &mut GdnState,
     x: &[f32],
-    tokens: usize,
+    seqs: Vec<(Span, &mut GdnState)>,
 ) -> Vec<f32> {
+    let (_, nv, _, dv) = g.dims();
+    let tokens = seqs.last().map_or(0, |(span, _)| span.rows.end);
+    let p = project(w, g, x, tokens);
+    let mut o = vec![0.0f32; tokens * nv * dv];
+    let spans: Vec<Span> = seqs.iter().map(|(span, _)| span.clone()).collect();
+    let parts: Vec<_> = split_rows(&mut o, nv * dv, &spans)
+        .into_iter()
+        .zip(seqs)
+        .collect();
+    for_each_seq(parts, |(o, (span, state))| {
+        core(w, g, eps, act, state, &p.rows(g, &span), span.tokens(), o)
+    });
+    w.out_proj.forward(&o, tokens)
+}
+
+/// One sequence's GDN core (MODEL_MATH §1.5) over its `tokens` projected rows: causal conv,
+/// then the delta rule from `state` (one token: the recurrent step; more: the chunked form),
+/// then the gated norm, into `o [tokens, n_v·d_v]`.
+#[allow(clippy::too_many_arguments)]
+fn core(
+    w: &GdnWeights,
+    g: &GdnConfig,
+    eps: f32,
+    act: GateActivation,
+    state: &mut GdnState,
+    p: &ProjectedRows,
+    tokens: usize,
+    o: &mut [f32],
+) {
     let (nk, nv, dk, dv) = g.dims();
     let rho = nv / nk;
     let channels = g.conv_channels();
-    let p = project(w, g, x, tokens);
-
     let mut u = vec![0.0f32; tokens * channels];
     causal_conv1d_silu(
         &mut state.conv,
@@ -119,7 +171,6 @@ pub fn forward(
         }
     }
 
-    let mut o = vec![0.0f32; tokens * nv * dv];
     if tokens == 1 {
         for h in 0..nv {
             let kh = h / rho;
@@ -189,5 +240,4 @@ pub fn forward(
             rms_norm_gated(oh, &p.z[(t * nv + h) * dv..][..dv], &w.norm, eps, act);
         }
     }
-    w.out_proj.forward(&o, tokens)
 }
