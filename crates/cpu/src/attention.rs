@@ -30,18 +30,19 @@ pub fn forward(
     seqs: Vec<(Span, &mut KvCache)>,
 ) -> Vec<f32> {
     let (n_h, d) = (shape.num_heads, shape.head_dim);
-    let tokens = seqs.last().map_or(0, |(span, _)| span.rows.end);
+    let spans: Vec<Span> = seqs.iter().map(|(span, _)| span.clone()).collect();
+    let groups: Vec<usize> = spans.iter().map(Span::tokens).collect();
+    let tokens: usize = groups.iter().sum();
     let indexer = match (&w.indexer, qsa) {
-        (Some(indexer), Some(cfg)) => Some((indexer, cfg, qsa::project(indexer, x, tokens))),
+        (Some(indexer), Some(cfg)) => Some((indexer, cfg, qsa::project(indexer, x, &groups))),
         _ => None,
     };
     let projected = Projected {
-        q_full: w.q_proj.forward(x, tokens),
-        k: w.k_proj.forward(x, tokens),
-        v: w.v_proj.forward(x, tokens),
+        q_full: w.q_proj.forward_groups(x, &groups),
+        k: w.k_proj.forward_groups(x, &groups),
+        v: w.v_proj.forward_groups(x, &groups),
     };
     let mut out = vec![0.0f32; tokens * n_h * d];
-    let spans: Vec<Span> = seqs.iter().map(|(span, _)| span.clone()).collect();
     let parts: Vec<_> = split_rows(&mut out, n_h * d, &spans)
         .into_iter()
         .zip(seqs)
@@ -57,7 +58,7 @@ pub fn forward(
         };
         core(w, shape, rope, eps, cache, &projected, &span, &selection, out)
     });
-    w.o_proj.forward(&out, tokens)
+    w.o_proj.forward_groups(&out, &groups)
 }
 
 /// The step's query/gate, key and value projections, `[N, ·]` each.

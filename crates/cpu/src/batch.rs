@@ -82,6 +82,11 @@ impl<'s> Step<'s> {
         self.seqs.last().map_or(0, |s| s.span.rows.end)
     }
 
+    /// Rows per running sequence, in row order (how the token-wise kernels group rows).
+    pub fn groups(&self) -> Vec<usize> {
+        self.seqs.iter().map(|s| s.span.tokens()).collect()
+    }
+
     /// The running sequences' spans, in row order.
     pub fn spans(&self) -> Vec<Span> {
         self.seqs.iter().map(|s| s.span.clone()).collect()

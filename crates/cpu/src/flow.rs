@@ -56,9 +56,9 @@ fn residual_step<E>(
     residual: &Residual,
     which: Sublayer,
     h: &mut [f32],
+    groups: &[usize],
     f: impl FnOnce(&[f32]) -> std::result::Result<Vec<f32>, E>,
 ) -> std::result::Result<(), E> {
-    let tokens = h.len() / (ctx.streams * ctx.hidden);
     match residual {
         Residual::Norms { input, post } => {
             let w = match which {
@@ -73,7 +73,7 @@ fn residual_step<E>(
                 Sublayer::Mixer => attn,
                 Sublayer::Ffn => mlp,
             };
-            let input = hyper::enter(w, h, tokens, ctx.streams, ctx.hidden, ctx.eps);
+            let input = hyper::enter(w, h, groups, ctx.streams, ctx.hidden, ctx.eps);
             let y = f(&input.x)?;
             hyper::inject(h, &y, &input.omega, ctx.streams, ctx.hidden);
         }
@@ -128,23 +128,26 @@ fn mixer(ctx: &Ctx, index: usize, layer: &LayerWeights, step: &mut Step, x: &[f3
 /// step). A streamed expert that cannot be read fails every sequence of the step.
 fn run_layer(ctx: &Ctx, index: usize, layer: &LayerWeights, step: &mut Step, h: &mut Vec<f32>) {
     let width = ctx.streams * ctx.hidden;
-    let Ok(()) = residual_step(ctx, &layer.residual, Sublayer::Mixer, h, |x| {
+    let groups = step.groups();
+    let Ok(()) = residual_step(ctx, &layer.residual, Sublayer::Mixer, h, &groups, |x| {
         Ok::<_, Infallible>(mixer(ctx, index, layer, step, x))
     });
     step.check_rows(h, width, NonFiniteSite::Mixer { layer: index });
     if step.seqs.is_empty() {
         return;
     }
-    let tokens = step.tokens();
-    let ffn = residual_step(ctx, &layer.residual, Sublayer::Ffn, h, |x| match &layer.ffn {
-        FfnWeights::Dense(w) => Ok(ffn::mlp(w, x, tokens)),
-        FfnWeights::Moe(w) => ffn::moe(
-            w,
-            ctx.config.moe.as_ref().expect("validated"),
-            x,
-            tokens,
-            ctx.hidden,
-        ),
+    let groups = step.groups();
+    let ffn = residual_step(ctx, &layer.residual, Sublayer::Ffn, h, &groups, |x| {
+        match &layer.ffn {
+            FfnWeights::Dense(w) => Ok(ffn::mlp(w, x, &groups)),
+            FfnWeights::Moe(w) => ffn::moe(
+                w,
+                ctx.config.moe.as_ref().expect("validated"),
+                x,
+                &groups,
+                ctx.hidden,
+            ),
+        }
     });
     match ffn {
         // Not local to any sequence's rows: the experts of the whole step were being read.
@@ -236,14 +239,14 @@ pub fn forward(
 
     // The head, over the rows each sequence wants.
     step.keep_wanted_rows(&mut h, width);
-    let count = step.tokens();
+    let groups = step.groups();
     let mut head_in = match &weights.head_input {
         HeadInput::Norm(w) => norm_rows(&h, w, ctx.eps),
-        HeadInput::HyperMixer(w) => hyper::enter(w, &h, count, streams, hidden, ctx.eps).x,
+        HeadInput::HyperMixer(w) => hyper::enter(w, &h, &groups, streams, hidden, ctx.eps).x,
     };
     step.check_rows(&mut head_in, hidden, NonFiniteSite::HeadInput);
     if !step.seqs.is_empty() {
-        let mut logits = weights.lm_head.forward(&head_in, step.tokens());
+        let mut logits = weights.lm_head.forward_groups(&head_in, &step.groups());
         step.check_rows(&mut logits, config.vocab_size, NonFiniteSite::Logits);
         step.finish_all(&logits, config.vocab_size);
     }

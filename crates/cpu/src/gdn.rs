@@ -26,19 +26,21 @@ struct Projected {
     a: Vec<f32>,
 }
 
-fn project(w: &GdnWeights, g: &GdnConfig, x: &[f32], tokens: usize) -> Projected {
+/// The projections of `x [N, H]`, rows in `groups` (one per sequence).
+fn project(w: &GdnWeights, g: &GdnConfig, x: &[f32], groups: &[usize]) -> Projected {
+    let tokens: usize = groups.iter().sum();
     match &w.projection {
         GdnProjection::Split { qkv, z, b, a } => Projected {
-            mixed: qkv.forward(x, tokens),
-            z: z.forward(x, tokens),
-            b: b.forward(x, tokens),
-            a: a.forward(x, tokens),
+            mixed: qkv.forward_groups(x, groups),
+            z: z.forward_groups(x, groups),
+            b: b.forward_groups(x, groups),
+            a: a.forward_groups(x, groups),
         },
         GdnProjection::Fused { qkvz, ba } => {
             let (nk, nv, dk, dv) = g.dims();
             let rho = nv / nk;
-            let qkvz_out = qkvz.forward(x, tokens);
-            let ba_out = ba.forward(x, tokens);
+            let qkvz_out = qkvz.forward_groups(x, groups);
+            let ba_out = ba.forward_groups(x, groups);
             let channels = g.conv_channels();
             let mut p = Projected {
                 mixed: vec![0.0; tokens * channels],
@@ -105,10 +107,11 @@ pub fn forward(
     seqs: Vec<(Span, &mut GdnState)>,
 ) -> Vec<f32> {
     let (_, nv, _, dv) = g.dims();
-    let tokens = seqs.last().map_or(0, |(span, _)| span.rows.end);
-    let p = project(w, g, x, tokens);
-    let mut o = vec![0.0f32; tokens * nv * dv];
     let spans: Vec<Span> = seqs.iter().map(|(span, _)| span.clone()).collect();
+    let groups: Vec<usize> = spans.iter().map(Span::tokens).collect();
+    let tokens: usize = groups.iter().sum();
+    let p = project(w, g, x, &groups);
+    let mut o = vec![0.0f32; tokens * nv * dv];
     let parts: Vec<_> = split_rows(&mut o, nv * dv, &spans)
         .into_iter()
         .zip(seqs)
@@ -116,7 +119,7 @@ pub fn forward(
     for_each_seq(parts, |(o, (span, state))| {
         core(w, g, eps, act, state, &p.rows(g, &span), span.tokens(), o)
     });
-    w.out_proj.forward(&o, tokens)
+    w.out_proj.forward_groups(&o, &groups)
 }
 
 /// One sequence's GDN core (MODEL_MATH §1.5) over its `tokens` projected rows: causal conv,

@@ -34,7 +34,8 @@ pub fn add(
     hidden: usize,
     eps: f32,
 ) {
-    let tokens = seqs.last().map_or(0, |s| s.rows.end);
+    let groups: Vec<usize> = seqs.iter().map(|s| s.rows.len()).collect();
+    let tokens: usize = groups.iter().sum();
     let width = streams * hidden;
     let heads = w.hash.vocab_sizes.len();
     let head_dim = w.key_proj.cols() / heads;
@@ -50,8 +51,8 @@ pub fn add(
         }
     }
 
-    let keys_raw = w.key_proj.forward(&eng, tokens);
-    let values = w.value_proj.forward(&eng, tokens);
+    let keys_raw = w.key_proj.forward_groups(&eng, &groups);
+    let values = w.value_proj.forward_groups(&eng, &groups);
     let mut keys = vec![0.0f32; tokens * width];
     let mut queries = vec![0.0f32; tokens * width];
     for t in 0..tokens {

@@ -23,9 +23,10 @@ pub struct IndexerCache {
 /// (the causal prefix is within the budget).
 pub type Selection = Vec<Option<Vec<usize>>>;
 
-/// The indexer's projection of a step's rows `x [N, H]`: per row `[queries (n_i·d_i) | key (d_i)]`.
-pub fn project(w: &IndexerWeights, x: &[f32], tokens: usize) -> Vec<f32> {
-    w.qk_proj.forward(x, tokens)
+/// The indexer's projection of a step's rows `x [N, H]` (rows in `groups`, one per sequence):
+/// per row `[queries (n_i·d_i) | key (d_i)]`.
+pub fn project(w: &IndexerWeights, x: &[f32], groups: &[usize]) -> Vec<f32> {
+    w.qk_proj.forward_groups(x, groups)
 }
 
 /// Width of one row of [`project`]'s output.
