@@ -1,4 +1,5 @@
-//! Gated full attention over the KV cache (MODEL_MATH §1.4).
+//! Gated full attention over the KV cache (MODEL_MATH §1.4) for a step of sequences: projections
+//! over all their rows, then per sequence RoPE, KV append and attention over its own cache.
 
 use rayon::prelude::*;
 use spindle_kernels::activation::sigmoid;

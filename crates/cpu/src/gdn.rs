@@ -1,4 +1,5 @@
-//! Gated DeltaNet linear attention (MODEL_MATH §1.5), token by token from the session state.
+//! Gated DeltaNet linear attention (MODEL_MATH §1.5) for a step of sequences: projections over
+//! all their rows, then per sequence the causal conv and the delta rule from its own state.
 
 use rayon::prelude::*;
 use spindle_kernels::activation::{sigmoid, softplus};
