@@ -34,7 +34,12 @@ fn cpu_seconds() -> f64 {
         .map_or("", |(_, rest)| rest)
         .split_whitespace()
         .collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command.
     (ticks(11) + ticks(12)) / 100.0
 }
@@ -97,7 +102,9 @@ fn main() {
         let (t, c) = (Instant::now(), cpu_seconds());
         for _ in 0..gen {
             let step = Instant::now();
-            let logits = engine.forward(&mut session, &[next], LogitsFor::Last).unwrap();
+            let logits = engine
+                .forward(&mut session, &[next], LogitsFor::Last)
+                .unwrap();
             next = argmax(&logits) as u32;
             solo_best = solo_best.min(step.elapsed().as_secs_f64());
         }
@@ -117,7 +124,9 @@ fn main() {
             .map(|_| {
                 let mut session = engine.new_session();
                 let t = Instant::now();
-                engine.forward(&mut session, &long, LogitsFor::Last).unwrap();
+                engine
+                    .forward(&mut session, &long, LogitsFor::Last)
+                    .unwrap();
                 t.elapsed().as_secs_f64()
             })
             .fold(f64::INFINITY, f64::min);

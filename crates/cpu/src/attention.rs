@@ -57,7 +57,9 @@ pub fn forward(
             }
             None => vec![None; span.tokens()],
         };
-        core(w, shape, rope, eps, cache, &projected, &span, &selection, out)
+        core(
+            w, shape, rope, eps, cache, &projected, &span, &selection, out,
+        )
     });
     w.o_proj.forward_groups(&out, &groups)
 }

@@ -94,7 +94,10 @@ impl<'s> Step<'s> {
 
     /// Every running sequence's tokens, in row order.
     pub fn ids(&self) -> Vec<u32> {
-        self.seqs.iter().flat_map(|s| s.ids.iter().copied()).collect()
+        self.seqs
+            .iter()
+            .flat_map(|s| s.ids.iter().copied())
+            .collect()
     }
 
     /// Ends sequence `k` with `error`: its session is marked broken (its state is part-way

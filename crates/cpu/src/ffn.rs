@@ -142,11 +142,7 @@ pub fn moe(
     add(&mut out, 0, &outputs?);
     let mut first = group_of(0).len();
     while first < users.len() {
-        add(
-            &mut out,
-            first,
-            &run_wave(first, begin(first))?,
-        );
+        add(&mut out, first, &run_wave(first, begin(first))?);
         first += group_of(first).len();
     }
     Ok(out)

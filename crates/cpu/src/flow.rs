@@ -137,8 +137,13 @@ fn run_layer(ctx: &Ctx, index: usize, layer: &LayerWeights, step: &mut Step, h: 
         return;
     }
     let groups = step.groups();
-    let ffn = residual_step(ctx, &layer.residual, Sublayer::Ffn, h, &groups, |x| {
-        match &layer.ffn {
+    let ffn = residual_step(
+        ctx,
+        &layer.residual,
+        Sublayer::Ffn,
+        h,
+        &groups,
+        |x| match &layer.ffn {
             FfnWeights::Dense(w) => Ok(ffn::mlp(w, x, &groups)),
             FfnWeights::Moe(w) => ffn::moe(
                 w,
@@ -147,8 +152,8 @@ fn run_layer(ctx: &Ctx, index: usize, layer: &LayerWeights, step: &mut Step, h: 
                 &groups,
                 ctx.hidden,
             ),
-        }
-    });
+        },
+    );
     match ffn {
         // Not local to any sequence's rows: the experts of the whole step were being read.
         Err(message) => step.fail_all(|| EngineError::ExpertRead {

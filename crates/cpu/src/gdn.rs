@@ -143,7 +143,7 @@ fn core(
     let mut u = vec![0.0f32; tokens * channels];
     causal_conv1d_silu(
         &mut state.conv,
-        &p.mixed,
+        p.mixed,
         &w.conv,
         channels,
         g.conv_kernel,

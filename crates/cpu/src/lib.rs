@@ -257,7 +257,10 @@ impl Engine {
     pub fn forward_batch(&self, items: &mut [BatchItem<'_>]) -> Vec<Result<Vec<f32>>> {
         debug_assert!(
             items.iter().all(|item| !item.ids.is_empty()
-                && item.ids.iter().all(|&id| (id as usize) < self.config.vocab_size)),
+                && item
+                    .ids
+                    .iter()
+                    .all(|&id| (id as usize) < self.config.vocab_size)),
             "unchecked input to Engine::forward_batch (spindle_runtime::Backend checks it)"
         );
         flow::forward(&self.config, &self.weights, &self.rope, items)

@@ -185,7 +185,9 @@ fn check_against_solo(label: &str, engine: &Engine, plans: &[Plan], batched: &[T
 /// step 6), one finishing after 2 tokens while the others continue.
 fn plans(prompt: &[u32]) -> Vec<Plan> {
     let take = |from: usize, len: usize| -> Vec<u32> {
-        (0..len).map(|i| prompt[(from + i) % prompt.len()]).collect()
+        (0..len)
+            .map(|i| prompt[(from + i) % prompt.len()])
+            .collect()
     };
     vec![
         // Long prompt in chunks of 4: prefills while the others decode.
@@ -248,7 +250,9 @@ fn check_family(name: &str) {
         assert!(widest >= 40, "the schedule should have steps of many rows");
         let label = format!("{name} {quant}");
         let compared = check_against_solo(&label, &engine, &plans, &batched);
-        println!("{label}: {compared} logits bit-identical to the solo runs (widest step {widest} rows)");
+        println!(
+            "{label}: {compared} logits bit-identical to the solo runs (widest step {widest} rows)"
+        );
     }
 }
 
@@ -393,7 +397,9 @@ fn a_non_finite_sequence_fails_alone() {
             "{name}: {:?}",
             results[0]
         );
-        let b2 = engine.forward(&mut solo_decoder, &n1, LogitsFor::Last).unwrap();
+        let b2 = engine
+            .forward(&mut solo_decoder, &n1, LogitsFor::Last)
+            .unwrap();
         let c2 = engine
             .forward(&mut solo_prefiller, &n2, LogitsFor::Last)
             .unwrap();

@@ -200,7 +200,9 @@ fn row_dots(isa: Isa, w: &MatRef, r: usize, acts: &Acts, out: &mut [f32]) {
         match (w.weights, acts) {
             (Weights::Q4 { qs, scales }, Acts::Int8(q)) => {
                 // SAFETY: isa is Avx512, which the `*_with` entry points asserted is available.
-                return unsafe { simd::avx512::dots_q4(&qs[a / 2..b / 2], &scales[ga..gb], q, out) };
+                return unsafe {
+                    simd::avx512::dots_q4(&qs[a / 2..b / 2], &scales[ga..gb], q, out)
+                };
             }
             (Weights::Q8 { qs, scales }, Acts::Int8(q)) => {
                 // SAFETY: as above.
