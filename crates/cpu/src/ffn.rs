@@ -67,11 +67,15 @@ pub fn moe(
     let routes = route(&w.router.forward_groups(x, groups), cfg);
     let users = expert_users(&routes, cfg.num_experts);
     // The sequence of every token, to keep each expert's rows grouped by sequence.
-    let sequence_of: Vec<usize> = groups
-        .iter()
-        .enumerate()
-        .flat_map(|(s, &n)| std::iter::repeat_n(s, n))
-        .collect();
+    let sequence_of: Vec<usize> = if groups.len() == 1 {
+        Vec::new()
+    } else {
+        groups
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &n)| std::iter::repeat_n(s, n))
+            .collect()
+    };
     let ids: Vec<usize> = users.iter().map(|(e, _)| *e).collect();
     let wave = w.streamed.as_ref().map_or(ids.len(), |s| s.slots()).max(1);
     let group_of = |first: usize| &users[first..(first + wave).min(users.len())];
@@ -103,12 +107,18 @@ pub fn moe(
                 let mut last_sequence = None;
                 for &(t, _) in chosen {
                     xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+                    if groups.len() == 1 {
+                        continue;
+                    }
                     if last_sequence == Some(sequence_of[t]) {
                         *rows_per_sequence.last_mut().expect("pushed below") += 1;
                     } else {
                         rows_per_sequence.push(1);
                         last_sequence = Some(sequence_of[t]);
                     }
+                }
+                if groups.len() == 1 {
+                    rows_per_sequence.push(chosen.len());
                 }
                 mlp(expert(i), &xs, &rows_per_sequence)
             })

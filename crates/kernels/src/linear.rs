@@ -354,6 +354,10 @@ pub fn matmul_groups_with(isa: Isa, w: &MatRef, x: &[f32], groups: &[usize], y: 
     let tokens: usize = groups.iter().sum();
     assert_eq!(x.len(), tokens * w.cols, "matmul input length");
     assert_eq!(y.len(), tokens * w.rows, "matmul output length");
+    if let [n] = groups {
+        // One sequence: exactly `matmul` (no bookkeeping on the batch-of-one path).
+        return matmul_path(isa, w, x, tokens, path_for(isa, w, *n), y);
+    }
     let paths: Vec<Path> = groups.iter().map(|&n| path_for(isa, w, n)).collect();
     let mut distinct = paths.clone();
     distinct.sort_unstable();
