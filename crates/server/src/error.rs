@@ -120,6 +120,20 @@ impl ApiError {
         }
     }
 
+    /// The client sent part of a request head and then nothing more within
+    /// `--header-timeout` (408; the connection is closed).
+    pub fn header_timeout(timeout: std::time::Duration) -> Self {
+        Self {
+            status: StatusCode::REQUEST_TIMEOUT,
+            code: Some("request_timeout"),
+            close: true,
+            ..Self::malformed(format!(
+                "the request line and headers did not arrive within {} s (--header-timeout)",
+                timeout.as_secs_f64()
+            ))
+        }
+    }
+
     /// A POST body that is not declared as JSON (415).
     pub fn not_json(content_type: Option<&str>) -> Self {
         let given = content_type.map_or_else(|| "none".to_owned(), |t| format!("{t:?}"));

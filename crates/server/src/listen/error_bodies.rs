@@ -46,7 +46,7 @@ fn automatic_error(buf: &[u8]) -> Option<StatusCode> {
 }
 
 /// The full HTTP/1.1 answer for `error`, closing the connection.
-fn render(error: &ApiError) -> Vec<u8> {
+pub fn render(error: &ApiError) -> Vec<u8> {
     let body = error.body().to_string();
     let reason = error.status.canonical_reason().unwrap_or("Error");
     format!(
