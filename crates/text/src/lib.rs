@@ -16,8 +16,10 @@ mod detokenizer;
 mod error;
 mod json;
 mod parse;
+mod pieces;
 mod prompt;
 mod read;
+mod sandbox;
 mod stop;
 mod tokenizer;
 
@@ -26,6 +28,7 @@ pub use detokenizer::Detokenizer;
 pub use error::TextError;
 pub use parse::{parse_output, OutputParser, ParseEvent, ParsedOutput, ToolCall};
 pub use prompt::PromptText;
+pub use sandbox::{Cancel, CancelOnDrop, RENDER_MEMORY_BYTES, RENDER_TIME_LIMIT};
 pub use read::{
     read_bounded, read_bounded_text, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES,
     MAX_TOKENIZER_CONFIG_BYTES,
