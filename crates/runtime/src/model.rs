@@ -72,7 +72,11 @@ impl Model {
         let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
         check_tokenizer_fits(&tokenizer, backend.config().vocab_size)?;
         let template = match ChatTemplate::from_dir(dir) {
-            Ok(t) => Some(t),
+            Ok(t) => {
+                // Its render worker forked now, before sessions and requests exist.
+                t.start_worker();
+                Some(t)
+            }
             Err(TextError::NoChatTemplate { .. }) => None,
             Err(e) => return Err(e.into()),
         };

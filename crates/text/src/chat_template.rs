@@ -141,6 +141,12 @@ impl ChatTemplate {
         }
     }
 
+    /// Starts a render worker now rather than at the first render (a process that is about
+    /// to grow shares less with a worker forked early; see `crate::sandbox`).
+    pub fn start_worker(&self) {
+        self.workers.prestart(&|args| self.render_in_process(args));
+    }
+
     /// Sets a special-token variable such as `bos_token` (overrides the config's value).
     pub fn set_special_token(&mut self, name: &str, value: &str) {
         self.special_tokens

@@ -13,8 +13,13 @@
 //! trip, not a fork; a worker that was killed is replaced on the next render. Forking rather
 //! than re-executing a binary works the same in the CLI, the server, library users and
 //! `cargo test`. The child is a copy of this process with one thread: it closes every
-//! descriptor but its two pipes and stderr (so it holds no client socket open), dies with
-//! its parent, and only renders, reads and writes its pipes until it `_exit`s.
+//! descriptor but its two pipes and stderr (so it holds no client socket open), and only
+//! renders, reads and writes its pipes until the request pipe closes (its parent dropped it
+//! or died) and it `_exit`s.
+//!
+//! A forked worker shares the pages its parent had at the fork; the parent's later writes to
+//! them are copied. [`Workers::prestart`] forks the first worker when the model is loaded,
+//! before sessions and request buffers exist, so that little is shared.
 //!
 //! Elsewhere than Linux, or when `fork` fails, the render runs in this process with fuel
 //! and the output cap only (logged as a warning).
@@ -92,6 +97,34 @@ pub(crate) struct Workers {
 const MAX_IDLE_WORKERS: usize = 8;
 
 impl Workers {
+    /// Starts one idle worker now (see the module docs), unless one is idle already.
+    pub(crate) fn prestart(&self, render: &dyn Fn(&RenderArgs) -> Result<String, TextError>) {
+        #[cfg(target_os = "linux")]
+        {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            if idle.is_empty() {
+                match linux::Worker::start(render) {
+                    Ok(worker) => idle.push(worker),
+                    Err(e) => tracing::warn!("cannot fork a chat template worker: {e}"),
+                }
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = render;
+    }
+
+    /// An idle worker that is still alive (one killed from outside is reaped and skipped).
+    #[cfg(target_os = "linux")]
+    fn take_idle(&self) -> Option<linux::Worker> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        while let Some(mut worker) = idle.pop() {
+            if worker.is_alive() {
+                return Some(worker);
+            }
+        }
+        None
+    }
+
     /// Renders `args` with `render` in a worker (see the module docs); `render` is what the
     /// worker runs, on its copy of the template.
     pub(crate) fn render(
@@ -102,7 +135,7 @@ impl Workers {
     ) -> Result<String, TextError> {
         #[cfg(target_os = "linux")]
         {
-            let worker = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+            let worker = self.take_idle();
             let worker = match worker {
                 Some(w) => w,
                 None => match linux::Worker::start(render) {
@@ -197,15 +230,12 @@ mod linux {
         ) -> io::Result<Worker> {
             let (request_read, request_write) = pipe()?;
             let (reply_read, reply_write) = pipe()?;
-            // SAFETY: getpid has no preconditions.
-            let parent = unsafe { libc::getpid() };
             // SAFETY: the child runs only `serve` (async-signal-safe calls, plus malloc, which
             // glibc keeps usable after fork) on its copy of this thread's memory and never
             // returns into the caller's frames: it ends in `_exit`.
             match unsafe { libc::fork() } {
                 -1 => Err(io::Error::last_os_error()),
                 0 => serve(
-                    parent,
                     request_read.as_raw_fd(),
                     reply_write.as_raw_fd(),
                     render,
@@ -319,12 +349,27 @@ mod linux {
             Ok(())
         }
 
+        /// Whether the worker has not exited (reaps it when it has).
+        pub(crate) fn is_alive(&mut self) -> bool {
+            let mut status = 0;
+            // SAFETY: `pid` is our child, not yet reaped; WNOHANG never blocks.
+            match unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) } {
+                0 => true,
+                _ => {
+                    self.pid = 0;
+                    false
+                }
+            }
+        }
+
         /// Kills the worker and reaps it; its wait status.
         fn kill(&mut self) -> libc::c_int {
             let mut status = 0;
-            // SAFETY: `pid` is our child, not yet reaped (only `kill` and `Drop` reap it, and
-            // `Drop` skips a reaped worker); kill and waitpid only take plain values and the
-            // status pointer.
+            if self.pid <= 0 {
+                return status; // reaped already; kill(0) would signal our whole group
+            }
+            // SAFETY: `pid` is our child, not yet reaped (`kill` and `is_alive` reap it and
+            // then set it to 0); kill and waitpid take plain values and the status pointer.
             unsafe {
                 libc::kill(self.pid, libc::SIGKILL);
                 while libc::waitpid(self.pid, &mut status, 0) == -1
@@ -374,17 +419,15 @@ mod linux {
 
     /// The worker's life: limit itself, then render requests until its pipe closes.
     fn serve(
-        parent: libc::pid_t,
         requests: RawFd,
         replies: RawFd,
         render: &dyn Fn(&RenderArgs) -> Result<String, TextError>,
     ) -> ! {
-        // SAFETY: plain system calls on this process's own descriptors and limits.
+        // No PR_SET_PDEATHSIG: it fires when the forking *thread* ends (a blocking-pool
+        // thread may), not the process. The worker ends when its request pipe closes, which
+        // happens when the parent drops it or dies (only the parent holds the write end).
+        // SAFETY: plain system calls on this process's own descriptors.
         unsafe {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::getppid() != parent {
-                libc::_exit(0);
-            }
             // Keep the pipes (as 0 and 1) and stderr; close everything else this process
             // inherited (client sockets, the listener, model files).
             if libc::dup2(requests, 0) < 0 || libc::dup2(replies, 1) < 0 {

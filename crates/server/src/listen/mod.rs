@@ -6,6 +6,7 @@
 
 mod connections;
 mod error_bodies;
+mod socket;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -24,11 +25,10 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
-use tokio::io::AsyncWriteExt;
 use tower::ServiceExt;
 
-use connections::{Busy, Connection, Connections, Watched};
-use error_bodies::JsonErrorBodies;
+use connections::{Busy, Connection, Connections};
+use socket::ClientSocket;
 
 use crate::error::ApiError;
 
@@ -189,10 +189,7 @@ async fn serve_connection(
     connection: Arc<Connection>,
 ) {
     let local = stream.local_addr().ok();
-    let io = TokioIo::new(JsonErrorBodies::new(Watched::new(
-        stream,
-        Arc::clone(&connection),
-    )));
+    let io = TokioIo::new(ClientSocket::new(stream, Arc::clone(&connection)));
     let service = {
         let (registry, connection) = (Arc::clone(&registry), Arc::clone(&connection));
         hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
@@ -235,16 +232,12 @@ async fn serve_connection(
                 parts.read_buf.len()
             );
             let answer = error_bodies::render(&ApiError::header_timeout(header_timeout));
-            let sending = async {
-                socket.write_all(&answer).await?;
-                socket.shutdown().await
-            };
             // A client that does not read its answer does not hold the connection open.
-            let _ = tokio::time::timeout(SEND_TIMEOUT, sending).await;
+            let _ = tokio::time::timeout(SEND_TIMEOUT, socket.send_and_close(&answer)).await;
         }
         Err(e) => tracing::debug!("connection closed: {e}"),
         Ok(()) => {
-            let _ = tokio::time::timeout(SEND_TIMEOUT, socket.shutdown()).await;
+            let _ = tokio::time::timeout(SEND_TIMEOUT, socket.close()).await;
         }
     }
     registry.remove(id);
