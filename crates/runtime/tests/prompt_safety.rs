@@ -136,7 +136,10 @@ fn a_string_doubling_template_is_refused_within_its_memory_budget() {
     let model = Model::load(&dir).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     let before = peak_rss_bytes();
-    let err = model.prepare(&chat("hi")).err().expect("the template renders");
+    let err = model
+        .prepare(&chat("hi"))
+        .err()
+        .expect("the template renders");
     let grown = peak_rss_bytes().saturating_sub(before);
     let message = err.to_string();
     assert!(
@@ -188,7 +191,10 @@ fn a_huge_message_is_refused_past_the_context_with_bounded_memory() {
     let grown = peak_rss_bytes().saturating_sub(before);
     eprintln!("refused: {err}; peak RSS grew {} MiB", grown >> 20);
     assert!(
-        matches!(err, spindle_runtime::RuntimeError::PromptTooLong { limit: 8192, .. }),
+        matches!(
+            err,
+            spindle_runtime::RuntimeError::PromptTooLong { limit: 8192, .. }
+        ),
         "{err}"
     );
     assert!(grown < 150 << 20, "peak RSS grew {} MiB", grown >> 20);

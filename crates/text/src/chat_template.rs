@@ -308,7 +308,10 @@ impl ChatTemplate {
             ctx.insert(key.clone(), Value::from_serialize(value));
         }
         ctx.insert("messages".into(), Value::from_serialize(&args.messages));
-        let tools = args.tools.as_ref().map_or(Value::from(()), Value::from_serialize);
+        let tools = args
+            .tools
+            .as_ref()
+            .map_or(Value::from(()), Value::from_serialize);
         ctx.insert("tools".into(), tools);
         ctx.insert("documents".into(), Value::from(()));
         ctx.insert(

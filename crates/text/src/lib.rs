@@ -28,10 +28,10 @@ pub use detokenizer::Detokenizer;
 pub use error::TextError;
 pub use parse::{parse_output, OutputParser, ParseEvent, ParsedOutput, ToolCall};
 pub use prompt::PromptText;
-pub use sandbox::{Cancel, CancelOnDrop, RENDER_MEMORY_BYTES, RENDER_TIME_LIMIT};
 pub use read::{
     read_bounded, read_bounded_text, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES,
     MAX_TOKENIZER_CONFIG_BYTES,
 };
+pub use sandbox::{Cancel, CancelOnDrop, RENDER_MEMORY_BYTES, RENDER_TIME_LIMIT};
 pub use stop::{FinishReason, StopConditions, StopScan, StopStrings, StreamDelta, TextStream};
 pub use tokenizer::Tokenizer;

@@ -34,7 +34,10 @@ pub(crate) const PIECE_BYTES: usize = 32 << 10;
 /// ByteLevel(use_regex = false)]`, and added tokens without white space or strip options.
 pub(crate) fn splits_like_qwen(tokenizer: &Tokenizer) -> bool {
     let bpe = matches!(tokenizer.get_model(), ModelWrapper::BPE(bpe) if bpe.dropout.is_none());
-    let normalizer = matches!(tokenizer.get_normalizer(), None | Some(NormalizerWrapper::NFC(_)));
+    let normalizer = matches!(
+        tokenizer.get_normalizer(),
+        None | Some(NormalizerWrapper::NFC(_))
+    );
     let pre = tokenizer
         .get_pre_tokenizer()
         .and_then(|p| serde_json::to_value(p).ok());
@@ -108,7 +111,11 @@ fn is_space_at(text: &str, p: usize) -> bool {
 
 /// Whether the char ending at byte `p` (a char boundary) is white space.
 fn is_space_before(text: &str, p: usize) -> bool {
-    text.is_char_boundary(p) && text[..p].chars().next_back().is_some_and(char::is_whitespace)
+    text.is_char_boundary(p)
+        && text[..p]
+            .chars()
+            .next_back()
+            .is_some_and(char::is_whitespace)
 }
 
 #[cfg(test)]
@@ -118,7 +125,11 @@ mod tests {
     #[test]
     fn cuts_only_where_the_regex_splits_anyway() {
         assert_eq!(next_cut("ab cd", 0), Some(2));
-        assert_eq!(next_cut("ab  cd", 0), Some(2), "before the first space of a run");
+        assert_eq!(
+            next_cut("ab  cd", 0),
+            Some(2),
+            "before the first space of a run"
+        );
         assert_eq!(next_cut("  cd", 0), None, "a space after a space is no cut");
         assert_eq!(next_cut("a\nb", 0), Some(2));
         assert_eq!(next_cut("a\n\nb", 0), Some(3));

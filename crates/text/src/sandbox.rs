@@ -33,10 +33,10 @@ use serde_json::{Map as JsonMap, Value as Json};
 
 use crate::TextError;
 
-/// How much a render worker's address space may grow past what it inherited (1 GiB): far
+/// How much a render worker's address space may grow past what it inherited (512 MiB): far
 /// above what a conversation that fills a long context needs (a 4 MB message renders in
-/// tens of MB), far below what would starve the machine.
-pub const RENDER_MEMORY_BYTES: u64 = 1 << 30;
+/// tens of MB), and little enough that `--parallel` workers fit beside the model.
+pub const RENDER_MEMORY_BYTES: u64 = 512 << 20;
 
 /// The wall-clock time one render may take (its fuel runs out after 1-2 s of CPU).
 pub const RENDER_TIME_LIMIT: Duration = Duration::from_secs(10);
@@ -235,11 +235,7 @@ mod linux {
             // returns into the caller's frames: it ends in `_exit`.
             match unsafe { libc::fork() } {
                 -1 => Err(io::Error::last_os_error()),
-                0 => serve(
-                    request_read.as_raw_fd(),
-                    reply_write.as_raw_fd(),
-                    render,
-                ),
+                0 => serve(request_read.as_raw_fd(), reply_write.as_raw_fd(), render),
                 pid => {
                     drop((request_read, reply_write));
                     set_nonblocking(&request_write)?;
@@ -374,7 +370,8 @@ mod linux {
                 libc::kill(self.pid, libc::SIGKILL);
                 while libc::waitpid(self.pid, &mut status, 0) == -1
                     && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
-                {}
+                {
+                }
             }
             self.pid = 0;
             status
@@ -391,7 +388,12 @@ mod linux {
 
     /// Waits until `file` is ready for `events`, the deadline passes or `cancel` is set
     /// (checked every 20 ms).
-    fn wait(file: &File, events: libc::c_short, deadline: Instant, cancel: &Cancel) -> Result<(), Failure> {
+    fn wait(
+        file: &File,
+        events: libc::c_short,
+        deadline: Instant,
+        cancel: &Cancel,
+    ) -> Result<(), Failure> {
         loop {
             if cancel.is_cancelled() {
                 return Err(Failure::Cancelled);
@@ -521,7 +523,8 @@ mod linux {
         // SAFETY: fcntl on a descriptor we own.
         unsafe {
             let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-            if flags < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            if flags < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0
+            {
                 return Err(io::Error::last_os_error());
             }
         }

@@ -2,8 +2,8 @@
 
 mod common;
 
-use common::{case_extra, fixture, qwen_template, read_json};
-use serde_json::{json, Map, Value};
+use common::{case_extra, qwen_template, read_json};
+use serde_json::{json, Map};
 use spindle_text::{ChatTemplate, TextError};
 
 #[test]

@@ -8,11 +8,42 @@ use std::path::PathBuf;
 
 use common::{case_extra, qwen_template, qwen_tokenizer, read_json};
 use serde_json::{json, Map, Value};
-use spindle_text::{ChatTemplate, Tokenizer};
+use spindle_text::Tokenizer;
 
 fn demo_tokenizer() -> Tokenizer {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/demo/tokenizer.json");
     Tokenizer::from_file(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn assert_cases_encode_as_before(tokenizer: &Tokenizer) {
+    let template = qwen_template();
+    let protect = tokenizer.special_spellings();
+    assert!(protect.iter().any(|s| s == "<|im_end|>"), "{protect:?}");
+    let cases = read_json("chat/cases.json");
+    let mut checked = 0;
+    for case in cases.as_array().unwrap() {
+        if case.get("expected").is_none() {
+            continue;
+        }
+        let name = case["name"].as_str().unwrap_or("?");
+        let agp = case["add_generation_prompt"].as_bool().unwrap_or(false);
+        let extra = case_extra(case);
+        let whole = template
+            .render(&case["messages"], case.get("tools"), agp, &extra)
+            .unwrap();
+        let prompt = template
+            .render_prompt(&case["messages"], case.get("tools"), agp, &extra, &protect)
+            .unwrap();
+        assert_eq!(prompt.text, whole, "case {name}");
+        assert!(prompt.plain.is_empty(), "case {name}: {:?}", prompt.plain);
+        assert_eq!(
+            tokenizer.encode_prompt(&prompt).unwrap(),
+            tokenizer.encode(&whole, true).unwrap(),
+            "case {name}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 7, "only {checked} cases checked");
 }
 
 #[test]

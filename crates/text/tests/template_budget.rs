@@ -73,6 +73,11 @@ fn a_long_tool_conversation_renders_well_within_the_budget() {
     eprintln!("8001 messages rendered in {:?}", start.elapsed());
 }
 
+/// How the memory budget is named in errors.
+fn memory_budget() -> String {
+    format!("{} MiB of memory", spindle_text::RENDER_MEMORY_BYTES >> 20)
+}
+
 /// This process's peak resident set (VmHWM), in bytes.
 fn peak_rss_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -89,7 +94,7 @@ fn a_string_doubling_template_is_stopped_by_its_memory_budget() {
     );
     let grown = peak_rss_bytes().saturating_sub(before);
     eprintln!("string doubling stopped after {took:?}; this process's peak RSS grew {grown} bytes");
-    assert_budget_error(result, "1024 MiB of memory");
+    assert_budget_error(result, &memory_budget());
     assert!(grown < 200 << 20, "peak RSS grew {grown} bytes");
     assert!(took < Duration::from_secs(10), "took {took:?}");
     // The worker it killed is replaced: the same template renders again and is refused again.
@@ -100,7 +105,7 @@ fn a_string_doubling_template_is_stopped_by_its_memory_budget() {
     for _ in 0..2 {
         assert_budget_error(
             template.render(&json!([]), None, true, &Map::new()),
-            "1024 MiB of memory",
+            &memory_budget(),
         );
     }
 }
@@ -136,7 +141,10 @@ fn ordinary_renders_reuse_their_worker() {
     let first = template.render(&messages, None, true, &Map::new()).unwrap();
     let start = Instant::now();
     for _ in 0..200 {
-        assert_eq!(template.render(&messages, None, true, &Map::new()).unwrap(), first);
+        assert_eq!(
+            template.render(&messages, None, true, &Map::new()).unwrap(),
+            first
+        );
     }
     let each = start.elapsed() / 200;
     eprintln!("a one-message chat renders in {each:?} through its worker");

@@ -36,8 +36,8 @@ impl ClientSocket {
         let mut sent = 0;
         while sent < bytes.len() {
             let left = &bytes[sent..];
-            let n = std::future::poll_fn(|cx| Pin::new(&mut self.stream).poll_write(cx, left))
-                .await?;
+            let n =
+                std::future::poll_fn(|cx| Pin::new(&mut self.stream).poll_write(cx, left)).await?;
             if n == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }

@@ -142,13 +142,19 @@ async fn a_stalled_request_head_gets_408_and_a_silent_connection_is_just_closed(
         .await
         .unwrap();
     let answer = read_answer(&mut stalled, Duration::from_secs(3)).await;
-    assert!(started.elapsed() >= Duration::from_millis(400), "{answer:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{answer:?}"
+    );
     assert_eq!(answer.status, 408, "{answer:?}");
     assert!(answer.head.contains("connection: close"), "{answer:?}");
     let error = &answer.json()["error"];
     assert_eq!(error["code"], "request_timeout", "{answer:?}");
     assert!(
-        error["message"].as_str().unwrap().contains("--header-timeout"),
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("--header-timeout"),
         "{answer:?}"
     );
     closed_within(&mut stalled, Duration::from_secs(2)).await;
