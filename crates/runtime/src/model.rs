@@ -112,8 +112,8 @@ impl Model {
     }
 
     /// Renders and tokenizes a prompt. Tokenizing stops once the prompt has more tokens
-    /// than the context holds ([`RuntimeError::PromptTooLong`], with the count so far), so a
-    /// huge prompt costs about what a context's worth of text does.
+    /// than the context holds ([`TextError::TooManyTokens`]), so a huge prompt costs about
+    /// what a context's worth of text does.
     ///
     /// A prompt with no tokens (empty text or ids) is refused with [`RuntimeError::EmptyPrompt`].
     pub fn prepare(&self, prompt: &Prompt) -> Result<PreparedPrompt> {
@@ -139,8 +139,7 @@ impl Model {
             } => {
                 let ids = self
                     .tokenizer
-                    .encode_within(text, *special_tokens, self.context())
-                    .map_err(too_long)?;
+                    .encode_within(text, *special_tokens, self.context())?;
                 if ids.is_empty() {
                     return Err(RuntimeError::EmptyPrompt);
                 }
@@ -171,10 +170,7 @@ impl Model {
             }
         };
         // Message text is plain: only the template's own markers become special tokens.
-        let ids = self
-            .tokenizer
-            .encode_prompt_within(&text, self.context())
-            .map_err(too_long)?;
+        let ids = self.tokenizer.encode_prompt_within(&text, self.context())?;
         if ids.is_empty() {
             return Err(RuntimeError::EmptyPrompt);
         }
@@ -183,18 +179,6 @@ impl Model {
             text: text.text,
             ids,
         })
-    }
-}
-
-/// Tokenizing stopped past the context: the prompt cannot be run (`prompt` is how many
-/// tokens were counted, a lower bound).
-fn too_long(e: TextError) -> RuntimeError {
-    match e {
-        TextError::TooManyTokens { counted, limit } => RuntimeError::PromptTooLong {
-            prompt: counted,
-            limit,
-        },
-        other => other.into(),
     }
 }
 

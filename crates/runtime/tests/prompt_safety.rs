@@ -193,7 +193,10 @@ fn a_huge_message_is_refused_past_the_context_with_bounded_memory() {
     assert!(
         matches!(
             err,
-            spindle_runtime::RuntimeError::PromptTooLong { limit: 8192, .. }
+            spindle_runtime::RuntimeError::Text(spindle_text::TextError::TooManyTokens {
+                limit: 8192,
+                ..
+            })
         ),
         "{err}"
     );

@@ -249,7 +249,8 @@ impl ApiError {
                 e @ (TextError::TemplateRender { .. } | TextError::InvalidTemplateArgument { .. }),
             ) => Self::invalid(param, e.to_string()),
             RuntimeError::EmptyPrompt => Self::invalid(param, err.to_string()),
-            RuntimeError::PromptTooLong { .. } => {
+            RuntimeError::PromptTooLong { .. }
+            | RuntimeError::Text(TextError::TooManyTokens { .. }) => {
                 Self::invalid(param, err.to_string()).with_code("context_length_exceeded")
             }
             RuntimeError::Sampling(e) => Self::invalid(e.field, e.to_string()),

@@ -51,7 +51,7 @@ pub enum TextError {
     #[error("chat template {name:?} exceeded its budget of {budget}; a real chat template needs far less, so this one is refused")]
     TemplateBudget { name: String, budget: String },
     /// A text has more tokens than the caller can use; counting stopped past the limit.
-    #[error("the text has more than {limit} tokens (counting stopped at {counted})")]
+    #[error("the prompt has more than {limit} tokens, the most the context holds (counting stopped at {counted})")]
     TooManyTokens { counted: usize, limit: usize },
     /// The request was cancelled while its prompt was being rendered.
     #[error("cancelled while rendering the chat template")]
