@@ -138,8 +138,7 @@ fn a_string_doubling_template_is_refused_within_its_memory_budget() {
     let before = peak_rss_bytes();
     let err = model
         .prepare(&chat("hi"))
-        .err()
-        .expect("the template renders");
+        .expect_err("the template renders");
     let grown = peak_rss_bytes().saturating_sub(before);
     let message = err.to_string();
     assert!(
@@ -186,8 +185,7 @@ fn a_huge_message_is_refused_past_the_context_with_bounded_memory() {
     let before = peak_rss_bytes();
     let err = model
         .prepare(&chat(&"a ".repeat(2_000_000)))
-        .err()
-        .expect("a 4 MB message fits the demo's context");
+        .expect_err("a 4 MB message fits the demo's context");
     let grown = peak_rss_bytes().saturating_sub(before);
     eprintln!("refused: {err}; peak RSS grew {} MiB", grown >> 20);
     assert!(

@@ -21,8 +21,8 @@
 //! them are copied. [`Workers::prestart`] forks the first worker when the model is loaded,
 //! before sessions and request buffers exist, so that little is shared.
 //!
-//! Elsewhere than Linux, or when `fork` fails, the render runs in this process with fuel
-//! and the output cap only (logged as a warning).
+//! When `fork` fails the render is refused, never run here without its budget. Elsewhere
+//! than Linux the render runs in this process with fuel and the output cap only.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -138,13 +138,11 @@ impl Workers {
             let worker = self.take_idle();
             let worker = match worker {
                 Some(w) => w,
-                None => match linux::Worker::start(render) {
-                    Ok(w) => w,
-                    Err(e) => {
-                        tracing::warn!("cannot fork a chat template worker ({e}); rendering in process without a memory budget");
-                        return render(args);
-                    }
-                },
+                // Never rendered here without the budget: no worker, no render.
+                None => linux::Worker::start(render).map_err(|e| TextError::TemplateRender {
+                    name: args.name.clone(),
+                    message: format!("cannot start a render worker (fork: {e})"),
+                })?,
             };
             let (result, worker) = worker.render(args, cancel);
             if let Some(worker) = worker {
