@@ -37,7 +37,7 @@ fi
 if [ "$part" = bench ] || [ "$part" = all ]; then
   layers=${LAYERS:-8}
   el "synth a3b, $layers layers"
-  "$new" synth --shape qwen3.6-35b-a3b --layers "$layers" --out "$WORK/a3b" > /dev/null 2> "$WORK/synth.err" ||
+  [ -d "$WORK/a3b" ] || "$new" synth --shape qwen3.6-35b-a3b --layers "$layers" --out "$WORK/a3b" > /dev/null 2> "$WORK/synth.err" ||
     { tail -3 "$WORK/synth.err"; exit 1; }
   for q in q4 bf16; do
     for round in 1 2; do

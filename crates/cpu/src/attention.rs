@@ -1,4 +1,5 @@
-//! Gated full attention over the KV cache (MODEL_MATH §1.4).
+//! Gated full attention over the KV cache (MODEL_MATH §1.4) for a step of sequences: projections
+//! over all their rows, then per sequence RoPE, KV append and attention over its own cache.
 
 use rayon::prelude::*;
 use spindle_kernels::activation::sigmoid;
@@ -11,39 +12,86 @@ use crate::qwen4::qsa;
 use crate::session::KvCache;
 use spindle_model::weights::AttentionWeights;
 
+use crate::batch::{for_each_seq, split_rows, Span};
 use crate::linear::LinearExt;
 
-/// Runs `tokens` new tokens starting at absolute position `start` through one attention layer,
-/// appending their keys and values to `cache`. `x` is the normed input `[tokens, H]`. With a
-/// QSA indexer (qwen4_exp), each token attends only to the tokens the indexer selects.
+/// Runs a step's tokens through one attention layer. `x` is the normed input `[N, H]` of every
+/// sequence in the step; `seqs` gives each sequence's rows of `x` (consecutive, in order, at
+/// its own positions) and its cache, to which the new keys and values are appended. The
+/// projections run once over all rows; the indexer's selection (qwen4_exp's QSA), RoPE and
+/// attention run per sequence over its own cache (in parallel across sequences).
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     w: &AttentionWeights,
     shape: &AttentionConfig,
     qsa: Option<&QsaConfig>,
     rope: &RopeFreqs,
     eps: f32,
-    cache: &mut KvCache,
     x: &[f32],
-    tokens: usize,
-    start: usize,
+    seqs: Vec<(Span, &mut KvCache)>,
 ) -> Vec<f32> {
-    let (n_h, n_kv, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
-    let selection = match (&w.indexer, qsa) {
-        (Some(indexer), Some(cfg)) => qsa::select(
-            indexer,
-            cfg,
-            rope,
-            eps,
-            &mut cache.indexer,
-            x,
-            tokens,
-            start,
-        ),
-        _ => vec![None; tokens],
+    let (n_h, d) = (shape.num_heads, shape.head_dim);
+    let spans: Vec<Span> = seqs.iter().map(|(span, _)| span.clone()).collect();
+    let groups: Vec<usize> = spans.iter().map(Span::tokens).collect();
+    let tokens: usize = groups.iter().sum();
+    let indexer = match (&w.indexer, qsa) {
+        (Some(indexer), Some(cfg)) => Some((indexer, cfg, qsa::project(indexer, x, &groups))),
+        _ => None,
     };
-    let q_full = w.q_proj.forward(x, tokens);
-    let mut k = w.k_proj.forward(x, tokens);
-    let v = w.v_proj.forward(x, tokens);
+    let projected = Projected {
+        q_full: w.q_proj.forward_groups(x, &groups),
+        k: w.k_proj.forward_groups(x, &groups),
+        v: w.v_proj.forward_groups(x, &groups),
+    };
+    let mut out = vec![0.0f32; tokens * n_h * d];
+    let parts: Vec<_> = split_rows(&mut out, n_h * d, &spans)
+        .into_iter()
+        .zip(seqs)
+        .collect();
+    for_each_seq(parts, |(out, (span, cache))| {
+        let selection = match &indexer {
+            Some((iw, cfg, qk)) => {
+                let width = qsa::projection_width(cfg);
+                let rows = &qk[span.rows.start * width..span.rows.end * width];
+                qsa::select(iw, cfg, rope, eps, &mut cache.indexer, rows, span.start)
+            }
+            None => vec![None; span.tokens()],
+        };
+        core(
+            w, shape, rope, eps, cache, &projected, &span, &selection, out,
+        )
+    });
+    w.o_proj.forward_groups(&out, &groups)
+}
+
+/// The step's query/gate, key and value projections, `[N, ·]` each.
+struct Projected {
+    q_full: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// One sequence's attention core over its rows `span` of the projections: q/k norms, RoPE at
+/// its positions, KV append, attention over its cache (the indexer's `selection` where it
+/// chose), output gate; into `out [tokens, n_h·d]`.
+#[allow(clippy::too_many_arguments)]
+fn core(
+    w: &AttentionWeights,
+    shape: &AttentionConfig,
+    rope: &RopeFreqs,
+    eps: f32,
+    cache: &mut KvCache,
+    projected: &Projected,
+    span: &Span,
+    selection: &qsa::Selection,
+    out: &mut [f32],
+) {
+    let (n_h, n_kv, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
+    let (tokens, start) = (span.tokens(), span.start);
+    let r = &span.rows;
+    let q_full = &projected.q_full[r.start * n_h * 2 * d..r.end * n_h * 2 * d];
+    let mut k = projected.k[r.start * n_kv * d..r.end * n_kv * d].to_vec();
+    let v = &projected.v[r.start * n_kv * d..r.end * n_kv * d];
 
     // Split the per-head [query | gate] interleave; norm and rotate queries and keys.
     let mut q = vec![0.0f32; tokens * n_h * d];
@@ -65,7 +113,7 @@ pub fn forward(
         }
     }
     cache.keys.extend_from_slice(&k);
-    cache.values.extend_from_slice(&v);
+    cache.values.extend_from_slice(v);
 
     let keys = HeadCache {
         data: &cache.keys,
@@ -79,7 +127,6 @@ pub fn forward(
     };
     let group = n_h / n_kv;
     let scale = 1.0 / (d as f32).sqrt();
-    let mut out = vec![0.0f32; tokens * n_h * d];
     // Every (token, head) on its own, in parallel (a thread keeps its scores buffer); each
     // output row is computed the same way whatever runs it.
     out.par_chunks_mut(d)
@@ -113,5 +160,4 @@ pub fn forward(
     out.iter_mut()
         .zip(&gate)
         .for_each(|(o, &g)| *o *= sigmoid(g));
-    w.o_proj.forward(&out, tokens)
 }

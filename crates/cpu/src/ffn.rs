@@ -6,17 +6,18 @@ use spindle_kernels::activation::{sigmoid, swiglu_in_place};
 use spindle_kernels::softmax::{softmax_in_place, top_k};
 use spindle_model::MoeConfig;
 
-use crate::error::{EngineError, Result};
+#[cfg(doc)]
+use crate::error::EngineError;
 use spindle_model::weights::{MlpWeights, MoeWeights};
 
 use crate::linear::LinearExt;
 
-/// `down(silu(gate(x)) ⊙ up(x))` for `[tokens, H]`.
-pub fn mlp(w: &MlpWeights, x: &[f32], tokens: usize) -> Vec<f32> {
-    let mut gate = w.gate.forward(x, tokens);
-    let up = w.up.forward(x, tokens);
+/// `down(silu(gate(x)) ⊙ up(x))` for `x [N, H]`, rows in `groups` (one per sequence of a step).
+pub fn mlp(w: &MlpWeights, x: &[f32], groups: &[usize]) -> Vec<f32> {
+    let mut gate = w.gate.forward_groups(x, groups);
+    let up = w.up.forward_groups(x, groups);
     swiglu_in_place(&mut gate, &up);
-    w.down.forward(&gate, tokens)
+    w.down.forward_groups(&gate, groups)
 }
 
 /// One token's routing: the selected experts and their weights.
@@ -44,22 +45,37 @@ pub fn route(router_logits: &[f32], cfg: &MoeConfig) -> Vec<Route> {
         .collect()
 }
 
-/// The MoE block for `[tokens, H]`: routed experts (tokens grouped per expert so each expert's
-/// weights are read once per call) plus the sigmoid-gated shared expert.
+/// The MoE block for `x [N, H]` (rows in `groups`, one per sequence of a step): routed experts
+/// (the step's tokens grouped per expert so each expert's weights are read once per call) plus
+/// the sigmoid-gated shared expert. An expert's rows keep their sequences' grouping, so each
+/// sequence's rows come out as they would alone.
 ///
 /// With streamed experts the reads of the routed experts start as soon as routing is known
 /// and overlap the shared expert; when a layer has fewer slots than the call needs experts,
 /// they run in waves of at most `slots`. Outputs are added in expert order either way, so the
 /// result does not depend on residency, slot count or scheduling.
+///
+/// The error is the message of a streamed expert that could not be read: it concerns every
+/// token of the call (the caller turns it into [`EngineError::ExpertRead`] for each sequence).
 pub fn moe(
     w: &MoeWeights,
     cfg: &MoeConfig,
     x: &[f32],
-    tokens: usize,
+    groups: &[usize],
     hidden: usize,
-) -> Result<Vec<f32>> {
-    let routes = route(&w.router.forward(x, tokens), cfg);
+) -> std::result::Result<Vec<f32>, String> {
+    let routes = route(&w.router.forward_groups(x, groups), cfg);
     let users = expert_users(&routes, cfg.num_experts);
+    // The sequence of every token, to keep each expert's rows grouped by sequence.
+    let sequence_of: Vec<usize> = if groups.len() == 1 {
+        Vec::new()
+    } else {
+        groups
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &n)| std::iter::repeat_n(s, n))
+            .collect()
+    };
     let ids: Vec<usize> = users.iter().map(|(e, _)| *e).collect();
     let wave = w.streamed.as_ref().map_or(ids.len(), |s| s.slots()).max(1);
     let group_of = |first: usize| &users[first..(first + wave).min(users.len())];
@@ -87,10 +103,24 @@ pub fn moe(
             .map(|i| {
                 let chosen = &group[i].1;
                 let mut xs = Vec::with_capacity(chosen.len() * hidden);
+                let mut rows_per_sequence: Vec<usize> = Vec::new();
+                let mut last_sequence = None;
                 for &(t, _) in chosen {
                     xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+                    if groups.len() == 1 {
+                        continue;
+                    }
+                    if last_sequence == Some(sequence_of[t]) {
+                        *rows_per_sequence.last_mut().expect("pushed below") += 1;
+                    } else {
+                        rows_per_sequence.push(1);
+                        last_sequence = Some(sequence_of[t]);
+                    }
                 }
-                mlp(expert(i), &xs, chosen.len())
+                if groups.len() == 1 {
+                    rows_per_sequence.push(chosen.len());
+                }
+                mlp(expert(i), &xs, &rows_per_sequence)
             })
             .collect::<Vec<Vec<f32>>>())
     };
@@ -109,25 +139,20 @@ pub fn moe(
     // The sigmoid-gated shared expert runs beside the first wave (and while its reads
     // complete, when streamed).
     let shared = || {
-        let mut out = mlp(&w.shared, x, tokens);
-        let shared_gate = w.shared_gate.forward(x, tokens);
+        let mut out = mlp(&w.shared, x, groups);
+        let shared_gate = w.shared_gate.forward_groups(x, groups);
         for (t, row) in out.chunks_mut(hidden).enumerate() {
             let g = sigmoid(shared_gate[t]);
             row.iter_mut().for_each(|v| *v *= g);
         }
         out
     };
-    let read_error = |message| EngineError::ExpertRead { message };
     let slots = begin(0);
     let (mut out, outputs) = rayon::join(shared, || run_wave(0, slots));
-    add(&mut out, 0, &outputs.map_err(read_error)?);
+    add(&mut out, 0, &outputs?);
     let mut first = group_of(0).len();
     while first < users.len() {
-        add(
-            &mut out,
-            first,
-            &run_wave(first, begin(first)).map_err(read_error)?,
-        );
+        add(&mut out, first, &run_wave(first, begin(first))?);
         first += group_of(first).len();
     }
     Ok(out)

@@ -5,16 +5,19 @@
 //! RMSNorm; qwen4_exp keeps n streams joined by hyper-connections, adds PLE before some
 //! layers and lets a QSA indexer pick the attended tokens.
 
+use std::convert::Infallible;
+
 use spindle_kernels::norm::{rms_norm_zc, GateActivation};
 use spindle_kernels::rope::RopeFreqs;
 use spindle_model::{GdnGate, ModelConfig};
 
-use crate::error::{first_non_finite_row, EngineError, NonFiniteSite, Result};
+use crate::batch::Step;
+use crate::error::{EngineError, NonFiniteSite, Result};
 use crate::qwen4::{hyper, ngram, ple};
-use crate::session::{LayerState, Session};
-use spindle_model::forward::LogitsFor;
+use crate::session::LayerState;
+use crate::BatchItem;
 use spindle_model::weights::{
-    FfnWeights, HeadInput, LayerWeights, MixerWeights, ModelWeights, Residual,
+    FfnWeights, HeadInput, LayerWeights, MixerWeights, ModelWeights, PleWeights, Residual,
 };
 
 use crate::linear::LinearExt;
@@ -37,7 +40,6 @@ struct Ctx<'a> {
     hidden: usize,
     /// Residual streams: 1, or hc_count for qwen4_exp.
     streams: usize,
-    tokens: usize,
 }
 
 /// Which sublayer of a layer is being wrapped.
@@ -47,14 +49,16 @@ enum Sublayer {
     Ffn,
 }
 
-/// Applies `f` to the sublayer input read from the residual `h` and adds its output back.
-fn residual_step(
+/// Applies `f` to the sublayer input read from the residual `h [N, streams·H]` (every row of
+/// the step) and adds its output back.
+fn residual_step<E>(
     ctx: &Ctx,
     residual: &Residual,
     which: Sublayer,
     h: &mut [f32],
-    f: impl FnOnce(&[f32]) -> Result<Vec<f32>>,
-) -> Result<()> {
+    groups: &[usize],
+    f: impl FnOnce(&[f32]) -> std::result::Result<Vec<f32>, E>,
+) -> std::result::Result<(), E> {
     match residual {
         Residual::Norms { input, post } => {
             let w = match which {
@@ -69,7 +73,7 @@ fn residual_step(
                 Sublayer::Mixer => attn,
                 Sublayer::Ffn => mlp,
             };
-            let input = hyper::enter(w, h, ctx.tokens, ctx.streams, ctx.hidden, ctx.eps);
+            let input = hyper::enter(w, h, groups, ctx.streams, ctx.hidden, ctx.eps);
             let y = f(&input.x)?;
             hyper::inject(h, &y, &input.omega, ctx.streams, ctx.hidden);
         }
@@ -77,82 +81,121 @@ fn residual_step(
     Ok(())
 }
 
-/// Refuses a residual stream (rows of `width`) that holds a NaN or an infinity, naming `site`.
-fn check_finite(
-    x: &[f32],
-    width: usize,
-    site: NonFiniteSite,
-    start: usize,
-    first_row: usize,
-) -> Result<()> {
-    match first_non_finite_row(x, width) {
-        None => Ok(()),
-        Some(row) => Err(EngineError::NonFinite {
-            site,
-            token: first_row + row,
-            position: start + first_row + row,
-        }),
-    }
-}
-
-fn run_layer(
-    ctx: &Ctx,
-    index: usize,
-    layer: &LayerWeights,
-    state: &mut LayerState,
-    h: &mut [f32],
-    start: usize,
-) -> Result<()> {
-    let width = ctx.streams * ctx.hidden;
+/// The mixer (attention or GDN) of layer `index` for every sequence of the step: token-wise
+/// projections over all rows of `x`, the core per sequence on its own state.
+fn mixer(ctx: &Ctx, index: usize, layer: &LayerWeights, step: &mut Step, x: &[f32]) -> Vec<f32> {
     let config = ctx.config;
-    residual_step(ctx, &layer.residual, Sublayer::Mixer, h, |x| {
-        Ok(match (&layer.mixer, state) {
-            (MixerWeights::Attention(w), LayerState::Attention(cache)) => attention::forward(
+    match &layer.mixer {
+        MixerWeights::Attention(w) => {
+            let seqs = step
+                .seqs
+                .iter_mut()
+                .map(|seq| match &mut seq.session.layers[index] {
+                    LayerState::Attention(cache) => (seq.span.clone(), cache),
+                    LayerState::Gdn(_) => unreachable!("session layers follow the config"),
+                })
+                .collect();
+            attention::forward(
                 w,
                 &config.attention,
                 config.qsa.as_ref(),
                 ctx.rope,
                 ctx.eps,
-                cache,
                 x,
-                ctx.tokens,
-                start,
-            ),
-            (MixerWeights::Gdn(w), LayerState::Gdn(s)) => {
-                let act = match config.gdn_gate {
-                    GdnGate::Silu => GateActivation::Silu,
-                    GdnGate::Sigmoid => GateActivation::Sigmoid,
-                };
-                gdn::forward(w, &config.gdn, ctx.eps, act, s, x, ctx.tokens)
-            }
-            _ => unreachable!("session layers are built from the same config as the weights"),
-        })
-    })?;
-    check_finite(h, width, NonFiniteSite::Mixer { layer: index }, start, 0)?;
-    residual_step(ctx, &layer.residual, Sublayer::Ffn, h, |x| {
-        match &layer.ffn {
-            FfnWeights::Dense(w) => Ok(ffn::mlp(w, x, ctx.tokens)),
-            FfnWeights::Moe(w) => ffn::moe(
-                w,
-                config.moe.as_ref().expect("validated"),
-                x,
-                ctx.tokens,
-                ctx.hidden,
-            ),
+                seqs,
+            )
         }
-    })?;
-    check_finite(h, width, NonFiniteSite::Ffn { layer: index }, start, 0)
+        MixerWeights::Gdn(w) => {
+            let act = match config.gdn_gate {
+                GdnGate::Silu => GateActivation::Silu,
+                GdnGate::Sigmoid => GateActivation::Sigmoid,
+            };
+            let seqs = step
+                .seqs
+                .iter_mut()
+                .map(|seq| match &mut seq.session.layers[index] {
+                    LayerState::Gdn(state) => (seq.span.clone(), state),
+                    LayerState::Attention(_) => unreachable!("session layers follow the config"),
+                })
+                .collect();
+            gdn::forward(w, &config.gdn, ctx.eps, act, x, seqs)
+        }
+    }
 }
 
-/// Runs `ids` (already validated) through the model from the session's state.
+/// `h += Mixer(in(h)); h += FFN(in(h))` for layer `index` over every row of the step, with
+/// the residual checked after each sublayer (a sequence whose rows went non-finite leaves the
+/// step). A streamed expert that cannot be read fails every sequence of the step.
+fn run_layer(ctx: &Ctx, index: usize, layer: &LayerWeights, step: &mut Step, h: &mut Vec<f32>) {
+    let width = ctx.streams * ctx.hidden;
+    let groups = step.groups();
+    let Ok(()) = residual_step(ctx, &layer.residual, Sublayer::Mixer, h, &groups, |x| {
+        Ok::<_, Infallible>(mixer(ctx, index, layer, step, x))
+    });
+    step.check_rows(h, width, NonFiniteSite::Mixer { layer: index });
+    if step.seqs.is_empty() {
+        return;
+    }
+    let groups = step.groups();
+    let ffn = residual_step(
+        ctx,
+        &layer.residual,
+        Sublayer::Ffn,
+        h,
+        &groups,
+        |x| match &layer.ffn {
+            FfnWeights::Dense(w) => Ok(ffn::mlp(w, x, &groups)),
+            FfnWeights::Moe(w) => ffn::moe(
+                w,
+                ctx.config.moe.as_ref().expect("validated"),
+                x,
+                &groups,
+                ctx.hidden,
+            ),
+        },
+    );
+    match ffn {
+        // Not local to any sequence's rows: the experts of the whole step were being read.
+        Err(message) => step.fail_all(|| EngineError::ExpertRead {
+            message: message.clone(),
+        }),
+        Ok(()) => step.check_rows(h, width, NonFiniteSite::Ffn { layer: index }),
+    }
+}
+
+/// PLE (qwen4_exp) before layer `index`, the `ordinal`-th PLE layer: each sequence's n-gram
+/// rows and conv state, the projections over all rows.
+fn add_ple(ctx: &Ctx, w: &PleWeights, ordinal: usize, step: &mut Step, h: &mut [f32]) {
+    let seqs = step
+        .seqs
+        .iter_mut()
+        .filter_map(|seq| {
+            let state = seq.session.ple.as_mut()?;
+            Some(ple::PleSeq {
+                rows: seq.span.rows.clone(),
+                ids: seq.ids,
+                history: &state.history,
+                conv_state: &mut state.conv[ordinal],
+            })
+        })
+        .collect();
+    ple::add(w, h, seqs, ctx.streams, ctx.hidden, ctx.eps);
+}
+
+/// Runs one step over the items' tokens (already validated; sessions not broken get rows):
+/// each item's result is its logits `[rows, V]` for the rows it wants, or why it failed.
+///
+/// Token-wise work (embedding, norms, hyper-connections, projections, FFN/MoE, head) runs
+/// once over the concatenated rows of every sequence; per-sequence work (GDN conv and delta
+/// rule, attention, QSA, PLE n-grams and conv, positions) on each sequence's rows and state.
+/// Each sequence's rows are computed as they would be alone, up to the matmul path chosen for
+/// the step's number of rows; a sequence whose rows go non-finite fails alone.
 pub fn forward(
     config: &ModelConfig,
     weights: &ModelWeights,
     rope: &RopeFreqs,
-    session: &mut Session,
-    ids: &[u32],
-    want: LogitsFor,
-) -> Result<Vec<f32>> {
+    items: &mut [BatchItem],
+) -> Vec<Result<Vec<f32>>> {
     let hidden = config.hidden_size;
     let streams = config.hyper.as_ref().map_or(1, |h| h.streams);
     let ctx = Ctx {
@@ -161,70 +204,56 @@ pub fn forward(
         eps: config.rms_norm_eps as f32,
         hidden,
         streams,
-        tokens: ids.len(),
     };
-    let start = session.position;
     let width = streams * hidden;
+    let mut step = Step::new(items);
+    if step.seqs.is_empty() {
+        return step.into_results();
+    }
 
     // The embedding, replicated into every stream.
+    let ids = step.ids();
     let embed = weights.embed.mat();
     let mut h = vec![0.0f32; ids.len() * width];
-    for (row, &id) in h.chunks_mut(width).zip(ids) {
+    for (row, &id) in h.chunks_mut(width).zip(&ids) {
         embed.row_to_f32(id as usize, &mut row[..hidden]);
         for s in 1..streams {
             row.copy_within(..hidden, s * hidden);
         }
     }
-
-    check_finite(&h, width, NonFiniteSite::Embedding, start, 0)?;
+    step.check_rows(&mut h, width, NonFiniteSite::Embedding);
 
     let mut ple_ordinal = 0;
-    for (index, (layer, state)) in weights
-        .layers
-        .iter()
-        .zip(session.layers.iter_mut())
-        .enumerate()
-    {
-        if let (Some(w), Some(ple_state)) = (&layer.ple, session.ple.as_mut()) {
-            let conv = &mut ple_state.conv[ple_ordinal];
-            ple::add(
-                w,
-                &mut h,
-                ids,
-                &ple_state.history,
-                conv,
-                streams,
-                hidden,
-                ctx.eps,
-            );
-            ple_ordinal += 1;
-            check_finite(&h, width, NonFiniteSite::Ple { layer: index }, start, 0)?;
+    for (index, layer) in weights.layers.iter().enumerate() {
+        if step.seqs.is_empty() {
+            return step.into_results();
         }
-        run_layer(&ctx, index, layer, state, &mut h, start)?;
+        if let Some(w) = &layer.ple {
+            add_ple(&ctx, w, ple_ordinal, &mut step, &mut h);
+            ple_ordinal += 1;
+            step.check_rows(&mut h, width, NonFiniteSite::Ple { layer: index });
+        }
+        run_layer(&ctx, index, layer, &mut step, &mut h);
     }
-    if let Some(ple_state) = session.ple.as_mut() {
-        ngram::advance_history(&mut ple_state.history, ids);
+    for seq in &mut step.seqs {
+        if let Some(ple_state) = seq.session.ple.as_mut() {
+            ngram::advance_history(&mut ple_state.history, seq.ids);
+        }
+        seq.session.position += seq.ids.len();
     }
-    session.position += ids.len();
 
-    let rows = match want {
-        LogitsFor::All => &h[..],
-        LogitsFor::Last => &h[(ids.len() - 1) * width..],
+    // The head, over the rows each sequence wants.
+    step.keep_wanted_rows(&mut h, width);
+    let groups = step.groups();
+    let mut head_in = match &weights.head_input {
+        HeadInput::Norm(w) => norm_rows(&h, w, ctx.eps),
+        HeadInput::HyperMixer(w) => hyper::enter(w, &h, &groups, streams, hidden, ctx.eps).x,
     };
-    let count = rows.len() / width;
-    let first_row = ids.len() - count;
-    let head_in = match &weights.head_input {
-        HeadInput::Norm(w) => norm_rows(rows, w, ctx.eps),
-        HeadInput::HyperMixer(w) => hyper::enter(w, rows, count, streams, hidden, ctx.eps).x,
-    };
-    check_finite(&head_in, hidden, NonFiniteSite::HeadInput, start, first_row)?;
-    let logits = weights.lm_head.forward(&head_in, count);
-    check_finite(
-        &logits,
-        config.vocab_size,
-        NonFiniteSite::Logits,
-        start,
-        first_row,
-    )?;
-    Ok(logits)
+    step.check_rows(&mut head_in, hidden, NonFiniteSite::HeadInput);
+    if !step.seqs.is_empty() {
+        let mut logits = weights.lm_head.forward_groups(&head_in, &step.groups());
+        step.check_rows(&mut logits, config.vocab_size, NonFiniteSite::Logits);
+        step.finish_all(&logits, config.vocab_size);
+    }
+    step.into_results()
 }

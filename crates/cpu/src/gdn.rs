@@ -1,4 +1,5 @@
-//! Gated DeltaNet linear attention (MODEL_MATH §1.5), token by token from the session state.
+//! Gated DeltaNet linear attention (MODEL_MATH §1.5) for a step of sequences: projections over
+//! all their rows, then per sequence the causal conv and the delta rule from its own state.
 
 use rayon::prelude::*;
 use spindle_kernels::activation::{sigmoid, softplus};
@@ -11,6 +12,7 @@ use spindle_model::GdnConfig;
 use crate::session::GdnState;
 use spindle_model::weights::{GdnProjection, GdnWeights};
 
+use crate::batch::{for_each_seq, split_rows, Span};
 use crate::linear::LinearExt;
 
 /// Projected inputs of a GDN layer for `tokens` tokens, in the split layout.
@@ -25,19 +27,21 @@ struct Projected {
     a: Vec<f32>,
 }
 
-fn project(w: &GdnWeights, g: &GdnConfig, x: &[f32], tokens: usize) -> Projected {
+/// The projections of `x [N, H]`, rows in `groups` (one per sequence).
+fn project(w: &GdnWeights, g: &GdnConfig, x: &[f32], groups: &[usize]) -> Projected {
+    let tokens: usize = groups.iter().sum();
     match &w.projection {
         GdnProjection::Split { qkv, z, b, a } => Projected {
-            mixed: qkv.forward(x, tokens),
-            z: z.forward(x, tokens),
-            b: b.forward(x, tokens),
-            a: a.forward(x, tokens),
+            mixed: qkv.forward_groups(x, groups),
+            z: z.forward_groups(x, groups),
+            b: b.forward_groups(x, groups),
+            a: a.forward_groups(x, groups),
         },
         GdnProjection::Fused { qkvz, ba } => {
             let (nk, nv, dk, dv) = g.dims();
             let rho = nv / nk;
-            let qkvz_out = qkvz.forward(x, tokens);
-            let ba_out = ba.forward(x, tokens);
+            let qkvz_out = qkvz.forward_groups(x, groups);
+            let ba_out = ba.forward_groups(x, groups);
             let channels = g.conv_channels();
             let mut p = Projected {
                 mixed: vec![0.0; tokens * channels],
@@ -68,26 +72,78 @@ fn project(w: &GdnWeights, g: &GdnConfig, x: &[f32], tokens: usize) -> Projected
     }
 }
 
-/// Runs `tokens` tokens through one GDN layer, updating `state`. `x` is `[tokens, H]`.
-/// One token (decode) takes the recurrent step; a prompt takes the chunked form.
+impl Projected {
+    /// The projections of one sequence's rows.
+    fn rows(&self, g: &GdnConfig, span: &Span) -> ProjectedRows<'_> {
+        let (_, nv, _, dv) = g.dims();
+        let r = &span.rows;
+        let channels = g.conv_channels();
+        ProjectedRows {
+            mixed: &self.mixed[r.start * channels..r.end * channels],
+            z: &self.z[r.start * nv * dv..r.end * nv * dv],
+            b: &self.b[r.start * nv..r.end * nv],
+            a: &self.a[r.start * nv..r.end * nv],
+        }
+    }
+}
+
+/// [`Projected`] restricted to one sequence's rows.
+struct ProjectedRows<'p> {
+    mixed: &'p [f32],
+    z: &'p [f32],
+    b: &'p [f32],
+    a: &'p [f32],
+}
+
+/// Runs a step's tokens through one GDN layer. `x` is the normed input `[N, H]` of every
+/// sequence in the step; `seqs` gives each sequence's rows of `x` (consecutive, in order) and
+/// its state, which is updated. The projections run once over all rows; the causal conv and
+/// the delta rule run per sequence on its own state (in parallel across sequences).
 pub fn forward(
     w: &GdnWeights,
     g: &GdnConfig,
     eps: f32,
     act: GateActivation,
-    state: &mut GdnState,
     x: &[f32],
-    tokens: usize,
+    seqs: Vec<(Span, &mut GdnState)>,
 ) -> Vec<f32> {
+    let (_, nv, _, dv) = g.dims();
+    let spans: Vec<Span> = seqs.iter().map(|(span, _)| span.clone()).collect();
+    let groups: Vec<usize> = spans.iter().map(Span::tokens).collect();
+    let tokens: usize = groups.iter().sum();
+    let p = project(w, g, x, &groups);
+    let mut o = vec![0.0f32; tokens * nv * dv];
+    let parts: Vec<_> = split_rows(&mut o, nv * dv, &spans)
+        .into_iter()
+        .zip(seqs)
+        .collect();
+    for_each_seq(parts, |(o, (span, state))| {
+        core(w, g, eps, act, state, &p.rows(g, &span), span.tokens(), o)
+    });
+    w.out_proj.forward_groups(&o, &groups)
+}
+
+/// One sequence's GDN core (MODEL_MATH §1.5) over its `tokens` projected rows: causal conv,
+/// then the delta rule from `state` (one token: the recurrent step; more: the chunked form),
+/// then the gated norm, into `o [tokens, n_v·d_v]`.
+#[allow(clippy::too_many_arguments)]
+fn core(
+    w: &GdnWeights,
+    g: &GdnConfig,
+    eps: f32,
+    act: GateActivation,
+    state: &mut GdnState,
+    p: &ProjectedRows,
+    tokens: usize,
+    o: &mut [f32],
+) {
     let (nk, nv, dk, dv) = g.dims();
     let rho = nv / nk;
     let channels = g.conv_channels();
-    let p = project(w, g, x, tokens);
-
     let mut u = vec![0.0f32; tokens * channels];
     causal_conv1d_silu(
         &mut state.conv,
-        &p.mixed,
+        p.mixed,
         &w.conv,
         channels,
         g.conv_kernel,
@@ -119,7 +175,6 @@ pub fn forward(
         }
     }
 
-    let mut o = vec![0.0f32; tokens * nv * dv];
     if tokens == 1 {
         for h in 0..nv {
             let kh = h / rho;
@@ -189,5 +244,4 @@ pub fn forward(
             rms_norm_gated(oh, &p.z[(t * nv + h) * dv..][..dv], &w.norm, eps, act);
         }
     }
-    w.out_proj.forward(&o, tokens)
 }

@@ -4,6 +4,7 @@
 //! forward-pass types, and the front ends reach either through `spindle_runtime::Backend`.
 
 mod attention;
+pub mod batch;
 pub mod error;
 pub mod ffn;
 mod flow;
@@ -237,32 +238,32 @@ impl Engine {
     /// model through `spindle_runtime::Backend::forward`, which checks them once for every
     /// backend; a token outside the vocabulary panics here.
     pub fn forward(&self, session: &mut Session, ids: &[u32], want: LogitsFor) -> Result<Vec<f32>> {
-        if let Some(cause) = &session.broken {
-            return Err(EngineError::BrokenSession {
-                cause: cause.clone(),
-            });
-        }
-        debug_assert!(
-            !ids.is_empty() && ids.iter().all(|&id| (id as usize) < self.config.vocab_size),
-            "unchecked input to Engine::forward (spindle_runtime::Backend::forward checks it)"
-        );
-        // A step that fails part-way (a streamed expert could not be read) has already
-        // updated some layers' state: the session refuses further steps.
-        flow::forward(&self.config, &self.weights, &self.rope, session, ids, want)
-            .inspect_err(|e| session.broken = Some(e.to_string()))
+        let mut items = [BatchItem { session, ids, want }];
+        let mut results = self.forward_batch(&mut items);
+        results.pop().expect("one result per item")
     }
 
     /// One step over many sequences: each item feeds its own `ids` (one token for a decoding
     /// sequence, a prompt chunk for a prefilling one) to its own session, and gets back its own
-    /// result: the logits `want` asks for, or why that sequence failed (a failed sequence's
-    /// session is broken; the others are not affected). Input is checked as for
-    /// [`Engine::forward`].
+    /// result: the logits `want` asks for, or why that sequence failed. Input is checked as
+    /// for [`Engine::forward`] (which is this with one item).
+    ///
+    /// Token-wise work runs once over all the items' tokens (each weight is read once per step;
+    /// the routed experts are grouped over the step's tokens), per-sequence work (GDN, attention,
+    /// PLE) on each session's own state. A sequence whose hidden state goes non-finite fails
+    /// alone; a streamed expert that cannot be read fails every item of the step. A failed
+    /// step leaves a session's state part-way through, so its session is marked broken and
+    /// refuses further steps; a session already broken gets its error and takes no part.
     pub fn forward_batch(&self, items: &mut [BatchItem<'_>]) -> Vec<Result<Vec<f32>>> {
-        // Sequence by sequence for now; the batched flow shares each weight read.
-        items
-            .iter_mut()
-            .map(|item| self.forward(item.session, item.ids, item.want))
-            .collect()
+        debug_assert!(
+            items.iter().all(|item| !item.ids.is_empty()
+                && item
+                    .ids
+                    .iter()
+                    .all(|&id| (id as usize) < self.config.vocab_size)),
+            "unchecked input to Engine::forward_batch (spindle_runtime::Backend checks it)"
+        );
+        flow::forward(&self.config, &self.weights, &self.rope, items)
     }
 
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache.

@@ -6,12 +6,24 @@ use spindle_model::weights::Linear;
 pub trait LinearExt {
     /// `y [tokens, out] = x [tokens, in] · Wᵀ`.
     fn forward(&self, x: &[f32], tokens: usize) -> Vec<f32>;
+
+    /// `y = x · Wᵀ` for rows of `x` in groups (`groups[i]` rows per sequence of a batched
+    /// step): each group's rows come out bit for bit as [`LinearExt::forward`] gives them for
+    /// that group alone, with the weights read once for the groups of one kernel path.
+    fn forward_groups(&self, x: &[f32], groups: &[usize]) -> Vec<f32>;
 }
 
 impl LinearExt for Linear {
     fn forward(&self, x: &[f32], tokens: usize) -> Vec<f32> {
         let mut y = vec![0.0; tokens * self.rows()];
         spindle_kernels::linear::matmul(&self.mat(), x, tokens, &mut y);
+        y
+    }
+
+    fn forward_groups(&self, x: &[f32], groups: &[usize]) -> Vec<f32> {
+        let tokens: usize = groups.iter().sum();
+        let mut y = vec![0.0; tokens * self.rows()];
+        spindle_kernels::linear::matmul_groups(&self.mat(), x, groups, &mut y);
         y
     }
 }

@@ -4,9 +4,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::{fixture, Reference};
+use common::{fixture, Reference, TempDir};
 use spindle_cpu::{Engine, GreedyRun, LoadOptions};
 use spindle_model::experts::{CachePolicy, ExpertResidency};
 use spindle_model::install::{self, Verify};
@@ -18,25 +18,6 @@ const MOE_FIXTURES: &[&str] = &[
     "qwen3_5_moe_fused",
     "qwen4_exp",
 ];
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("spindle-installs-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn convert(name: &str, quant: WeightFormat, dst: &Path) {
     install::convert(&fixture(name), dst, quant, &mut |_| true)
@@ -75,7 +56,7 @@ fn assert_identical(a: &GreedyRun, b: &GreedyRun, what: &str) {
 
 #[test]
 fn every_residency_and_slot_count_gives_identical_outputs() {
-    let tmp = TempDir::new("residency");
+    let tmp = TempDir::new("installs-residency");
     for name in MOE_FIXTURES {
         let reference = Reference::load(name);
         let prompt = reference.ids("prompt_ids");
@@ -155,7 +136,7 @@ fn load_err(dir: &Path, verify: Verify) -> String {
 
 #[test]
 fn damaged_installs_are_refused_by_file_name() {
-    let tmp = TempDir::new("damaged");
+    let tmp = TempDir::new("installs-damaged");
     let fresh = |tag: &str| {
         let dst = tmp.0.join(tag);
         convert("qwen3_5_moe", WeightFormat::Q8, &dst);
@@ -219,7 +200,7 @@ fn damaged_installs_are_refused_by_file_name() {
 
 #[test]
 fn a_cancelled_convert_leaves_nothing() {
-    let tmp = TempDir::new("cancel");
+    let tmp = TempDir::new("installs-cancel");
     let dst = tmp.0.join("install");
     let mut calls = 0;
     let err = install::convert(
@@ -271,7 +252,7 @@ fn streaming_a_checkpoint_asks_for_a_convert() {
 /// panics, and a new session on the same engine works once the file is whole again.
 #[test]
 fn a_failed_expert_read_is_an_error_not_a_crash() {
-    let tmp = TempDir::new("read-error");
+    let tmp = TempDir::new("installs-read-error");
     let dst = tmp.0.join("install");
     convert("qwen3_5_moe", WeightFormat::Q8, &dst);
     let engine = Engine::load_with(&dst, &options(ExpertResidency::Streamed, Some(1))).unwrap();

@@ -6,44 +6,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::fixture;
+use common::{copy_dir, fixture, TempDir};
 use serde_json::Value;
 use spindle_cpu::{Engine, LoadOptions};
 use spindle_model::experts::ExpertResidency;
 use spindle_model::install::{self, Verify};
 use spindle_model::quant::WeightFormat;
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("spindle-tampered-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
 
 /// One pristine q8 install of the MoE fixture, copied per case.
 struct Installs {
@@ -53,7 +21,7 @@ struct Installs {
 
 impl Installs {
     fn new(tag: &str) -> Self {
-        let tmp = TempDir::new(tag);
+        let tmp = TempDir::new(&format!("tampered-{tag}"));
         let pristine = tmp.0.join("pristine");
         install::convert(
             &fixture("qwen3_5_moe"),

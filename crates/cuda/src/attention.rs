@@ -19,7 +19,7 @@ use crate::kernels::{
     ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS, ATTN_SPLIT_KEYS, MATVEC_MAX_TOKENS, QSA_PICK_THREADS,
     QSA_WARPS,
 };
-use crate::session::{selection_stride, KvCache};
+use crate::session::{selection_stride, KvCache, LayerTables, Seg};
 use crate::weights::{GpuAttention, GpuIndexer};
 
 /// What attention needs besides the layer's device weights.
@@ -81,26 +81,119 @@ pub fn reserve(
     Ok(())
 }
 
-/// Runs `tokens` tokens at positions `start..` (or from the position at `start_dev`, in a
-/// captured graph) through one attention layer, input and output as `io`.
+/// Runs a step's `tokens` tokens through one attention layer (input and output as `io`): the
+/// projections once over all rows, the core (q/k norms, RoPE at each sequence's own
+/// positions, the KV append, QSA selection, attention) per sequence on its own cache.
 pub fn forward(
     dev: &Device,
     ctx: &AttentionCtx,
     w: &GpuAttention,
-    cache: &mut KvCache,
+    seqs: &mut [(&mut KvCache, Seg)],
     io: Io,
     tokens: usize,
-    start: usize,
-    start_dev: u64,
+    batch: Option<LayerTables>,
 ) -> Result<Option<DevBuf<f32>>> {
     let a = &ctx.config.attention;
     let hidden = ctx.config.hidden_size;
     let (n_h, n_kv, d) = (a.num_heads, a.num_kv_heads, a.head_dim);
 
     let qkv = io.project(dev, &w.qkv, hidden, tokens)?;
-    reserve(dev, cache, start + tokens, ctx.config)?;
     let q = dev.scratch::<f32>(tokens * n_h * d)?;
     let gate = dev.scratch::<f32>(tokens * n_h * d)?;
+    let out = dev.scratch::<f32>(tokens * n_h * d)?;
+    // Decode of B sequences (one token each, caches and positions in device tables; their
+    // caches reserved by the caller): one launch per op for all of them.
+    if let (Some(t), None) = (batch, &w.indexer) {
+        let heads = Heads { n_h, n_kv, d };
+        if let Some(split_shared) = split_shape(dev, heads, t.splits) {
+            debug_assert_eq!(t.seqs, tokens, "one token per sequence");
+            let b = t.seqs;
+            kernels::attention::AttentionPrepareBatch::launch(
+                dev,
+                Launch::new(
+                    (b as u32, (n_h + n_kv) as u32, 1),
+                    threads_for(d),
+                    (d * 4) as u32,
+                ),
+                qkv.arg(),
+                i(w.qkv.rows),
+                w.q_norm.arg(),
+                w.k_norm.arg(),
+                ctx.inv_freq.arg(),
+                i(ctx.config.rope.rotary_dim),
+                q.arg(),
+                gate.arg(),
+                t.table,
+                t.positions,
+                i(b),
+                i(n_h),
+                i(n_kv),
+                i(d),
+                ctx.eps,
+            )?;
+            let partials = dev.scratch::<f32>(b * n_h * t.splits * (d + 2))?;
+            kernels::attention::AttentionDecodeSplitBatch::launch(
+                dev,
+                Launch::new(
+                    (n_kv as u32, t.splits as u32, b as u32),
+                    256,
+                    split_shared as u32,
+                ),
+                q.arg(),
+                t.table,
+                partials.arg(),
+                i(t.splits),
+                i(n_h),
+                i(n_kv),
+                i(d),
+                t.positions,
+                i(b),
+                1.0 / (d as f32).sqrt(),
+            )?;
+            kernels::attention::AttentionDecodeCombineBatch::launch(
+                dev,
+                Launch::new((n_h as u32, b as u32, 1), 256, (4 * t.splits) as u32),
+                partials.arg(),
+                i(t.splits),
+                gate.arg(),
+                out.arg(),
+                i(n_h),
+                i(d),
+                t.positions,
+            )?;
+            return io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens);
+        }
+    }
+    for (cache, seg) in seqs.iter_mut() {
+        if seg.tokens > 0 {
+            let rows = (qkv.arg_at(seg.offset * w.qkv.rows), w.qkv.rows);
+            let qgo = (
+                q.arg_at(seg.offset * n_h * d),
+                gate.arg_at(seg.offset * n_h * d),
+                out.arg_at(seg.offset * n_h * d),
+            );
+            core(dev, ctx, w, cache, rows, qgo, seg)?;
+        }
+    }
+    io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens)
+}
+
+/// One sequence's attention core on its rows of the step: `qkv` rows (address, stride) in,
+/// the gated attention output rows `out` (`[tokens, n_h·d]`) out; `q` and `gate` are scratch
+/// rows of the same shape.
+fn core(
+    dev: &Device,
+    ctx: &AttentionCtx,
+    w: &GpuAttention,
+    cache: &mut KvCache,
+    (qkv, ld): (Ptr<f32>, usize),
+    (q, gate, out): (Ptr<f32>, Ptr<f32>, Ptr<f32>),
+    seg: &Seg,
+) -> Result<()> {
+    let a = &ctx.config.attention;
+    let (n_h, n_kv, d) = (a.num_heads, a.num_kv_heads, a.head_dim);
+    let (tokens, start, start_dev) = (seg.tokens, seg.start, seg.start_dev);
+    reserve(dev, cache, start + tokens, ctx.config)?;
     kernels::attention::AttentionPrepare::launch(
         dev,
         Launch::new(
@@ -108,14 +201,14 @@ pub fn forward(
             threads_for(d),
             (d * 4) as u32,
         ),
-        qkv.arg(),
-        i(w.qkv.rows),
+        qkv,
+        i(ld),
         w.q_norm.arg(),
         w.k_norm.arg(),
         ctx.inv_freq.arg(),
         i(ctx.config.rope.rotary_dim),
-        q.arg(),
-        gate.arg(),
+        q,
+        gate,
         cache.keys.arg(),
         cache.values.arg(),
         i(n_h),
@@ -127,19 +220,18 @@ pub fn forward(
     )?;
 
     let selection = match (&w.indexer, ctx.config.qsa.as_ref()) {
-        (Some(indexer), Some(q)) => Some(select(
-            dev, ctx, q, indexer, cache, &qkv, w.qkv.rows, tokens, start, start_dev,
+        (Some(indexer), Some(qc)) => Some(select(
+            dev, ctx, qc, indexer, cache, qkv, ld, tokens, start, start_dev,
         )?),
         _ => None,
     };
 
-    let out = dev.scratch::<f32>(tokens * n_h * d)?;
     let heads = Heads { n_h, n_kv, d };
     if selection.is_none()
         && attend_split(
             dev,
             heads,
-            (q.arg(), gate.arg(), out.arg()),
+            (q, gate, out),
             (cache.keys.arg(), cache.values.arg(), cache.partials.arg()),
             cache.capacity,
             tokens,
@@ -147,13 +239,12 @@ pub fn forward(
             p(start_dev),
         )?
     {
-        return io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens);
+        return Ok(());
     }
-    let (q, gate, out_ptr) = (q.arg(), gate.arg(), out.arg());
     let (keys, values) = (cache.keys.arg(), cache.values.arg());
     let tiled = selection.is_none()
         && tokens > MATVEC_MAX_TOKENS
-        && attend_tiled(dev, heads, q, gate, keys, values, out_ptr, tokens, start)?;
+        && attend_tiled(dev, heads, q, gate, keys, values, out, tokens, start)?;
     if !tiled {
         let sel = selection
             .as_ref()
@@ -166,13 +257,13 @@ pub fn forward(
             keys,
             values,
             sel,
-            out_ptr,
+            out,
             tokens,
             start,
             p(start_dev),
         )?;
     }
-    io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens)
+    Ok(())
 }
 
 /// Query heads, KV heads and head size.
@@ -201,19 +292,11 @@ pub(crate) fn attend_split(
     start_dev: Ptr<i32>,
 ) -> Result<bool> {
     let Heads { n_h, n_kv, d } = h;
-    let flash = tokens <= MATVEC_MAX_TOKENS && d % 4 == 0 && d <= 256 && n_h % n_kv == 0;
-    let split_shared = 4
-        * (n_h / n_kv * d
-            + ATTN_SPLIT_KEYS * (d + 4)
-            + ATTN_SPLIT_KEYS * d
-            + n_h / n_kv * ATTN_SPLIT_KEYS);
     let splits = capacity.div_ceil(ATTN_SPLIT_KEYS);
-    if !(flash
-        && split_shared <= dev.shared_limit(kernels::attention::AttentionDecodeSplit::NAME)
-        && 4 * splits <= dev.shared_limit(kernels::attention::AttentionDecodeCombine::NAME))
-    {
+    let Some(split_shared) = split_shape(dev, h, splits).filter(|_| tokens <= MATVEC_MAX_TOKENS)
+    else {
         return Ok(false);
-    }
+    };
     kernels::attention::AttentionDecodeSplit::launch(
         dev,
         Launch::new(
@@ -246,6 +329,35 @@ pub(crate) fn attend_split(
         start_dev,
     )?;
     Ok(true)
+}
+
+/// Whether a decode step of many sequences runs this model's attention layers through the
+/// batched kernels (caches and positions from device tables), with `splits` splits, on this
+/// device (not QSA layers, which select per sequence).
+pub fn batch_decode_supported(dev: &Device, config: &ModelConfig, splits: usize) -> bool {
+    let a = &config.attention;
+    let heads = Heads {
+        n_h: a.num_heads,
+        n_kv: a.num_kv_heads,
+        d: a.head_dim,
+    };
+    config.qsa.is_none() && split_shape(dev, heads, splits).is_some()
+}
+
+/// The dynamic shared bytes of `attention_decode_split` when the flash-decoding kernels take
+/// these heads and `splits` splits on this device.
+fn split_shape(dev: &Device, h: Heads, splits: usize) -> Option<usize> {
+    let Heads { n_h, n_kv, d } = h;
+    let flash = d % 4 == 0 && d <= 256 && n_h % n_kv == 0;
+    let split_shared = 4
+        * (n_h / n_kv * d
+            + ATTN_SPLIT_KEYS * (d + 4)
+            + ATTN_SPLIT_KEYS * d
+            + n_h / n_kv * ATTN_SPLIT_KEYS);
+    (flash
+        && split_shared <= dev.shared_limit(kernels::attention::AttentionDecodeSplit::NAME)
+        && 4 * splits <= dev.shared_limit(kernels::attention::AttentionDecodeCombine::NAME))
+    .then_some(split_shared)
 }
 
 /// Causal attention of `tokens` tokens at positions `start..` over the cache through the
@@ -348,7 +460,7 @@ fn select(
     q: &QsaConfig,
     w: &GpuIndexer,
     cache: &KvCache,
-    qkv: &DevBuf<f32>,
+    qkv: Ptr<f32>,
     ld: usize,
     tokens: usize,
     start: usize,
@@ -367,7 +479,7 @@ fn select(
             threads_for(d_i),
             (d_i * 4) as u32,
         ),
-        qkv.arg(),
+        qkv,
         i(ld),
         i(w.row),
         w.q_norm.arg(),

@@ -27,6 +27,8 @@ pub enum CudaError {
     Compile { arch: String, log: String },
     #[error("the CUDA backend does not support this model: {0}")]
     Unsupported(String),
+    #[error("the batched step failed: {0}")]
+    BatchStep(String),
     #[error(transparent)]
     Model(#[from] ModelError),
 }

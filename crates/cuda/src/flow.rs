@@ -10,13 +10,13 @@ use spindle_model::forward::LogitsFor;
 use crate::attention::{self, AttentionCtx};
 use crate::device::{DevBuf, Device};
 use crate::error::{DriverContext, Result};
-use crate::io::Io;
+use crate::io::{decode_sized, row_groups, Io};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS};
 use crate::linear::{decode_linear, project};
 use crate::matvec::{DecodeIn, DecodeOut};
 use crate::norm::norm_rows;
 use crate::qwen4::{self, HyperInput};
-use crate::session::{CudaSession, DecodeGraph, LayerState};
+use crate::session::{CudaSession, DecodeGraph, DecodeTables, LayerState, Seg};
 use crate::weights::{GpuFfn, GpuHeadInput, GpuHyper, GpuMixer, GpuResidual};
 use crate::{gdn, mlp, moe, CudaEngine};
 
@@ -94,7 +94,7 @@ fn sublayer(
     s: &Shape,
     run: impl FnOnce(Io) -> Result<Option<DevBuf<f32>>>,
 ) -> Result<()> {
-    if let (GpuResidual::Norms { input, post }, true) = (residual, s.tokens <= MATVEC_MAX_TOKENS) {
+    if let (GpuResidual::Norms { input, post }, true) = (residual, decode_sized(dev, s.tokens)) {
         let norm = match which {
             Sublayer::Mixer => input,
             Sublayer::Ffn => post,
@@ -113,11 +113,11 @@ fn sublayer(
 }
 
 /// Ends the workspace arena when dropped (also on errors).
-struct Workspace<'d>(&'d Device);
+pub(crate) struct Workspace<'d>(&'d Device);
 
 impl<'d> Workspace<'d> {
-    fn begin(dev: &'d Device, session: &CudaSession) -> Self {
-        dev.begin_workspace(&session.workspace);
+    pub(crate) fn begin(dev: &'d Device, workspace: &DevBuf<u8>) -> Self {
+        dev.begin_workspace(workspace);
         Workspace(dev)
     }
 }
@@ -133,7 +133,7 @@ impl Drop for Workspace<'_> {
 pub(crate) struct Logits {
     pub ptr: u64,
     pub rows: usize,
-    _owned: Option<DevBuf<f32>>,
+    pub _owned: Option<DevBuf<f32>>,
 }
 
 /// Runs `ids` (validated, at most the engine's chunk) through the model from the session's
@@ -172,9 +172,16 @@ pub(crate) fn forward_device(
         let buf = dev.upload(&ids_i32)?;
         (buf.ptr(), Some(buf))
     };
-    let _arena = small.then(|| Workspace::begin(dev, session));
-    let (logits, rows) = body(e, session, ids.len(), ids_dev, start, 0, want)?;
-    session.position += ids.len();
+    let _arena = small.then(|| Workspace::begin(dev, &session.workspace));
+    let seg = Seg {
+        offset: 0,
+        tokens: ids.len(),
+        start,
+        start_dev: 0,
+    };
+    let mut seqs = [StepSeq { session, seg, want }];
+    let (logits, rows) = body(e, &mut seqs, ids.len(), ids_dev, None)?;
+    seqs[0].session.position += ids.len();
     let ptr = logits.ptr();
     let owned = logits.is_owned().then_some(logits);
     Ok(Logits {
@@ -235,7 +242,18 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
                 dev.end_workspace();
             })
             .during("beginning a CUDA graph capture")?;
-        let result = body(e, session, 1, ids_dev, pos, start_dev, LogitsFor::Last);
+        let seg = Seg {
+            offset: 0,
+            tokens: 1,
+            start: pos,
+            start_dev,
+        };
+        let mut seqs = [StepSeq {
+            session: &mut *session,
+            seg,
+            want: LogitsFor::Last,
+        }];
+        let result = body(e, &mut seqs, 1, ids_dev, None);
         let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         let (_, overflowed) = dev.end_workspace();
         let (logits, _) = result?;
@@ -265,17 +283,24 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
     Ok(g.logits)
 }
 
-/// The layers and the head for `tokens` tokens whose ids are at device address `ids_dev`,
-/// from position `start` — or, when `start_dev` is not 0, from the position stored there (a
-/// captured graph). Returns the logits and their rows.
-fn body(
+/// One sequence of a forward step: its session, its rows of the step and the logits it wants.
+pub(crate) struct StepSeq<'s> {
+    pub session: &'s mut CudaSession,
+    pub seg: Seg,
+    pub want: LogitsFor,
+}
+
+/// The layers and the head for a step of `tokens` tokens (the sequences' rows, concatenated)
+/// whose ids are at device address `ids_dev`. Returns the logits of the rows the sequences
+/// want (in sequence order) and their count.
+/// With `batch`, every sequence feeds one token and the mixers run their batched decode
+/// kernels from those device tables (the KV caches reserved for this step beforehand).
+pub(crate) fn body(
     e: &CudaEngine,
-    session: &mut CudaSession,
+    seqs: &mut [StepSeq],
     tokens: usize,
     ids_dev: u64,
-    start: usize,
-    start_dev: u64,
-    want: LogitsFor,
+    batch: Option<&DecodeTables>,
 ) -> Result<(DevBuf<f32>, usize)> {
     let dev = &e.dev;
     let config = &e.config;
@@ -302,38 +327,76 @@ fn body(
 
     let mut ple_ordinal = 0;
     for (index, layer) in e.gpu.layers.iter().enumerate() {
-        if let (Some(w), Some(ple)) = (&layer.ple, session.ple.as_ref()) {
-            qwen4::add(
-                dev,
-                w,
-                &h,
-                ids_dev,
-                s.tokens,
-                &ple.history,
-                &ple.conv[ple_ordinal],
-                s.streams,
-                s.hidden,
-                s.eps,
-            )?;
+        if let Some(w) = &layer.ple {
+            // Per-sequence work takes the path the sequence would take alone (the GEMM for
+            // a prompt chunk), whatever the batch around it.
+            let small_batch = dev.small_batch_rows();
+            dev.set_small_batch_rows(0);
+            let mut added = Ok(());
+            for sq in seqs.iter() {
+                let ple = sq
+                    .session
+                    .ple
+                    .as_ref()
+                    .expect("PLE state follows the config");
+                added = qwen4::add(
+                    dev,
+                    w,
+                    h.arg_at(sq.seg.offset * width),
+                    ids_dev + 4 * sq.seg.offset as u64,
+                    sq.seg.tokens,
+                    &ple.history,
+                    &ple.conv[ple_ordinal],
+                    s.streams,
+                    s.hidden,
+                    s.eps,
+                );
+                if added.is_err() {
+                    break;
+                }
+            }
+            dev.set_small_batch_rows(small_batch);
+            added?;
             ple_ordinal += 1;
         }
 
-        sublayer(dev, &layer.residual, Sublayer::Mixer, &h, &s, |io| {
-            match (&layer.mixer, &mut session.layers[index]) {
-                (GpuMixer::Attention(w), LayerState::Attention(cache)) => {
+        let tables = batch.map(|t| t.layer(index));
+        sublayer(
+            dev,
+            &layer.residual,
+            Sublayer::Mixer,
+            &h,
+            &s,
+            |io| match &layer.mixer {
+                GpuMixer::Attention(w) => {
                     let ctx = AttentionCtx {
                         config,
                         inv_freq: &e.inv_freq,
                         eps: s.eps,
                     };
-                    attention::forward(dev, &ctx, w, cache, io, s.tokens, start, start_dev)
+                    let mut caches: Vec<_> = seqs
+                        .iter_mut()
+                        .map(|sq| match &mut sq.session.layers[index] {
+                            LayerState::Attention(cache) => (cache, sq.seg),
+                            LayerState::Gdn(_) => unreachable!("session layers follow the config"),
+                        })
+                        .collect();
+                    attention::forward(dev, &ctx, w, &mut caches, io, s.tokens, tables)
                 }
-                (GpuMixer::Gdn(w), LayerState::Gdn(state)) => {
-                    gdn::forward(dev, config, w, state, io, s.tokens, s.eps)
+                GpuMixer::Gdn(w) => {
+                    let mut states: Vec<_> = seqs
+                        .iter_mut()
+                        .map(|sq| match &mut sq.session.layers[index] {
+                            LayerState::Gdn(state) => (state, sq.seg),
+                            LayerState::Attention(_) => {
+                                unreachable!("session layers follow the config")
+                            }
+                        })
+                        .collect();
+                    gdn::forward(dev, config, w, &mut states, io, s.tokens, s.eps, tables)
                 }
-                _ => unreachable!("session layers are built from the same config as the weights"),
-            }
-        })?;
+            },
+        )?;
         sublayer(
             dev,
             &layer.residual,
@@ -347,36 +410,72 @@ fn body(
         )?;
     }
 
-    if let Some(ple) = session.ple.as_ref() {
-        qwen4::advance_history(dev, &ple.history, ids_dev, s.tokens)?;
+    for sq in seqs.iter() {
+        if let Some(ple) = sq.session.ple.as_ref() {
+            let ids = ids_dev + 4 * sq.seg.offset as u64;
+            qwen4::advance_history(dev, &ple.history, ids, sq.seg.tokens)?;
+        }
     }
 
-    let (rows, count) = match want {
-        LogitsFor::All => (h.arg(), s.tokens),
-        LogitsFor::Last => (h.arg_at((s.tokens - 1) * width), 1),
+    // The head runs over the wanted rows only: gathered when they are not one run. A decode
+    // step from tables (perhaps a graph for more rows than sequences) wants every row.
+    let mut wanted = Vec::new();
+    if batch.is_some() {
+        wanted.extend(0..tokens);
+    }
+    for sq in seqs.iter().filter(|_| batch.is_none()) {
+        let Seg { offset, tokens, .. } = sq.seg;
+        match sq.want {
+            LogitsFor::All => wanted.extend(offset..offset + tokens),
+            LogitsFor::Last => wanted.push(offset + tokens - 1),
+        }
+    }
+    let count = wanted.len();
+    let gathered;
+    let rows = if wanted.windows(2).all(|w| w[1] == w[0] + 1) {
+        h.arg_at(wanted[0] * width)
+    } else {
+        let index: Vec<i32> = wanted.iter().map(|&r| r as i32).collect();
+        let index = dev.upload(&index)?;
+        gathered = (dev.scratch::<f32>(count * width)?, index);
+        kernels::elementwise::GatherRows::launch(
+            dev,
+            Launch::elementwise(count * width),
+            h.arg(),
+            gathered.1.arg(),
+            gathered.0.arg(),
+            i(count),
+            i(width),
+        )?;
+        gathered.0.arg()
     };
     let lm_head = e.gpu.lm_head();
-    if count <= MATVEC_MAX_TOKENS {
-        // The final norm fused into the head's matvec.
-        let mixed;
-        let input = match &e.gpu.head_input {
-            GpuHeadInput::Norm(w) => DecodeIn {
-                x: rows,
-                ldx: width,
-                norm: Some((w, s.eps)),
-                normed_out: Ptr::null(),
-            },
+    if decode_sized(dev, count) {
+        // The final norm fused into the head's matvec (per group of MATVEC_MAX_TOKENS rows).
+        let mixed = match &e.gpu.head_input {
+            GpuHeadInput::Norm(_) => None,
             GpuHeadInput::HyperMixer(w) => {
-                mixed = qwen4::enter(dev, w, rows, count, s.streams, s.hidden, s.eps)?.x;
-                DecodeIn::plain(mixed.arg(), s.hidden)
+                Some(qwen4::enter(dev, w, rows, count, s.streams, s.hidden, s.eps)?.x)
             }
         };
         let logits = dev.scratch::<f32>(count * lm_head.rows)?;
-        let out = DecodeOut::Store {
-            y: logits.arg(),
-            ldy: lm_head.rows,
-        };
-        decode_linear(dev, lm_head, 0..lm_head.rows, input, count, out)?;
+        for (t0, n) in row_groups(count) {
+            let input = match (&e.gpu.head_input, &mixed) {
+                (GpuHeadInput::Norm(w), _) => DecodeIn {
+                    x: rows.at(t0 * width),
+                    ldx: width,
+                    norm: Some((w, s.eps)),
+                    normed_out: Ptr::null(),
+                },
+                (_, Some(mixed)) => DecodeIn::plain(mixed.arg_at(t0 * s.hidden), s.hidden),
+                (GpuHeadInput::HyperMixer(_), None) => unreachable!("mixed above"),
+            };
+            let out = DecodeOut::Store {
+                y: logits.arg_at(t0 * lm_head.rows),
+                ldy: lm_head.rows,
+            };
+            decode_linear(dev, lm_head, 0..lm_head.rows, input, n, out)?;
+        }
         return Ok((logits, count));
     }
     let head_in = match &e.gpu.head_input {

@@ -21,18 +21,21 @@ use crate::kernels::{
     MATVEC_MAX_TOKENS,
 };
 use crate::matvec::decode_linear_conv;
-use crate::session::GdnState;
+use crate::session::{GdnState, LayerTables, Seg};
 use crate::weights::GpuGdn;
 
-/// Runs `tokens` tokens through one GDN layer, updating `state` (input and output as `io`).
+/// Runs a step's `tokens` tokens through one GDN layer (input and output as `io`): each
+/// sequence's rows (its [`Seg`]) through its own conv and recurrent state. The projections
+/// run once over all rows; the conv and the delta rule per sequence.
 pub fn forward(
     dev: &Device,
     config: &ModelConfig,
     w: &GpuGdn,
-    state: &mut GdnState,
+    seqs: &mut [(&mut GdnState, Seg)],
     io: Io,
     tokens: usize,
     eps: f32,
+    batch: Option<LayerTables>,
 ) -> Result<Option<DevBuf<f32>>> {
     let g = &config.gdn;
     let hidden = config.hidden_size;
@@ -45,8 +48,51 @@ pub fn forward(
     let a_off = b_off + nv;
     let gate_sigmoid = (config.gdn_gate == GdnGate::Sigmoid) as usize;
 
-    // Decode, best case: the conv fused into the in_proj matvec, then a block per value head.
-    if let (true, Some((threads, r, shared))) = (
+    // Decode of B sequences (one token each, state addresses in device tables): the conv of
+    // every row in one launch (in place), then a block per (value head, sequence).
+    if let (Some(t), Some((threads, r, shared))) = (batch, heads_launch(dev, config, 1)) {
+        debug_assert_eq!(t.seqs, tokens, "one token per sequence");
+        let b = t.seqs;
+        let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
+        kernels::gdn::GdnConvDecodeBatch::launch(
+            dev,
+            Launch::elementwise(b * channels),
+            proj.arg(),
+            i(width),
+            t.table,
+            w.conv.arg(),
+            i(b),
+            i(channels),
+            i(g.conv_kernel),
+        )?;
+        kernels::gdn::GdnDecodeHeadsBatch::launch(
+            dev,
+            Launch::new((nv as u32, b as u32, 1), threads, shared as u32),
+            proj.arg(),
+            i(width),
+            i(nk),
+            i(nv),
+            i(dk),
+            i(dv),
+            i(z_off),
+            i(b_off),
+            i(a_off),
+            t.table.at(b),
+            w.a_log.arg(),
+            w.dt_bias.arg(),
+            w.norm.arg(),
+            o.arg(),
+            eps,
+            i(gate_sigmoid),
+            i(r),
+        )?;
+        return io.finish(dev, &w.out_proj, o.arg(), nv * dv, hidden, tokens);
+    }
+
+    // Decode of one sequence, best case: the conv fused into the in_proj matvec, then a block
+    // per value head.
+    if let ([(state, _)], true, Some((threads, r, shared))) = (
+        &mut *seqs,
         tokens <= MATVEC_MAX_TOKENS,
         heads_launch(dev, config, tokens),
     ) {
@@ -92,54 +138,94 @@ pub fn forward(
     }
 
     let proj = io.project(dev, &w.in_proj, hidden, tokens)?;
-
     let u = dev.scratch::<f32>(tokens * channels)?;
-    kernels::gdn::GdnConv::launch(
-        dev,
-        Launch::elementwise(tokens * channels),
-        proj.arg(),
-        i(width),
-        state.conv.arg(),
-        w.conv.arg(),
-        u.arg(),
-        i(tokens),
-        i(channels),
-        i(g.conv_kernel),
-    )?;
-    kernels::gdn::GdnConvStateUpdate::launch(
-        dev,
-        Launch::new((channels.div_ceil(128) as u32, 1, 1), 128, 0),
-        proj.arg(),
-        i(width),
-        state.conv.arg(),
-        i(tokens),
-        i(channels),
-        i(g.conv_kernel),
-    )?;
-
-    let form = if tokens > MATVEC_MAX_TOKENS {
-        DeltaForm::Chunked
-    } else {
-        DeltaForm::Serial
-    };
-    let rows = DeltaRows {
-        u: u.arg(),
-        proj: proj.arg(),
-        width,
-        z_off,
-        b_off,
-        a_off,
-        state: state.recurrent.arg(),
-        a_log: w.a_log.arg(),
-        dt_bias: w.dt_bias.arg(),
-        norm: w.norm.arg(),
-        out: o.arg(),
-        tokens,
-        eps,
-        gate_sigmoid: gate_sigmoid == 1,
-    };
-    delta_rule(dev, g, &rows, form)?;
+    for (state, seg) in seqs.iter_mut() {
+        let (t0, n) = (seg.offset, seg.tokens);
+        if n == 0 {
+            continue;
+        }
+        kernels::gdn::GdnConv::launch(
+            dev,
+            Launch::elementwise(n * channels),
+            proj.arg_at(t0 * width),
+            i(width),
+            state.conv.arg(),
+            w.conv.arg(),
+            u.arg_at(t0 * channels),
+            i(n),
+            i(channels),
+            i(g.conv_kernel),
+        )?;
+        kernels::gdn::GdnConvStateUpdate::launch(
+            dev,
+            Launch::new((channels.div_ceil(128) as u32, 1, 1), 128, 0),
+            proj.arg_at(t0 * width),
+            i(width),
+            state.conv.arg(),
+            i(n),
+            i(channels),
+            i(g.conv_kernel),
+        )?;
+        // A few tokens: the solo decode's kernel (the same arithmetic as a sequence alone).
+        if let (true, Some((threads, r, shared))) =
+            (n <= MATVEC_MAX_TOKENS, heads_launch(dev, config, n))
+        {
+            kernels::gdn::GdnDecodeHeadsRows::launch(
+                dev,
+                Launch::new((nv as u32, 1, 1), threads, shared as u32),
+                u.arg_at(t0 * channels),
+                i(channels),
+                proj.arg_at(t0 * width),
+                i(width),
+                i(n),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                i(z_off),
+                i(b_off),
+                i(a_off),
+                state.recurrent.arg(),
+                w.a_log.arg(),
+                w.dt_bias.arg(),
+                w.norm.arg(),
+                o.arg_at(t0 * nv * dv),
+                eps,
+                i(gate_sigmoid),
+                i(r),
+            )?;
+            continue;
+        }
+        let form = if n > MATVEC_MAX_TOKENS {
+            DeltaForm::Chunked
+        } else {
+            DeltaForm::Serial
+        };
+        let rows = DeltaRows {
+            u: u.arg_at(t0 * channels),
+            proj: proj.arg_at(t0 * width),
+            width,
+            z_off,
+            b_off,
+            a_off,
+            state: state.recurrent.arg(),
+            a_log: w.a_log.arg(),
+            dt_bias: w.dt_bias.arg(),
+            norm: w.norm.arg(),
+            out: o.arg_at(t0 * nv * dv),
+            tokens: n,
+            eps,
+            gate_sigmoid: gate_sigmoid == 1,
+        };
+        delta_rule(dev, g, &rows, form)?;
+    }
     io.finish(dev, &w.out_proj, o.arg(), nv * dv, hidden, tokens)
+}
+
+/// Whether a decode step of many sequences runs this model's GDN layers through the batched
+/// kernels (state addresses from device tables) on this device.
+pub fn batch_decode_supported(dev: &Device, config: &ModelConfig) -> bool {
+    heads_launch(dev, config, 1).is_some()
 }
 
 /// The form of the delta rule a prefill runs (MODEL_MATH §1.5).

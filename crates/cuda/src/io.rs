@@ -23,6 +23,21 @@ pub enum Io<'a> {
     },
 }
 
+/// Whether `tokens` rows run through the decode kernels: at most [`MATVEC_MAX_TOKENS`], or,
+/// inside a batched step, at most the device's small-batch limit (then in groups of
+/// MATVEC_MAX_TOKENS rows, each row's arithmetic that of the same row decoded alone).
+pub fn decode_sized(dev: &Device, tokens: usize) -> bool {
+    tokens <= MATVEC_MAX_TOKENS || tokens <= dev.small_batch_rows()
+}
+
+/// The groups of at most [`MATVEC_MAX_TOKENS`] rows that decode kernels run `tokens` rows in:
+/// (first row, rows).
+pub fn row_groups(tokens: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..tokens)
+        .step_by(MATVEC_MAX_TOKENS)
+        .map(move |t0| (t0, (tokens - t0).min(MATVEC_MAX_TOKENS)))
+}
+
 impl<'a> Io<'a> {
     /// The input of the sublayer's first linear layer(s); `normed_out` as in [`DecodeIn`].
     pub fn input(&self, hidden: usize, normed_out: Ptr<f32>) -> DecodeIn<'a> {
@@ -37,6 +52,15 @@ impl<'a> Io<'a> {
         }
     }
 
+    /// As [`Io::input`] from row `t0` on (no normed copy).
+    pub fn input_rows(&self, hidden: usize, t0: usize) -> DecodeIn<'a> {
+        let whole = self.input(hidden, Ptr::null());
+        DecodeIn {
+            x: whole.x.at(t0 * hidden),
+            ..whole
+        }
+    }
+
     /// `x·Wᵀ` of the sublayer input into a new `[tokens, w.rows]` buffer.
     pub fn project(
         &self,
@@ -46,15 +70,16 @@ impl<'a> Io<'a> {
         tokens: usize,
     ) -> Result<DevBuf<f32>> {
         match *self {
-            Io::Split(x) if tokens > MATVEC_MAX_TOKENS => project(dev, w, x.arg(), hidden, tokens),
+            Io::Split(x) if !decode_sized(dev, tokens) => project(dev, w, x.arg(), hidden, tokens),
             _ => {
                 let y = dev.scratch::<f32>(tokens * w.rows)?;
-                let out = DecodeOut::Store {
-                    y: y.arg(),
-                    ldy: w.rows,
-                };
-                let input = self.input(hidden, Ptr::null());
-                decode_linear(dev, w, 0..w.rows, input, tokens, out)?;
+                for (t0, n) in row_groups(tokens) {
+                    let out = DecodeOut::Store {
+                        y: y.arg_at(t0 * w.rows),
+                        ldy: w.rows,
+                    };
+                    decode_linear(dev, w, 0..w.rows, self.input_rows(hidden, t0), n, out)?;
+                }
                 Ok(y)
             }
         }
@@ -71,28 +96,33 @@ impl<'a> Io<'a> {
         hidden: usize,
         tokens: usize,
     ) -> Result<Option<DevBuf<f32>>> {
-        let input = DecodeIn::plain(x, ldx);
         match *self {
             Io::Split(_) => {
                 let y = dev.scratch::<f32>(tokens * w.rows)?;
-                if tokens > MATVEC_MAX_TOKENS {
+                if !decode_sized(dev, tokens) {
                     linear(dev, w, x, ldx, y.arg(), w.rows, tokens, false)?;
                 } else {
-                    let out = DecodeOut::Store {
-                        y: y.arg(),
-                        ldy: w.rows,
-                    };
-                    decode_linear(dev, w, 0..w.rows, input, tokens, out)?;
+                    for (t0, n) in row_groups(tokens) {
+                        let out = DecodeOut::Store {
+                            y: y.arg_at(t0 * w.rows),
+                            ldy: w.rows,
+                        };
+                        let input = DecodeIn::plain(x.at(t0 * ldx), ldx);
+                        decode_linear(dev, w, 0..w.rows, input, n, out)?;
+                    }
                 }
                 Ok(Some(y))
             }
             Io::Fused { h, .. } => {
-                let out = DecodeOut::Accumulate {
-                    y: h.arg(),
-                    ldy: hidden,
-                    gate: None,
-                };
-                decode_linear(dev, w, 0..w.rows, input, tokens, out)?;
+                for (t0, n) in row_groups(tokens) {
+                    let out = DecodeOut::Accumulate {
+                        y: h.arg_at(t0 * hidden),
+                        ldy: hidden,
+                        gate: None,
+                    };
+                    let input = DecodeIn::plain(x.at(t0 * ldx), ldx);
+                    decode_linear(dev, w, 0..w.rows, input, n, out)?;
+                }
                 Ok(None)
             }
         }

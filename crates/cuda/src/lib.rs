@@ -19,6 +19,7 @@
 #![allow(clippy::manual_is_multiple_of, clippy::too_many_arguments)]
 
 mod attention;
+mod batch;
 mod device;
 mod error;
 mod flow;
@@ -34,6 +35,7 @@ mod moe;
 mod norm;
 mod qwen4;
 mod reduce;
+mod sampling;
 mod session;
 #[doc(hidden)]
 pub mod testing;
@@ -52,6 +54,7 @@ pub use error::{CudaError, Result};
 #[doc(hidden)]
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
 pub use kernels::ptx_for;
+pub use sampling::{sample_row_on_host, DeviceSampler, RowSampling, MAX_SAMPLE_ROWS};
 pub use session::CudaSession;
 
 /// Prefill runs in pieces of at most this many tokens (grid-dimension limits of the MoE
@@ -65,6 +68,41 @@ pub struct CudaBatchItem<'a> {
     pub want: LogitsFor,
 }
 
+/// The logits of a batched step on the device ([`CudaEngine::forward_batch_device`]):
+/// `[rows, V]` f32, row-major, the rows of item `n` at [`BatchLogits::item_rows`]`(n)`.
+pub struct BatchLogits {
+    logits: flow::Logits,
+    ranges: Vec<std::ops::Range<usize>>,
+    vocab: usize,
+}
+
+impl BatchLogits {
+    /// The device address of row 0 (f32).
+    pub fn ptr(&self) -> u64 {
+        self.logits.ptr
+    }
+
+    /// Rows in all.
+    pub fn rows(&self) -> usize {
+        self.logits.rows
+    }
+
+    /// The vocabulary size V (the row length).
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// The rows that belong to item `n` (in the order the items were given).
+    pub fn item_rows(&self, n: usize) -> std::ops::Range<usize> {
+        self.ranges[n].clone()
+    }
+
+    /// The device address of row `row`.
+    pub fn row_ptr(&self, row: usize) -> u64 {
+        self.logits.ptr + (row * self.vocab * 4) as u64
+    }
+}
+
 /// A model loaded onto one CUDA device.
 pub struct CudaEngine {
     dev: Device,
@@ -76,7 +114,16 @@ pub struct CudaEngine {
     graphs: bool,
     /// Bytes of a session's workspace.
     workspace_bytes: usize,
+    /// Batched steps of more than MATVEC_MAX_TOKENS but at most this many rows run their
+    /// projections and MoE blocks as decode matvecs per 8 rows rather than GEMMs
+    /// (`SPINDLE_CUDA_BATCH_MATVEC_ROWS`, default 32; 0: always GEMMs).
+    batch_matvec_rows: usize,
+    /// Batched steps' shared state: scratch arena, decode graphs per bucket, the pad sequence.
+    /// Held for the length of a batched step.
+    batch: std::sync::Mutex<batch::BatchState>,
     quant: WeightFormat,
+    /// Scratch of [`CudaEngine::sample_rows`].
+    sampler: sampling::SharedSampler,
 }
 
 impl CudaEngine {
@@ -140,7 +187,13 @@ impl CudaEngine {
             inv_freq,
             graphs,
             workspace_bytes,
+            batch: Default::default(),
+            batch_matvec_rows: std::env::var("SPINDLE_CUDA_BATCH_MATVEC_ROWS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(batch::DEFAULT_MATVEC_ROWS),
             quant,
+            sampler: Default::default(),
         })
     }
 
@@ -164,6 +217,25 @@ impl CudaEngine {
         self.graphs
     }
 
+    /// Sets the largest batched step (in rows) whose projections and MoE blocks run as decode
+    /// matvecs per 8 rows instead of GEMMs (0: GEMMs above 8 rows); drops the batched decode
+    /// graphs, which were captured with the old setting.
+    #[doc(hidden)]
+    pub fn set_batch_matvec_rows(&mut self, rows: usize) {
+        self.batch_matvec_rows = rows;
+        self.batch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear_graphs();
+    }
+
+    /// Turns CUDA graphs on or off for later steps (tests compare both paths; on by default
+    /// unless `SPINDLE_CUDA_NO_GRAPHS` is set or the profiler runs).
+    #[doc(hidden)]
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs = on && !self.dev.profiling();
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
@@ -183,6 +255,26 @@ impl CudaEngine {
         let mut session = self.new_session()?;
         flow::ensure_capacity(self, &mut session, tokens)?;
         Ok(session)
+    }
+
+    /// Admission: an upper bound on the device bytes a new sequence needs to reach `context`
+    /// tokens (its KV caches at the largest capacity they can grow to, GDN and PLE state,
+    /// flash-decoding partials, its workspace). A scheduler admits a sequence when
+    /// [`CudaEngine::free_device_bytes`] covers this (with a margin for batched steps'
+    /// scratch) and lets it wait otherwise. Sequence state is per session for now, not pooled.
+    pub fn sequence_bytes(&self, context: usize) -> usize {
+        session::sequence_state_bytes(&self.config, context) + self.workspace_bytes
+    }
+
+    /// Free and total device memory in bytes, as the driver reports them now.
+    pub fn free_device_bytes(&self) -> Result<(usize, usize)> {
+        self.dev
+            .context()
+            .mem_get_info()
+            .map_err(|source| CudaError::Driver {
+                what: "reading the free device memory".into(),
+                source,
+            })
     }
 
     /// Feeds one token and returns the greedy next token, chosen on the device (4 bytes come
@@ -241,12 +333,145 @@ impl CudaEngine {
 
     /// One step over many sequences, as the CPU backend's `Engine::forward_batch`: each item
     /// feeds its own `ids` to its own session and gets back its own logits (host) or error.
+    /// One item is [`CudaEngine::forward`]; several run as one batched step
+    /// ([`CudaEngine::forward_batch_device`]) unless they hold more than `MAX_CHUNK` tokens
+    /// together, when they run one after the other. A failed batched step fails every item
+    /// (their sessions are then in an unknown state, as after any failed forward pass).
     pub fn forward_batch(&self, items: &mut [CudaBatchItem<'_>]) -> Vec<Result<Vec<f32>>> {
-        // Sequence by sequence for now; the batched flow shares each weight read.
-        items
-            .iter_mut()
-            .map(|item| self.forward(item.session, item.ids, item.want))
-            .collect()
+        let tokens: usize = items.iter().map(|it| it.ids.len()).sum();
+        if items.len() == 1 || tokens > MAX_CHUNK || items.iter().any(|it| it.ids.is_empty()) {
+            return items
+                .iter_mut()
+                .map(|item| self.forward(item.session, item.ids, item.want))
+                .collect();
+        }
+        let vocab = self.config.vocab_size;
+        let step = self.forward_batch_device(items).and_then(|logits| {
+            let all = self.download_logits(&logits)?;
+            Ok((0..items.len())
+                .map(|n| {
+                    all[logits.item_rows(n).start * vocab..logits.item_rows(n).end * vocab].to_vec()
+                })
+                .collect::<Vec<_>>())
+        });
+        match step {
+            Ok(rows) => rows.into_iter().map(Ok).collect(),
+            Err(err) => {
+                let msg = err.to_string();
+                items
+                    .iter()
+                    .map(|_| Err(CudaError::BatchStep(msg.clone())))
+                    .collect()
+            }
+        }
+    }
+
+    /// One batched step over `items` (none empty, at most `MAX_CHUNK` = 4096 tokens in all),
+    /// leaving the logits on the device: one `[rows, V]` f32 buffer holding, item after item,
+    /// the rows each item wants (all its tokens, or its last). Token-wise work (embedding,
+    /// norms, hyper-connections, projections, MLP/MoE with the routed experts grouped over all
+    /// tokens, the LM head over the wanted rows) runs once over the items' concatenated rows;
+    /// GDN, attention and PLE run per sequence on its own state. A step that mixes prompt
+    /// chunks of more than 8 tokens with shorter items runs as two batches (short, then long),
+    /// so every row takes the path it would take alone. A decode step (one token per
+    /// item) runs each mixer op as one launch for all items, from device tables of their
+    /// states and positions, and, for up to 128 items of a model without PLE or QSA, replays
+    /// a CUDA graph captured once per engine for the batch-size bucket (2, 4, ..., 128). The
+    /// buffer stays valid until the next forward pass of the engine (batched or not).
+    pub fn forward_batch_device(&self, items: &mut [CudaBatchItem<'_>]) -> Result<BatchLogits> {
+        let tokens: usize = items.iter().map(|it| it.ids.len()).sum();
+        if items.is_empty() || tokens > MAX_CHUNK || items.iter().any(|it| it.ids.is_empty()) {
+            return Err(CudaError::BatchStep(format!(
+                "a batched step takes 1 to {MAX_CHUNK} tokens in all and none of its {} items empty ({tokens} tokens given)",
+                items.len()
+            )));
+        }
+        let mut ranges = Vec::with_capacity(items.len());
+        let mut row = 0;
+        for it in items.iter() {
+            let n = match it.want {
+                LogitsFor::All => it.ids.len(),
+                LogitsFor::Last => 1,
+            };
+            ranges.push(row..row + n);
+            row += n;
+        }
+        let short = |it: &CudaBatchItem| it.ids.len() <= kernels::MATVEC_MAX_TOKENS;
+        let mixed = items.iter().any(short) && !items.iter().all(short);
+        let logits = if mixed {
+            self.step_in_two(items, &ranges, row)?
+        } else {
+            self.step(items)?
+        };
+        debug_assert_eq!(logits.rows, row, "the head ran over the wanted rows");
+        Ok(BatchLogits {
+            logits,
+            ranges,
+            vocab: self.config.vocab_size,
+        })
+    }
+
+    /// One step over `items` as one batch (one item: [`CudaEngine::forward`]'s path).
+    fn step(&self, items: &mut [CudaBatchItem<'_>]) -> Result<flow::Logits> {
+        if items.len() == 1 {
+            let it = &mut items[0];
+            flow::forward_device(self, it.session, it.ids, it.want)
+        } else {
+            batch::forward_batch_device(self, items)
+        }
+    }
+
+    /// A step whose items mix prompt chunks (more than MATVEC_MAX_TOKENS tokens) with
+    /// decode-sized ones, as two batches: the short items (decode kernels, as each would
+    /// decode alone), then the long ones (GEMMs, as each would prefill alone), their wanted
+    /// rows copied into one buffer in item order (`ranges`, `rows` in all). Each weight is
+    /// read twice, and no row's arithmetic depends on which kind its neighbours are.
+    fn step_in_two(
+        &self,
+        items: &mut [CudaBatchItem<'_>],
+        ranges: &[std::ops::Range<usize>],
+        rows: usize,
+    ) -> Result<flow::Logits> {
+        let vocab = self.config.vocab_size;
+        let out = self.dev.zeros::<f32>(rows * vocab)?;
+        for long in [false, true] {
+            let chosen: Vec<usize> = (0..items.len())
+                .filter(|&n| (items[n].ids.len() > kernels::MATVEC_MAX_TOKENS) == long)
+                .collect();
+            let mut group: Vec<CudaBatchItem> = items
+                .iter_mut()
+                .enumerate()
+                .filter(|(n, _)| chosen.contains(n))
+                .map(|(_, it)| CudaBatchItem {
+                    session: &mut *it.session,
+                    ids: it.ids,
+                    want: it.want,
+                })
+                .collect();
+            let logits = self.step(&mut group)?;
+            // Copied before the next step reuses the scratch the logits live in.
+            let mut row = 0;
+            for &n in &chosen {
+                let r = &ranges[n];
+                self.dev.copy_raw(
+                    logits.ptr + (row * vocab * 4) as u64,
+                    out.at(r.start * vocab),
+                    r.len() * vocab * 4,
+                )?;
+                row += r.len();
+            }
+        }
+        Ok(flow::Logits {
+            ptr: out.ptr(),
+            rows,
+            _owned: Some(out),
+        })
+    }
+
+    /// Copies a batched step's logits `[rows, V]` to the host (waits for the device).
+    pub fn download_logits(&self, logits: &BatchLogits) -> Result<Vec<f32>> {
+        self.dev
+            .download_raw::<f32>(logits.ptr(), logits.rows() * logits.vocab())
     }
 
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache, in

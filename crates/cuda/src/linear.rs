@@ -23,6 +23,25 @@ pub fn linear(
     tokens: usize,
     accumulate: bool,
 ) -> Result<()> {
+    // A small batch inside a batched step: groups of MATVEC_MAX_TOKENS rows, each through
+    // the path a decode of that many rows takes (each weight read once per group; cheaper
+    // than the GEMM's padded tiles up to a few groups).
+    if tokens > MATVEC_MAX_TOKENS && tokens <= dev.small_batch_rows() {
+        for t0 in (0..tokens).step_by(MATVEC_MAX_TOKENS) {
+            let n = (tokens - t0).min(MATVEC_MAX_TOKENS);
+            linear(
+                dev,
+                w,
+                x.at(t0 * ldx),
+                ldx,
+                y.at(t0 * ldy),
+                ldy,
+                n,
+                accumulate,
+            )?;
+        }
+        return Ok(());
+    }
     // Prepared once per weight family for the tensor-core GEMM: [bf16, int8].
     let mut prepared: [Option<GemmActs>; 2] = [None, None];
     for (row0, part) in &w.parts {

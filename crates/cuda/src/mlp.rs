@@ -3,8 +3,8 @@
 
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
-use crate::io::Io;
-use crate::kernels::{self, i, Launch, Ptr, MATVEC_MAX_TOKENS};
+use crate::io::{decode_sized, row_groups, Io};
+use crate::kernels::{self, i, Launch};
 use crate::linear::{decode_linear, linear, project};
 use crate::matvec::DecodeOut;
 use crate::weights::GpuMlp;
@@ -19,15 +19,17 @@ pub fn mlp(
 ) -> Result<Option<DevBuf<f32>>> {
     let inter = w.down.cols;
     let x = match io {
-        Io::Split(x) if tokens > MATVEC_MAX_TOKENS => x,
+        Io::Split(x) if !decode_sized(dev, tokens) => x,
         _ => {
             let act = dev.scratch::<f32>(tokens * inter)?;
-            let out = DecodeOut::SwiGlu {
-                y: act.arg(),
-                ldy: inter,
-            };
-            let input = io.input(hidden, Ptr::null());
-            decode_linear(dev, &w.gate_up, 0..2 * inter, input, tokens, out)?;
+            for (t0, n) in row_groups(tokens) {
+                let out = DecodeOut::SwiGlu {
+                    y: act.arg_at(t0 * inter),
+                    ldy: inter,
+                };
+                let input = io.input_rows(hidden, t0);
+                decode_linear(dev, &w.gate_up, 0..2 * inter, input, n, out)?;
+            }
             return io.finish(dev, &w.down, act.arg(), inter, hidden, tokens);
         }
     };

@@ -8,7 +8,7 @@ use spindle_model::ModelConfig;
 use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
 use crate::gemm::{tensor_gemm, tensor_gemm_ok, GemmActs, GemmRows, GROUP_TILE};
-use crate::io::Io;
+use crate::io::{row_groups, Io};
 use crate::kernels::moe::{DecodeMoeDown, DecodeMoeGateUp};
 use crate::kernels::moe::{MoeDown, MoeGateUp};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS, MOE_MAX_K};
@@ -32,6 +32,40 @@ pub fn moe(
         if let Some(plan) = DecodePlan::new(dev, config, w, tokens) {
             return moe_decode(dev, config, w, io, tokens, &plan);
         }
+    }
+    // A small batch inside a batched step: the decode kernels per group of MATVEC_MAX_TOKENS
+    // rows (the grouped GEMM pads every expert's tile to TENSOR_GEMM_TOKENS rows).
+    if tokens <= dev.small_batch_rows()
+        && DecodePlan::new(dev, config, w, MATVEC_MAX_TOKENS).is_some()
+    {
+        let hidden = config.hidden_size;
+        let y = match io {
+            Io::Split(_) => Some(dev.scratch::<f32>(tokens * hidden)?),
+            Io::Fused { .. } => None,
+        };
+        for (t0, n) in row_groups(tokens) {
+            let plan = DecodePlan::new(dev, config, w, n)
+                .expect("fewer rows fit where MATVEC_MAX_TOKENS rows do");
+            match io {
+                Io::Split(x) => {
+                    let rows = x.view(t0 * hidden, n * hidden);
+                    let part = moe_decode(dev, config, w, Io::Split(&rows), n, &plan)?
+                        .expect("a split MoE block returns its output");
+                    let y = y.as_ref().expect("allocated for split");
+                    dev.copy_raw(part.ptr(), y.at(t0 * hidden), n * hidden * 4)?;
+                }
+                Io::Fused { h, norm, eps } => {
+                    let rows = h.view(t0 * hidden, n * hidden);
+                    let io = Io::Fused {
+                        h: &rows,
+                        norm,
+                        eps,
+                    };
+                    moe_decode(dev, config, w, io, n, &plan)?;
+                }
+            }
+        }
+        return Ok(y);
     }
     let x = match io {
         Io::Split(x) => moe_general(dev, config, w, x, tokens)?,

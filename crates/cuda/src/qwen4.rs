@@ -88,7 +88,7 @@ pub fn inject(
 pub fn add(
     dev: &Device,
     w: &GpuPle,
-    hs: &DevBuf<f32>,
+    hs: Ptr<f32>,
     ids: u64,
     tokens: usize,
     history: &DevBuf<i32>,
@@ -136,7 +136,7 @@ pub fn add(
         hidden,
         eps,
     )?;
-    let queries = norm_rows(dev, hs.arg(), &w.norm_query, tokens, streams, hidden, eps)?;
+    let queries = norm_rows(dev, hs, &w.norm_query, tokens, streams, hidden, eps)?;
     let gates = dev.scratch::<f32>(tokens * width)?;
     kernels::qwen4::PleGates::launch(
         dev,
@@ -158,7 +158,7 @@ pub fn add(
     kernels::qwen4::PleConv::launch(
         dev,
         Launch::new((width.div_ceil(128) as u32, 1, 1), 128, 0),
-        hs.arg(),
+        hs,
         gates.arg(),
         normed.arg(),
         conv_state.arg(),

@@ -5,7 +5,7 @@ use spindle_model::{MixerKind, ModelConfig, QsaConfig};
 
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
-use crate::kernels::MATVEC_MAX_TOKENS;
+use crate::kernels::{Ptr, MATVEC_MAX_TOKENS};
 
 /// Keys (after norm and RoPE) and values `[capacity, n_kv, d]`; rows `< position` are valid.
 pub struct KvCache {
@@ -53,6 +53,73 @@ pub enum LayerState {
 pub struct PleState {
     pub history: DevBuf<i32>,
     pub conv: Vec<DevBuf<f32>>,
+}
+
+/// One sequence's rows in a (batched) forward step: rows `offset..offset + tokens` of the
+/// step's activations, at positions `start..` of that sequence, or, in a captured graph
+/// (`start_dev` not 0), from the position stored at device address `start_dev`.
+#[derive(Clone, Copy, Debug)]
+pub struct Seg {
+    pub offset: usize,
+    pub tokens: usize,
+    pub start: usize,
+    pub start_dev: u64,
+}
+
+/// A decode step of B sequences of one token each, as its batched kernels read it: per layer
+/// two arrays of B state addresses (GDN: conv states then recurrent states; attention: key
+/// caches then value caches), each sequence's position, and the flash-decoding splits that
+/// cover the largest KV cache.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeTables {
+    /// Device address of `[layers][2][B]` u64.
+    pub tables: u64,
+    /// Device address of `[B]` i32.
+    pub positions: u64,
+    pub seqs: usize,
+    /// ⌈largest KV capacity / ATTN_SPLIT_KEYS⌉.
+    pub splits: usize,
+}
+
+/// One layer's view of [`DecodeTables`].
+#[derive(Clone, Copy, Debug)]
+pub struct LayerTables {
+    /// `[2][B]` state addresses.
+    pub table: Ptr<u64>,
+    /// `[B]` positions.
+    pub positions: Ptr<i32>,
+    pub seqs: usize,
+    pub splits: usize,
+}
+
+impl DecodeTables {
+    /// Layer `index`'s view: its two address arrays `[2][B]`, the positions.
+    pub fn layer(&self, index: usize) -> LayerTables {
+        LayerTables {
+            table: Ptr::raw(self.tables + (index * 2 * self.seqs * 8) as u64),
+            positions: Ptr::raw(self.positions),
+            seqs: self.seqs,
+            splits: self.splits,
+        }
+    }
+
+    /// The host image of the address tables for `sessions` (their caches already reserved).
+    pub fn addresses(sessions: &[&CudaSession]) -> Vec<u64> {
+        let b = sessions.len();
+        let layers = sessions.first().map_or(0, |s| s.layers.len());
+        let mut table = vec![0u64; layers * 2 * b];
+        for (n, s) in sessions.iter().enumerate() {
+            for (l, layer) in s.layers.iter().enumerate() {
+                let (first, second) = match layer {
+                    LayerState::Gdn(g) => (g.conv.ptr(), g.recurrent.ptr()),
+                    LayerState::Attention(kv) => (kv.keys.ptr(), kv.values.ptr()),
+                };
+                table[l * 2 * b + n] = first;
+                table[l * 2 * b + b + n] = second;
+            }
+        }
+        table
+    }
 }
 
 /// The length of one token's QSA selection list: the most positions it attends to: max_blocks whole blocks (the budget,
@@ -122,6 +189,50 @@ impl StepIo {
         io[Self::POSITION] = position as i32;
         dev.write_raw(self.ids(), &io)
     }
+}
+
+/// The most KV rows a cache holding `context` tokens can have allocated, however it grew
+/// (`attention::reserve` grows to max(needed, 2·capacity, 256)): max(256, 2·(context − 1)).
+pub fn kv_capacity_bound(context: usize) -> usize {
+    (2 * context.saturating_sub(1)).max(context).max(256)
+}
+
+/// Device bytes one sequence's state holds at `context` tokens, as [`CudaSession::state_bytes`]
+/// counts them plus the flash-decoding partials, at the capacity [`kv_capacity_bound`] gives (the
+/// session's own workspace is not included). While a cache grows, the old and the new
+/// allocation are held together for a moment.
+pub fn sequence_state_bytes(config: &ModelConfig, context: usize) -> usize {
+    let a = &config.attention;
+    let g = &config.gdn;
+    let capacity = kv_capacity_bound(context);
+    let mut floats = 0;
+    for spec in &config.layers {
+        floats += match spec.mixer {
+            MixerKind::FullAttention => {
+                let kv = 2 * capacity * a.num_kv_heads * a.head_dim;
+                kv + match &config.qsa {
+                    Some(q) => {
+                        capacity * q.head_dim + capacity.div_ceil(q.compress_ratio) * q.head_dim
+                    }
+                    None => {
+                        MATVEC_MAX_TOKENS
+                            * a.num_heads
+                            * capacity.div_ceil(crate::kernels::ATTN_SPLIT_KEYS)
+                            * (a.head_dim + 2)
+                    }
+                }
+            }
+            MixerKind::LinearAttention => {
+                (g.conv_kernel - 1) * g.conv_channels()
+                    + g.num_value_heads * g.key_head_dim * g.value_head_dim
+            }
+        };
+    }
+    if let Some(ple) = &config.ple {
+        let width = config.hyper.as_ref().map_or(1, |h| h.streams) * config.hidden_size;
+        floats += ple.layers.len() * (ple.conv_kernel - 1) * ple.ngram_size * width;
+    }
+    floats * std::mem::size_of::<f32>()
 }
 
 /// Blocks of the device argmax (`argmax_two_stage`).
@@ -236,5 +347,37 @@ impl CudaSession {
             graph: None,
             graph_failed: false,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_capacity_bound_covers_every_growth_order() {
+        // Grow as attention::reserve does, in steps of 1, 7 and 1000 tokens.
+        for step in [1usize, 7, 1000] {
+            let mut capacity = 0usize;
+            let mut context = 0usize;
+            while context < 20_000 {
+                context += step;
+                if context > capacity {
+                    capacity = context.max(capacity * 2).max(256);
+                }
+                assert!(
+                    capacity <= kv_capacity_bound(context),
+                    "step {step} at {context}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sequence_state_grows_with_the_context() {
+        let config = ModelConfig::from_dir(&spindle_testkit::fixture("qwen3_5_moe")).unwrap();
+        let small = sequence_state_bytes(&config, 1);
+        let large = sequence_state_bytes(&config, 10_000);
+        assert!(small > 0 && large > small, "{small} then {large}");
     }
 }

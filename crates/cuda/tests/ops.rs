@@ -146,11 +146,45 @@ const OPS: &[Op] = &[
 
 /// Kernels this table does not run, and where they are checked instead.
 const CHECKED_ELSEWHERE: &[(&str, &str)] = &[
+    ("sample_count_history", "tests/sampling.rs"),
+    ("sample_row_stats", "tests/sampling.rs"),
+    ("sample_histogram", "tests/sampling.rs"),
+    ("sample_window_choose", "tests/sampling.rs"),
+    ("sample_collect", "tests/sampling.rs"),
+    ("sample_pick", "tests/sampling.rs"),
     (
         "attention_prepare",
         "tests/fixtures.rs (whole attention layers)",
     ),
     ("qsa_prepare", "tests/fixtures.rs (qwen4_exp)"),
+    (
+        "gdn_decode_heads_rows",
+        "tests/batch.rs (prompt chunks and decodes of several sequences against solo runs)",
+    ),
+    (
+        "gdn_conv_decode_batch",
+        "tests/batch.rs (decode steps of several sequences against solo runs)",
+    ),
+    (
+        "gdn_decode_heads_batch",
+        "tests/batch.rs (decode steps of several sequences against solo runs)",
+    ),
+    (
+        "attention_prepare_batch",
+        "tests/batch.rs (decode steps of several sequences against solo runs)",
+    ),
+    (
+        "attention_decode_split_batch",
+        "tests/batch.rs (decode steps of several sequences against solo runs)",
+    ),
+    (
+        "attention_decode_combine_batch",
+        "tests/batch.rs (decode steps of several sequences against solo runs)",
+    ),
+    (
+        "gather_rows",
+        "tests/batch.rs (mixed prefill and decode steps against solo runs)",
+    ),
     ("qsa_score_blocks", "tests/fixtures.rs (qwen4_exp)"),
     (
         "qsa_pick_blocks",

@@ -189,6 +189,33 @@ fn row_dot(isa: Isa, w: &MatRef, r: usize, acts: &Acts, t: usize) -> f32 {
     }
 }
 
+/// Weight row `r` dotted with every token of `acts` (`out [tokens]`), each value the one
+/// [`row_dot`] gives. On AVX-512 a Q8/Q4 row's codes are unpacked once for several tokens.
+#[inline]
+fn row_dots(isa: Isa, w: &MatRef, r: usize, acts: &Acts, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        let (a, b) = (r * w.cols, (r + 1) * w.cols);
+        let (ga, gb) = (a / GROUP, b / GROUP);
+        match (w.weights, acts) {
+            (Weights::Q4 { qs, scales }, Acts::Int8(q)) => {
+                // SAFETY: isa is Avx512, which the `*_with` entry points asserted is available.
+                return unsafe {
+                    simd::avx512::dots_q4(&qs[a / 2..b / 2], &scales[ga..gb], q, out)
+                };
+            }
+            (Weights::Q8 { qs, scales }, Acts::Int8(q)) => {
+                // SAFETY: as above.
+                return unsafe { simd::avx512::dots_q8(&qs[a..b], &scales[ga..gb], q, out) };
+            }
+            _ => {}
+        }
+    }
+    for (t, o) in out.iter_mut().enumerate() {
+        *o = row_dot(isa, w, r, acts, t);
+    }
+}
+
 /// Σ a[i]·b[i] on the active SIMD path (the same summation order on every alignment).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot product lengths");
@@ -278,29 +305,110 @@ pub fn matmul(w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
 
 /// [`matmul`] on an explicit SIMD path; panics if this CPU lacks it.
 pub fn matmul_with(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
+    assert!(isa.available(), "this CPU cannot run the {isa:?} kernels");
+    matmul_path(isa, w, x, tokens, path_for(isa, w, tokens), y)
+}
+
+/// The kernel [`matmul`] runs for a number of tokens. Within one path every token's outputs
+/// are computed the same way whatever the other tokens of the call are (each token's
+/// activations are quantized on their own, each output is its own sum in a fixed order), so a
+/// token's result depends only on its row of `x` and on the path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Path {
+    /// Per-row dot products (one token: [`matvec`]).
+    Dots,
+    /// The int8 panel GEMM (Q8/Q4 on AVX-512 VNNI).
+    Int8Gemm,
+    /// The f32 panel GEMM (AVX-512).
+    F32Panels,
+    /// The blocked GEMM on f32 (dequantized) row tiles.
+    BlockGemm,
+}
+
+/// The path [`matmul_with`] takes for `tokens` tokens of `w` on `isa`.
+pub fn path_for(isa: Isa, w: &MatRef, tokens: usize) -> Path {
+    let quantized = matches!(w.weights, Weights::Q8 { .. } | Weights::Q4 { .. });
+    if tokens == 1 || tokens < gemm_min_tokens_with(isa, w) {
+        Path::Dots
+    } else if quantized && int8_gemm(isa) {
+        Path::Int8Gemm
+    } else if panel_gemms(isa) && tokens >= FLOAT_PANEL_MIN_TOKENS {
+        Path::F32Panels
+    } else {
+        Path::BlockGemm
+    }
+}
+
+/// Y = X·Wᵀ for rows of X that come in groups (`groups[i]` consecutive rows each: the
+/// sequences of a batched step). Every group's rows get exactly the values [`matmul`] gives
+/// that group alone, bit for bit: each group's rows go to the path `matmul` would take for
+/// that many tokens. Groups of one path share one pass over W, so a step of many decoding
+/// sequences reads each weight once.
+pub fn matmul_groups(w: &MatRef, x: &[f32], groups: &[usize], y: &mut [f32]) {
+    matmul_groups_with(Isa::active(), w, x, groups, y)
+}
+
+/// [`matmul_groups`] on an explicit SIMD path; panics if this CPU lacks it.
+pub fn matmul_groups_with(isa: Isa, w: &MatRef, x: &[f32], groups: &[usize], y: &mut [f32]) {
+    assert!(isa.available(), "this CPU cannot run the {isa:?} kernels");
+    let tokens: usize = groups.iter().sum();
     assert_eq!(x.len(), tokens * w.cols, "matmul input length");
     assert_eq!(y.len(), tokens * w.rows, "matmul output length");
-    if tokens == 1 {
-        return matvec_with(isa, w, x, y);
+    if let [n] = groups {
+        // One sequence: exactly `matmul` (no bookkeeping on the batch-of-one path).
+        return matmul_path(isa, w, x, tokens, path_for(isa, w, *n), y);
     }
-    assert!(isa.available(), "this CPU cannot run the {isa:?} kernels");
-    let quantized = matches!(w.weights, Weights::Q8 { .. } | Weights::Q4 { .. });
-    if quantized && int8_gemm(isa) && tokens >= gemm_min_tokens_with(isa, w) {
-        return gemm_int8(isa, w, x, tokens, y);
+    let paths: Vec<Path> = groups.iter().map(|&n| path_for(isa, w, n)).collect();
+    let mut distinct = paths.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if let [path] = distinct[..] {
+        return matmul_path(isa, w, x, tokens, path, y);
     }
-    if panel_gemms(isa) && tokens >= FLOAT_PANEL_MIN_TOKENS {
-        return gemm_f32_panels(isa, w, x, tokens, y);
+    // Rows of each path gathered, multiplied, and put back in place.
+    for path in distinct {
+        let mut rows = Vec::new();
+        let mut first = 0;
+        for (&n, &p) in groups.iter().zip(&paths) {
+            if p == path {
+                rows.push(first..first + n);
+            }
+            first += n;
+        }
+        let count: usize = rows.iter().map(|r| r.len()).sum();
+        let mut xs = Vec::with_capacity(count * w.cols);
+        for r in &rows {
+            xs.extend_from_slice(&x[r.start * w.cols..r.end * w.cols]);
+        }
+        let mut ys = vec![0.0f32; count * w.rows];
+        matmul_path(isa, w, &xs, count, path, &mut ys);
+        let mut at = 0;
+        for r in rows {
+            let len = r.len() * w.rows;
+            y[r.start * w.rows..r.end * w.rows].copy_from_slice(&ys[at..at + len]);
+            at += len;
+        }
+    }
+}
+
+/// Y = X·Wᵀ for `tokens` rows of X by `path` (`isa` checked by the caller).
+fn matmul_path(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, path: Path, y: &mut [f32]) {
+    assert_eq!(x.len(), tokens * w.cols, "matmul input length");
+    assert_eq!(y.len(), tokens * w.rows, "matmul output length");
+    match path {
+        Path::Dots if tokens == 1 => return matvec_with(isa, w, x, y),
+        Path::Int8Gemm => return gemm_int8(isa, w, x, tokens, y),
+        Path::F32Panels => return gemm_f32_panels(isa, w, x, tokens, y),
+        Path::Dots | Path::BlockGemm => {}
     }
     // Each task owns a contiguous block of Yᵀ [rows, tokens]; transposed at the end.
     let mut yt = vec![0.0f32; w.rows * tokens];
-    if tokens < gemm_min_tokens_with(isa, w) {
+    if path == Path::Dots {
         let acts = Acts::new(isa, w, x);
         let task = |(chunk, out): (usize, &mut [f32])| {
             let first = chunk * ROWS_PER_TASK;
             for (i, row_out) in out.chunks_mut(tokens).enumerate() {
-                for (t, o) in row_out.iter_mut().enumerate() {
-                    *o = row_dot(isa, w, first + i, &acts, t);
-                }
+                row_dots(isa, w, first + i, &acts, row_out);
             }
         };
         if w.rows * w.cols * tokens < SERIAL_WORK {

@@ -116,6 +116,49 @@ fn every_path_matches_the_reference_for_every_format_and_batch() {
     }
 }
 
+/// `matmul_groups` gives every group's rows exactly what `matmul` gives that group alone (the
+/// batched step's guarantee that a sequence's result does not depend on its neighbours),
+/// whether the groups share one path (decoding sequences) or not (a prompt chunk among them).
+#[test]
+fn grouped_matmul_gives_each_group_its_solo_bits() {
+    let mut rng = rng(11);
+    // 544 columns: 16 groups through the SIMD dots' main loop and one through their tail.
+    let (rows, cols) = (70, 544);
+    let layouts: &[&[usize]] = &[
+        &[1, 1, 1, 1],
+        &[1, 1, 1, 1, 1, 1, 1, 1, 1],
+        &[1, 2, 3],
+        &[1, 5, 1, 40, 2],
+        &[7, 33],
+        &[4],
+    ];
+    for owned in formats(&mut rng, rows, cols) {
+        let w = owned.mat(rows, cols);
+        for &isa in &Isa::all_available() {
+            for groups in layouts {
+                let tokens: usize = groups.iter().sum();
+                let x = vec(&mut rng, tokens * cols, 1.0);
+                let mut y = vec![f32::NAN; tokens * rows];
+                matmul_groups_with(isa, &w, &x, groups, &mut y);
+                let mut first = 0;
+                for &n in groups.iter() {
+                    let mut solo = vec![0.0; n * rows];
+                    matmul_with(isa, &w, &x[first * cols..(first + n) * cols], n, &mut solo);
+                    let got = &y[first * rows..(first + n) * rows];
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(got),
+                        bits(&solo),
+                        "{isa:?} {} groups {groups:?}: the group of {n} at row {first}",
+                        owned.name
+                    );
+                    first += n;
+                }
+            }
+        }
+    }
+}
+
 /// Largest |y| in a result: the scale errors are measured against.
 fn w_scale(y: &[f32]) -> f32 {
     y.iter().fold(0.0f32, |a, v| a.max(v.abs()))

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use spindle_cpu::LoadOptions;
 use spindle_model::ModelConfig;
-use spindle_text::{ChatTemplate, Tokenizer};
+use spindle_text::{Cancel, ChatTemplate, TextError, Tokenizer};
 
 use crate::backend::{Backend, BackendSession, Device};
 use crate::error::{Result, RuntimeError};
@@ -72,8 +72,12 @@ impl Model {
         let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
         check_tokenizer_fits(&tokenizer, backend.config().vocab_size)?;
         let template = match ChatTemplate::from_dir(dir) {
-            Ok(t) => Some(t),
-            Err(spindle_text::TextError::NoChatTemplate { .. }) => None,
+            Ok(t) => {
+                // Its render worker forked now, before sessions and requests exist.
+                t.start_worker();
+                Some(t)
+            }
+            Err(TextError::NoChatTemplate { .. }) => None,
             Err(e) => return Err(e.into()),
         };
         let generation = read_generation_config(dir)?;
@@ -102,10 +106,24 @@ impl Model {
         self.backend.new_session()
     }
 
-    /// Renders and tokenizes a prompt.
+    /// The most tokens a sequence can hold (`max_position_embeddings`).
+    fn context(&self) -> usize {
+        self.config().max_position_embeddings
+    }
+
+    /// Renders and tokenizes a prompt. Tokenizing stops once the prompt has more tokens
+    /// than the context holds ([`TextError::TooManyTokens`]), so a huge prompt costs about
+    /// what a context's worth of text does.
     ///
     /// A prompt with no tokens (empty text or ids) is refused with [`RuntimeError::EmptyPrompt`].
     pub fn prepare(&self, prompt: &Prompt) -> Result<PreparedPrompt> {
+        self.prepare_cancellable(prompt, &Cancel::default())
+    }
+
+    /// [`Model::prepare`] for a request that may go away: once `cancel` is cancelled, a chat
+    /// template still rendering is stopped (its worker process killed) and the result is
+    /// [`spindle_text::TextError::Cancelled`].
+    pub fn prepare_cancellable(&self, prompt: &Prompt, cancel: &Cancel) -> Result<PreparedPrompt> {
         let text = match prompt {
             Prompt::Tokens(ids) if ids.is_empty() => return Err(RuntimeError::EmptyPrompt),
             Prompt::Tokens(ids) => {
@@ -119,7 +137,9 @@ impl Model {
                 text,
                 special_tokens,
             } => {
-                let ids = self.tokenizer.encode(text, *special_tokens)?;
+                let ids = self
+                    .tokenizer
+                    .encode_within(text, *special_tokens, self.context())?;
                 if ids.is_empty() {
                     return Err(RuntimeError::EmptyPrompt);
                 }
@@ -139,17 +159,18 @@ impl Model {
                     path: self.dir.clone(),
                     message: "no chat template (chat_template.jinja or tokenizer_config.json); use a raw prompt".into(),
                 })?;
-                template.render_prompt(
+                template.render_prompt_cancellable(
                     messages,
                     tools.as_ref(),
                     *add_generation_prompt,
                     vars,
                     &self.tokenizer.special_spellings(),
+                    cancel,
                 )?
             }
         };
         // Message text is plain: only the template's own markers become special tokens.
-        let ids = self.tokenizer.encode_prompt(&text)?;
+        let ids = self.tokenizer.encode_prompt_within(&text, self.context())?;
         if ids.is_empty() {
             return Err(RuntimeError::EmptyPrompt);
         }

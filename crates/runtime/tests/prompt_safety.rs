@@ -111,3 +111,92 @@ fn a_fifo_for_generation_config_is_refused_without_hanging() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(err.to_string().contains("not a regular file"), "{err}");
 }
+
+/// This process's peak resident set (VmHWM), in bytes.
+fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib << 10
+}
+
+/// A demo copy whose chat template is `source`.
+fn demo_with_template(tag: &str, source: &str) -> PathBuf {
+    let dir = demo_copy(tag);
+    std::fs::write(dir.join("chat_template.jinja"), source).unwrap();
+    dir
+}
+
+#[test]
+fn a_string_doubling_template_is_refused_within_its_memory_budget() {
+    let dir = demo_with_template(
+        "doubling-template",
+        "{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+    );
+    let model = Model::load(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let before = peak_rss_bytes();
+    let err = model
+        .prepare(&chat("hi"))
+        .expect_err("the template renders");
+    let grown = peak_rss_bytes().saturating_sub(before);
+    let message = err.to_string();
+    assert!(
+        message.contains("\"default\"") && message.contains("MiB of memory"),
+        "{message}"
+    );
+    assert!(grown < 200 << 20, "peak RSS grew {grown} bytes");
+}
+
+#[test]
+fn a_cancelled_prepare_stops_its_render_at_once() {
+    let dir = demo_with_template(
+        "endless-template",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    );
+    let model = Model::load(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let (cancel, guard) = spindle_text::Cancel::with_guard();
+    let request = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(guard); // the request went away
+    });
+    let start = std::time::Instant::now();
+    let result = model.prepare_cancellable(&chat("hi"), &cancel);
+    request.join().unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(spindle_runtime::RuntimeError::Text(
+                spindle_text::TextError::Cancelled
+            ))
+        ),
+        "{:?}",
+        result.map(|p| p.ids.len())
+    );
+    assert!(start.elapsed() < std::time::Duration::from_millis(600));
+}
+
+/// A 4 MB message (the demo's context holds 8,192 tokens) is refused once tokenizing has
+/// passed the context, without the gigabyte that encoding it whole takes.
+#[test]
+fn a_huge_message_is_refused_past_the_context_with_bounded_memory() {
+    let model = Model::load(&demo_dir().unwrap()).unwrap();
+    let before = peak_rss_bytes();
+    let err = model
+        .prepare(&chat(&"a ".repeat(2_000_000)))
+        .expect_err("a 4 MB message fits the demo's context");
+    let grown = peak_rss_bytes().saturating_sub(before);
+    eprintln!("refused: {err}; peak RSS grew {} MiB", grown >> 20);
+    assert!(
+        matches!(
+            err,
+            spindle_runtime::RuntimeError::Text(spindle_text::TextError::TooManyTokens {
+                limit: 8192,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    assert!(grown < 150 << 20, "peak RSS grew {} MiB", grown >> 20);
+}

@@ -120,6 +120,20 @@ impl ApiError {
         }
     }
 
+    /// The client sent part of a request head and then nothing more within
+    /// `--header-timeout` (408; the connection is closed).
+    pub fn header_timeout(timeout: std::time::Duration) -> Self {
+        Self {
+            status: StatusCode::REQUEST_TIMEOUT,
+            code: Some("request_timeout"),
+            close: true,
+            ..Self::malformed(format!(
+                "the request line and headers did not arrive within {} s (--header-timeout)",
+                timeout.as_secs_f64()
+            ))
+        }
+    }
+
     /// A POST body that is not declared as JSON (415).
     pub fn not_json(content_type: Option<&str>) -> Self {
         let given = content_type.map_or_else(|| "none".to_owned(), |t| format!("{t:?}"));
@@ -235,7 +249,8 @@ impl ApiError {
                 e @ (TextError::TemplateRender { .. } | TextError::InvalidTemplateArgument { .. }),
             ) => Self::invalid(param, e.to_string()),
             RuntimeError::EmptyPrompt => Self::invalid(param, err.to_string()),
-            RuntimeError::PromptTooLong { .. } => {
+            RuntimeError::PromptTooLong { .. }
+            | RuntimeError::Text(TextError::TooManyTokens { .. }) => {
                 Self::invalid(param, err.to_string()).with_code("context_length_exceeded")
             }
             RuntimeError::Sampling(e) => Self::invalid(e.field, e.to_string()),

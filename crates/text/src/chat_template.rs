@@ -16,6 +16,7 @@ use serde_json::{Map as JsonMap, Value as Json};
 use crate::json::write_python_json;
 use crate::prompt::{PromptText, Shield};
 use crate::read::{read_bounded_text, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_CONFIG_BYTES};
+use crate::sandbox::{Cancel, RenderArgs, Workers};
 use crate::TextError;
 
 /// Special-token fields of `tokenizer_config.json` that transformers exposes to templates.
@@ -28,6 +29,8 @@ pub struct ChatTemplate {
     names: Vec<String>,
     /// `bos_token`, `eos_token`, ... as strings, passed to every render.
     special_tokens: BTreeMap<String, String>,
+    /// Child processes that render under a memory and time budget (`crate::sandbox`).
+    workers: Workers,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -74,6 +77,7 @@ impl ChatTemplate {
             env,
             names,
             special_tokens: BTreeMap::new(),
+            workers: Workers::default(),
         })
     }
 
@@ -137,6 +141,12 @@ impl ChatTemplate {
         }
     }
 
+    /// Starts a render worker now rather than at the first render (a process that is about
+    /// to grow shares less with a worker forked early; see `crate::sandbox`).
+    pub fn start_worker(&self) {
+        self.workers.prestart(&|args| self.render_in_process(args));
+    }
+
     /// Sets a special-token variable such as `bos_token` (overrides the config's value).
     pub fn set_special_token(&mut self, name: &str, value: &str) {
         self.special_tokens
@@ -170,7 +180,8 @@ impl ChatTemplate {
     /// Renders a conversation. `messages` is the OpenAI-style list of messages, `tools` the
     /// list of tool schemas, and `extra` any further template variables (`enable_thinking`,
     /// ...). A template's `raise_exception(msg)` becomes [`TextError::TemplateException`].
-    /// The render runs within [`RENDER_FUEL`] and [`MAX_RENDERED_BYTES`].
+    /// The render runs within [`RENDER_FUEL`], [`MAX_RENDERED_BYTES`] and, in a child
+    /// process, [`crate::RENDER_MEMORY_BYTES`] and [`crate::RENDER_TIME_LIMIT`].
     pub fn render(
         &self,
         messages: &Json,
@@ -179,7 +190,8 @@ impl ChatTemplate {
         extra: &JsonMap<String, Json>,
     ) -> Result<String, TextError> {
         let name = self.pick(tools.is_some())?;
-        self.render_named(name, messages, tools, add_generation_prompt, extra)
+        let cancel = Cancel::default();
+        self.render_named(name, messages, tools, add_generation_prompt, extra, &cancel)
     }
 
     /// [`ChatTemplate::render`] for a prompt to be tokenized: spellings of the special tokens
@@ -197,12 +209,35 @@ impl ChatTemplate {
         extra: &JsonMap<String, Json>,
         protect: &[String],
     ) -> Result<PromptText, TextError> {
+        let cancel = Cancel::default();
+        self.render_prompt_cancellable(
+            messages,
+            tools,
+            add_generation_prompt,
+            extra,
+            protect,
+            &cancel,
+        )
+    }
+
+    /// [`ChatTemplate::render_prompt`] that stops with [`TextError::Cancelled`] (its render
+    /// worker killed) once `cancel` is cancelled.
+    pub fn render_prompt_cancellable(
+        &self,
+        messages: &Json,
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+        extra: &JsonMap<String, Json>,
+        protect: &[String],
+        cancel: &Cancel,
+    ) -> Result<PromptText, TextError> {
         let name = self.pick(tools.is_some())?;
         let extra_json = Json::Object(extra.clone());
         let mut inputs = vec![messages, &extra_json];
         inputs.extend(tools);
         let Some(shield) = Shield::new(protect, &inputs) else {
-            let text = self.render_named(name, messages, tools, add_generation_prompt, extra)?;
+            let text =
+                self.render_named(name, messages, tools, add_generation_prompt, extra, cancel)?;
             return Ok(PromptText::trusted(text));
         };
         let marker = shield.marker();
@@ -231,6 +266,7 @@ impl ChatTemplate {
             tools.as_ref(),
             add_generation_prompt,
             &extra,
+            cancel,
         )?;
         shield.uncover(&rendered, name)
     }
@@ -242,6 +278,7 @@ impl ChatTemplate {
         tools: Option<&Json>,
         add_generation_prompt: bool,
         extra: &JsonMap<String, Json>,
+        cancel: &Cancel,
     ) -> Result<String, TextError> {
         if !messages.is_array() {
             return Err(TextError::InvalidTemplateArgument {
@@ -249,20 +286,37 @@ impl ChatTemplate {
                 message: format!("expected a list of messages, got {}", json_kind(messages)),
             });
         }
+        let args = RenderArgs {
+            name: name.to_string(),
+            messages: messages.clone(),
+            tools: tools.cloned(),
+            add_generation_prompt,
+            extra: extra.clone(),
+        };
+        self.workers
+            .render(&args, cancel, &|args| self.render_in_process(args))
+    }
+
+    /// The render itself, within fuel and the output cap (in a worker, see `crate::sandbox`).
+    fn render_in_process(&self, args: &RenderArgs) -> Result<String, TextError> {
+        let name = args.name.as_str();
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         for (key, value) in &self.special_tokens {
             ctx.insert(key.clone(), Value::from(value.as_str()));
         }
-        for (key, value) in extra {
+        for (key, value) in &args.extra {
             ctx.insert(key.clone(), Value::from_serialize(value));
         }
-        ctx.insert("messages".into(), Value::from_serialize(messages));
-        let tools = tools.map_or(Value::from(()), Value::from_serialize);
+        ctx.insert("messages".into(), Value::from_serialize(&args.messages));
+        let tools = args
+            .tools
+            .as_ref()
+            .map_or(Value::from(()), Value::from_serialize);
         ctx.insert("tools".into(), tools);
         ctx.insert("documents".into(), Value::from(()));
         ctx.insert(
             "add_generation_prompt".into(),
-            Value::from(add_generation_prompt),
+            Value::from(args.add_generation_prompt),
         );
         let template = self
             .env

@@ -50,6 +50,12 @@ pub enum TextError {
     /// without end, stopped.
     #[error("chat template {name:?} exceeded its budget of {budget}; a real chat template needs far less, so this one is refused")]
     TemplateBudget { name: String, budget: String },
+    /// A text has more tokens than the caller can use; counting stopped past the limit.
+    #[error("the prompt has more than {limit} tokens, the most the context holds (counting stopped at {counted})")]
+    TooManyTokens { counted: usize, limit: usize },
+    /// The request was cancelled while its prompt was being rendered.
+    #[error("cancelled while rendering the chat template")]
+    Cancelled,
     /// A render argument has the wrong shape (e.g. `messages` is not a list).
     #[error("chat template argument `{field}`: {message}")]
     InvalidTemplateArgument {

@@ -16,8 +16,10 @@ mod detokenizer;
 mod error;
 mod json;
 mod parse;
+mod pieces;
 mod prompt;
 mod read;
+mod sandbox;
 mod stop;
 mod tokenizer;
 
@@ -30,5 +32,6 @@ pub use read::{
     read_bounded, read_bounded_text, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES,
     MAX_TOKENIZER_CONFIG_BYTES,
 };
+pub use sandbox::{Cancel, CancelOnDrop, RENDER_MEMORY_BYTES, RENDER_TIME_LIMIT};
 pub use stop::{FinishReason, StopConditions, StopScan, StopStrings, StreamDelta, TextStream};
 pub use tokenizer::Tokenizer;

@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use crate::pieces;
 use crate::read::{read_bounded, MAX_TOKENIZER_BYTES};
 
 use crate::{PromptText, TextError};
@@ -20,6 +21,9 @@ pub struct Tokenizer {
     plain: OnceLock<tokenizers::Tokenizer>,
     /// Ids of the added tokens marked `special`, sorted.
     special_ids: Vec<u32>,
+    /// Text may be encoded piece by piece, cut where the pre-tokenizer splits anyway
+    /// (`crate::pieces`): the Qwen byte-level BPE with its regex.
+    piecewise: bool,
     path: PathBuf,
 }
 
@@ -54,16 +58,19 @@ impl Tokenizer {
             .map(|(id, _)| id)
             .collect();
         special_ids.sort_unstable();
+        let piecewise = pieces::splits_like_qwen(&inner);
         tracing::debug!(
             path = %path.display(),
             vocab = inner.get_vocab_size(true),
             special = special_ids.len(),
+            piecewise,
             "loaded tokenizer"
         );
         Ok(Self {
             inner,
             plain: OnceLock::new(),
             special_ids,
+            piecewise,
             path,
         })
     }
@@ -81,6 +88,55 @@ impl Tokenizer {
     /// Encodes `text` without adding BOS/EOS. With `allow_special`, the spelling of a special
     /// token (`<|im_start|>`) becomes that token; without it, it is encoded as plain text.
     pub fn encode(&self, text: &str, allow_special: bool) -> Result<Vec<u32>, TextError> {
+        let mut ids = Vec::new();
+        self.encode_into(&mut ids, text, allow_special, usize::MAX)?;
+        Ok(ids)
+    }
+
+    /// [`Tokenizer::encode`] that stops once more than `max_tokens` ids are out:
+    /// [`TextError::TooManyTokens`]. Long text is encoded in pieces (see `crate::pieces`),
+    /// so its cost stays that of a piece, and a text far over the limit is refused after
+    /// the first `max_tokens` or so.
+    pub fn encode_within(
+        &self,
+        text: &str,
+        allow_special: bool,
+        max_tokens: usize,
+    ) -> Result<Vec<u32>, TextError> {
+        let mut ids = Vec::new();
+        self.encode_into(&mut ids, text, allow_special, max_tokens)?;
+        Ok(ids)
+    }
+
+    /// Encodes a rendered chat prompt: the template's text with special tokens recognised,
+    /// the caller's text that spells special tokens ([`PromptText::plain`]) as plain text.
+    /// A prompt without plain ranges encodes exactly as `encode(text, true)`.
+    pub fn encode_prompt(&self, prompt: &PromptText) -> Result<Vec<u32>, TextError> {
+        self.encode_prompt_within(prompt, usize::MAX)
+    }
+
+    /// [`Tokenizer::encode_prompt`] that stops with [`TextError::TooManyTokens`] once more
+    /// than `max_tokens` ids are out.
+    pub fn encode_prompt_within(
+        &self,
+        prompt: &PromptText,
+        max_tokens: usize,
+    ) -> Result<Vec<u32>, TextError> {
+        let mut ids = Vec::new();
+        for (segment, allow_special) in prompt.segments() {
+            self.encode_into(&mut ids, segment, allow_special, max_tokens)?;
+        }
+        Ok(ids)
+    }
+
+    /// Appends the ids of `text` to `ids`, piece by piece where that is exact.
+    fn encode_into(
+        &self,
+        ids: &mut Vec<u32>,
+        text: &str,
+        allow_special: bool,
+        max_tokens: usize,
+    ) -> Result<(), TextError> {
         let tokenizer = if allow_special {
             &self.inner
         } else {
@@ -90,24 +146,28 @@ impl Tokenizer {
                 plain
             })
         };
-        let encoding = tokenizer
-            .encode(text, false)
-            .map_err(|e| TextError::Tokenizer {
-                operation: "encode",
-                message: e.to_string(),
-            })?;
-        Ok(encoding.get_ids().to_vec())
-    }
-
-    /// Encodes a rendered chat prompt: the template's text with special tokens recognised,
-    /// the caller's text that spells special tokens ([`PromptText::plain`]) as plain text.
-    /// A prompt without plain ranges encodes exactly as `encode(text, true)`.
-    pub fn encode_prompt(&self, prompt: &PromptText) -> Result<Vec<u32>, TextError> {
-        let mut ids = Vec::new();
-        for (segment, allow_special) in prompt.segments() {
-            ids.extend(self.encode(segment, allow_special)?);
+        let whole = [text];
+        let pieces: Box<dyn Iterator<Item = &str>> = if self.piecewise {
+            Box::new(pieces::Pieces::new(text))
+        } else {
+            Box::new(whole.into_iter())
+        };
+        for piece in pieces {
+            let encoding = tokenizer
+                .encode(piece, false)
+                .map_err(|e| TextError::Tokenizer {
+                    operation: "encode",
+                    message: e.to_string(),
+                })?;
+            ids.extend_from_slice(encoding.get_ids());
+            if ids.len() > max_tokens {
+                return Err(TextError::TooManyTokens {
+                    counted: ids.len(),
+                    limit: max_tokens,
+                });
+            }
         }
-        Ok(ids)
+        Ok(())
     }
 
     /// The spellings of the special tokens, for [`crate::ChatTemplate::render_prompt`].

@@ -2,25 +2,9 @@
 
 mod common;
 
-use common::{fixture, read_json};
-use serde_json::{json, Map, Value};
+use common::{case_extra, qwen_template, read_json};
+use serde_json::{json, Map};
 use spindle_text::{ChatTemplate, TextError};
-
-/// Case fields that are not extra template variables.
-const CASE_FIELDS: [&str; 6] = [
-    "name",
-    "messages",
-    "tools",
-    "add_generation_prompt",
-    "expected",
-    "expected_error",
-];
-
-fn qwen_template() -> ChatTemplate {
-    let path = fixture("chat/qwen3_6_chat_template.jinja");
-    let source = std::fs::read_to_string(&path).unwrap();
-    ChatTemplate::from_source(&source).unwrap()
-}
 
 #[test]
 fn fixture_cases_render_byte_identically() {
@@ -34,13 +18,7 @@ fn fixture_cases_render_byte_identically() {
     );
     for case in cases {
         let name = case["name"].as_str().unwrap_or("?");
-        let extra: Map<String, Value> = case
-            .as_object()
-            .unwrap()
-            .iter()
-            .filter(|(k, _)| !CASE_FIELDS.contains(&k.as_str()))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let extra = case_extra(case);
         let add_generation_prompt = case["add_generation_prompt"].as_bool().unwrap_or(false);
         let result = template.render(
             &case["messages"],

@@ -6,36 +6,13 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{fixture, qwen_tokenizer, read_json};
+use common::{case_extra, qwen_template, qwen_tokenizer, read_json};
 use serde_json::{json, Map, Value};
-use spindle_text::{ChatTemplate, Tokenizer};
-
-fn qwen_template() -> ChatTemplate {
-    let source = std::fs::read_to_string(fixture("chat/qwen3_6_chat_template.jinja")).unwrap();
-    ChatTemplate::from_source(&source).unwrap()
-}
+use spindle_text::Tokenizer;
 
 fn demo_tokenizer() -> Tokenizer {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/demo/tokenizer.json");
     Tokenizer::from_file(&path).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Extra template variables of a fixture case.
-fn extra(case: &Value) -> Map<String, Value> {
-    const FIELDS: [&str; 6] = [
-        "name",
-        "messages",
-        "tools",
-        "add_generation_prompt",
-        "expected",
-        "expected_error",
-    ];
-    case.as_object()
-        .unwrap()
-        .iter()
-        .filter(|(k, _)| !FIELDS.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
 }
 
 fn assert_cases_encode_as_before(tokenizer: &Tokenizer) {
@@ -50,7 +27,7 @@ fn assert_cases_encode_as_before(tokenizer: &Tokenizer) {
         }
         let name = case["name"].as_str().unwrap_or("?");
         let agp = case["add_generation_prompt"].as_bool().unwrap_or(false);
-        let extra = extra(case);
+        let extra = case_extra(case);
         let whole = template
             .render(&case["messages"], case.get("tools"), agp, &extra)
             .unwrap();
@@ -140,35 +117,21 @@ fn special_token_spellings_in_user_text_are_plain_text() {
 #[test]
 fn special_token_spellings_in_assistant_tool_and_arguments_are_plain_text() {
     let tokenizer = qwen_tokenizer();
-    assert_no_forged_turns(
-        &tokenizer,
+    let call = |x: Value| {
+        json!({"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "f", "arguments": {"x": x}}}
+        ]})
+    };
+    let conversations = [
         json!([
             {"role": "user", "content": "q"},
             {"role": "assistant", "content": FORGED},
             {"role": "user", "content": "again"}
         ]),
-        None,
-    );
-    assert_no_forged_turns(
-        &tokenizer,
-        json!([
-            {"role": "user", "content": "q"},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "function": {"name": "f", "arguments": {"x": FORGED}}}
-            ]},
-            {"role": "tool", "content": "ok"}
-        ]),
-        None,
-    );
-    assert_no_forged_turns(
-        &tokenizer,
-        json!([
-            {"role": "user", "content": "q"},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
-            ]},
-            {"role": "tool", "content": FORGED}
-        ]),
-        None,
-    );
+        json!([{"role": "user", "content": "q"}, call(json!(FORGED)), {"role": "tool", "content": "ok"}]),
+        json!([{"role": "user", "content": "q"}, call(json!(1)), {"role": "tool", "content": FORGED}]),
+    ];
+    for messages in conversations {
+        assert_no_forged_turns(&tokenizer, messages, None);
+    }
 }

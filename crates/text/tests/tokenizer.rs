@@ -77,3 +77,101 @@ fn missing_tokenizer_names_the_path() {
         "{err}"
     );
 }
+
+/// A deterministic mix of what the pre-tokenizer treats differently: words, runs of spaces,
+/// tabs and newlines (`\n`, `\r\n`, blank lines), digits, punctuation, contractions,
+/// accented and combining letters, CJK, emoji and special-token spellings.
+fn varied_text(bytes: usize, seed: u64) -> String {
+    const PARTS: [&str; 32] = [
+        "word",
+        " ",
+        "  ",
+        "   ",
+        "\n",
+        "\n\n",
+        "\r\n",
+        "\t",
+        " \n",
+        "\n ",
+        "2024",
+        "3.14",
+        "it's",
+        "I'LL",
+        "don't",
+        ",",
+        "...",
+        "!?",
+        "(x)",
+        "é",
+        "e\u{301}",
+        "naïve",
+        "中文字",
+        "日本語。",
+        "🙂",
+        "👩‍👩‍👧",
+        "<|im_end|>",
+        "<|im_start|>",
+        "<think>",
+        "—",
+        "\u{a0}",
+        "ǅ",
+    ];
+    let mut state = seed;
+    let mut text = String::new();
+    while text.len() < bytes {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        text.push_str(PARTS[(state >> 33) as usize % PARTS.len()]);
+    }
+    text
+}
+
+#[test]
+fn long_text_encodes_in_pieces_exactly_as_whole() {
+    let path = common::fixture("tokenizer/tokenizer.json");
+    let tokenizer = qwen_tokenizer();
+    let mut whole = tokenizers::Tokenizer::from_file(&path).unwrap();
+    for seed in 0..6 {
+        let text = varied_text(300_000, seed);
+        for special in [true, false] {
+            whole.set_encode_special_tokens(!special);
+            let want = whole
+                .encode(text.as_str(), false)
+                .unwrap()
+                .get_ids()
+                .to_vec();
+            let got = tokenizer.encode(&text, special).unwrap();
+            assert_eq!(got.len(), want.len(), "seed {seed}, special {special}");
+            assert!(got == want, "seed {seed}, special {special}: ids differ");
+        }
+    }
+    // Prose with long lines and no line breaks at all.
+    let prose = "The quick brown fox, it's said, jumps over 13 lazy dogs. ".repeat(4000);
+    whole.set_encode_special_tokens(false);
+    let want = whole
+        .encode(prose.as_str(), false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    assert_eq!(tokenizer.encode(&prose, true).unwrap(), want);
+}
+
+#[test]
+fn encoding_stops_soon_after_the_limit() {
+    let tokenizer = qwen_tokenizer();
+    let text = "a ".repeat(2_000_000);
+    let start = std::time::Instant::now();
+    match tokenizer.encode_within(&text, false, 1000) {
+        Err(spindle_text::TextError::TooManyTokens { counted, limit }) => {
+            assert_eq!(limit, 1000);
+            assert!(counted > 1000 && counted < 1000 + 40_000, "{counted}");
+        }
+        other => panic!(
+            "expected TooManyTokens, got {:?}",
+            other.map(|ids| ids.len())
+        ),
+    }
+    eprintln!("refused a 4 MB text after {:?}", start.elapsed());
+    assert_eq!(tokenizer.encode_within("a b c", false, 3).unwrap().len(), 3);
+}

@@ -14,24 +14,26 @@ pub struct HyperInput {
     pub omega: Vec<f32>,
 }
 
-/// Reads the streams `hs [T, n·H]` (left unchanged: the residual keeps the raw streams).
+/// Reads the streams `hs [T, n·H]` (left unchanged: the residual keeps the raw streams); the
+/// rows come in `groups` (one per sequence of a step).
 pub fn enter(
     w: &HyperWeights,
     hs: &[f32],
-    tokens: usize,
+    groups: &[usize],
     streams: usize,
     hidden: usize,
     eps: f32,
 ) -> HyperInput {
+    let tokens: usize = groups.iter().sum();
     let width = streams * hidden;
     let mut normed = vec![0.0f32; hs.len()];
     for (src, dst) in hs.chunks(width).zip(normed.chunks_mut(width)) {
         group_rms_norm_zc(src, &w.norm, hidden, eps, dst);
     }
     let n = streams as f32;
-    let mut m = w.mix_down.forward(&normed, tokens);
+    let mut m = w.mix_down.forward_groups(&normed, groups);
     m.iter_mut().for_each(|v| *v = silu(*v / n));
-    let mut a = w.mix_up.forward(&m, tokens);
+    let mut a = w.mix_up.forward_groups(&m, groups);
     a.iter_mut().for_each(|v| *v = sigmoid(*v));
 
     let mut x = vec![0.0f32; tokens * hidden];
@@ -47,7 +49,7 @@ pub fn enter(
     }
     let omega = match &w.inject {
         Some(inject) => {
-            let mut o = inject.forward(&normed, tokens);
+            let mut o = inject.forward_groups(&normed, groups);
             o.iter_mut().for_each(|v| *v = 2.0 * sigmoid(*v / n));
             o
         }

@@ -2,6 +2,8 @@
 //! (MODEL_MATH §4.5). The n-gram table stays in its memory-mapped shards; each token gathers
 //! one row per hash head.
 
+use std::ops::Range;
+
 use spindle_kernels::activation::{sigmoid, silu};
 use spindle_kernels::norm::group_rms_norm_zc;
 
@@ -9,34 +11,48 @@ use spindle_model::weights::PleWeights;
 
 use crate::linear::LinearExt;
 
-/// Computes PLE for `ids` and adds it to the streams `hs [T, n·H]`.
-/// `history` is the n-gram history before these ids; `conv_state` holds the last
-/// (K − 1)·dilation rows of normed gates `[rows, n·H]` and is updated.
+/// One sequence's part of a PLE step.
+pub struct PleSeq<'a> {
+    /// Its rows of the step's streams.
+    pub rows: Range<usize>,
+    /// Its new tokens.
+    pub ids: &'a [u32],
+    /// The n-gram history before `ids`.
+    pub history: &'a [u32],
+    /// The last (K − 1)·dilation rows of normed gates `[rows, n·H]`; updated.
+    pub conv_state: &'a mut [f32],
+}
+
+/// Computes PLE for a step's tokens and adds it to the streams `hs [N, n·H]`. The n-gram rows
+/// and the dilated conv are per sequence (`seqs`: consecutive rows, in order); the projections,
+/// norms and gates run once over all rows.
 pub fn add(
     w: &PleWeights,
     hs: &mut [f32],
-    ids: &[u32],
-    history: &[u32],
-    conv_state: &mut [f32],
+    seqs: Vec<PleSeq>,
     streams: usize,
     hidden: usize,
     eps: f32,
 ) {
-    let tokens = ids.len();
+    let groups: Vec<usize> = seqs.iter().map(|s| s.rows.len()).collect();
+    let tokens: usize = groups.iter().sum();
     let width = streams * hidden;
     let heads = w.hash.vocab_sizes.len();
     let head_dim = w.key_proj.cols() / heads;
     let ple_dim = heads * head_dim;
 
-    // Eng: one table row per head, in head order.
-    let rows = w.hash.rows(history, ids);
+    // Eng: one table row per head, in head order, from each sequence's own n-gram history.
     let mut eng = vec![0.0f32; tokens * ple_dim];
-    for (chunk, &row) in eng.chunks_mut(head_dim).zip(&rows) {
-        w.table.row(row, chunk);
+    for seq in &seqs {
+        let rows = w.hash.rows(seq.history, seq.ids);
+        let dst = &mut eng[seq.rows.start * ple_dim..seq.rows.end * ple_dim];
+        for (chunk, &row) in dst.chunks_mut(head_dim).zip(&rows) {
+            w.table.row(row, chunk);
+        }
     }
 
-    let keys_raw = w.key_proj.forward(&eng, tokens);
-    let values = w.value_proj.forward(&eng, tokens);
+    let keys_raw = w.key_proj.forward_groups(&eng, &groups);
+    let values = w.value_proj.forward_groups(&eng, &groups);
     let mut keys = vec![0.0f32; tokens * width];
     let mut queries = vec![0.0f32; tokens * width];
     for t in 0..tokens {
@@ -81,13 +97,37 @@ pub fn add(
         group_rms_norm_zc(src, &w.norm_conv, hidden, eps, dst);
     }
 
-    // Causal dilated depthwise conv over [past rows | new rows] of normed gates.
+    // Causal dilated depthwise conv over [past rows | new rows] of normed gates, per sequence.
+    for seq in seqs {
+        let r = seq.rows;
+        dilated_conv(
+            w,
+            &mut hs[r.start * width..r.end * width],
+            &gates[r.start * width..r.end * width],
+            &normed[r.start * width..r.end * width],
+            seq.conv_state,
+            width,
+        );
+    }
+}
+
+/// `hs += gates + silu(conv(normed))` for one sequence's rows, the conv reading
+/// `conv_state` (its past rows of `normed`) first; `conv_state` moves on to the last rows.
+fn dilated_conv(
+    w: &PleWeights,
+    hs: &mut [f32],
+    gates: &[f32],
+    normed: &[f32],
+    conv_state: &mut [f32],
+    width: usize,
+) {
+    let tokens = hs.len() / width;
     let past = w.conv_history();
     let dilation = w.dilation();
     let k = w.conv_kernel;
     let mut window = Vec::with_capacity((past + tokens) * width);
     window.extend_from_slice(conv_state);
-    window.extend_from_slice(&normed);
+    window.extend_from_slice(normed);
     for t in 0..tokens {
         let now = past + t;
         let out = &mut hs[t * width..(t + 1) * width];

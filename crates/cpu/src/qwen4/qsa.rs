@@ -23,20 +23,31 @@ pub struct IndexerCache {
 /// (the causal prefix is within the budget).
 pub type Selection = Vec<Option<Vec<usize>>>;
 
-/// Runs the indexer for `tokens` new tokens at positions `start..`, appending their raw keys.
+/// The indexer's projection of a step's rows `x [N, H]` (rows in `groups`, one per sequence):
+/// per row `[queries (n_i·d_i) | key (d_i)]`.
+pub fn project(w: &IndexerWeights, x: &[f32], groups: &[usize]) -> Vec<f32> {
+    w.qk_proj.forward_groups(x, groups)
+}
+
+/// Width of one row of [`project`]'s output.
+pub fn projection_width(cfg: &QsaConfig) -> usize {
+    (cfg.n_heads + 1) * cfg.head_dim
+}
+
+/// Runs the indexer for one sequence's new tokens at positions `start..`, from their rows `qk`
+/// of [`project`], appending their raw keys.
 pub fn select(
     w: &IndexerWeights,
     cfg: &QsaConfig,
     rope: &RopeFreqs,
     eps: f32,
     cache: &mut IndexerCache,
-    x: &[f32],
-    tokens: usize,
+    qk: &[f32],
     start: usize,
 ) -> Selection {
     let (n_i, d_i, cr) = (cfg.n_heads, cfg.head_dim, cfg.compress_ratio);
-    let qk = w.qk_proj.forward(x, tokens);
-    let width = (n_i + 1) * d_i;
+    let width = projection_width(cfg);
+    let tokens = qk.len() / width;
     for t in 0..tokens {
         cache
             .raw_keys

@@ -37,6 +37,17 @@ impl<T> DevBuf<T> {
         self.len == 0
     }
 
+    /// `len` elements from element `offset`, viewed (no allocation of its own: valid while
+    /// `self` is).
+    pub fn view(&self, offset: usize, len: usize) -> DevBuf<T> {
+        debug_assert!(offset + len <= self.len);
+        DevBuf {
+            slice: None,
+            ptr: self.at(offset),
+            len,
+        }
+    }
+
     /// Whether this buffer owns an allocation (rather than viewing a workspace).
     pub fn is_owned(&self) -> bool {
         self.slice.is_some()

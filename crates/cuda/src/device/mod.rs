@@ -43,6 +43,10 @@ pub struct Device {
     /// Prefill GEMMs run on the tensor cores (sm_80 and later, unless
     /// `SPINDLE_CUDA_TENSOR_CORES=0`).
     tensor_cores: std::sync::atomic::AtomicBool,
+    /// Inside a batched step: projections and MoE blocks of more than MATVEC_MAX_TOKENS but
+    /// at most this many rows run as decode matvecs in groups of MATVEC_MAX_TOKENS rows
+    /// instead of the tensor-core GEMM (0: never).
+    small_batch_rows: std::sync::atomic::AtomicUsize,
 }
 
 impl Device {
@@ -125,6 +129,7 @@ impl Device {
             sms,
             shared_limits,
             occupancy: Mutex::new(HashMap::new()),
+            small_batch_rows: 0.into(),
             tensor_cores: (major >= 8
                 && std::env::var_os("SPINDLE_CUDA_TENSOR_CORES").is_none_or(|v| v != "0"))
             .into(),
@@ -133,6 +138,17 @@ impl Device {
 
     /// Whether prefill GEMMs run on the tensor cores (`mma.sync`, sm_80 and later; off with
     /// `SPINDLE_CUDA_TENSOR_CORES=0`, which keeps the SIMT GEMM for comparison).
+    pub fn small_batch_rows(&self) -> usize {
+        self.small_batch_rows
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets [`Device::small_batch_rows`] (batched steps set it for their length).
+    pub fn set_small_batch_rows(&self, rows: usize) {
+        self.small_batch_rows
+            .store(rows, std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn tensor_cores(&self) -> bool {
         self.tensor_cores.load(std::sync::atomic::Ordering::Relaxed)
     }

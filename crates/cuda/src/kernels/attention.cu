@@ -16,17 +16,14 @@ __device__ __forceinline__ float rope_elem(float x, const float* sh, int j, int 
 // Block (t, head): head < n_h are query heads (split [query | gate], q_norm, RoPE), the rest
 // key heads (k_norm, RoPE) whose keys and values go to cache row start + t.
 // qkv row t: [q_proj (n_h·2d) | k_proj (n_kv·d) | v_proj (n_kv·d)].
-extern "C" __global__ void attention_prepare(const float* __restrict__ qkv, int ld, const float* __restrict__ q_norm,
-                                             const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
-                                             int rot, float* __restrict__ q_out, float* __restrict__ gate_out,
-                                             float* __restrict__ k_cache, float* __restrict__ v_cache,
-                                             int n_h, int n_kv, int d, int start, const int* __restrict__ startp,
-                                             float eps) {
+__device__ __forceinline__ void attention_prepare_row(const float* __restrict__ row, const float* __restrict__ q_norm,
+                                                      const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
+                                                      int rot, float* __restrict__ q_row, float* __restrict__ gate_row,
+                                                      float* __restrict__ k_cache, float* __restrict__ v_cache,
+                                                      int n_h, int n_kv, int d, int pos, float eps) {
     extern __shared__ float sh[];  // [d]
-    if (startp) start = *startp;  // graph replay: the position lives in device memory
     __shared__ float red[33];
-    int t = blockIdx.x, head = blockIdx.y, j = threadIdx.x;
-    const float* row = qkv + (size_t)t * ld;
+    int head = blockIdx.y, j = threadIdx.x;
     bool is_q = head < n_h;
     int kvh = head - n_h;
     const float* src = is_q ? row + (size_t)head * 2 * d : row + (size_t)n_h * 2 * d + (size_t)kvh * d;
@@ -37,15 +34,42 @@ extern "C" __global__ void attention_prepare(const float* __restrict__ qkv, int 
     if (j < d) sh[j] = x;
     __syncthreads();
     if (j >= d) return;
-    float r = rope_elem(x, sh, j, rot, start + t, inv_freq);
+    float r = rope_elem(x, sh, j, rot, pos, inv_freq);
     if (is_q) {
-        q_out[((size_t)t * n_h + head) * d + j] = r;
-        gate_out[((size_t)t * n_h + head) * d + j] = src[d + j];
+        q_row[(size_t)head * d + j] = r;
+        gate_row[(size_t)head * d + j] = src[d + j];
     } else {
-        size_t at = ((size_t)(start + t) * n_kv + kvh) * d + j;
+        size_t at = ((size_t)pos * n_kv + kvh) * d + j;
         k_cache[at] = r;
         v_cache[at] = row[(size_t)n_h * 2 * d + (size_t)n_kv * d + (size_t)kvh * d + j];
     }
+}
+
+extern "C" __global__ void attention_prepare(const float* __restrict__ qkv, int ld, const float* __restrict__ q_norm,
+                                             const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
+                                             int rot, float* __restrict__ q_out, float* __restrict__ gate_out,
+                                             float* __restrict__ k_cache, float* __restrict__ v_cache,
+                                             int n_h, int n_kv, int d, int start, const int* __restrict__ startp,
+                                             float eps) {
+    if (startp) start = *startp;  // graph replay: the position lives in device memory
+    int t = blockIdx.x;
+    attention_prepare_row(qkv + (size_t)t * ld, q_norm, k_norm, inv_freq, rot, q_out + (size_t)t * n_h * d,
+                          gate_out + (size_t)t * n_h * d, k_cache, v_cache, n_h, n_kv, d, start + t, eps);
+}
+
+// attention_prepare for B sequences of one token: block (b, head) on row b of qkv, sequence
+// b's caches at kv[b] (keys) and kv[B + b] (values), its position positions[b].
+extern "C" __global__ void attention_prepare_batch(const float* __restrict__ qkv, int ld,
+                                                   const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                                   const double* __restrict__ inv_freq, int rot,
+                                                   float* __restrict__ q_out, float* __restrict__ gate_out,
+                                                   const unsigned long long* __restrict__ kv,
+                                                   const int* __restrict__ positions, int B, int n_h, int n_kv, int d,
+                                                   float eps) {
+    int b = blockIdx.x;
+    attention_prepare_row(qkv + (size_t)b * ld, q_norm, k_norm, inv_freq, rot, q_out + (size_t)b * n_h * d,
+                          gate_out + (size_t)b * n_h * d, (float*)kv[b], (float*)kv[B + b], n_h, n_kv, d,
+                          positions[b], eps);
 }
 
 #define ATT_WARPS 4
@@ -125,18 +149,17 @@ extern "C" __global__ void attention_serial(const float* __restrict__ q, const f
 // part[((t·n_h + h)·splits + split)·(d + 2)]. attention_decode_combine merges the splits. Blocks past the
 // last visible key exit at once, so the grid can cover the cache's capacity (fixed in a graph).
 
-extern "C" __global__ void __launch_bounds__(256) attention_decode_split(const float* __restrict__ q,
-                                                                         const float* __restrict__ k_cache,
-                                                                         const float* __restrict__ v_cache,
-                                                                         float* __restrict__ part, int splits, int n_h,
-                                                                         int n_kv, int d, int start,
-                                                                         const int* __restrict__ startp, float scale) {
+// One block (g, split) of attention_decode_split for the token of row t, which sees n keys
+// (q and part are the whole [tokens, ...] arrays; t indexes them).
+__device__ __forceinline__ void attention_decode_split_block(const float* __restrict__ q,
+                                                             const float* __restrict__ k_cache,
+                                                             const float* __restrict__ v_cache,
+                                                             float* __restrict__ part, int splits, int n_h,
+                                                             int n_kv, int d, int t, int n, float scale) {
     // q [ρ][d], keys [ATTN_SPLIT_KEYS][d + 4] (padded: a lane per key reads without bank conflicts),
     // values [ATTN_SPLIT_KEYS][d], scores [ρ][ATTN_SPLIT_KEYS].
     extern __shared__ __align__(16) float qs[];
-    if (startp) start = *startp;
-    int g = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
-    int n = start + t + 1;
+    int g = blockIdx.x, split = blockIdx.y;
     int k0 = split * ATTN_SPLIT_KEYS;
     if (k0 >= n) return;
     int keys = min(ATTN_SPLIT_KEYS, n - k0);
@@ -212,18 +235,38 @@ extern "C" __global__ void __launch_bounds__(256) attention_decode_split(const f
     }
 }
 
+extern "C" __global__ void __launch_bounds__(256) attention_decode_split(const float* __restrict__ q,
+                                                                         const float* __restrict__ k_cache,
+                                                                         const float* __restrict__ v_cache,
+                                                                         float* __restrict__ part, int splits, int n_h,
+                                                                         int n_kv, int d, int start,
+                                                                         const int* __restrict__ startp, float scale) {
+    if (startp) start = *startp;
+    int t = blockIdx.z;
+    attention_decode_split_block(q, k_cache, v_cache, part, splits, n_h, n_kv, d, t, start + t + 1, scale);
+}
+
+// attention_decode_split for B sequences of one token: block (g, split, b) on row b of q and
+// part, sequence b's caches at kv[b] (keys) and kv[B + b] (values), position positions[b].
+extern "C" __global__ void __launch_bounds__(256) attention_decode_split_batch(
+    const float* __restrict__ q, const unsigned long long* __restrict__ kv, float* __restrict__ part, int splits,
+    int n_h, int n_kv, int d, const int* __restrict__ positions, int B, float scale) {
+    int b = blockIdx.z;
+    attention_decode_split_block(q, (const float*)kv[b], (const float*)kv[B + b], part, splits, n_h, n_kv, d, b,
+                                 positions[b] + 1, scale);
+}
+
 // Block (h, t): out = (Σ_s e^{m_s − M}·acc_s) / (Σ_s e^{m_s − M}·l_s) · sigmoid(gate), over the
 // splits attention_decode_split wrote for token t.
-extern "C" __global__ void __launch_bounds__(256) attention_decode_combine(const float* __restrict__ part, int splits,
-                                                                           const float* __restrict__ gate,
-                                                                           float* __restrict__ out, int n_h, int d, int start,
-                                                                           const int* __restrict__ startp) {
+// One block (h) of attention_decode_combine for the token of row t, which sees n keys.
+__device__ __forceinline__ void attention_decode_combine_block(const float* __restrict__ part, int splits,
+                                                               const float* __restrict__ gate,
+                                                               float* __restrict__ out, int n_h, int d, int t, int n) {
     extern __shared__ float wsp[];  // [splits]
     __shared__ float red[33];
     __shared__ float total;
-    if (startp) start = *startp;
-    int h = blockIdx.x, t = blockIdx.y;
-    int used = (start + t + 1 + ATTN_SPLIT_KEYS - 1) / ATTN_SPLIT_KEYS;
+    int h = blockIdx.x;
+    int used = (n + ATTN_SPLIT_KEYS - 1) / ATTN_SPLIT_KEYS;
     const float* base = part + ((size_t)t * n_h + h) * splits * (d + 2);
     float m = -SP_INF;
     for (int s = threadIdx.x; s < used; s += blockDim.x) m = fmaxf(m, base[(size_t)s * (d + 2)]);
@@ -254,6 +297,24 @@ extern "C" __global__ void __launch_bounds__(256) attention_decode_combine(const
         size_t at = ((size_t)t * n_h + h) * d + e;
         out[at] = o / total * sigmoid_f(gate[at]);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256) attention_decode_combine(const float* __restrict__ part, int splits,
+                                                                           const float* __restrict__ gate,
+                                                                           float* __restrict__ out, int n_h, int d, int start,
+                                                                           const int* __restrict__ startp) {
+    if (startp) start = *startp;
+    int t = blockIdx.y;
+    attention_decode_combine_block(part, splits, gate, out, n_h, d, t, start + t + 1);
+}
+
+// attention_decode_combine for B sequences of one token: block (h, b) on row b, position
+// positions[b].
+extern "C" __global__ void __launch_bounds__(256) attention_decode_combine_batch(
+    const float* __restrict__ part, int splits, const float* __restrict__ gate, float* __restrict__ out, int n_h,
+    int d, const int* __restrict__ positions) {
+    int b = blockIdx.y;
+    attention_decode_combine_block(part, splits, gate, out, n_h, d, b, positions[b] + 1);
 }
 
 // ---- QSA indexer (MODEL_MATH §4.4): the cached positions each query's attention sees ----

@@ -142,6 +142,51 @@ kernels! {
         start: i32,
         scale: f32,
     );
+    /// Batched decode: `attention_prepare` for B sequences of one token, grid (B, n_h + n_kv);
+    /// sequence b's keys at `kv[b]`, values at `kv[B + b]`, position `positions[b]`.
+    AttentionPrepareBatch = "attention_prepare_batch"
+    (
+        qkv: Ptr<f32>,
+        ld: i32,
+        q_norm: Ptr<f32>,
+        k_norm: Ptr<f32>,
+        inv_freq: Ptr<f64>,
+        rot: i32,
+        q_out: Ptr<f32>,
+        gate_out: Ptr<f32>,
+        kv: Ptr<u64>,
+        positions: Ptr<i32>,
+        seqs: i32,
+        n_h: i32,
+        n_kv: i32,
+        d: i32,
+        eps: f32,
+    );
+    /// Batched decode: `attention_decode_split`, grid (n_kv, splits, B).
+    AttentionDecodeSplitBatch = "attention_decode_split_batch"
+    (
+        q: Ptr<f32>,
+        kv: Ptr<u64>,
+        part: Ptr<f32>,
+        splits: i32,
+        n_h: i32,
+        n_kv: i32,
+        d: i32,
+        positions: Ptr<i32>,
+        seqs: i32,
+        scale: f32,
+    );
+    /// Batched decode: `attention_decode_combine`, grid (n_h, B).
+    AttentionDecodeCombineBatch = "attention_decode_combine_batch"
+    (
+        part: Ptr<f32>,
+        splits: i32,
+        gate: Ptr<f32>,
+        out: Ptr<f32>,
+        n_h: i32,
+        d: i32,
+        positions: Ptr<i32>,
+    );
 }
 
 pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
@@ -149,6 +194,9 @@ pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
     AttentionSerial::DECLS,
     AttentionDecodeSplit::DECLS,
     AttentionDecodeCombine::DECLS,
+    AttentionPrepareBatch::DECLS,
+    AttentionDecodeSplitBatch::DECLS,
+    AttentionDecodeCombineBatch::DECLS,
     QsaPrepare::DECLS,
     QsaScoreBlocks::DECLS,
     QsaPickBlocks::DECLS,

@@ -46,3 +46,13 @@ extern "C" __global__ void scale_by_sigmoid(float* __restrict__ y, const float* 
         y[e] *= sigmoid_f(gate[(size_t)t * ld]);
     }
 }
+
+// dst[r, i] = src[rows[r], i] for r < n, i < width (the wanted rows of a batched step).
+extern "C" __global__ void gather_rows(const float* __restrict__ src, const int* __restrict__ rows,
+                                       float* __restrict__ dst, int n, int width) {
+    size_t total = (size_t)n * width;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        size_t r = e / width, i = e % width;
+        dst[e] = src[(size_t)rows[r] * width + i];
+    }
+}

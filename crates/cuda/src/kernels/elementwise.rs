@@ -50,6 +50,15 @@ kernels! {
         tokens: i32,
         n: i32,
     );
+    /// dst[r, i] = src[rows[r], i] for r < n, i < width (the wanted rows of a batched step).
+    GatherRows = "gather_rows"
+    (
+        src: Ptr<f32>,
+        rows: Ptr<i32>,
+        dst: Ptr<f32>,
+        n: i32,
+        width: i32,
+    );
 }
 
 pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
@@ -58,4 +67,5 @@ pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
     Swiglu::DECLS,
     SiluScaled::DECLS,
     ScaleBySigmoid::DECLS,
+    GatherRows::DECLS,
 ];

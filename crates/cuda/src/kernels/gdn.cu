@@ -110,8 +110,11 @@ extern "C" __global__ void gdn_recurrent(const float* __restrict__ u, int C,
 // `u` rows hold the conv outputs [q (n_k·d_k) | k | v (n_v·d_v)] followed by z, b, a (the
 // in_proj matvec applied the conv, decode_matvec_conv_*). Block h holds S_h [d_k, d_v] in shared memory;
 // thread (rg, j) owns column j over rows [rg·d_k/R, (rg+1)·d_k/R). Arithmetic as gdn_recurrent.
-extern "C" __global__ void __launch_bounds__(1024) gdn_decode_heads(
-    const float* __restrict__ u, int ld, int T, int nk, int nv, int dk, int dv, int z_off, int b_off, int a_off,
+// q, k, v are read from rows of u (stride ld), z, b, a from rows of p (stride ldp): the same
+// rows when the conv was fused into in_proj.
+__device__ __forceinline__ void gdn_decode_heads_body(
+    const float* __restrict__ u, int ld, const float* __restrict__ p, int ldp, int T, int nk, int nv, int dk, int dv,
+    int z_off, int b_off, int a_off,
     float* __restrict__ state, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
     const float* __restrict__ norm_w, float* __restrict__ out, float eps, int gate_sigmoid, int R) {
     extern __shared__ __align__(16) float hsm[];
@@ -149,7 +152,8 @@ extern "C" __global__ void __launch_bounds__(1024) gdn_decode_heads(
     for (int t = 0; t < T; t++) {
         const float* q = qk + t * 2 * dk;
         const float* k = q + dk;
-        const float* pt = u + (size_t)t * ld;
+        const float* ut = u + (size_t)t * ld;
+        const float* pt = p + (size_t)t * ldp;
         float qn = norms[2 * t], kn = norms[2 * t + 1];
         float beta = sigmoid_f(pt[b_off + h]);
         float alpha = expf(decay * softplus_f(pt[a_off + h] + dt_bias[h]));
@@ -159,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(1024) gdn_decode_heads(
         __syncthreads();
         sk = 0.0f;
         for (int g = 0; g < R; g++) sk += red[g * dv + j];
-        float v = pt[2 * nk * dk + h * dv + j];
+        float v = ut[2 * nk * dk + h * dv + j];
         float e = beta * (v - alpha * sk * kn);
         float o = 0.0f;
         for (int i = r0; i < r0 + rows; i++) {
@@ -188,6 +192,63 @@ extern "C" __global__ void __launch_bounds__(1024) gdn_decode_heads(
         __syncthreads();
     }
     for (int e = tid; e < n4; e += blockDim.x) ((float4*)Sg)[e] = ((const float4*)S)[e];
+}
+
+extern "C" __global__ void __launch_bounds__(1024) gdn_decode_heads(
+    const float* __restrict__ u, int ld, int T, int nk, int nv, int dk, int dv, int z_off, int b_off, int a_off,
+    float* __restrict__ state, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+    const float* __restrict__ norm_w, float* __restrict__ out, float eps, int gate_sigmoid, int R) {
+    gdn_decode_heads_body(u, ld, u, ld, T, nk, nv, dk, dv, z_off, b_off, a_off, state, a_log, dt_bias, norm_w, out,
+                          eps, gate_sigmoid, R);
+}
+
+// gdn_decode_heads on a conv output apart from the projection: q, k, v from rows of u [T, ld]
+// (gdn_conv's output), z, b, a from rows of p [T, ldp] (the in_proj output). The same
+// arithmetic, for the few-token rows of one sequence inside a larger step.
+extern "C" __global__ void __launch_bounds__(1024) gdn_decode_heads_rows(
+    const float* __restrict__ u, int ld, const float* __restrict__ p, int ldp, int T, int nk, int nv, int dk, int dv,
+    int z_off, int b_off, int a_off, float* __restrict__ state, const float* __restrict__ a_log,
+    const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float* __restrict__ out, float eps,
+    int gate_sigmoid, int R) {
+    gdn_decode_heads_body(u, ld, p, ldp, T, nk, nv, dk, dv, z_off, b_off, a_off, state, a_log, dt_bias, norm_w, out,
+                          eps, gate_sigmoid, R);
+}
+
+// ---- Batched decode: B sequences, one token each, one launch per op ----
+// Row b of proj [B, ld] is sequence b's in_proj output. Its conv (window [state_b | row b], as
+// gdn_conv) replaces channels [0, C) of the row in place, and state_b moves on by the raw row.
+// states[b] is sequence b's conv state [K−1, C]. A thread per (b, c), grid-stride.
+extern "C" __global__ void gdn_conv_decode_batch(float* __restrict__ proj, int ld,
+                                                 const unsigned long long* __restrict__ states,
+                                                 const float* __restrict__ w, int B, int C, int K) {
+    size_t all = (size_t)B * C, step = gridDim.x * (size_t)blockDim.x;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < all; e += step) {
+        int b = (int)(e / C), c = (int)(e - (size_t)b * C);
+        float* st = (float*)states[b];
+        float* x = proj + (size_t)b * ld + c;
+        float raw = *x;
+        float acc = 0.0f;
+        for (int j = 0; j < K; j++) {
+            float v = j < K - 1 ? st[(size_t)j * C + c] : raw;
+            acc += w[c * K + j] * v;
+        }
+        for (int r = 0; r + 1 < K - 1; r++) st[(size_t)r * C + c] = st[(size_t)(r + 1) * C + c];
+        if (K > 1) st[(size_t)(K - 2) * C + c] = raw;
+        *x = silu_f(acc);
+    }
+}
+
+// gdn_decode_heads for B sequences of one token: block (h, b) runs value head h of sequence b
+// on row b of u [B, ld] (after gdn_conv_decode_batch), its recurrent state at states[b] and
+// output row b of out [B, n_v·d_v]. Shared memory as gdn_decode_heads with T = 1.
+extern "C" __global__ void __launch_bounds__(1024) gdn_decode_heads_batch(
+    const float* __restrict__ u, int ld, int nk, int nv, int dk, int dv, int z_off, int b_off, int a_off,
+    const unsigned long long* __restrict__ states, const float* __restrict__ a_log,
+    const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float* __restrict__ out, float eps,
+    int gate_sigmoid, int R) {
+    int b = blockIdx.y;
+    gdn_decode_heads_body(u + (size_t)b * ld, ld, u + (size_t)b * ld, ld, 1, nk, nv, dk, dv, z_off, b_off, a_off,
+                          (float*)states[b], a_log, dt_bias, norm_w, out + (size_t)b * nv * dv, eps, gate_sigmoid, R);
 }
 
 // ---- Prefill: the chunked form (MODEL_MATH §1.5 "Chunked prefill form") ----

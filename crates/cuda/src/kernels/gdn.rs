@@ -71,6 +71,65 @@ kernels! {
         gate_sigmoid: i32,
         r: i32,
     );
+    /// `gdn_decode_heads` with q, k, v from rows of `u` (stride `ld`) and z, b, a from rows of
+    /// `p` (stride `ldp`): a few tokens of one sequence inside a larger step.
+    GdnDecodeHeadsRows = "gdn_decode_heads_rows"
+    (
+        u: Ptr<f32>,
+        ld: i32,
+        p: Ptr<f32>,
+        ldp: i32,
+        tokens: i32,
+        nk: i32,
+        nv: i32,
+        dk: i32,
+        dv: i32,
+        z_off: i32,
+        b_off: i32,
+        a_off: i32,
+        state: Ptr<f32>,
+        a_log: Ptr<f32>,
+        dt_bias: Ptr<f32>,
+        norm_w: Ptr<f32>,
+        out: Ptr<f32>,
+        eps: f32,
+        gate_sigmoid: i32,
+        r: i32,
+    );
+    /// Batched decode: the conv of row b of `proj` `[B, ld]` from the conv state at
+    /// `states[b]`, in place, the state moved on; a thread per (b, channel).
+    GdnConvDecodeBatch = "gdn_conv_decode_batch"
+    (
+        proj: Ptr<f32>,
+        ld: i32,
+        states: Ptr<u64>,
+        w: Ptr<f32>,
+        seqs: i32,
+        channels: i32,
+        kernel: i32,
+    );
+    /// Batched decode: `gdn_decode_heads` with T = 1, grid (n_v, B), sequence b's recurrent
+    /// state at `states[b]`, its rows b of `u` and `out`.
+    GdnDecodeHeadsBatch = "gdn_decode_heads_batch"
+    (
+        u: Ptr<f32>,
+        ld: i32,
+        nk: i32,
+        nv: i32,
+        dk: i32,
+        dv: i32,
+        z_off: i32,
+        b_off: i32,
+        a_off: i32,
+        states: Ptr<u64>,
+        a_log: Ptr<f32>,
+        dt_bias: Ptr<f32>,
+        norm_w: Ptr<f32>,
+        out: Ptr<f32>,
+        eps: f32,
+        gate_sigmoid: i32,
+        r: i32,
+    );
     /// Grid (⌈T/CH⌉, n_v), GDN_PREP_THREADS threads.
     GdnChunkPrep = "gdn_chunk_prep"
     (
@@ -124,6 +183,9 @@ pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
     GdnConvStateUpdate::DECLS,
     GdnRecurrent::DECLS,
     GdnDecodeHeads::DECLS,
+    GdnDecodeHeadsRows::DECLS,
+    GdnConvDecodeBatch::DECLS,
+    GdnDecodeHeadsBatch::DECLS,
     GdnChunkPrep::DECLS,
     GdnChunkScan::DECLS,
     GdnGatedNorm::DECLS,

@@ -172,6 +172,7 @@ pub mod moe;
 pub mod norm;
 pub mod qwen4;
 pub mod reduce;
+pub mod sampling;
 
 /// The CUDA C sources, concatenated into one program (after the generated prelude) in this
 /// order: helpers first, each file after those it uses.
@@ -187,6 +188,7 @@ const SOURCES: &[&str] = &[
     include_str!("gdn.cu"),
     include_str!("attention.cu"),
     include_str!("qwen4.cu"),
+    include_str!("sampling.cu"),
 ];
 
 /// Every declared kernel, by source file.
@@ -200,6 +202,7 @@ const DECLARED: &[&[&[KernelDecl]]] = &[
     gdn::DECLARED,
     attention::DECLARED,
     qwen4::DECLARED,
+    sampling::DECLARED,
 ];
 
 /// PTX of every kernel for `arch` (e.g. `sm_90`), compiled by NVRTC at most once per process.

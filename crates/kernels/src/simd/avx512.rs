@@ -170,6 +170,185 @@ pub(crate) fn dot_q4(qs: &[u8], scales: &[u16], xq: &[i8], xd: &[f32], xsd: &[f3
     sum - 8.0 * offset + tail
 }
 
+/// [`quant_dot_body`] for `T` tokens at once: the codes of each pair of groups are unpacked
+/// once and dotted with every token. Each token's sums are formed by exactly the operations
+/// (and in the order) the single-token body uses, so each is bit-identical to it.
+macro_rules! quant_dots_body {
+    ($T:ident, $scales:ident, $acts:ident, $t0:ident, $codes:expr) => {{
+        let groups = $scales.len();
+        let cols = $acts.cols;
+        assert!(cols == groups * GROUP && ($t0 + $T) * cols <= $acts.qs.len());
+        let done = groups / 16 * 16;
+        let mut acc = [_mm512_setzero_ps(); $T];
+        let mut offset = [_mm512_setzero_ps(); $T];
+        let (pair_lanes, two) = (
+            _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+            _mm512_set1_epi32(2),
+        );
+        let xq: [*const i8; $T] = std::array::from_fn(|t| $acts.qs[($t0 + t) * cols..].as_ptr());
+        let xd: [*const f32; $T] = std::array::from_fn(|t| $acts.d[($t0 + t) * groups..].as_ptr());
+        let xsd: [*const f32; $T] =
+            std::array::from_fn(|t| $acts.sd[($t0 + t) * groups..].as_ptr());
+        let mut g0 = 0;
+        while g0 < done {
+            // SAFETY: groups g0..g0+16 are in bounds of scales and of every token's d and sd
+            // (g0 + 16 <= groups, tokens t0..t0+T exist: asserted above).
+            let dw = unsafe {
+                _mm512_cvtph_ps(_mm256_loadu_si256(
+                    $scales.as_ptr().add(g0) as *const __m256i
+                ))
+            };
+            let mut d = [_mm512_setzero_ps(); $T];
+            for t in 0..$T {
+                // SAFETY: as above.
+                let (xd, xsd) = unsafe {
+                    (
+                        _mm512_loadu_ps(xd[t].add(g0)),
+                        _mm512_loadu_ps(xsd[t].add(g0)),
+                    )
+                };
+                d[t] = _mm512_mul_ps(dw, xd);
+                offset[t] = _mm512_fmadd_ps(dw, xsd, offset[t]);
+            }
+            let mut idx = pair_lanes;
+            for p in 0..8 {
+                let g = g0 + 2 * p;
+                let w = $codes(g);
+                for t in 0..$T {
+                    // SAFETY: activations of groups g, g+1 are bytes [32g, 32g+64) of the
+                    // token's codes, in bounds.
+                    let x = unsafe { _mm512_loadu_si512(xq[t].add(g * GROUP) as *const _) };
+                    let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
+                    let scale = _mm512_permutexvar_ps(idx, d[t]);
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
+                }
+                idx = _mm512_add_epi32(idx, two);
+            }
+            g0 += 16;
+        }
+        let sums: [f32; $T] = std::array::from_fn(|t| _mm512_reduce_add_ps(acc[t]));
+        let offsets: [f32; $T] = std::array::from_fn(|t| _mm512_reduce_add_ps(offset[t]));
+        (sums, offsets, done)
+    }};
+}
+
+/// [`dot_q4`] of one row (`qs`, `scales`) with tokens `t0..t0+T` of `acts`, into `out [T]`;
+/// each value bit-identical to `dot_q4` of that token.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn dots_q4_tile<const T: usize>(
+    qs: &[u8],
+    scales: &[u16],
+    acts: &QuantizedActs,
+    t0: usize,
+    out: &mut [f32],
+) {
+    let groups = scales.len();
+    assert!(qs.len() == groups * Q4_GROUP_BYTES && out.len() == T);
+    let low = _mm256_set1_epi8(0x0F);
+    let codes = |g: usize| {
+        // SAFETY: groups g, g+1 are bytes [16g, 16g+32) of qs, in bounds (g + 2 <= groups).
+        let b =
+            unsafe { _mm256_loadu_si256(qs.as_ptr().add(g * Q4_GROUP_BYTES) as *const __m256i) };
+        let lo = _mm256_and_si256(b, low);
+        let hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+        let z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        _mm512_shuffle_i64x2(z, z, 0b11_01_10_00)
+    };
+    let (sums, offsets, done) = quant_dots_body!(T, scales, acts, t0, codes);
+    let (a, b) = (done * GROUP, done * Q4_GROUP_BYTES);
+    for t in 0..T {
+        let tail = if done == groups {
+            0.0
+        } else {
+            let (xq, xd, _) = acts.token(t0 + t);
+            super::scalar::dot_q4(&qs[b..], &scales[done..], &xq[a..], &xd[done..], &[])
+        };
+        out[t] = sums[t] - 8.0 * offsets[t] + tail;
+    }
+}
+
+/// [`dot_q8`] of one row with tokens `t0..t0+T` of `acts`, as [`dots_q4_tile`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+fn dots_q8_tile<const T: usize>(
+    qs: &[i8],
+    scales: &[u16],
+    acts: &QuantizedActs,
+    t0: usize,
+    out: &mut [f32],
+) {
+    let groups = scales.len();
+    assert!(qs.len() == groups * GROUP && out.len() == T);
+    let flip = _mm512_set1_epi8(-128);
+    let codes = |g: usize| {
+        // SAFETY: groups g, g+1 are bytes [32g, 32g+64) of qs, in bounds (g + 2 <= groups).
+        let w = unsafe { _mm512_loadu_si512(qs.as_ptr().add(g * GROUP) as *const _) };
+        _mm512_xor_si512(w, flip)
+    };
+    let (sums, offsets, done) = quant_dots_body!(T, scales, acts, t0, codes);
+    let a = done * GROUP;
+    for t in 0..T {
+        let tail = if done == groups {
+            0.0
+        } else {
+            let (xq, xd, _) = acts.token(t0 + t);
+            super::scalar::dot_q8(&qs[a..], &scales[done..], &xq[a..], &xd[done..], &[])
+        };
+        out[t] = sums[t] - 128.0 * offsets[t] + tail;
+    }
+}
+
+/// Tokens per tile of the multi-token dots.
+const DOT_TOKENS: usize = 8;
+
+/// One Q4 row dotted with every token of `acts` (`out [tokens]`), each value bit-identical to
+/// [`dot_q4`] of that token; the row's codes are unpacked once per tile of 8 tokens.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dots_q4(qs: &[u8], scales: &[u16], acts: &QuantizedActs, out: &mut [f32]) {
+    let tokens = out.len();
+    assert_eq!(tokens, acts.tokens());
+    let mut t0 = 0;
+    while t0 < tokens {
+        let n = DOT_TOKENS.min(tokens - t0);
+        let o = &mut out[t0..t0 + n];
+        match n {
+            8 => dots_q4_tile::<8>(qs, scales, acts, t0, o),
+            7 => dots_q4_tile::<7>(qs, scales, acts, t0, o),
+            6 => dots_q4_tile::<6>(qs, scales, acts, t0, o),
+            5 => dots_q4_tile::<5>(qs, scales, acts, t0, o),
+            4 => dots_q4_tile::<4>(qs, scales, acts, t0, o),
+            3 => dots_q4_tile::<3>(qs, scales, acts, t0, o),
+            2 => dots_q4_tile::<2>(qs, scales, acts, t0, o),
+            _ => dots_q4_tile::<1>(qs, scales, acts, t0, o),
+        }
+        t0 += n;
+    }
+}
+
+/// One Q8 row dotted with every token of `acts`, as [`dots_q4`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dots_q8(qs: &[i8], scales: &[u16], acts: &QuantizedActs, out: &mut [f32]) {
+    let tokens = out.len();
+    assert_eq!(tokens, acts.tokens());
+    let mut t0 = 0;
+    while t0 < tokens {
+        let n = DOT_TOKENS.min(tokens - t0);
+        let o = &mut out[t0..t0 + n];
+        match n {
+            8 => dots_q8_tile::<8>(qs, scales, acts, t0, o),
+            7 => dots_q8_tile::<7>(qs, scales, acts, t0, o),
+            6 => dots_q8_tile::<6>(qs, scales, acts, t0, o),
+            5 => dots_q8_tile::<5>(qs, scales, acts, t0, o),
+            4 => dots_q8_tile::<4>(qs, scales, acts, t0, o),
+            3 => dots_q8_tile::<3>(qs, scales, acts, t0, o),
+            2 => dots_q8_tile::<2>(qs, scales, acts, t0, o),
+            _ => dots_q8_tile::<1>(qs, scales, acts, t0, o),
+        }
+        t0 += n;
+    }
+}
+
 /// Tokens × rows per register tile (16 of the 32 zmm registers accumulate).
 const MT: usize = 4;
 const MR: usize = 4;

@@ -1,33 +1,55 @@
 //! OpenAI error bodies for the requests hyper refuses itself. A request line or header that
 //! does not parse (400), a target longer than hyper reads (414) or a head larger than its
-//! buffer (431) never reaches the router: hyper answers with an empty body and closes. This
-//! wrapper around the connection's socket recognises that automatic answer (a 400, 414 or 431
+//! buffer (431) never reaches the router: hyper answers with an empty body and closes. The
+//! connection's socket (`super::socket`) recognises that automatic answer (a 400, 414 or 431
 //! head with `content-length: 0`, which the router never sends: its errors all carry a JSON
-//! body) and sends the same status with `{"error": {...}}` instead.
+//! body) and sends the same status with `{"error": {...}}` instead; it also renders the 408
+//! sent when a request head stalls.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use axum::http::StatusCode;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::AsyncWrite;
 
 use crate::error::ApiError;
 
-pub struct JsonErrorBodies<S> {
-    inner: S,
-    /// A replacement being written: the bytes left, and the length of hyper's write it stands
-    /// for (reported once the replacement is out).
-    replacing: Option<(Vec<u8>, usize)>,
-}
+/// The replacement of hyper's automatic answer being written: the bytes left, and the length
+/// of hyper's write it stands for (reported once the replacement is out).
+#[derive(Default)]
+pub struct Replacing(Option<(Vec<u8>, usize)>);
 
-impl<S> JsonErrorBodies<S> {
-    pub fn new(inner: S) -> Self {
-        Self {
-            inner,
-            replacing: None,
+/// Writes `buf` to `inner`, unless it is hyper's automatic parse-error answer: then the same
+/// status with an OpenAI error body is written in its place (over as many calls as it takes).
+pub fn poll_write_replacing<S: AsyncWrite + Unpin>(
+    inner: &mut S,
+    replacing: &mut Replacing,
+    cx: &mut Context<'_>,
+    buf: &[u8],
+) -> Poll<io::Result<usize>> {
+    if replacing.0.is_none() {
+        match automatic_error(buf) {
+            Some(status) => {
+                tracing::debug!("refused an unparsable request with {status}");
+                replacing.0 = Some((render(&ApiError::unparsable(status)), buf.len()));
+            }
+            None => return Pin::new(inner).poll_write(cx, buf),
         }
     }
+    let Some((left, stands_for)) = replacing.0.as_mut() else {
+        unreachable!("set above")
+    };
+    while !left.is_empty() {
+        let n = ready!(Pin::new(&mut *inner).poll_write(cx, left))?;
+        if n == 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+        }
+        left.drain(..n);
+    }
+    let stands_for = *stands_for;
+    replacing.0 = None;
+    Poll::Ready(Ok(stands_for))
 }
 
 /// The status of hyper's automatic parse-error answer, when `buf` is one.
@@ -46,7 +68,7 @@ fn automatic_error(buf: &[u8]) -> Option<StatusCode> {
 }
 
 /// The full HTTP/1.1 answer for `error`, closing the connection.
-fn render(error: &ApiError) -> Vec<u8> {
+pub fn render(error: &ApiError) -> Vec<u8> {
     let body = error.body().to_string();
     let reason = error.status.canonical_reason().unwrap_or("Error");
     format!(
@@ -56,56 +78,6 @@ fn render(error: &ApiError) -> Vec<u8> {
         body.len()
     )
     .into_bytes()
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for JsonErrorBodies<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for JsonErrorBodies<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        if this.replacing.is_none() {
-            match automatic_error(buf) {
-                Some(status) => {
-                    tracing::debug!("refused an unparsable request with {status}");
-                    this.replacing = Some((render(&ApiError::unparsable(status)), buf.len()));
-                }
-                None => return Pin::new(&mut this.inner).poll_write(cx, buf),
-            }
-        }
-        let Some((left, stands_for)) = this.replacing.as_mut() else {
-            unreachable!("set above")
-        };
-        while !left.is_empty() {
-            let n = ready!(Pin::new(&mut this.inner).poll_write(cx, left))?;
-            if n == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            left.drain(..n);
-        }
-        let stands_for = *stands_for;
-        this.replacing = None;
-        Poll::Ready(Ok(stands_for))
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }
 
 #[cfg(test)]

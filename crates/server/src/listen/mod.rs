@@ -1,10 +1,12 @@
 //! Accepting connections and speaking HTTP/1.1 on them, through hyper's connection builder:
-//! a deadline for each request head (which also closes idle keep-alive connections), a limit
-//! on open connections that makes room by closing the one idle the longest, OpenAI error
-//! bodies for the requests hyper refuses itself, and a graceful stop.
+//! a deadline for each request head (408 when part of one came and then stalled; an idle
+//! keep-alive connection is just closed), a limit on open connections that makes room by
+//! closing the one idle the longest, OpenAI error bodies for the requests hyper refuses
+//! itself, and a graceful stop.
 
 mod connections;
 mod error_bodies;
+mod socket;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -25,8 +27,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 
-use connections::{Busy, Connection, Connections, Watched};
-use error_bodies::JsonErrorBodies;
+use connections::{Busy, Connection, Connections};
+use socket::ClientSocket;
+
+use crate::error::ApiError;
 
 /// The largest request head (request line and headers) read; beyond it, 431.
 pub const MAX_HEAD_BYTES: usize = 64 << 10;
@@ -103,6 +107,7 @@ pub async fn serve(
             stream,
             router.clone(),
             Arc::clone(&builder),
+            limits.header_timeout,
             Arc::clone(&registry),
             id,
             connection,
@@ -170,19 +175,21 @@ fn is_out_of_descriptors(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
+/// A boxed response future, so the connection can be polled without shutting its socket
+/// (hyper's `poll_without_shutdown` needs an `Unpin` service future).
+type Responding = Pin<Box<dyn Future<Output = Result<hyper::Response<Body>, Infallible>> + Send>>;
+
 async fn serve_connection(
     stream: TcpStream,
     router: Router,
     builder: Arc<http1::Builder>,
+    header_timeout: Duration,
     registry: Arc<Connections>,
     id: u64,
     connection: Arc<Connection>,
 ) {
     let local = stream.local_addr().ok();
-    let io = TokioIo::new(JsonErrorBodies::new(Watched::new(
-        stream,
-        Arc::clone(&connection),
-    )));
+    let io = TokioIo::new(ClientSocket::new(stream, Arc::clone(&connection)));
     let service = {
         let (registry, connection) = (Arc::clone(&registry), Arc::clone(&connection));
         hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
@@ -191,36 +198,53 @@ async fn serve_connection(
                 request.extensions_mut().insert(LocalAddr(local));
             }
             let router = router.clone();
-            async move {
+            Box::pin(async move {
                 let response = router.oneshot(request.map(Body::new)).await?;
                 Ok::<_, Infallible>(response.map(|body| Body::new(BusyBody { body, _busy: busy })))
-            }
+            }) as Responding
         })
     };
-    let served = builder.serve_connection(io, service);
-    tokio::pin!(served);
+    let mut served = builder.serve_connection(io, service);
     let mut closing = false;
-    loop {
+    let result = loop {
         tokio::select! {
-            result = served.as_mut() => {
-                if let Err(e) = result {
-                    tracing::debug!("connection closed: {e}");
-                }
-                break;
-            }
+            result = std::future::poll_fn(|cx| served.poll_without_shutdown(cx)) => break result,
             () = connection.close.notified(), if !closing => {
                 // Idle: its socket closed now (freeing the descriptor); busy or just answered:
                 // closed once its answer is sent.
                 if registry.can_drop(&connection) {
-                    break;
+                    registry.remove(id);
+                    return;
                 }
                 closing = true;
-                served.as_mut().graceful_shutdown();
+                Pin::new(&mut served).graceful_shutdown();
             }
+        }
+    };
+    let parts = served.into_parts();
+    let mut socket = parts.io.into_inner();
+    match result {
+        // Part of a request head arrived, then nothing more in time: say so before closing.
+        // (An idle keep-alive connection, with no bytes waiting, is just closed.)
+        Err(e) if e.is_timeout() && !parts.read_buf.is_empty() => {
+            tracing::debug!(
+                "closing a connection whose request head stalled after {} bytes",
+                parts.read_buf.len()
+            );
+            let answer = error_bodies::render(&ApiError::header_timeout(header_timeout));
+            // A client that does not read its answer does not hold the connection open.
+            let _ = tokio::time::timeout(SEND_TIMEOUT, socket.send_and_close(&answer)).await;
+        }
+        Err(e) => tracing::debug!("connection closed: {e}"),
+        Ok(()) => {
+            let _ = tokio::time::timeout(SEND_TIMEOUT, socket.close()).await;
         }
     }
     registry.remove(id);
 }
+
+/// How long a closing connection may take to send its last bytes.
+const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A response body that keeps its connection marked busy until it is sent (or dropped).
 struct BusyBody {

@@ -240,8 +240,9 @@ async fn prepare(
     param: &str,
 ) -> Result<PreparedPrompt, ApiError> {
     let model = Arc::clone(&state.model);
+    let (cancel, _cancel_when_dropped) = spindle_text::Cancel::with_guard();
     tokio::task::spawn_blocking(move || {
-        let prepared = model.prepare(&prompt).map(|mut p| {
+        let prepared = model.prepare_cancellable(&prompt, &cancel).map(|mut p| {
             p.text = String::new();
             p
         });

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::common::{closed_within, read_answer, user, TestServer};
@@ -126,6 +126,47 @@ async fn slow_headers_short_bodies_and_idle_connections_are_closed() {
     let started = Instant::now();
     closed_within(&mut idle, Duration::from_secs(4)).await;
     assert!(started.elapsed() >= Duration::from_millis(500));
+    server.stop().await;
+}
+
+/// A request head that stalls midway gets 408 with an error object, then the connection
+/// closes; a connection that sent nothing is closed without an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_head_gets_408_and_a_silent_connection_is_just_closed() {
+    let server = TestServer::start(|c| c.header_timeout = Duration::from_millis(500)).await;
+    let mut stalled = connect(&server).await;
+    let mut silent = connect(&server).await;
+    let started = Instant::now();
+    stalled
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Ty")
+        .await
+        .unwrap();
+    let answer = read_answer(&mut stalled, Duration::from_secs(3)).await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{answer:?}"
+    );
+    assert_eq!(answer.status, 408, "{answer:?}");
+    assert!(answer.head.contains("connection: close"), "{answer:?}");
+    let error = &answer.json()["error"];
+    assert_eq!(error["code"], "request_timeout", "{answer:?}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("--header-timeout"),
+        "{answer:?}"
+    );
+    closed_within(&mut stalled, Duration::from_secs(2)).await;
+
+    let mut first = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(3), silent.read(&mut first))
+        .await
+        .expect("the silent connection is closed in time");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "a connection that sent nothing gets no answer, only a close: {first:?}"
+    );
     server.stop().await;
 }
 

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use spindle_text::Tokenizer;
+use serde_json::{Map, Value};
+use spindle_text::{ChatTemplate, Tokenizer};
 
 /// `relative` inside the repository's fixtures (through `spindle_testkit`, which unpacks the
 /// compressed tokenizer).
@@ -30,4 +31,31 @@ pub fn qwen_tokenizer() -> Arc<Tokenizer> {
             Arc::new(Tokenizer::from_file(&path).unwrap_or_else(|e| panic!("{e}")))
         })
         .clone()
+}
+
+/// The Qwen3.6 chat template of the fixtures.
+pub fn qwen_template() -> ChatTemplate {
+    let path = fixture("chat/qwen3_6_chat_template.jinja");
+    let source = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    ChatTemplate::from_source(&source).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The extra template variables of a `chat/cases.json` case: its fields other than the
+/// conversation and the expectations.
+pub fn case_extra(case: &Value) -> Map<String, Value> {
+    const CASE_FIELDS: [&str; 6] = [
+        "name",
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "expected",
+        "expected_error",
+    ];
+    case.as_object()
+        .expect("a case is an object")
+        .iter()
+        .filter(|(k, _)| !CASE_FIELDS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }

@@ -1,0 +1,230 @@
+//! A batched step's bookkeeping: which of the step's concatenated token rows belong to which
+//! sequence, and what happens when one sequence fails (its rows leave the step, the others go on
+//! unchanged).
+//!
+//! The flow keeps every sequence's new tokens as one block of rows `[N, width]`, sequence after
+//! sequence, so token-wise work (norms, projections, experts, the LM head) runs once over all of
+//! them; per-sequence work runs on a [`Span`] of those rows with that sequence's own state.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use crate::error::{first_non_finite_row, EngineError, NonFiniteSite, Result};
+use crate::session::Session;
+use crate::BatchItem;
+use spindle_model::forward::LogitsFor;
+
+/// Where a sequence's new tokens sit in the step's rows, and its first new position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// Row range in the step's `[N, ·]` blocks.
+    pub rows: Range<usize>,
+    /// Absolute position of the first of those rows.
+    pub start: usize,
+}
+
+impl Span {
+    pub fn tokens(&self) -> usize {
+        self.rows.len()
+    }
+}
+
+/// One sequence of a step: its session, its new tokens and where they sit.
+pub struct Seq<'s> {
+    /// Index of the caller's item (its result slot).
+    pub item: usize,
+    pub session: &'s mut Session,
+    pub ids: &'s [u32],
+    pub want: LogitsFor,
+    /// The session's position when the step began (errors count tokens from it).
+    pub origin: usize,
+    pub span: Span,
+}
+
+/// The sequences still running in a step, and the results of those that finished or failed.
+pub struct Step<'s> {
+    pub seqs: Vec<Seq<'s>>,
+    results: Vec<Option<Result<Vec<f32>>>>,
+}
+
+impl<'s> Step<'s> {
+    /// Lays the items' tokens out one after another. A session broken by an earlier step gets
+    /// its [`EngineError::BrokenSession`] at once and takes no rows.
+    pub fn new(items: &'s mut [BatchItem<'_>]) -> Self {
+        let mut results: Vec<Option<Result<Vec<f32>>>> = (0..items.len()).map(|_| None).collect();
+        let mut seqs = Vec::with_capacity(items.len());
+        let mut next_row = 0;
+        for (item, it) in items.iter_mut().enumerate() {
+            if let Some(cause) = &it.session.broken {
+                results[item] = Some(Err(EngineError::BrokenSession {
+                    cause: cause.clone(),
+                }));
+                continue;
+            }
+            let start = it.session.position;
+            let rows = next_row..next_row + it.ids.len();
+            next_row = rows.end;
+            seqs.push(Seq {
+                item,
+                session: &mut *it.session,
+                ids: it.ids,
+                want: it.want,
+                origin: start,
+                span: Span { rows, start },
+            });
+        }
+        Step { seqs, results }
+    }
+
+    /// Rows in the step (all running sequences' new tokens).
+    pub fn tokens(&self) -> usize {
+        self.seqs.last().map_or(0, |s| s.span.rows.end)
+    }
+
+    /// Rows per running sequence, in row order (how the token-wise kernels group rows).
+    pub fn groups(&self) -> Vec<usize> {
+        self.seqs.iter().map(|s| s.span.tokens()).collect()
+    }
+
+    /// The running sequences' spans, in row order.
+    pub fn spans(&self) -> Vec<Span> {
+        self.seqs.iter().map(|s| s.span.clone()).collect()
+    }
+
+    /// Every running sequence's tokens, in row order.
+    pub fn ids(&self) -> Vec<u32> {
+        self.seqs
+            .iter()
+            .flat_map(|s| s.ids.iter().copied())
+            .collect()
+    }
+
+    /// Ends sequence `k` with `error`: its session is marked broken (its state is part-way
+    /// through the step). Rows are not touched: call [`Step::compact`] after.
+    fn fail(&mut self, k: usize, error: EngineError) {
+        let seq = &mut self.seqs[k];
+        seq.session.broken = Some(error.to_string());
+        self.results[seq.item] = Some(Err(error));
+    }
+
+    /// Fails every running sequence with the error `make` builds (a failure that is not local
+    /// to any sequence's rows, such as a streamed expert that could not be read).
+    pub fn fail_all(&mut self, make: impl Fn() -> EngineError) {
+        for k in 0..self.seqs.len() {
+            self.fail(k, make());
+        }
+        self.seqs.clear();
+    }
+
+    /// Checks rows `x` (`[N, width]`, every running sequence's rows: the residual stream
+    /// after a sublayer, the head input, the logits): a sequence whose rows hold a NaN or an
+    /// infinity fails with `site` and its rows leave `x`, so the others' rows (and results)
+    /// are exactly what they would be without it.
+    pub fn check_rows(&mut self, x: &mut Vec<f32>, width: usize, site: NonFiniteSite) {
+        // One vectorized pass over everything first: the usual case has nothing to find.
+        if first_non_finite_row(x, width).is_none() {
+            return;
+        }
+        let mut failed = Vec::new();
+        for (k, seq) in self.seqs.iter().enumerate() {
+            let rows = &seq.span.rows;
+            if let Some(row) = first_non_finite_row(&x[rows.start * width..rows.end * width], width)
+            {
+                let position = seq.span.start + row;
+                failed.push((
+                    k,
+                    EngineError::NonFinite {
+                        site,
+                        token: position - seq.origin,
+                        position,
+                    },
+                ));
+            }
+        }
+        for (k, error) in failed {
+            self.fail(k, error);
+        }
+        self.compact(x, width);
+    }
+
+    /// Keeps only the rows each sequence wants logits for (its last row, or all of them) in
+    /// `h`, and narrows the spans to them.
+    pub fn keep_wanted_rows(&mut self, h: &mut Vec<f32>, width: usize) {
+        if self.seqs.iter().all(|s| s.want == LogitsFor::All) {
+            return;
+        }
+        let mut kept = Vec::with_capacity(self.seqs.len() * width);
+        let mut next_row = 0;
+        for seq in &mut self.seqs {
+            let rows = seq.span.rows.clone();
+            let first = match seq.want {
+                LogitsFor::All => rows.start,
+                LogitsFor::Last => rows.end - 1,
+            };
+            kept.extend_from_slice(&h[first * width..rows.end * width]);
+            seq.span.start += first - rows.start;
+            seq.span.rows = next_row..next_row + (rows.end - first);
+            next_row = seq.span.rows.end;
+        }
+        *h = kept;
+    }
+
+    /// Each running sequence's rows of `x` (`[N, width]`) become its result.
+    pub fn finish_all(&mut self, x: &[f32], width: usize) {
+        for seq in self.seqs.drain(..) {
+            let rows = &seq.span.rows;
+            self.results[seq.item] = Some(Ok(x[rows.start * width..rows.end * width].to_vec()));
+        }
+    }
+
+    /// Drops the rows of sequences that have a result (failed ones) from `h` and renumbers
+    /// the remaining spans.
+    fn compact(&mut self, h: &mut Vec<f32>, width: usize) {
+        let results = &self.results;
+        let mut kept = Vec::with_capacity(h.len());
+        let mut next_row = 0;
+        self.seqs.retain_mut(|seq| {
+            if results[seq.item].is_some() {
+                return false;
+            }
+            let rows = seq.span.rows.clone();
+            kept.extend_from_slice(&h[rows.start * width..rows.end * width]);
+            seq.span.rows = next_row..next_row + rows.len();
+            next_row += rows.len();
+            true
+        });
+        *h = kept;
+    }
+
+    /// Every item's result, in the caller's order.
+    pub fn into_results(self) -> Vec<Result<Vec<f32>>> {
+        self.results
+            .into_iter()
+            .map(|r| r.expect("every sequence of a step ends with a result"))
+            .collect()
+    }
+}
+
+/// Splits `buf` (rows of `width`) into the rows of each span, in order. The spans must be
+/// consecutive from row 0 (as a step lays them out).
+pub fn split_rows<'b>(buf: &'b mut [f32], width: usize, spans: &[Span]) -> Vec<&'b mut [f32]> {
+    let mut parts = Vec::with_capacity(spans.len());
+    let mut rest = buf;
+    for span in spans {
+        let (head, tail) = rest.split_at_mut(span.tokens() * width);
+        parts.push(head);
+        rest = tail;
+    }
+    parts
+}
+
+/// Runs `f` on every part: in parallel when there are several (each part is one sequence's
+/// own state and rows, so the result does not depend on which thread runs it), inline for one.
+pub fn for_each_seq<T: Send>(parts: Vec<T>, f: impl Fn(T) + Sync + Send) {
+    if parts.len() == 1 {
+        parts.into_iter().for_each(f);
+    } else {
+        parts.into_par_iter().for_each(f);
+    }
+}

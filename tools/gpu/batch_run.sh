@@ -1,0 +1,36 @@
+#!/bin/bash
+# On the GPU machine, from the batch_prepare.sh folder: PART=tests|bench|ab|all (default all).
+# tests: batch (batched vs solo), fixtures, ops, kernels, qwen4, gdn_chunked (logs in $OUT);
+# bench: an 8-layer 35B-A3B-shaped checkpoint, then batch_decode at q4 (B=1,16,64);
+# ab: ab.sh spindle-old spindle (logits byte-compare and batch-1 bench).
+cd "$(dirname "$0")"
+source ./env.sh
+for f in *.xz; do [ -f "$f" ] && xz -d -f "$f"; done
+chmod +x ./*-test batch_decode spindle spindle-old 2>/dev/null
+part=${PART:-all}
+T0=$(date +%s); el() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
+if [ "$part" = tests ] || [ "$part" = all ]; then
+  for t in ${TESTS:-batch fixtures ops kernels qwen4 gdn_chunked}; do
+    [ -x ./$t-test ] || continue
+    el "== $t"
+    SPINDLE_FIXTURES=$PWD/fixtures timeout ${TT:-240} ./$t-test --include-ignored --test-threads=1 --nocapture > "$OUT/$t.log" 2>&1
+    echo "rc=$?"
+    grep -E "test result|panicked|FAILED|batched vs solo|vs CPU|max\|Δ\||differ" "$OUT/$t.log" | cut -c1-200 | head -"${LINES_PER:-40}"
+  done
+fi
+if [ "$part" = bench ] || [ "$part" = all ]; then
+  el "synth a3b 8 layers"
+  exe=./spindle; [ -x "$exe" ] || exe=./spindle-old
+  [ -d "$WORK/a3b" ] || "$exe" synth --shape qwen3.6-35b-a3b --layers 8 --out "$WORK/a3b" > /dev/null 2> "$WORK/synth.err" || tail -3 "$WORK/synth.err"
+  el "batch_decode q4"
+  RUST_LOG=warn timeout 400 ./batch_decode "$WORK/a3b" --quant q4 --batch ${BATCHES:-1,16,64} --context 512 --steps 32 --runs 3 ${MATVEC_ROWS:+--matvec-rows $MATVEC_ROWS} 2>&1 | tee "$OUT/batch_decode.log"
+fi
+if [ -n "${PROFILE_BATCHES:-}" ]; then
+  el "batch_decode q4, per-kernel profile (no graphs)"
+  SPINDLE_CUDA_PROFILE=1 RUST_LOG=warn timeout 300 ./batch_decode "$WORK/a3b" --quant q4 --batch $PROFILE_BATCHES --context 512 --steps 8 --runs 1 ${MATVEC_ROWS:+--matvec-rows $MATVEC_ROWS} 2>&1 | tee "$OUT/batch_profile.log" | grep -v "decode_argmax"
+fi
+if [ "$part" = ab ] || [ "$part" = all ]; then
+  el "ab"
+  [ -x ./spindle-old ] && [ -x ./spindle ] && bash ab.sh "$PWD/spindle-old" "$PWD/spindle" 2>&1 | tee "$OUT/ab.log"
+fi
+el done
