@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use spindle_cpu::LogitsFor;
 use spindle_text::{FinishReason, StopConditions, TextStream};
 
-use crate::backend::BackendSession;
+use crate::backend::{BackendSession, Draw};
 use crate::error::{Result, RuntimeError};
 use crate::model::Model;
 use crate::sampling::{Sampler, SamplingParams};
@@ -156,18 +156,56 @@ impl SequenceDecoder {
     /// checks EOS, stop strings, `max_tokens` and the context. `logits` is changed in place
     /// (penalties). After the sequence ended it returns empty steps.
     pub fn step(&mut self, logits: &mut [f32], position: usize) -> Result<TokenStep> {
-        let ended = TokenStep {
-            text: String::new(),
-            next: None,
-        };
-        if self.finish.is_some() {
-            return Ok(ended);
-        }
-        if self.max_tokens == Some(0) {
-            self.finish = Some(Finish::Length);
-            return Ok(ended);
+        if !self.wants_token() {
+            return Ok(self.ended());
         }
         let id = self.sampler.sample(logits, &self.history);
+        self.accept(id, position)
+    }
+
+    /// The empty step of a sequence that does not sample (ended, or `max_tokens` 0, which
+    /// ends it here).
+    fn ended(&mut self) -> TokenStep {
+        if self.finish.is_none() {
+            self.finish = Some(Finish::Length);
+        }
+        TokenStep {
+            text: String::new(),
+            next: None,
+        }
+    }
+
+    /// Whether the next row of logits will be sampled (the sequence has not ended and may
+    /// generate): when it will not, [`SequenceDecoder::step`] and
+    /// [`SequenceDecoder::accept`] return empty steps.
+    pub fn wants_token(&self) -> bool {
+        self.finish.is_none() && self.max_tokens != Some(0)
+    }
+
+    /// The next draw for a sampler that runs where the logits are
+    /// ([`crate::Backend::forward_batch_sampled`]): the parameters, this step's uniform draw
+    /// (taken from this sequence's random stream exactly as [`SequenceDecoder::step`] would
+    /// take it) and the ids the penalties count. Pass the chosen token to
+    /// [`SequenceDecoder::accept`]. `None` when the sequence will not sample
+    /// ([`SequenceDecoder::wants_token`]).
+    pub fn draw(&mut self) -> Option<Draw<'_>> {
+        if !self.wants_token() {
+            return None;
+        }
+        let uniform = self.sampler.next_uniform().unwrap_or(0.0);
+        Some(Draw {
+            params: self.sampler.params(),
+            uniform,
+            history: &self.history,
+        })
+    }
+
+    /// [`SequenceDecoder::step`] for a token already chosen (by a device sampler given
+    /// [`SequenceDecoder::draw`]): detokenizes it and checks the stop conditions.
+    pub fn accept(&mut self, id: u32, position: usize) -> Result<TokenStep> {
+        if !self.wants_token() {
+            return Ok(self.ended());
+        }
         self.ids.push(id);
         self.history.push(id);
         let delta = self.stream.push(id)?;
@@ -205,6 +243,13 @@ impl SequenceDecoder {
     /// Why the sequence ended, once it has.
     pub fn finish(&self) -> Option<&Finish> {
         self.finish.as_ref()
+    }
+
+    /// The tokens this sequence may still generate: `max_tokens` (or `default` when unset)
+    /// less what it has generated, within the context.
+    pub fn room(&self, default: usize) -> usize {
+        let wanted = self.max_tokens.unwrap_or(default).saturating_sub(self.ids.len());
+        wanted.min(self.limit.saturating_sub(self.prompt_tokens))
     }
 
     /// Tokens generated so far.

@@ -279,3 +279,86 @@ fn bad_requests_are_refused_at_submission() {
     )
     .is_err());
 }
+
+/// The path a device sampler takes (each sequence's `SequenceDecoder::draw`, a batched
+/// `Backend::forward_batch_sampled`, then `accept`) picks every token the host path
+/// (`Model::generate`, sampling each logits row) picks: the draw consumes each sequence's
+/// random stream exactly as host sampling does, with every filter and penalty.
+#[test]
+fn the_draw_and_accept_path_picks_what_host_sampling_picks() {
+    use spindle_cpu::LogitsFor;
+    use spindle_runtime::backend::BatchItem;
+    use spindle_runtime::SequenceDecoder;
+
+    let model = demo();
+    let settings = [
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 0.8,
+            seed: Some(11),
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            temperature: 1.3,
+            top_k: 20,
+            top_p: 0.9,
+            min_p: 0.02,
+            seed: Some(5),
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            temperature: 0.7,
+            repetition_penalty: 1.3,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.4,
+            seed: Some(9),
+            ..SamplingParams::default()
+        },
+    ];
+    let prompts = ["Once upon a time", "The capital of France is", "1, 2, 3,", "Hello"];
+    let runs: Vec<(Vec<u32>, GenerateOptions)> = prompts
+        .iter()
+        .zip(&settings)
+        .map(|(text, sampling)| (ids(&model, text), options(12, sampling.clone())))
+        .collect();
+    let mut sessions: Vec<_> = runs.iter().map(|_| model.new_session().unwrap()).collect();
+    let mut decoders: Vec<SequenceDecoder> = runs
+        .iter()
+        .map(|(prompt, opts)| SequenceDecoder::new(&model, 0, prompt, opts).unwrap())
+        .collect();
+    let mut feed: Vec<Vec<u32>> = runs.iter().map(|(prompt, _)| prompt.clone()).collect();
+    let mut live: Vec<bool> = vec![true; runs.len()];
+    while live.iter().any(|&l| l) {
+        let active: Vec<usize> = (0..runs.len()).filter(|&n| live[n]).collect();
+        let mut items = Vec::new();
+        let mut draws = Vec::new();
+        for (n, (session, decoder)) in sessions.iter_mut().zip(decoders.iter_mut()).enumerate() {
+            if !live[n] {
+                continue;
+            }
+            items.push(BatchItem {
+                session,
+                ids: &feed[n],
+                want: LogitsFor::Last,
+            });
+            draws.push(decoder.draw().expect("a live sequence samples"));
+        }
+        let picked = model.backend.forward_batch_sampled(&mut items, &draws);
+        drop(draws);
+        drop(items);
+        for (n, id) in active.into_iter().zip(picked) {
+            let position = sessions[n].position();
+            let step = decoders[n].accept(id.unwrap(), position).unwrap();
+            match step.next {
+                Some(next) => feed[n] = vec![next],
+                None => live[n] = false,
+            }
+        }
+    }
+    for ((prompt, opts), decoder) in runs.iter().zip(decoders) {
+        let expected = solo(&model, prompt, opts);
+        let got = decoder.into_completion(Default::default(), Default::default());
+        assert_eq!(got.ids, expected.ids, "{:?}", opts.sampling);
+        assert_eq!(got.text, expected.text);
+    }
+}

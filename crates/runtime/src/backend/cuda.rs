@@ -134,6 +134,37 @@ impl CudaBackend {
         Ok(self.engine.forward(&mut session.session, ids, want)?)
     }
 
+    /// One batched step over checked input (see `CudaEngine::forward_batch`), under the lock.
+    pub(super) fn forward_batch(
+        &self,
+        items: &mut [spindle_cuda::CudaBatchItem<'_>],
+    ) -> Vec<Result<Vec<f32>>> {
+        let _held = self.held();
+        self.engine
+            .forward_batch(items)
+            .into_iter()
+            .map(|r| r.map_err(Into::into))
+            .collect()
+    }
+
+    /// One batched step over checked input whose next tokens the device sampler chooses from
+    /// each item's last row; only the ids come back.
+    pub(super) fn forward_batch_sampled(
+        &self,
+        items: &mut [spindle_cuda::CudaBatchItem<'_>],
+        rows: &[spindle_cuda::RowSampling<'_>],
+    ) -> Result<Vec<u32>> {
+        let _held = self.held();
+        let logits = self.engine.forward_batch_device(items)?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for (k, chunk) in rows.chunks(spindle_cuda::MAX_SAMPLE_ROWS).enumerate() {
+            let first = k * spindle_cuda::MAX_SAMPLE_ROWS;
+            let at = logits.row_ptr(logits.item_rows(first).start);
+            ids.extend(self.engine.sample_rows(at, chunk)?);
+        }
+        Ok(ids)
+    }
+
     /// One decode step of a checked token, the next token chosen on the device.
     pub(super) fn decode_greedy(&self, session: &mut CudaSessionGuard, id: u32) -> Result<u32> {
         let _held = self.held();
@@ -180,6 +211,10 @@ pub struct CudaSessionGuard {
 impl CudaSessionGuard {
     pub fn session(&self) -> &spindle_cuda::CudaSession {
         &self.session
+    }
+
+    pub(super) fn session_mut(&mut self) -> &mut spindle_cuda::CudaSession {
+        &mut self.session
     }
 }
 

@@ -20,6 +20,7 @@ pub use crate::device::Device;
 use crate::error::{Result, RuntimeError};
 use crate::input::check_input;
 use crate::measure::{measure_read_bandwidth, KernelTime};
+use crate::sampling::{Sampler, SamplingParams};
 pub use cuda::cuda_refusal;
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaSessionGuard};
@@ -74,6 +75,16 @@ impl BackendSession {
             BackendSession::Cuda(_) => None,
         }
     }
+}
+
+/// How one item's next token is chosen in [`Backend::forward_batch_sampled`].
+pub struct Draw<'a> {
+    pub params: &'a SamplingParams,
+    /// The uniform draw in [0, 1) from the sequence's own sampler
+    /// ([`crate::sampling::Sampler::next_uniform`]; any value when greedy).
+    pub uniform: f64,
+    /// The ids the penalties count (prompt and generated tokens).
+    pub history: &'a [u32],
 }
 
 /// One sequence's share of a batched step ([`Backend::forward_batch`]).
@@ -208,51 +219,26 @@ impl Backend {
     /// back its own logits (as [`Backend::forward`] would return them) or its own error. Each
     /// item's input is checked here; an item refused (or failing) leaves the others running.
     pub fn forward_batch(&self, items: &mut [BatchItem<'_>]) -> Vec<Result<Vec<f32>>> {
-        let config = self.config();
-        let mut results: Vec<Option<Result<Vec<f32>>>> = items
-            .iter()
-            .map(|item| {
-                check_input(config, item.session.position(), item.ids)
-                    .err()
-                    .map(|e| Err(e.into()))
-            })
-            .collect();
-        let runnable: Vec<usize> = (0..items.len()).filter(|&n| results[n].is_none()).collect();
+        let mut results = self.check_batch(items);
         match self {
             Backend::Cpu(e) => {
-                let mut batch = Vec::with_capacity(runnable.len());
-                #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
-                let mut foreign: Vec<usize> = Vec::new();
-                for (n, item) in items.iter_mut().enumerate() {
-                    if results[n].is_some() {
-                        continue;
-                    }
-                    match &mut item.session {
-                        BackendSession::Cpu(s) => batch.push((
-                            n,
-                            spindle_cpu::BatchItem {
-                                session: s,
-                                ids: item.ids,
-                                want: item.want,
-                            },
-                        )),
-                        #[cfg(feature = "cuda")]
-                        BackendSession::Cuda(_) => foreign.push(n),
-                    }
-                }
-                for n in foreign {
-                    results[n] = Some(Err(self.foreign_session()));
-                }
-                let (order, mut engine_items): (Vec<usize>, Vec<_>) = batch.into_iter().unzip();
-                for (n, r) in order.into_iter().zip(e.forward_batch(&mut engine_items)) {
+                let (order, mut batch) = self.cpu_items(items, &mut results);
+                for (n, r) in order.into_iter().zip(e.forward_batch(&mut batch)) {
                     results[n] = Some(r.map_err(Into::into));
                 }
             }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => {
-                for n in runnable {
-                    let item = &mut items[n];
-                    results[n] = Some(self.forward(item.session, item.ids, item.want));
+            Backend::Cuda(c) => {
+                let (order, mut batch) = self.cuda_items(items, &mut results);
+                let logits = c.forward_batch(&mut batch);
+                drop(batch);
+                for (n, r) in order.into_iter().zip(logits) {
+                    let tokens = items[n].ids.len();
+                    results[n] = Some(r.and_then(|logits| {
+                        // The step succeeded, so the session is past the item's tokens.
+                        let start = items[n].session.position() - tokens;
+                        self.check_logits(&logits, tokens, start).map(|()| logits)
+                    }));
                 }
             }
         }
@@ -260,6 +246,164 @@ impl Backend {
             .into_iter()
             .map(|r| r.expect("every item has a result"))
             .collect()
+    }
+
+    /// Whether [`Backend::forward_batch_sampled`] chooses tokens on the device (CUDA), so
+    /// only token ids cross to the host; on the CPU it samples the host logits.
+    pub fn samples_on_device(&self) -> bool {
+        !matches!(self, Backend::Cpu(_))
+    }
+
+    /// One batched step whose next tokens are chosen where the logits are: item `n`'s last
+    /// logits row is sampled with `draws[n]` (its parameters, the uniform draw its own
+    /// [`crate::sampling::Sampler`] took, and the ids its penalties count), and only the token
+    /// comes back. The choice is [`crate::sampling::Sampler::sample_with`]'s on every backend
+    /// (on CUDA the device sampler reproduces it). Every item must want [`LogitsFor::Last`].
+    pub fn forward_batch_sampled(
+        &self,
+        items: &mut [BatchItem<'_>],
+        draws: &[Draw<'_>],
+    ) -> Vec<Result<u32>> {
+        assert_eq!(items.len(), draws.len(), "one draw per item");
+        assert!(
+            items.iter().all(|item| item.want == LogitsFor::Last),
+            "a sampled step takes each item's last row"
+        );
+        match self {
+            Backend::Cpu(_) => self
+                .forward_batch(items)
+                .into_iter()
+                .zip(draws)
+                .map(|(logits, draw)| {
+                    let mut logits = logits?;
+                    let mut sampler = Sampler::new(SamplingParams {
+                        seed: Some(0),
+                        ..draw.params.clone()
+                    })?;
+                    Ok(sampler.sample_with(&mut logits, draw.history, Some(draw.uniform)))
+                })
+                .collect(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => {
+                let mut results = self.check_batch(items);
+                let (order, mut batch) = self.cuda_items(items, &mut results);
+                let rows: Vec<spindle_cuda::RowSampling> = order
+                    .iter()
+                    .map(|&n| {
+                        let d = &draws[n];
+                        spindle_cuda::RowSampling {
+                            temperature: d.params.temperature,
+                            top_k: d.params.top_k,
+                            top_p: d.params.top_p,
+                            min_p: d.params.min_p,
+                            repetition_penalty: d.params.repetition_penalty,
+                            presence_penalty: d.params.presence_penalty,
+                            frequency_penalty: d.params.frequency_penalty,
+                            uniform: d.uniform,
+                            history: d.history,
+                        }
+                    })
+                    .collect();
+                let ids = if batch.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    c.forward_batch_sampled(&mut batch, &rows)
+                };
+                drop(batch);
+                match ids {
+                    Ok(ids) => {
+                        for (n, id) in order.into_iter().zip(ids) {
+                            results[n] = Some(Ok(id));
+                        }
+                    }
+                    Err(e) => {
+                        let why = e.to_string();
+                        for n in order {
+                            results[n] = Some(Err(RuntimeError::Request(format!(
+                                "the batched step failed: {why}"
+                            ))));
+                        }
+                    }
+                }
+                results
+                    .into_iter()
+                    .map(|r| match r.expect("every item has a result") {
+                        Ok(id) => Ok(id),
+                        Err(e) => Err(e),
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Each item's input checked: `Some(error)` for an item refused, `None` for one to run.
+    fn check_batch<T>(&self, items: &[BatchItem<'_>]) -> Vec<Option<Result<T>>> {
+        let config = self.config();
+        items
+            .iter()
+            .map(|item| {
+                check_input(config, item.session.position(), item.ids)
+                    .err()
+                    .map(|e| Err(e.into()))
+            })
+            .collect()
+    }
+
+    /// The CPU engine's items for the runnable entries of `items` (those without a result
+    /// yet), with their indices; a session of another backend gets its error.
+    fn cpu_items<'a, T>(
+        &self,
+        items: &'a mut [BatchItem<'_>],
+        results: &mut [Option<Result<T>>],
+    ) -> (Vec<usize>, Vec<spindle_cpu::BatchItem<'a>>) {
+        let mut order = Vec::new();
+        let mut batch = Vec::new();
+        for (n, item) in items.iter_mut().enumerate() {
+            if results[n].is_some() {
+                continue;
+            }
+            match &mut *item.session {
+                BackendSession::Cpu(s) => {
+                    order.push(n);
+                    batch.push(spindle_cpu::BatchItem {
+                        session: s,
+                        ids: item.ids,
+                        want: item.want,
+                    });
+                }
+                #[cfg(feature = "cuda")]
+                BackendSession::Cuda(_) => results[n] = Some(Err(self.foreign_session())),
+            }
+        }
+        (order, batch)
+    }
+
+    /// As [`Backend::cpu_items`], for the CUDA engine.
+    #[cfg(feature = "cuda")]
+    fn cuda_items<'a, T>(
+        &self,
+        items: &'a mut [BatchItem<'_>],
+        results: &mut [Option<Result<T>>],
+    ) -> (Vec<usize>, Vec<spindle_cuda::CudaBatchItem<'a>>) {
+        let mut order = Vec::new();
+        let mut batch = Vec::new();
+        for (n, item) in items.iter_mut().enumerate() {
+            if results[n].is_some() {
+                continue;
+            }
+            match &mut *item.session {
+                BackendSession::Cuda(s) => {
+                    order.push(n);
+                    batch.push(spindle_cuda::CudaBatchItem {
+                        session: s.session_mut(),
+                        ids: item.ids,
+                        want: item.want,
+                    });
+                }
+                BackendSession::Cpu(_) => results[n] = Some(Err(self.foreign_session())),
+            }
+        }
+        (order, batch)
     }
 
     /// Feeds one token and returns the greedy next token ([`argmax`] of its logits): on the
@@ -296,6 +440,7 @@ impl Backend {
         }
     }
 
+    #[cfg(feature = "cuda")]
     fn foreign_session(&self) -> RuntimeError {
         RuntimeError::Request(format!(
             "a session of another backend was given to the model on {}",

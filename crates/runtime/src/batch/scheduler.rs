@@ -12,10 +12,11 @@ use spindle_cpu::LogitsFor;
 
 use super::plan::{plan_step, Work};
 use super::stats::SchedulerStats;
-use crate::backend::{BackendSession, BatchItem};
+use crate::backend::{BackendSession, BatchItem, Draw};
 use crate::error::{Result, RuntimeError};
 use crate::generate::{Completion, Flow, GenerateOptions, SequenceDecoder};
 use crate::model::Model;
+use crate::sampling::SamplingParams;
 
 /// How the scheduler batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +81,17 @@ struct Request {
     sink: EventSink,
     cancel: Arc<AtomicBool>,
     submitted: Instant,
+}
+
+/// Answer tokens whose state a new sequence is given room for at admission when its request
+/// sets no `max_tokens` (past it, its state grows as it decodes).
+const RESERVED_ANSWER_TOKENS: usize = 1024;
+
+/// What a step gives a sequence: its logits row to sample on the host, or the token the
+/// device sampler chose ([`crate::Backend::samples_on_device`]).
+enum Choice {
+    Logits(Vec<f32>),
+    Token(u32),
 }
 
 /// A sequence with a session, being prefilled or decoded.
@@ -372,7 +384,15 @@ impl EngineLoop {
             let Some(request) = self.waiting.pop_front() else {
                 return;
             };
-            match self.model.backend.new_session() {
+            // Where a backend allocates state ahead (CUDA), the prompt and the answer's room
+            // are allocated now, so running out of memory keeps this sequence waiting instead
+            // of failing a step that others share.
+            let room = request.decoder.room(RESERVED_ANSWER_TOKENS);
+            match self
+                .model
+                .backend
+                .new_session_with_capacity(request.prompt.len() + room)
+            {
                 Ok(session) => self.running.push(Sequence {
                     request,
                     session,
@@ -406,25 +426,35 @@ impl EngineLoop {
         let work: Vec<Work> = self.running.iter().map(Sequence::work).collect();
         let take = plan_step(&work, self.config.token_budget);
         let started = Instant::now();
+        let on_device = self.model.backend.samples_on_device();
+        let greedy = SamplingParams::default();
         let mut order = Vec::with_capacity(take.len());
         let mut items = Vec::with_capacity(take.len());
+        let mut draws = Vec::with_capacity(take.len());
         for (n, sequence) in self.running.iter_mut().enumerate() {
             if take[n] == 0 {
                 continue;
             }
             let Sequence {
-                request,
+                request: Request {
+                    prompt, decoder, ..
+                },
                 session,
                 fed,
                 next,
                 prefill_started,
                 ..
             } = sequence;
+            // Whether this step's row gives the sequence its next token.
+            let samples = match work[n] {
+                Work::Decode => true,
+                Work::Prefill { remaining } => take[n] == remaining,
+            };
             let ids: &[u32] = match work[n] {
                 Work::Decode => &next[..],
                 Work::Prefill { .. } => {
                     prefill_started.get_or_insert(started);
-                    &request.prompt[*fed..*fed + take[n]]
+                    &prompt[*fed..*fed + take[n]]
                 }
             };
             order.push(n);
@@ -433,8 +463,25 @@ impl EngineLoop {
                 ids,
                 want: LogitsFor::Last,
             });
+            if on_device {
+                // A row that gives no token (a prompt chunk before the last) is drawn greedily
+                // and dropped, without touching the sequence's random stream.
+                let draw = samples.then(|| decoder.draw()).flatten();
+                draws.push(draw.unwrap_or(Draw {
+                    params: &greedy,
+                    uniform: 0.0,
+                    history: &[],
+                }));
+            }
         }
-        let results = self.model.backend.forward_batch(&mut items);
+        let results: Vec<Result<Choice>> = if on_device {
+            let ids = self.model.backend.forward_batch_sampled(&mut items, &draws);
+            ids.into_iter().map(|r| r.map(Choice::Token)).collect()
+        } else {
+            let logits = self.model.backend.forward_batch(&mut items);
+            logits.into_iter().map(|r| r.map(Choice::Logits)).collect()
+        };
+        drop(draws);
         drop(items);
         self.stats
             .record_step(order.len(), take.iter().sum::<usize>());
@@ -442,8 +489,8 @@ impl EngineLoop {
         let mut ended: Vec<(usize, Option<RuntimeError>)> = Vec::new();
         for (n, result) in order.into_iter().zip(results) {
             let sequence = &mut self.running[n];
-            let mut logits = match result {
-                Ok(logits) => logits,
+            let choice = match result {
+                Ok(choice) => choice,
                 Err(e) => {
                     ended.push((n, Some(e)));
                     continue;
@@ -456,7 +503,7 @@ impl EngineLoop {
                 }
                 sequence.prefill_time = now - sequence.prefill_started.unwrap_or(started);
             }
-            match self.token(n, &mut logits, now) {
+            match self.token(n, choice, now) {
                 Ok(true) => {}
                 Ok(false) => ended.push((n, None)),
                 Err(e) => ended.push((n, Some(e))),
@@ -470,12 +517,17 @@ impl EngineLoop {
         }
     }
 
-    /// Samples sequence `n`'s next token from `logits` and sends its text. False when the
-    /// sequence ended (a stop condition, or its sink stopped it).
-    fn token(&mut self, n: usize, logits: &mut [f32], now: Instant) -> Result<bool> {
+    /// Takes sequence `n`'s next token (sampled here from its logits, or already chosen on
+    /// the device) and sends its text. False when the sequence ended (a stop condition, or its
+    /// sink stopped it).
+    fn token(&mut self, n: usize, choice: Choice, now: Instant) -> Result<bool> {
         let sequence = &mut self.running[n];
         let position = sequence.session.position();
-        let step = sequence.request.decoder.step(logits, position)?;
+        let decoder = &mut sequence.request.decoder;
+        let step = match choice {
+            Choice::Logits(mut logits) => decoder.step(&mut logits, position)?,
+            Choice::Token(id) => decoder.accept(id, position)?,
+        };
         if sequence.request.decoder.generated() > 0 {
             match sequence.last_token {
                 None => self
