@@ -13,7 +13,7 @@ use serde::Serialize;
 use spindle_cpu::LogitsFor;
 use spindle_kernels::softmax::argmax;
 
-use crate::backend::{Backend, BackendSession, BatchItem};
+use crate::backend::{Backend, BackendSession, BatchItem, Draw};
 use crate::batch::{BatchConfig, Scheduler};
 use crate::error::Result;
 use crate::generate::GenerateOptions;
@@ -110,9 +110,20 @@ fn decode_step(backend: &Backend, sessions: &mut [BackendSession], next: &mut [u
             want: LogitsFor::Last,
         })
         .collect();
-    let results = backend.forward_batch(&mut items);
-    for (slot, logits) in next.iter_mut().zip(results) {
-        *slot = argmax(&logits?) as u32;
+    // Greedy tokens chosen where the logits are (on CUDA only the ids come back), as the
+    // scheduler takes them.
+    let greedy = SamplingParams::default();
+    let draws: Vec<Draw<'_>> = ids
+        .iter()
+        .map(|_| Draw {
+            params: &greedy,
+            uniform: 0.0,
+            history: &[],
+        })
+        .collect();
+    let results = backend.forward_batch_sampled(&mut items, &draws);
+    for (slot, id) in next.iter_mut().zip(results) {
+        *slot = id?;
     }
     Ok(())
 }
