@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the batched-step work for a GPU machine into DIR (default .device-carry): the GPU test
-# binaries of spindle-cuda (batch, fixtures, ops, kernels, qwen4, gdn_chunked), the
+# binaries of spindle-cuda (batch, sampling, fixtures, ops, kernels, qwen4, gdn_chunked), the
 # batch_decode example, the spindle CLI with CUDA (NEW=1; `spindle-old` is kept if present),
 # each xz-compressed (the carry limit is 64 MiB), the fixtures and the GPU scripts.
 # On the GPU machine: `bash DIR/batch_run.sh` (PART=tests|bench|ab|all).
@@ -14,7 +14,7 @@ cargo test --release -p spindle-cuda --no-run --message-format=json 2>/dev/null 
     python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"] and m["target"]["name"] in ("batch", "fixtures", "ops", "kernels", "qwen4", "gdn_chunked"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"] and m["target"]["name"] in ("batch", "sampling", "fixtures", "ops", "kernels", "qwen4", "gdn_chunked"):
         print(m["target"]["name"], m["executable"])' |
     while read -r name exe; do
         cp "$exe" "$dir/$name-test"
@@ -34,5 +34,9 @@ rm -rf "$dir/fixtures" && mkdir -p "$dir/fixtures"
 for f in qwen3_next_moe qwen3_5_dense qwen3_5_moe qwen3_5_moe_fused qwen4_exp; do
     cp -r "${SPINDLE_FIXTURES:-fixtures}/$f" "$dir/fixtures/"
 done
+# The real Qwen tokenizer and chat template, for serving a synthetic checkpoint (PART=serve).
+mkdir -p "$dir/text"
+cp "${SPINDLE_FIXTURES:-fixtures}/tokenizer/tokenizer.json.gz" "$dir/text/"
+cp "${SPINDLE_FIXTURES:-fixtures}/chat/qwen3_6_chat_template.jinja" "$dir/text/chat_template.jinja"
 cp tools/gpu/*.sh "$dir/"
 du -sh "$dir"
