@@ -1,8 +1,7 @@
 //! The decode loop: prefill the prompt, then sample, detokenize and check stop conditions one
 //! token at a time, streaming text to the caller, who may stop it at any step. The per-token
-//! half of it is [`SequenceDecoder`], which the continuous-batching scheduler
-//! ([`crate::batch`]) runs for each of its sequences: one code path for a token, alone or in a
-//! batch.
+//! half of it is [`SequenceDecoder`], which the continuous-batching scheduler runs for each of
+//! its sequences: one code path for a token, alone or in a batch.
 
 use std::time::{Duration, Instant};
 
@@ -91,7 +90,7 @@ impl Completion {
 /// One sequence's side of the decode loop, between forward passes: its own [`Sampler`], the
 /// history its penalties see, the streaming detokenizer with the stop conditions, and the
 /// text and ids so far. Whoever runs the forward pass (one session in [`Model::generate`], a
-/// batched step in [`crate::batch`]) hands it each row of logits; it answers with the visible
+/// batched step of the batch scheduler) hands it each row of logits; it answers with the visible
 /// text and either the token to feed next or why the sequence ended.
 pub struct SequenceDecoder {
     sampler: Sampler,

@@ -1,4 +1,4 @@
-//! Launchers of the kernels in `sampling.cu` (sampling on the device: `crate::sampling`).
+//! Launchers of the kernels in `sampling.cu` (sampling on the device; the host side is the crate's sampling module).
 
 use super::Ptr;
 
