@@ -247,7 +247,10 @@ impl SequenceDecoder {
     /// The tokens this sequence may still generate: `max_tokens` (or `default` when unset)
     /// less what it has generated, within the context.
     pub fn room(&self, default: usize) -> usize {
-        let wanted = self.max_tokens.unwrap_or(default).saturating_sub(self.ids.len());
+        let wanted = self
+            .max_tokens
+            .unwrap_or(default)
+            .saturating_sub(self.ids.len());
         wanted.min(self.limit.saturating_sub(self.prompt_tokens))
     }
 

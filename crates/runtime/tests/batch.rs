@@ -315,7 +315,12 @@ fn the_draw_and_accept_path_picks_what_host_sampling_picks() {
             ..SamplingParams::default()
         },
     ];
-    let prompts = ["Once upon a time", "The capital of France is", "1, 2, 3,", "Hello"];
+    let prompts = [
+        "Once upon a time",
+        "The capital of France is",
+        "1, 2, 3,",
+        "Hello",
+    ];
     let runs: Vec<(Vec<u32>, GenerateOptions)> = prompts
         .iter()
         .zip(&settings)
