@@ -349,60 +349,65 @@ impl Backend {
             .collect()
     }
 
-    /// The CPU engine's items for the runnable entries of `items` (those without a result
-    /// yet), with their indices; a session of another backend gets its error.
-    fn cpu_items<'a, T>(
+    /// The runnable entries of `items` (those without a result yet) as one engine's items,
+    /// with their indices: `engine_session` gives the engine's session of a backend session
+    /// (`None` for another backend's, which gets its error).
+    fn engine_items<'a, S, T>(
         &self,
         items: &'a mut [BatchItem<'_>],
         results: &mut [Option<Result<T>>],
-    ) -> (Vec<usize>, Vec<spindle_cpu::BatchItem<'a>>) {
+        engine_session: impl Fn(&'a mut BackendSession) -> Option<S>,
+    ) -> (Vec<usize>, Vec<(S, &'a [u32], LogitsFor)>) {
         let mut order = Vec::new();
         let mut batch = Vec::new();
         for (n, item) in items.iter_mut().enumerate() {
             if results[n].is_some() {
                 continue;
             }
-            match &mut *item.session {
-                BackendSession::Cpu(s) => {
+            match engine_session(&mut *item.session) {
+                Some(session) => {
                     order.push(n);
-                    batch.push(spindle_cpu::BatchItem {
-                        session: s,
-                        ids: item.ids,
-                        want: item.want,
-                    });
+                    batch.push((session, item.ids, item.want));
                 }
-                #[cfg(feature = "cuda")]
-                BackendSession::Cuda(_) => results[n] = Some(Err(self.foreign_session())),
+                None => results[n] = Some(Err(self.foreign_session())),
             }
         }
         (order, batch)
     }
 
-    /// As [`Backend::cpu_items`], for the CUDA engine.
+    /// [`Backend::engine_items`] for the CPU engine.
+    fn cpu_items<'a, T>(
+        &self,
+        items: &'a mut [BatchItem<'_>],
+        results: &mut [Option<Result<T>>],
+    ) -> (Vec<usize>, Vec<spindle_cpu::BatchItem<'a>>) {
+        let (order, batch) = self.engine_items(items, results, |s| match s {
+            BackendSession::Cpu(s) => Some(s),
+            #[cfg(feature = "cuda")]
+            BackendSession::Cuda(_) => None,
+        });
+        let batch = batch
+            .into_iter()
+            .map(|(session, ids, want)| spindle_cpu::BatchItem { session, ids, want })
+            .collect();
+        (order, batch)
+    }
+
+    /// [`Backend::engine_items`] for the CUDA engine.
     #[cfg(feature = "cuda")]
     fn cuda_items<'a, T>(
         &self,
         items: &'a mut [BatchItem<'_>],
         results: &mut [Option<Result<T>>],
     ) -> (Vec<usize>, Vec<spindle_cuda::CudaBatchItem<'a>>) {
-        let mut order = Vec::new();
-        let mut batch = Vec::new();
-        for (n, item) in items.iter_mut().enumerate() {
-            if results[n].is_some() {
-                continue;
-            }
-            match &mut *item.session {
-                BackendSession::Cuda(s) => {
-                    order.push(n);
-                    batch.push(spindle_cuda::CudaBatchItem {
-                        session: s.session_mut(),
-                        ids: item.ids,
-                        want: item.want,
-                    });
-                }
-                BackendSession::Cpu(_) => results[n] = Some(Err(self.foreign_session())),
-            }
-        }
+        let (order, batch) = self.engine_items(items, results, |s| match s {
+            BackendSession::Cuda(s) => Some(s.session_mut()),
+            BackendSession::Cpu(_) => None,
+        });
+        let batch = batch
+            .into_iter()
+            .map(|(session, ids, want)| spindle_cuda::CudaBatchItem { session, ids, want })
+            .collect();
         (order, batch)
     }
 
@@ -440,7 +445,6 @@ impl Backend {
         }
     }
 
-    #[cfg(feature = "cuda")]
     fn foreign_session(&self) -> RuntimeError {
         RuntimeError::Request(format!(
             "a session of another backend was given to the model on {}",
