@@ -46,6 +46,11 @@ pub struct ServeArgs {
     /// Requests that may wait for a free session; beyond that the server answers 429.
     #[arg(long, default_value_t = 16)]
     queue: usize,
+    /// Bytes of sequence state (KV caches, GDN and PLE state) the running sequences may hold at
+    /// once: beyond it new requests wait, and the sequence admitted last is preempted (freed,
+    /// then recomputed when memory allows). Default: no limit beyond the device's memory.
+    #[arg(long, value_name = "BYTES")]
+    state_memory: Option<u64>,
     /// Largest request body in bytes; larger bodies get 413.
     #[arg(long, default_value_t = 4 << 20)]
     max_body_bytes: usize,
@@ -121,6 +126,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         api_key,
         parallel: args.parallel,
         token_budget: args.token_budget,
+        state_memory: args.state_memory,
         queue: args.queue,
         max_body_bytes: args.max_body_bytes,
         shutdown_grace: grace,

@@ -254,6 +254,11 @@ impl SequenceDecoder {
         wanted.min(self.limit.saturating_sub(self.prompt_tokens))
     }
 
+    /// The ids generated so far (EOS included when generated).
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
     /// Tokens generated so far.
     pub fn generated(&self) -> usize {
         self.ids.len()

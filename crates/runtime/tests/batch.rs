@@ -89,6 +89,7 @@ fn every_sequence_of_a_mixed_batch_matches_its_solo_run() {
         BatchConfig {
             max_seqs: 4,
             token_budget: budget,
+            state_budget: None,
         },
     )
     .unwrap();
@@ -180,6 +181,7 @@ fn a_seed_gives_the_same_text_at_batch_1_and_batch_8() {
         BatchConfig {
             max_seqs: 1,
             token_budget: 8,
+            state_budget: None,
         },
     )
     .unwrap();
@@ -191,6 +193,7 @@ fn a_seed_gives_the_same_text_at_batch_1_and_batch_8() {
         BatchConfig {
             max_seqs: 8,
             token_budget: 16,
+            state_budget: None,
         },
     )
     .unwrap();
@@ -229,6 +232,7 @@ fn cancelling_frees_the_sequence_and_dropping_the_handle_cancels() {
         BatchConfig {
             max_seqs: 2,
             token_budget: 64,
+            state_budget: None,
         },
     )
     .unwrap();
@@ -274,7 +278,8 @@ fn bad_requests_are_refused_at_submission() {
         model,
         BatchConfig {
             max_seqs: 8,
-            token_budget: 4
+            token_budget: 4,
+            state_budget: None,
         }
     )
     .is_err());
@@ -366,4 +371,58 @@ fn the_draw_and_accept_path_picks_what_host_sampling_picks() {
         assert_eq!(got.ids, expected.ids, "{:?}", opts.sampling);
         assert_eq!(got.text, expected.text);
     }
+}
+
+/// With a state budget that fits only some of the sequences as they grow, the scheduler
+/// admits what fits, preempts the sequence admitted last when the others outgrow the budget
+/// and recomputes it later from its prompt and what it generated: every sequence still gives
+/// its solo run's tokens, and the state held never passes the budget with more than one
+/// sequence running.
+#[test]
+fn a_state_budget_preempts_and_recomputes_without_changing_any_answer() {
+    let model = demo();
+    let config = model.config().clone();
+    let state = |tokens: usize| spindle_model::install::plan::state_bytes(&config, tokens);
+    let prompts: Vec<Vec<u32>> = [
+        "The first prompt is the longest one of them all, by a few words",
+        "A second prompt",
+        "Third",
+        "And the fourth prompt of this test",
+    ]
+    .iter()
+    .map(|text| ids(&model, text))
+    .collect();
+    let generate = 24;
+    // Room for about two and a half sequences at their full length.
+    let longest = prompts.iter().map(Vec::len).max().unwrap() + generate;
+    let budget = state(longest) * 5 / 2;
+    let scheduler = Scheduler::start(
+        Arc::clone(&model),
+        BatchConfig {
+            max_seqs: 4,
+            token_budget: 64,
+            state_budget: Some(budget),
+        },
+    )
+    .unwrap();
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| scheduler.submit(p.clone(), &endless(generate)).unwrap())
+        .collect();
+    for (prompt, handle) in prompts.iter().zip(handles) {
+        let (_, got) = collect(handle);
+        let expected = solo(&model, prompt, &endless(generate));
+        assert_eq!(got.ids, expected.ids);
+        assert_eq!(got.text, expected.text);
+        assert_eq!(got.finish, Finish::Length);
+    }
+    let stats = scheduler.stats();
+    assert!(
+        stats.preemptions() > 0,
+        "the budget ({budget} bytes) should have forced a preemption"
+    );
+    assert_eq!(
+        (stats.running(), stats.waiting(), stats.state_bytes()),
+        (0, 0, 0)
+    );
 }

@@ -54,6 +54,10 @@ pub struct ServerConfig {
     /// Tokens one batched step feeds at most: every running sequence's next token, then
     /// chunks of the prompts being prefilled (raised to `parallel` when below it).
     pub token_budget: usize,
+    /// Bytes of sequence state (KV caches, GDN state) the running sequences may hold at once;
+    /// beyond it new sequences wait and the latest admitted are preempted and recomputed later
+    /// (`None`: no limit beyond the backend's memory).
+    pub state_memory: Option<u64>,
     /// Requests that may wait for a generation slot; more get HTTP 429.
     pub queue: usize,
     /// Largest request body accepted; larger gets HTTP 413.
@@ -81,6 +85,7 @@ impl ServerConfig {
             model_id: model_id.into(),
             api_key: None,
             parallel: 1,
+            state_memory: None,
             token_budget: 1024,
             queue: 16,
             max_body_bytes: 4 << 20,
@@ -190,6 +195,7 @@ impl Server {
             BatchConfig {
                 max_seqs: config.parallel,
                 token_budget: config.token_budget.max(config.parallel),
+                state_budget: config.state_memory,
             },
         )?;
         let state = AppState {

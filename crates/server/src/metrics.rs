@@ -194,6 +194,12 @@ impl Metrics {
             "Batched forward steps run.",
             &plain(engine.steps().to_string()),
         );
+        metric(
+            "spindle_preemptions_total",
+            "counter",
+            "Sequences preempted for state memory (--state-memory) and recomputed later.",
+            &plain(engine.preemptions().to_string()),
+        );
         let histograms = [
             (
                 "spindle_batch_size",

@@ -26,6 +26,14 @@ pub struct BatchConfig {
     /// Tokens one step feeds at most (decode tokens plus prompt chunks); at least `max_seqs`,
     /// so every decoding sequence gets its token each step.
     pub token_budget: usize,
+    /// Bytes of sequence state (KV caches, GDN and PLE state, as
+    /// `spindle_model::install::plan::state_bytes` counts them) the running sequences may
+    /// hold at once. A sequence is admitted only when its prompt's state fits beside the
+    /// others'; when the running sequences grow past it, the one admitted last is preempted
+    /// (its state freed, it waits at the front of the queue and later recomputes its prompt
+    /// and what it generated) until the rest fit. A sequence alone always runs. `None`: no
+    /// limit beyond the backend's own memory.
+    pub state_budget: Option<u64>,
 }
 
 impl Default for BatchConfig {
@@ -33,6 +41,7 @@ impl Default for BatchConfig {
         Self {
             max_seqs: 16,
             token_budget: 1024,
+            state_budget: None,
         }
     }
 }
@@ -76,7 +85,11 @@ enum Command {
 
 /// A submitted sequence without a session yet.
 struct Request {
+    /// The ids to prefill: the prompt, and after a preemption also what was generated.
     prompt: Vec<u32>,
+    /// When its last token was sampled, kept across a preemption (so the first token after
+    /// it counts as an inter-token gap, not a second first token).
+    last_token: Option<Instant>,
     decoder: SequenceDecoder,
     sink: EventSink,
     cancel: Arc<AtomicBool>,
@@ -109,6 +122,15 @@ struct Sequence {
 }
 
 impl Sequence {
+    /// Tokens in the sequence's state after its next step (a prefilling sequence counted with
+    /// its whole prompt).
+    fn tokens_after_step(&self) -> usize {
+        match self.work() {
+            Work::Decode => self.session.position() + 1,
+            Work::Prefill { .. } => self.request.prompt.len(),
+        }
+    }
+
     fn work(&self) -> Work {
         match self.request.prompt.len() - self.fed {
             0 => Work::Decode,
@@ -231,6 +253,7 @@ impl Scheduler {
         let cancel = Arc::new(AtomicBool::new(false));
         let request = Request {
             prompt: prompt_ids,
+            last_token: None,
             decoder,
             sink,
             cancel: Arc::clone(&cancel),
@@ -299,6 +322,7 @@ impl EngineLoop {
                 return;
             }
             self.admit();
+            self.preempt_over_budget();
             self.publish();
             if !self.running.is_empty() {
                 self.step();
@@ -376,14 +400,64 @@ impl EngineLoop {
         }
     }
 
-    /// Gives sessions to waiting sequences, first come first served, up to `max_seqs`. A
-    /// session that cannot be created (memory) leaves its sequence waiting for a running one
-    /// to finish; with none running there is nothing to wait for and it fails.
+    /// State bytes of a sequence holding `tokens` tokens.
+    fn state_at(&self, tokens: usize) -> u64 {
+        spindle_model::install::plan::state_bytes(self.model.config(), tokens)
+    }
+
+    /// State bytes the running sequences hold after their next step.
+    fn running_state(&self) -> u64 {
+        self.running
+            .iter()
+            .map(|s| self.state_at(s.tokens_after_step()))
+            .sum()
+    }
+
+    /// Preempts the sequences admitted last while the running ones would outgrow
+    /// [`BatchConfig::state_budget`] in the next step (one always stays).
+    fn preempt_over_budget(&mut self) {
+        let Some(budget) = self.config.state_budget else {
+            return;
+        };
+        while self.running.len() > 1 && self.running_state() > budget {
+            let sequence = self.running.pop().expect("more than one running");
+            let Sequence {
+                mut request,
+                session,
+                last_token,
+                ..
+            } = sequence;
+            drop(session);
+            // Recomputed later from its prompt and every token it generated: the last row
+            // of that prefill gives the token after the last one generated, as its next decode
+            // step would have.
+            request.prompt.extend_from_slice(request.decoder.ids());
+            request.last_token = last_token;
+            self.stats.record_preemption();
+            tracing::debug!(
+                tokens = request.prompt.len(),
+                "a sequence is preempted for state memory"
+            );
+            self.waiting.push_front(request);
+        }
+    }
+
+    /// Gives sessions to waiting sequences, first come first served, up to `max_seqs` and
+    /// within [`BatchConfig::state_budget`]. A session that cannot be created (memory) leaves
+    /// its sequence waiting for a running one to finish; with none running there is nothing to
+    /// wait for and it fails.
     fn admit(&mut self) {
         while self.running.len() < self.config.max_seqs {
             let Some(request) = self.waiting.pop_front() else {
                 return;
             };
+            if let Some(budget) = self.config.state_budget {
+                let after = self.running_state() + self.state_at(request.prompt.len());
+                if !self.running.is_empty() && after > budget {
+                    self.waiting.push_front(request);
+                    return;
+                }
+            }
             // Where a backend allocates state ahead (CUDA), the prompt and the answer's room
             // are allocated now, so running out of memory keeps this sequence waiting instead
             // of failing a step that others share.
@@ -394,13 +468,13 @@ impl EngineLoop {
                 .new_session_with_capacity(request.prompt.len() + room)
             {
                 Ok(session) => self.running.push(Sequence {
+                    last_token: request.last_token,
                     request,
                     session,
                     fed: 0,
                     next: [0],
                     prefill_started: None,
                     prefill_time: Duration::ZERO,
-                    last_token: None,
                 }),
                 Err(e) if self.running.is_empty() => {
                     let mut request = request;

@@ -73,6 +73,7 @@ pub struct SchedulerStats {
     waiting: AtomicUsize,
     state_bytes: AtomicUsize,
     steps: AtomicU64,
+    preemptions: AtomicU64,
     /// Sequences in each step.
     pub batch_size: Histogram,
     /// Tokens fed in each step (decode tokens plus prompt chunks).
@@ -90,6 +91,7 @@ impl SchedulerStats {
             waiting: AtomicUsize::new(0),
             state_bytes: AtomicUsize::new(0),
             steps: AtomicU64::new(0),
+            preemptions: AtomicU64::new(0),
             batch_size: Histogram::new(&powers_of_two(max_seqs.next_power_of_two())),
             step_tokens: Histogram::new(&powers_of_two(token_budget.next_power_of_two())),
             time_to_first_token: Histogram::new(&LATENCY_BOUNDS),
@@ -115,6 +117,15 @@ impl SchedulerStats {
     /// Batched steps run.
     pub fn steps(&self) -> u64 {
         self.steps.load(Ordering::Acquire)
+    }
+
+    /// Sequences preempted for state memory (freed, to be recomputed later).
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn record_preemption(&self) {
+        self.preemptions.fetch_add(1, Ordering::AcqRel);
     }
 
     pub(crate) fn set_occupancy(&self, running: usize, waiting: usize, state_bytes: usize) {

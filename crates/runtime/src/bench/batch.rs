@@ -158,6 +158,7 @@ pub fn run_scheduled(
         BatchConfig {
             max_seqs: batch,
             token_budget: (batch * prompt_tokens.max(1)).max(batch),
+            state_budget: None,
         },
     )?;
     let options = GenerateOptions {
