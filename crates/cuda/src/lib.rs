@@ -257,6 +257,12 @@ impl CudaEngine {
         Ok(session)
     }
 
+    /// Grows the session's KV caches to hold `tokens` tokens now (a no-op when they do), so a
+    /// batched step does not have to, and cannot fail for want of memory part-way.
+    pub fn reserve(&self, session: &mut CudaSession, tokens: usize) -> Result<()> {
+        flow::ensure_capacity(self, session, tokens)
+    }
+
     /// Admission: an upper bound on the device bytes a new sequence needs to reach `context`
     /// tokens (its KV caches at the largest capacity they can grow to, GDN and PLE state,
     /// flash-decoding partials, its workspace). A scheduler admits a sequence when

@@ -134,6 +134,12 @@ impl CudaBackend {
         Ok(self.engine.forward(&mut session.session, ids, want)?)
     }
 
+    /// Grows a session's caches to `tokens` tokens (see `CudaEngine::reserve`).
+    pub(super) fn reserve(&self, session: &mut CudaSessionGuard, tokens: usize) -> Result<()> {
+        let _held = self.held();
+        Ok(self.engine.reserve(&mut session.session, tokens)?)
+    }
+
     /// One batched step over checked input (see `CudaEngine::forward_batch`), under the lock.
     pub(super) fn forward_batch(
         &self,

@@ -189,6 +189,23 @@ impl Backend {
         }
     }
 
+    /// Makes room in `session` for `tokens` tokens where the backend allocates state ahead
+    /// (CUDA: the KV caches grow now, so a batched step never has to); a no-op on the CPU,
+    /// whose caches grow as they fill. An error means the device has no memory for it: the
+    /// session is unchanged.
+    pub fn reserve(&self, session: &mut BackendSession, tokens: usize) -> Result<()> {
+        match (self, session) {
+            (Backend::Cpu(_), BackendSession::Cpu(_)) => {
+                let _grown_as_filled = tokens;
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            (Backend::Cuda(c), BackendSession::Cuda(s)) => c.reserve(s, tokens),
+            #[cfg(feature = "cuda")]
+            (backend, _) => Err(backend.foreign_session()),
+        }
+    }
+
     /// Feeds `ids` to `session` and returns logits `[rows, V]` on the host for the positions
     /// `want` asks for (the same values on every backend, within float rounding). The input is
     /// checked here, once, before any backend runs: an empty input, a token outside the

@@ -323,6 +323,7 @@ impl EngineLoop {
             }
             self.admit();
             self.preempt_over_budget();
+            self.reserve_for_step();
             self.publish();
             if !self.running.is_empty() {
                 self.step();
@@ -420,26 +421,52 @@ impl EngineLoop {
             return;
         };
         while self.running.len() > 1 && self.running_state() > budget {
-            let sequence = self.running.pop().expect("more than one running");
-            let Sequence {
-                mut request,
-                session,
-                last_token,
-                ..
-            } = sequence;
-            drop(session);
-            // Recomputed later from its prompt and every token it generated: the last row
-            // of that prefill gives the token after the last one generated, as its next decode
-            // step would have.
-            request.prompt.extend_from_slice(request.decoder.ids());
-            request.last_token = last_token;
-            self.stats.record_preemption();
-            tracing::debug!(
-                tokens = request.prompt.len(),
-                "a sequence is preempted for state memory"
-            );
-            self.waiting.push_front(request);
+            let last = self.running.len() - 1;
+            self.preempt(last);
         }
+    }
+
+    /// Makes room in every running sequence's state for its next step (on CUDA the KV caches
+    /// grow now, not inside the shared step). A sequence the device has no memory for is
+    /// preempted while others run (their finishing frees memory), and fails alone otherwise.
+    fn reserve_for_step(&mut self) {
+        let mut n = 0;
+        while n < self.running.len() {
+            let tokens = self.running[n].tokens_after_step();
+            let sequence = &mut self.running[n];
+            match self.model.backend.reserve(&mut sequence.session, tokens) {
+                Ok(()) => n += 1,
+                Err(e) if self.running.len() > 1 => {
+                    tracing::debug!("no memory to grow a sequence's state: {e}");
+                    self.preempt(n);
+                }
+                Err(e) => {
+                    let sequence = self.running.remove(n);
+                    self.end(sequence, Some(e));
+                }
+            }
+        }
+    }
+
+    /// Frees running sequence `n`'s state and puts it at the front of the queue, to be
+    /// recomputed from its prompt and every token it generated: the last row of that prefill
+    /// gives the token after the last one generated, as its next decode step would have.
+    fn preempt(&mut self, n: usize) {
+        let Sequence {
+            mut request,
+            session,
+            last_token,
+            ..
+        } = self.running.remove(n);
+        drop(session);
+        request.prompt.extend_from_slice(request.decoder.ids());
+        request.last_token = last_token;
+        self.stats.record_preemption();
+        tracing::debug!(
+            tokens = request.prompt.len(),
+            "a sequence is preempted for state memory"
+        );
+        self.waiting.push_front(request);
     }
 
     /// Gives sessions to waiting sequences, first come first served, up to `max_seqs` and
