@@ -3,7 +3,8 @@
 # tests: batch (batched vs solo), fixtures, ops, kernels, qwen4, gdn_chunked (logs in $OUT);
 # bench: an 8-layer 35B-A3B-shaped checkpoint, then batch_decode at q4 (B=1,16,64);
 # serve: `spindle bench --batch` and `spindle serve` + `spindle bench --serve` (clients
-#   $CLIENTS, default 1,16,64) on that checkpoint at q4, with the real tokenizer and template;
+#   $CLIENTS, default 1,16,64) on that checkpoint at q4, with the real tokenizer and template
+#   (LAYERS=40 ZERO_EXPERTS=1: the full model; STATE_MEMORY=BYTES: serve --state-memory);
 # ab: ab.sh spindle-old spindle (logits byte-compare and batch-1 bench).
 cd "$(dirname "$0")"
 source ./env.sh
@@ -33,18 +34,18 @@ if [ -n "${PROFILE_BATCHES:-}" ]; then
 fi
 if [ "$part" = serve ] || [ "$part" = all ]; then
   exe=./spindle
-  [ -d "$WORK/a3b" ] || { el "synth a3b 8 layers"; "$exe" synth --shape qwen3.6-35b-a3b --layers ${LAYERS:-8} ${ZERO_EXPERTS:+--zero-experts} --out "$WORK/a3b" > /dev/null 2> "$WORK/synth.err" || tail -3 "$WORK/synth.err"; }
+  [ -d "$WORK/a3b" ] || { el "synth a3b ${LAYERS:-8} layers"; "$exe" synth --shape qwen3.6-35b-a3b --layers ${LAYERS:-8} ${ZERO_EXPERTS:+--zero-experts} --out "$WORK/a3b" > /dev/null 2> "$WORK/synth.err" || tail -3 "$WORK/synth.err"; }
   gzip -dc text/tokenizer.json.gz > "$WORK/a3b/tokenizer.json"
   cp text/chat_template.jinja "$WORK/a3b/"
   printf '{"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}\n' > "$WORK/a3b/tokenizer_config.json"
   el "bench --batch"
   RUST_LOG=warn timeout 300 "$exe" bench --model "$WORK/a3b" --device cuda --quant q4 --batch ${BATCHES:-1,16,64} --gen 32 --runs 3 2>&1 | tee "$OUT/bench_batch.log"
   el "serve + bench --serve"
-  RUST_LOG=warn "$exe" serve --model "$WORK/a3b" --device cuda --quant q4 --parallel ${PARALLEL:-64} --queue 256 --port 8391 > "$OUT/serve.log" 2>&1 &
+  RUST_LOG=warn "$exe" serve --model "$WORK/a3b" --device cuda --quant q4 --parallel ${PARALLEL:-64} ${STATE_MEMORY:+--state-memory $STATE_MEMORY} --queue 256 --port 8391 > "$OUT/serve.log" 2>&1 &
   server=$!
   for _ in $(seq 1 240); do curl -sf http://127.0.0.1:8391/health > /dev/null && break; sleep 0.5; done
   timeout 300 "$exe" bench --serve http://127.0.0.1:8391 --clients ${CLIENTS:-1,16,64} --prompt-words 200 --max-tokens 128 --requests ${REQUESTS:-2} 2>&1 | tee "$OUT/bench_serve.log"
-  curl -s http://127.0.0.1:8391/metrics | grep -E "^spindle_(batch_size|running|waiting|batch_steps)" | head -20
+  curl -s http://127.0.0.1:8391/metrics | grep -E "^spindle_(batch_size|running|waiting|batch_steps|preemptions)" | head -20
   kill $server; wait $server 2>/dev/null
 fi
 if [ "$part" = ab ] || [ "$part" = all ]; then
