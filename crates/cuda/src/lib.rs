@@ -54,7 +54,7 @@ pub use error::{CudaError, Result};
 #[doc(hidden)]
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
 pub use kernels::ptx_for;
-pub use sampling::{sample_row_on_host, DeviceSampler, RowSampling, MAX_SAMPLE_ROWS};
+pub use sampling::{sample_row_on_host, DeviceSampler, RowSampling, Sampled, MAX_SAMPLE_ROWS};
 pub use session::CudaSession;
 
 /// Prefill runs in pieces of at most this many tokens (grid-dimension limits of the MoE

@@ -54,6 +54,15 @@ impl RowSampling<'_> {
     }
 }
 
+/// One row's result of [`DeviceSampler::sample_rows_checked`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sampled {
+    /// The chosen token (chosen as the host would, NaN never picked, whatever `finite` says).
+    pub id: u32,
+    /// Whether every raw logit of the row was finite.
+    pub finite: bool,
+}
+
 /// Rows one batch may carry.
 pub const MAX_SAMPLE_ROWS: usize = 128;
 
@@ -109,6 +118,22 @@ impl DeviceSampler {
         vocab: usize,
         rows: &[RowSampling<'_>],
     ) -> Result<Vec<u32>> {
+        Ok(self
+            .sample_rows_checked(dev, logits, vocab, rows)?
+            .into_iter()
+            .map(|s| s.id)
+            .collect())
+    }
+
+    /// [`DeviceSampler::sample_rows`], also telling for each row whether its raw logits hold
+    /// a NaN or an infinity (found in the same pass, in the same copy back).
+    pub fn sample_rows_checked(
+        &mut self,
+        dev: &Device,
+        logits: u64,
+        vocab: usize,
+        rows: &[RowSampling<'_>],
+    ) -> Result<Vec<Sampled>> {
         let n = rows.len();
         if n == 0 {
             return Ok(Vec::new());
@@ -135,7 +160,8 @@ impl DeviceSampler {
         dev.write_raw(params, &words)?;
         let parts = ensure(dev, &mut self.parts, n * split * 4)?.ptr();
         let hist = ensure(dev, &mut self.hist, n * 2 * SAMPLE_BUCKETS)?.ptr();
-        let out = ensure(dev, &mut self.out, n)?.ptr();
+        // The ids, then a non-finite flag per row.
+        let out = ensure(dev, &mut self.out, 2 * n)?.ptr();
         let win = ensure(dev, &mut self.win, n * SAMPLE_WIN_WORDS)?.ptr();
         let keys = ensure(dev, &mut self.keys, n * SAMPLE_WINDOW)?.ptr();
         let counts = if penalised {
@@ -243,7 +269,9 @@ impl DeviceSampler {
         } else {
             pick(1, true)?;
         }
-        let mut ids = dev.download_raw::<u32>(out, n)?;
+        let words = dev.download_raw::<u32>(out, 2 * n)?;
+        let (ids, flags) = words.split_at(n);
+        let mut ids = ids.to_vec();
         for (r, id) in ids.iter_mut().enumerate() {
             if *id == SAMPLE_UNRESOLVED || *id == SAMPLE_SECOND_ROUND {
                 let at = logits + (r * vocab * std::mem::size_of::<f32>()) as u64;
@@ -252,7 +280,14 @@ impl DeviceSampler {
                 self.host_rows += 1;
             }
         }
-        Ok(ids)
+        Ok(ids
+            .into_iter()
+            .zip(flags)
+            .map(|(id, &flag)| Sampled {
+                id,
+                finite: flag == 0,
+            })
+            .collect())
     }
 }
 
@@ -307,6 +342,17 @@ impl CudaEngine {
     pub fn sample_rows(&self, logits: u64, rows: &[RowSampling<'_>]) -> Result<Vec<u32>> {
         let mut sampler = self.sampler.lock().unwrap_or_else(|e| e.into_inner());
         sampler.sample_rows(&self.dev, logits, self.config.vocab_size, rows)
+    }
+
+    /// [`CudaEngine::sample_rows`], also telling for each row whether its logits were all
+    /// finite (so a caller can refuse a step that went NaN without copying the logits back).
+    pub fn sample_rows_checked(
+        &self,
+        logits: u64,
+        rows: &[RowSampling<'_>],
+    ) -> Result<Vec<Sampled>> {
+        let mut sampler = self.sampler.lock().unwrap_or_else(|e| e.into_inner());
+        sampler.sample_rows_checked(&self.dev, logits, self.config.vocab_size, rows)
     }
 }
 

@@ -266,7 +266,16 @@ fn check_batch(
         })
         .collect();
     let buf = dev.upload(&logits).unwrap();
-    let got = sampler.sample_rows(dev, buf.ptr(), vocab, &specs).unwrap();
+    let sampled = sampler
+        .sample_rows_checked(dev, buf.ptr(), vocab, &specs)
+        .unwrap();
+    let got: Vec<u32> = sampled.iter().map(|s| s.id).collect();
+    for (r, s) in sampled.iter().enumerate() {
+        let finite = logits[r * vocab..(r + 1) * vocab]
+            .iter()
+            .all(|l| l.is_finite());
+        assert_eq!(s.finite, finite, "row {r}: the non-finite flag");
+    }
     let after: Vec<f32> = dev.download(&buf, 0, rows * vocab).unwrap();
     assert!(
         after

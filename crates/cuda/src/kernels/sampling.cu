@@ -6,7 +6,8 @@
 // its sorted order (scaled logit descending, id ascending), and so is the walk of the draw:
 //   sample_count_history  counts each row's history ids (rows with a penalty only);
 //   sample_row_stats      per slice: the greedy (argmax) candidate, the largest scaled logit and
-//                         the number of candidates (finite or +inf);
+//                         the number of candidates (finite or +inf), and whether a raw logit
+//                         is NaN or infinite (its top bit);
 //   sample_histogram      per slice: count and mass exp(s - max) of the candidates in 4096
 //                         buckets of the distance d = max - s (1/128 of a logit each);
 //   sample_window_choose  one block per row: from the histogram, the buckets that must hold the
@@ -28,6 +29,8 @@
 #define SAMPLE_GREEDY 1u
 #define SAMPLE_PENALISE 2u
 #define SAMPLE_UNRESOLVED 0xffffffffu
+// The top bit of a slice's candidate count: the slice's raw logits hold a NaN or an infinity.
+#define SAMPLE_NON_FINITE_BIT 0x80000000u
 
 // One row's parameters, SAMPLE_PARAM_WORDS words (the Rust side packs them).
 struct SampleRow {
@@ -110,8 +113,15 @@ __device__ __forceinline__ void sample_row_totals(const unsigned* __restrict__ p
         const unsigned* q = parts + ((size_t)row * split + b) * 4;
         sample_better(gk, gi, q[0], q[1]);
         mk = max(mk, q[2]);
-        n += q[3];
+        n += q[3] & ~SAMPLE_NON_FINITE_BIT;
     }
+}
+
+// Whether any slice of the row saw a raw logit that is NaN or infinite.
+__device__ __forceinline__ unsigned sample_row_non_finite(const unsigned* __restrict__ parts, int row, int split) {
+    unsigned bad = 0u;
+    for (int b = 0; b < split; b++) bad |= parts[((size_t)row * split + b) * 4 + 3] & SAMPLE_NON_FINITE_BIT;
+    return bad ? 1u : 0u;
 }
 
 extern "C" __global__ void sample_count_history(const unsigned* __restrict__ params, int vocab,
@@ -138,8 +148,9 @@ extern "C" __global__ void sample_row_stats(const unsigned* __restrict__ params,
     int chunk = (vocab + split - 1) / split;
     int lo = blockIdx.x * chunk, hi = min(vocab, lo + chunk);
     bool greedy = p.flags & SAMPLE_GREEDY;
-    unsigned gk = 0u, gi = 0xffffffffu, mk = 0u, n = 0u;
+    unsigned gk = 0u, gi = 0xffffffffu, mk = 0u, n = 0u, bad = 0u;
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        if (!isfinite(logits[base + i])) bad = SAMPLE_NON_FINITE_BIT;
         float l = sample_logit(logits, counts, base + i, p);
         // The host's argmax compares with >, so -0 and +0 tie.
         sample_better(gk, gi, sample_key(l == 0.0f ? 0.0f : l), (unsigned)i);
@@ -154,18 +165,20 @@ extern "C" __global__ void sample_row_stats(const unsigned* __restrict__ params,
         sample_better(gk, gi, ok, oi);
         mk = max(mk, __shfl_xor_sync(0xffffffffu, mk, o));
         n += __shfl_xor_sync(0xffffffffu, n, o);
+        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
     }
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) { sk[warp] = gk; si[warp] = gi; sm[warp] = mk; sn[warp] = n; }
+    if (lane == 0) { sk[warp] = gk; si[warp] = gi; sm[warp] = mk; sn[warp] = n | bad; }
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)(blockDim.x >> 5); w++) {
             sample_better(gk, gi, sk[w], si[w]);
             mk = max(mk, sm[w]);
-            n += sn[w];
+            n += sn[w] & ~SAMPLE_NON_FINITE_BIT;
+            bad |= sn[w] & SAMPLE_NON_FINITE_BIT;
         }
         unsigned* q = parts + ((size_t)row * split + blockIdx.x) * 4;
-        q[0] = gk; q[1] = gi; q[2] = mk; q[3] = n;
+        q[0] = gk; q[1] = gi; q[2] = mk; q[3] = (n & ~SAMPLE_NON_FINITE_BIT) | bad;
     }
     unsigned* h = hist + (size_t)row * 2 * SAMPLE_BUCKETS;
     for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < 2 * SAMPLE_BUCKETS; b += split * blockDim.x) h[b] = 0u;
@@ -581,7 +594,8 @@ __device__ unsigned sample_draw_row(float m, const unsigned* w, const unsigned l
 
 // grid (rows), SAMPLE_PICK_THREADS threads, dynamic shared memory: SAMPLE_WINDOW keys (u64)
 // and cumulative masses (f64). Round 1: out[row] is the chosen id, SAMPLE_SECOND_ROUND or
-// SAMPLE_UNRESOLVED (the host samples the row). Round 2: the rows left for it get their id.
+// SAMPLE_UNRESOLVED (the host samples the row), and out[rows + row] is 1 when the row's raw
+// logits hold a NaN or an infinity (0 otherwise). Round 2: the rows left for it get their id.
 // The last round clears the rows' history counts.
 extern "C" __global__ void __launch_bounds__(SAMPLE_PICK_THREADS)
 sample_pick(const unsigned* __restrict__ params, int vocab, unsigned* __restrict__ counts,
@@ -600,7 +614,10 @@ sample_pick(const unsigned* __restrict__ params, int vocab, unsigned* __restrict
         unsigned result;
         if ((p.flags & SAMPLE_GREEDY) || n == 0u) result = gi == 0xffffffffu ? 0u : gi;
         else result = sample_pick_row(p, sample_unkey(mk), n, w, rkeys, skeys, cum);
-        if (threadIdx.x == 0) out[row] = result;
+        if (threadIdx.x == 0) {
+            out[row] = result;
+            out[gridDim.x + row] = sample_row_non_finite(parts, row, split);
+        }
     } else if (w[10] == SAMPLE_STAGE_DRAW) {
         unsigned result = sample_draw_row(sample_unkey(mk), w, rkeys, skeys, cum);
         if (threadIdx.x == 0) out[row] = result;

@@ -154,19 +154,19 @@ impl CudaBackend {
     }
 
     /// One batched step over checked input whose next tokens the device sampler chooses from
-    /// each item's last row; only the ids come back.
+    /// each item's last row; only the ids (and whether each row was finite) come back.
     pub(super) fn forward_batch_sampled(
         &self,
         items: &mut [spindle_cuda::CudaBatchItem<'_>],
         rows: &[spindle_cuda::RowSampling<'_>],
-    ) -> Result<Vec<u32>> {
+    ) -> Result<Vec<spindle_cuda::Sampled>> {
         let _held = self.held();
         let logits = self.engine.forward_batch_device(items)?;
         let mut ids = Vec::with_capacity(rows.len());
         for (k, chunk) in rows.chunks(spindle_cuda::MAX_SAMPLE_ROWS).enumerate() {
             let first = k * spindle_cuda::MAX_SAMPLE_ROWS;
             let at = logits.row_ptr(logits.item_rows(first).start);
-            ids.extend(self.engine.sample_rows(at, chunk)?);
+            ids.extend(self.engine.sample_rows_checked(at, chunk)?);
         }
         Ok(ids)
     }

@@ -329,8 +329,19 @@ impl Backend {
                 drop(batch);
                 match ids {
                     Ok(ids) => {
-                        for (n, id) in order.into_iter().zip(ids) {
-                            results[n] = Some(Ok(id));
+                        for (n, sampled) in order.into_iter().zip(ids) {
+                            results[n] = Some(if sampled.finite {
+                                Ok(sampled.id)
+                            } else {
+                                // The step succeeded: the session is past the item's tokens,
+                                // and the row sampled is its last.
+                                let token = items[n].ids.len() - 1;
+                                Err(RuntimeError::NonFiniteLogits {
+                                    device: self.describe(),
+                                    token,
+                                    position: items[n].session.position() - 1,
+                                })
+                            });
                         }
                     }
                     Err(e) => {
