@@ -198,3 +198,22 @@ fn nan_in_an_install_expert_pack_is_refused_by_name_with_check_weights() {
         "{err}"
     );
 }
+
+/// On CUDA the steps carry no checks: a step whose logits are not finite replays the sequence
+/// with a check after every sublayer and names the same site as the CPU engine.
+#[cfg(feature = "cuda")]
+#[test]
+fn on_cuda_a_nan_weight_names_the_layer_as_on_the_cpu() {
+    let tmp = copy_fixture("qwen3_5_moe");
+    let tensor = "model.language_model.layers.2.mlp.shared_expert.down_proj.weight";
+    write_nan(tmp.path(), tensor, 5);
+    let err = logits_fails(tmp.path(), &["--device", "cuda"]);
+    assert!(
+        err.contains("not finite") && err.contains("in layer 2 (its FFN)"),
+        "{err}"
+    );
+    let tmp = copy_fixture("qwen3_5_moe");
+    write_nan(tmp.path(), "lm_head.weight", 100);
+    let err = logits_fails(tmp.path(), &["--device", "cuda"]);
+    assert!(err.contains("in the LM head"), "{err}");
+}

@@ -29,6 +29,12 @@ pub enum CudaError {
     Unsupported(String),
     #[error("the batched step failed: {0}")]
     BatchStep(String),
+    /// Found by [`crate::CudaEngine::locate_non_finite`]'s replay.
+    #[error("the hidden state went non-finite (NaN or infinity) {site}, at input token {token}")]
+    NonFinite {
+        site: spindle_model::forward::NonFiniteSite,
+        token: usize,
+    },
     #[error(transparent)]
     Model(#[from] ModelError),
 }

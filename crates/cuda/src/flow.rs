@@ -9,7 +9,9 @@ use spindle_model::forward::LogitsFor;
 
 use crate::attention::{self, AttentionCtx};
 use crate::device::{DevBuf, Device};
-use crate::error::{DriverContext, Result};
+use spindle_model::forward::NonFiniteSite;
+
+use crate::error::{CudaError, DriverContext, Result};
 use crate::io::{decode_sized, row_groups, Io};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS};
 use crate::linear::{decode_linear, project};
@@ -144,7 +146,7 @@ pub(crate) fn forward_device(
     ids: &[u32],
     want: LogitsFor,
 ) -> Result<Logits> {
-    if ids.len() == 1 && e.graphs && !session.graph_failed {
+    if ids.len() == 1 && e.graphs && !session.graph_failed && !e.probing() {
         match decode_graph(e, session, ids[0]) {
             Ok(ptr) => {
                 session.position += 1;
@@ -324,6 +326,9 @@ pub(crate) fn body(
         i(s.hidden),
         i(s.streams),
     )?;
+    let first_position = seqs[0].seg.start;
+    let probe = |site| probe_rows(e, h.arg(), width, s.tokens, first_position, site);
+    probe(NonFiniteSite::Embedding)?;
 
     let mut ple_ordinal = 0;
     for (index, layer) in e.gpu.layers.iter().enumerate() {
@@ -357,6 +362,7 @@ pub(crate) fn body(
             }
             dev.set_small_batch_rows(small_batch);
             added?;
+            probe(NonFiniteSite::Ple { layer: index })?;
             ple_ordinal += 1;
         }
 
@@ -397,6 +403,7 @@ pub(crate) fn body(
                 }
             },
         )?;
+        probe(NonFiniteSite::Mixer { layer: index })?;
         sublayer(
             dev,
             &layer.residual,
@@ -408,6 +415,7 @@ pub(crate) fn body(
                 GpuFfn::Moe(w) => moe::moe(dev, config, w, io, s.tokens),
             },
         )?;
+        probe(NonFiniteSite::Ffn { layer: index })?;
     }
 
     for sq in seqs.iter() {
@@ -450,7 +458,7 @@ pub(crate) fn body(
         gathered.0.arg()
     };
     let lm_head = e.gpu.lm_head();
-    if decode_sized(dev, count) {
+    if decode_sized(dev, count) && !e.probing() {
         // The final norm fused into the head's matvec (per group of MATVEC_MAX_TOKENS rows).
         let mixed = match &e.gpu.head_input {
             GpuHeadInput::Norm(_) => None,
@@ -484,6 +492,34 @@ pub(crate) fn body(
             qwen4::enter(dev, w, rows, count, s.streams, s.hidden, s.eps)?.x
         }
     };
+    let last_rows = first_position + tokens - count;
+    probe_rows(e, head_in.arg(), s.hidden, count, last_rows, NonFiniteSite::HeadInput)?;
     let logits = project(dev, lm_head, head_in.arg(), s.hidden, count)?;
+    probe_rows(e, logits.arg(), lm_head.rows, count, last_rows, NonFiniteSite::Logits)?;
     Ok((logits, count))
+}
+
+/// While the engine replays a sequence to locate a non-finite value
+/// ([`CudaEngine::locate_non_finite`]): fails naming `site` when one of the `rows` rows of
+/// `width` floats at `x` holds a NaN or an infinity (row r is input token `first_token + r`).
+/// Otherwise does nothing.
+fn probe_rows(
+    e: &CudaEngine,
+    x: Ptr<f32>,
+    width: usize,
+    rows: usize,
+    first_token: usize,
+    site: NonFiniteSite,
+) -> Result<()> {
+    if !e.probing() {
+        return Ok(());
+    }
+    let values: Vec<f32> = e.dev.download_raw(x.addr(), rows * width)?;
+    match spindle_model::forward::first_non_finite_row(&values, width) {
+        None => Ok(()),
+        Some(row) => Err(CudaError::NonFinite {
+            site,
+            token: first_token + row,
+        }),
+    }
 }

@@ -45,6 +45,7 @@ use std::path::Path;
 
 use spindle_model::forward::{GreedyRun, LogitsFor};
 use spindle_model::quant::WeightFormat;
+use spindle_model::forward::NonFiniteSite;
 use spindle_model::{Checkpoint, ModelConfig};
 
 #[doc(hidden)]
@@ -124,6 +125,9 @@ pub struct CudaEngine {
     quant: WeightFormat,
     /// Scratch of [`CudaEngine::sample_rows`].
     sampler: sampling::SharedSampler,
+    /// Set while [`CudaEngine::locate_non_finite`] replays a sequence: every forward pass
+    /// then runs eagerly and checks the residual stream after each sublayer.
+    probing: std::sync::atomic::AtomicBool,
 }
 
 impl CudaEngine {
@@ -194,6 +198,7 @@ impl CudaEngine {
                 .unwrap_or(batch::DEFAULT_MATVEC_ROWS),
             quant,
             sampler: Default::default(),
+            probing: Default::default(),
         })
     }
 
@@ -318,6 +323,29 @@ impl CudaEngine {
     /// Feeds `ids` to the session and returns logits `[rows, V]` (row-major) for the positions
     /// `want` asks for, as the CPU backend's `Engine::forward` does. `ids` are checked input
     /// (see `spindle_runtime::Backend::forward`, which checks them for every backend).
+    /// Replays `ids` in a fresh session, checking the residual stream after the embedding,
+    /// every sublayer and the head's input (as the CPU engine does on every step), and
+    /// returns where it first held a NaN or an infinity; `None` when the replay stays finite.
+    /// For the error path of a step whose logits came back non-finite: the steps themselves
+    /// carry no checks (they would cost a copy per sublayer).
+    pub fn locate_non_finite(&self, ids: &[u32]) -> Result<Option<NonFiniteSite>> {
+        use std::sync::atomic::Ordering;
+        self.probing.store(true, Ordering::Relaxed);
+        let replay = self
+            .new_session_with_capacity(ids.len())
+            .and_then(|mut session| self.forward(&mut session, ids, LogitsFor::Last));
+        self.probing.store(false, Ordering::Relaxed);
+        match replay {
+            Ok(_) => Ok(None),
+            Err(CudaError::NonFinite { site, .. }) => Ok(Some(site)),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(crate) fn probing(&self) -> bool {
+        self.probing.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn forward(
         &self,
         session: &mut CudaSession,

@@ -50,3 +50,50 @@ impl GreedyRun {
         })
     }
 }
+
+/// Where in the flow a value first went non-finite (checked on the residual stream only: a
+/// kernel may hold a partial NaN legitimately, e.g. a masked attention score).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NonFiniteSite {
+    /// The embedding rows of the input tokens.
+    Embedding,
+    /// The per-layer embedding (qwen4_exp PLE) added before layer `layer`.
+    Ple { layer: usize },
+    /// After layer `layer`'s mixer (attention or GDN) added its output.
+    Mixer { layer: usize },
+    /// After layer `layer`'s FFN (MLP or MoE) added its output.
+    Ffn { layer: usize },
+    /// The LM head's input (the final norm or hyper-connection read).
+    HeadInput,
+    /// The logits, from a finite head input: the LM head itself.
+    Logits,
+}
+
+impl std::fmt::Display for NonFiniteSite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NonFiniteSite::Embedding => write!(f, "in the token embedding"),
+            NonFiniteSite::Ple { layer } => {
+                write!(f, "in the per-layer embedding added before layer {layer}")
+            }
+            NonFiniteSite::Mixer { layer } => write!(f, "in layer {layer} (its mixer)"),
+            NonFiniteSite::Ffn { layer } => write!(f, "in layer {layer} (its FFN)"),
+            NonFiniteSite::HeadInput => write!(f, "in the final norm (the LM head's input)"),
+            NonFiniteSite::Logits => write!(f, "in the LM head (its input was finite)"),
+        }
+    }
+}
+
+/// The first row of `x` (rows of `width` values) holding a NaN or an infinity, if any.
+///
+/// The scan has no early exit so it vectorizes: one pass over the residual stream per
+/// sublayer, far below the cost of the sublayer itself.
+pub fn first_non_finite_row(x: &[f32], width: usize) -> Option<usize> {
+    let all_finite = x.iter().fold(true, |ok, v| ok & v.is_finite());
+    if all_finite {
+        return None;
+    }
+    x.iter()
+        .position(|v| !v.is_finite())
+        .map(|i| i / width.max(1))
+}

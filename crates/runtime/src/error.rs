@@ -38,17 +38,17 @@ pub enum RuntimeError {
     #[error("{0}")]
     Request(String),
 
-    /// A backend that cannot locate the layer returned logits holding NaN or infinity.
+    /// A backend returned logits holding NaN or infinity; `diagnosis` says where the hidden
+    /// state first went non-finite when the backend could find it, and what to do.
     #[error(
         "the logits on {device} are not finite (NaN or infinity), first at input token {token} \
-         (position {position}); the weights may be damaged: load with --check-weights to scan \
-         them, or run the same input with --device cpu, which names the layer where the hidden \
-         state first went non-finite"
+         (position {position}); {diagnosis}"
     )]
     NonFiniteLogits {
         device: String,
         token: usize,
         position: usize,
+        diagnosis: String,
     },
 
     /// A prompt that tokenizes to nothing: there is no token to continue from.

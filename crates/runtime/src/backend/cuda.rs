@@ -120,6 +120,7 @@ impl CudaBackend {
         Ok(CudaSessionGuard {
             session: ManuallyDrop::new(session),
             lock: Arc::clone(&self.lock),
+            history: Vec::new(),
         })
     }
 
@@ -131,6 +132,7 @@ impl CudaBackend {
         want: LogitsFor,
     ) -> Result<Vec<f32>> {
         let _held = self.held();
+        session.feed(ids);
         Ok(self.engine.forward(&mut session.session, ids, want)?)
     }
 
@@ -174,7 +176,22 @@ impl CudaBackend {
     /// One decode step of a checked token, the next token chosen on the device.
     pub(super) fn decode_greedy(&self, session: &mut CudaSessionGuard, id: u32) -> Result<u32> {
         let _held = self.held();
+        session.feed(&[id]);
         Ok(self.engine.decode_argmax(&mut session.session, id)?)
+    }
+
+    /// Where the hidden state of a sequence fed `ids` first goes non-finite, in words (e.g.
+    /// `in layer 2 (its FFN)`), found by replaying them in a fresh session with a check after
+    /// every sublayer; `None` when the replay stays finite or cannot run.
+    pub(super) fn locate_non_finite(&self, ids: &[u32]) -> Option<String> {
+        let _held = self.held();
+        match self.engine.locate_non_finite(ids) {
+            Ok(site) => site.map(|site| site.to_string()),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not replay the sequence to locate its non-finite value");
+                None
+            }
+        }
     }
 
     /// Waits for the device.
@@ -211,6 +228,9 @@ impl CudaBackend {
 pub struct CudaSessionGuard {
     session: ManuallyDrop<spindle_cuda::CudaSession>,
     lock: Arc<Mutex<()>>,
+    /// Every id fed to the session, so a step whose logits come back non-finite can be
+    /// replayed with checks ([`CudaBackend::locate_non_finite`]).
+    history: Vec<u32>,
 }
 
 #[cfg(feature = "cuda")]
@@ -221,6 +241,16 @@ impl CudaSessionGuard {
 
     pub(super) fn session_mut(&mut self) -> &mut spindle_cuda::CudaSession {
         &mut self.session
+    }
+
+    /// Records ids about to be fed to the session.
+    pub(super) fn feed(&mut self, ids: &[u32]) {
+        self.history.extend_from_slice(ids);
+    }
+
+    /// Every id fed to the session so far.
+    pub(super) fn history(&self) -> &[u32] {
+        &self.history
     }
 }
 

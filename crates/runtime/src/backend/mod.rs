@@ -67,6 +67,16 @@ impl BackendSession {
         }
     }
 
+    /// Every id fed to a CUDA session (replayed to locate a non-finite value); empty on the CPU,
+    /// whose engine checks every step itself.
+    #[cfg(feature = "cuda")]
+    fn fed(&self) -> &[u32] {
+        match self {
+            BackendSession::Cpu(_) => &[],
+            BackendSession::Cuda(s) => s.history(),
+        }
+    }
+
     /// The CPU session, when this is one.
     pub fn cpu(&self) -> Option<&Session> {
         match self {
@@ -224,7 +234,7 @@ impl Backend {
             (Backend::Cuda(c), BackendSession::Cuda(s)) => {
                 let start = s.session().position;
                 let logits = c.forward(s, ids, want)?;
-                self.check_logits(&logits, ids.len(), start)?;
+                self.check_logits(&logits, ids.len(), start, s.history())?;
                 Ok(logits)
             }
             #[cfg(feature = "cuda")]
@@ -254,7 +264,8 @@ impl Backend {
                     results[n] = Some(r.and_then(|logits| {
                         // The step succeeded, so the session is past the item's tokens.
                         let start = items[n].session.position() - tokens;
-                        self.check_logits(&logits, tokens, start).map(|()| logits)
+                        self.check_logits(&logits, tokens, start, items[n].session.fed())
+                            .map(|()| logits)
                     }));
                 }
             }
@@ -336,11 +347,8 @@ impl Backend {
                                 // The step succeeded: the session is past the item's tokens,
                                 // and the row sampled is its last.
                                 let token = items[n].ids.len() - 1;
-                                Err(RuntimeError::NonFiniteLogits {
-                                    device: self.describe(),
-                                    token,
-                                    position: items[n].session.position() - 1,
-                                })
+                                let position = items[n].session.position() - 1;
+                                Err(self.non_finite(token, position, items[n].session.fed()))
                             });
                         }
                     }
@@ -428,6 +436,11 @@ impl Backend {
         items: &'a mut [BatchItem<'_>],
         results: &mut [Option<Result<T>>],
     ) -> (Vec<usize>, Vec<spindle_cuda::CudaBatchItem<'a>>) {
+        for (n, item) in items.iter_mut().enumerate() {
+            if let (None, BackendSession::Cuda(s)) = (&results[n], &mut *item.session) {
+                s.feed(item.ids);
+            }
+        }
         let (order, batch) = self.engine_items(items, results, |s| match s {
             BackendSession::Cuda(s) => Some(s.session_mut()),
             BackendSession::Cpu(_) => None,
@@ -458,18 +471,45 @@ impl Backend {
     /// Refuses logits `[rows, V]` of a forward pass over `tokens` tokens from `start` that hold
     /// a NaN or an infinity (the rows are the last `rows` of the input).
     #[cfg(feature = "cuda")]
-    fn check_logits(&self, logits: &[f32], tokens: usize, start: usize) -> Result<()> {
+    fn check_logits(
+        &self,
+        logits: &[f32],
+        tokens: usize,
+        start: usize,
+        history: &[u32],
+    ) -> Result<()> {
         let vocab = self.config().vocab_size;
         match spindle_cpu::first_non_finite_row(logits, vocab) {
             None => Ok(()),
             Some(row) => {
                 let token = tokens - logits.len() / vocab + row;
-                Err(RuntimeError::NonFiniteLogits {
-                    device: self.describe(),
-                    token,
-                    position: start + token,
-                })
+                Err(self.non_finite(token, start + token, history))
             }
+        }
+    }
+
+    /// The error of a step whose logits at input `token` (`position`) are not finite, naming
+    /// where the hidden state first went non-finite: the CUDA steps carry no checks, so the
+    /// session's ids are replayed with a check after every sublayer (the error path only).
+    #[cfg(feature = "cuda")]
+    fn non_finite(&self, token: usize, position: usize, history: &[u32]) -> RuntimeError {
+        let located = match self {
+            Backend::Cuda(c) => c.locate_non_finite(history),
+            Backend::Cpu(_) => None,
+        };
+        let damaged = "the weights may be damaged: load with --check-weights to scan them";
+        let diagnosis = match located {
+            Some(site) => format!("the hidden state first went non-finite {site}; {damaged}"),
+            None => format!(
+                "{damaged}, or run the same input with --device cpu, which names the layer where \
+                 the hidden state first went non-finite"
+            ),
+        };
+        RuntimeError::NonFiniteLogits {
+            device: self.describe(),
+            token,
+            position,
+            diagnosis,
         }
     }
 
