@@ -493,9 +493,23 @@ pub(crate) fn body(
         }
     };
     let last_rows = first_position + tokens - count;
-    probe_rows(e, head_in.arg(), s.hidden, count, last_rows, NonFiniteSite::HeadInput)?;
+    probe_rows(
+        e,
+        head_in.arg(),
+        s.hidden,
+        count,
+        last_rows,
+        NonFiniteSite::HeadInput,
+    )?;
     let logits = project(dev, lm_head, head_in.arg(), s.hidden, count)?;
-    probe_rows(e, logits.arg(), lm_head.rows, count, last_rows, NonFiniteSite::Logits)?;
+    probe_rows(
+        e,
+        logits.arg(),
+        lm_head.rows,
+        count,
+        last_rows,
+        NonFiniteSite::Logits,
+    )?;
     Ok((logits, count))
 }
 

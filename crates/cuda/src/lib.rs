@@ -33,6 +33,7 @@ mod matvec;
 mod mlp;
 mod moe;
 mod norm;
+mod prefix;
 mod qwen4;
 mod reduce;
 mod sampling;
@@ -43,9 +44,9 @@ mod weights;
 
 use std::path::Path;
 
+use spindle_model::forward::NonFiniteSite;
 use spindle_model::forward::{GreedyRun, LogitsFor};
 use spindle_model::quant::WeightFormat;
-use spindle_model::forward::NonFiniteSite;
 use spindle_model::{Checkpoint, ModelConfig};
 
 #[doc(hidden)]
@@ -55,6 +56,7 @@ pub use error::{CudaError, Result};
 #[doc(hidden)]
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
 pub use kernels::ptx_for;
+pub use prefix::{HostLayer, PrefixLayer};
 pub use sampling::{sample_row_on_host, DeviceSampler, RowSampling, Sampled, MAX_SAMPLE_ROWS};
 pub use session::CudaSession;
 

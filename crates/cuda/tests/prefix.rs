@@ -1,0 +1,128 @@
+//! The prefix cache's capture and restore on CUDA: a session read out to the host at a cut
+//! (key and value rows in two segments, the GDN state at the cut) and rebuilt in a new session
+//! continues exactly as the original: the same logits, bit for bit, over a prompt chunk and
+//! greedy decode steps, on every fixture the CUDA prefix cache covers. qwen4_exp is refused by
+//! name. Needs a CUDA GPU: `cargo test --release -p spindle-cuda --test prefix -- --ignored`.
+
+use spindle_cuda::{CudaEngine, HostLayer, PrefixLayer};
+use spindle_model::forward::LogitsFor;
+
+fn pseudo_random(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Feeds `prompt[..cut]`, captures (rows `[0, split)` and `[split, cut)`, the state at
+/// `cut`), restores into a new session, then feeds the rest of the prompt and 4 greedy
+/// tokens to both sessions: every step's logits must be identical.
+fn check(name: &str, cut: usize, split: usize) {
+    let dir = spindle_testkit::fixture(name);
+    let engine = CudaEngine::load(&dir, 0).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let vocab = engine.config().vocab_size;
+    let prompt = pseudo_random(40, vocab, 11);
+    let mut original = engine.new_session().unwrap();
+    engine
+        .forward(&mut original, &prompt[..cut], LogitsFor::Last)
+        .unwrap();
+
+    // Rows [0, split) and [split, cut): the first segment cut from a whole read-out.
+    let width = engine.config().attention.num_kv_heads * engine.config().attention.head_dim;
+    let first: Vec<Option<HostLayer>> = engine
+        .read_kv_rows(&original, 0)
+        .unwrap()
+        .into_iter()
+        .map(|layer| {
+            layer.map(|l| match l {
+                HostLayer::Attention {
+                    mut keys,
+                    mut values,
+                } => {
+                    keys.truncate(split * width);
+                    values.truncate(split * width);
+                    HostLayer::Attention { keys, values }
+                }
+                gdn => gdn,
+            })
+        })
+        .collect();
+    let second = engine.read_kv_rows(&original, split).unwrap();
+    let state = engine.read_recurrent(&original).unwrap();
+    let layers: Vec<PrefixLayer> = first
+        .iter()
+        .zip(&second)
+        .zip(&state)
+        .map(|((a, b), s)| match (a, b, s) {
+            (
+                Some(HostLayer::Attention { keys, values }),
+                Some(HostLayer::Attention {
+                    keys: k2,
+                    values: v2,
+                }),
+                None,
+            ) => PrefixLayer::Attention {
+                keys: vec![keys, k2],
+                values: vec![values, v2],
+            },
+            (None, None, Some(HostLayer::Gdn { conv, recurrent })) => {
+                PrefixLayer::Gdn { conv, recurrent }
+            }
+            _ => panic!("{name}: layer kinds differ between the captures"),
+        })
+        .collect();
+    let mut restored = engine.session_from_prefix(cut, &layers, 64).unwrap();
+    assert_eq!(restored.position, cut);
+
+    let rest = &prompt[cut..];
+    let a = engine.forward(&mut original, rest, LogitsFor::All).unwrap();
+    let b = engine.forward(&mut restored, rest, LogitsFor::All).unwrap();
+    assert_eq!(
+        a, b,
+        "{name}: the rest of the prompt after a restored prefix differs"
+    );
+    let mut next = spindle_kernels::softmax::argmax(&a[a.len() - vocab..]) as u32;
+    for step in 0..4 {
+        let a = engine
+            .forward(&mut original, &[next], LogitsFor::Last)
+            .unwrap();
+        let b = engine
+            .forward(&mut restored, &[next], LogitsFor::Last)
+            .unwrap();
+        assert_eq!(
+            a, b,
+            "{name}: decode step {step} after a restored prefix differs"
+        );
+        next = spindle_kernels::softmax::argmax(&a) as u32;
+    }
+    eprintln!("{name}: cut {cut} (segments split at {split}): restored session identical");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn restored_sessions_continue_identically() {
+    for name in [
+        "qwen3_next_moe",
+        "qwen3_5_dense",
+        "qwen3_5_moe",
+        "qwen3_5_moe_fused",
+    ] {
+        check(name, 17, 9);
+        check(name, 32, 0);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn qwen4_exp_is_refused_by_name() {
+    let dir = spindle_testkit::fixture("qwen4_exp");
+    let engine = CudaEngine::load(&dir, 0).unwrap();
+    let session = engine.new_session().unwrap();
+    let err = engine.read_recurrent(&session).err().expect("refused");
+    assert!(err.to_string().contains("qwen4_exp"), "{err}");
+}
