@@ -31,9 +31,22 @@ pub const MESSAGE_FIELDS: Fields = Fields {
         "tools",
         "tool_choice",
         "thinking",
+        "output_config",
     ],
-    ignored: &["metadata", "service_tier"],
+    ignored: &IGNORED,
 };
+
+/// Fields that do not change the answer: metadata, caching, routing and speed hints.
+const IGNORED: [&str; 8] = [
+    "metadata",
+    "service_tier",
+    "cache_control",
+    "inference_geo",
+    "speed",
+    "diagnostics",
+    "user_profile_id",
+    "workspace_id",
+];
 
 /// The fields `POST /v1/messages/count_tokens` accepts.
 pub const COUNT_FIELDS: Fields = Fields {
@@ -45,8 +58,9 @@ pub const COUNT_FIELDS: Fields = Fields {
         "tools",
         "tool_choice",
         "thinking",
+        "output_config",
     ],
-    ignored: &[],
+    ignored: &IGNORED,
 };
 
 /// A checked Messages request.
@@ -115,6 +129,9 @@ pub fn parse(
     }
     let mut vars = Map::new();
     set_thinking(&mut vars, thinking(field("thinking"), max_tokens)?);
+    if let Some(config) = field("output_config") {
+        output_config(config, &mut generation, &mut vars)?;
+    }
     Ok(MessagesRequest {
         generation,
         messages: Value::Array(messages),
@@ -123,13 +140,56 @@ pub fn parse(
     })
 }
 
-/// `thinking`: `{"type": "enabled", "budget_tokens": n}` (below `max_tokens`) or
+/// `output_config`: `effort` is passed to the template as `reasoning_effort` (the Qwen
+/// templates have no levels; thinking itself is switched by `thinking`); `format` (structured
+/// output) is a constraint.
+fn output_config(
+    config: &Value,
+    generation: &mut Generation,
+    vars: &mut Map<String, Value>,
+) -> Result<(), ApiError> {
+    const KEYS: Fields = Fields {
+        endpoint: "/v1/messages",
+        read: &["effort", "format"],
+        ignored: &[],
+    };
+    KEYS.check(config, "output_config.")?;
+    if let Some(effort) = optional::<String>(config, "effort", "output_config.")? {
+        if !["low", "medium", "high", "xhigh", "max"].contains(&effort.as_str()) {
+            return Err(ApiError::invalid(
+                "output_config.effort",
+                format!("output_config.effort is {effort:?}: use low, medium, high, xhigh or max"),
+            ));
+        }
+        vars.insert("reasoning_effort".into(), Value::String(effort));
+    }
+    if let Some(format) = config.get("format").filter(|f| !f.is_null()) {
+        let schema = format.get("schema").cloned().unwrap_or(Value::Null);
+        apply_constraint(
+            &mut generation.options,
+            "output_config.format",
+            Constraint::JsonSchema(schema),
+        )?;
+    }
+    Ok(())
+}
+
+/// `thinking`: `{"type": "enabled", "budget_tokens": n}` (below `max_tokens`), `adaptive`
+/// or `between_tools` (on: a Qwen template cannot leave it to the model) or
 /// `{"type": "disabled"}`; absent means disabled, as on Anthropic's API. The budget is not
-/// counted apart from the answer: `max_tokens` bounds both together.
+/// counted apart from the answer: `max_tokens` bounds both together. `display: "omitted"`
+/// (thinking hidden from the answer) is refused; `summarized` returns the whole thinking.
 fn thinking(value: Option<&Value>, max_tokens: Option<i64>) -> Result<bool, ApiError> {
     let Some(value) = value else { return Ok(false) };
+    if value.get("display").and_then(Value::as_str) == Some("omitted") {
+        return Err(ApiError::invalid(
+            "thinking.display",
+            "thinking.display \"omitted\" is not supported: thinking is always returned",
+        ));
+    }
     match value.get("type").and_then(Value::as_str) {
         Some("disabled") => Ok(false),
+        Some("adaptive" | "between_tools") => Ok(true),
         Some("enabled") => {
             let budget = value
                 .get("budget_tokens")
@@ -150,7 +210,7 @@ fn thinking(value: Option<&Value>, max_tokens: Option<i64>) -> Result<bool, ApiE
         }
         _ => Err(ApiError::invalid(
             "thinking.type",
-            "thinking.type must be \"enabled\" or \"disabled\"",
+            "thinking.type must be enabled, adaptive, between_tools or disabled",
         )),
     }
 }
@@ -223,13 +283,15 @@ fn template_messages(message: &Value, i: usize) -> Result<Vec<Value>, ApiError> 
                 }
                 out.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
             }
-            _ => return Err(ApiError::invalid(
-                format!("{param}.type"),
-                format!(
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("{param}.type"),
+                    format!(
                     "a {role} message's {kind:?} block is not supported: this server reads text, \
                          thinking, tool_use (assistant) and tool_result (user) blocks"
                 ),
-            )),
+                ))
+            }
         }
     }
     if role == "assistant" {
@@ -448,8 +510,30 @@ mod tests {
             ),
             "tools[0].type"
         );
+        assert_eq!(
+            param(
+                json!({"max_tokens": 5, "messages": user, "output_config": {"format": {"type": "json_schema", "schema": {}}}})
+            ),
+            "output_config.format"
+        );
+        assert_eq!(
+            param(json!({"max_tokens": 5, "messages": user, "output_config": {"effort": "huge"}})),
+            "output_config.effort"
+        );
+        assert_eq!(
+            param(
+                json!({"max_tokens": 5, "messages": user, "thinking": {"type": "adaptive", "display": "omitted"}})
+            ),
+            "thinking.display"
+        );
         let off = parse_ok(json!({"max_tokens": 5, "messages": user}));
         assert_eq!(off.vars["force_thinking"], json!(false));
+        let adaptive = parse_ok(
+            json!({"max_tokens": 5, "messages": user, "thinking": {"type": "adaptive"},
+                                       "output_config": {"effort": "high"}, "speed": "fast"}),
+        );
+        assert_eq!(adaptive.vars["force_thinking"], json!(true));
+        assert_eq!(adaptive.vars["reasoning_effort"], json!("high"));
     }
 
     #[test]
