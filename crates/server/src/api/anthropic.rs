@@ -8,8 +8,8 @@ use spindle_runtime::Finish;
 use spindle_text::ParsedOutput;
 
 use super::{
-    apply_constraint, generation, optional, set_thinking, template_tool, template_tool_call,
-    text_of, Constraint, Fields,
+    apply_constraint, generation, optional, refuse_prefill, set_thinking, template_tool,
+    template_tool_call, text_of, Constraint, Fields,
 };
 use crate::error::ApiError;
 use crate::request::{Generation, RawCommon};
@@ -123,6 +123,7 @@ pub fn parse(
     for (i, message) in raw.iter().enumerate() {
         messages.extend(template_messages(message, i)?);
     }
+    refuse_prefill(&messages, &format!("messages[{}].role", raw.len() - 1))?;
     let (tools, constraint) = tools(field("tools"), field("tool_choice"))?;
     if let Some(constraint) = constraint {
         apply_constraint(&mut generation.options, "tool_choice", constraint)?;
@@ -480,6 +481,12 @@ mod tests {
     fn refusals_name_the_field() {
         let user = json!([{"role": "user", "content": "hi"}]);
         assert_eq!(param(json!({"messages": user})), "max_tokens");
+        assert_eq!(
+            param(
+                json!({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{"}]})
+            ),
+            "messages[1].role"
+        );
         assert_eq!(
             param(json!({"max_tokens": 5, "messages": user, "stop_sequences": [""]})),
             "stop_sequences"

@@ -148,6 +148,22 @@ pub fn reasoning_vars(
     Ok(vars)
 }
 
+/// Refuses a conversation whose last message (at `param`) is the assistant's: Anthropic and
+/// Ollama continue such a turn (a prefill), which the chat template cannot render (it
+/// closes every assistant turn and opens a new one).
+pub fn refuse_prefill(messages: &[Value], param: &str) -> Result<(), ApiError> {
+    if messages.last().is_some_and(|m| m["role"] == "assistant") {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "{param}: the last message is the assistant's; continuing (prefilling) an \
+                 assistant turn is not supported: end with a user or tool message"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A tool in the shape the chat template reads.
 pub fn template_tool(name: &str, description: Option<&str>, parameters: Option<&Value>) -> Value {
     let mut function = Map::new();

@@ -6,8 +6,8 @@ use spindle_runtime::sampling::SamplingParams;
 use spindle_runtime::Prompt;
 
 use super::{
-    apply_constraint, arguments_object, generation, optional, set_thinking, template_tool,
-    template_tool_call, Constraint, Fields,
+    apply_constraint, arguments_object, generation, optional, refuse_prefill, set_thinking,
+    template_tool, template_tool_call, Constraint, Fields,
 };
 use crate::error::ApiError;
 use crate::request::{Generation, RawCommon};
@@ -160,6 +160,7 @@ pub fn parse_chat(body: &Value, defaults: &SamplingParams) -> Result<OllamaReque
         .enumerate()
         .map(|(i, m)| template_message(m, i))
         .collect::<Result<Vec<_>, _>>()?;
+    refuse_prefill(&messages, &format!("messages[{}].role", raw.len() - 1))?;
     let tools = match body.get("tools") {
         None | Some(Value::Null) => None,
         Some(Value::Array(list)) if list.is_empty() => None,

@@ -117,4 +117,34 @@ mod tests {
         let busy = Dialect::Anthropic.error_body(StatusCode::TOO_MANY_REQUESTS, &body);
         assert_eq!(busy["error"]["type"], "rate_limit_error");
     }
+
+    #[tokio::test]
+    async fn rewritten_refusals_keep_status_and_retry_after() {
+        use tower::ServiceExt;
+        let busy = || async { crate::ApiError::queue_full(3) };
+        let app = axum::Router::new()
+            .route("/v1/messages", axum::routing::post(busy))
+            .route("/api/chat", axum::routing::post(busy))
+            .route("/v1/chat/completions", axum::routing::post(busy))
+            .layer(axum::middleware::from_fn(errors_in_dialect));
+        let mut bodies = Vec::new();
+        for path in ["/v1/messages", "/api/chat", "/v1/chat/completions"] {
+            let request = Request::post(path).body(Body::empty()).unwrap();
+            let response = app.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
+            assert_eq!(response.headers()[header::RETRY_AFTER], "1", "{path}");
+            let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            bodies.push(serde_json::from_slice::<Value>(&bytes).unwrap());
+        }
+        assert_eq!(bodies[0]["type"], "error");
+        assert_eq!(bodies[0]["error"]["type"], "rate_limit_error");
+        assert!(
+            bodies[1]["error"].as_str().unwrap().contains("busy"),
+            "{}",
+            bodies[1]
+        );
+        assert_eq!(bodies[2]["error"]["code"], "queue_full");
+    }
 }
