@@ -129,7 +129,8 @@ pub fn parse(
         apply_constraint(&mut generation.options, "tool_choice", constraint)?;
     }
     let mut vars = Map::new();
-    set_thinking(&mut vars, thinking(field("thinking"), max_tokens)?);
+    let budget_limit = max_tokens.filter(|_| !count_only);
+    set_thinking(&mut vars, thinking(field("thinking"), budget_limit)?);
     if let Some(config) = field("output_config") {
         output_config(config, &mut generation, &mut vars)?;
     }
@@ -180,6 +181,7 @@ fn output_config(
 /// `{"type": "disabled"}`; absent means disabled, as on Anthropic's API. The budget is not
 /// counted apart from the answer: `max_tokens` bounds both together. `display: "omitted"`
 /// (thinking hidden from the answer) is refused; `summarized` returns the whole thinking.
+/// `max_tokens` is `None` for count_tokens, which has none.
 fn thinking(value: Option<&Value>, max_tokens: Option<i64>) -> Result<bool, ApiError> {
     let Some(value) = value else { return Ok(false) };
     if value.get("display").and_then(Value::as_str) == Some("omitted") {
@@ -201,7 +203,7 @@ fn thinking(value: Option<&Value>, max_tokens: Option<i64>) -> Result<bool, ApiE
                         "thinking.budget_tokens must be a positive integer",
                     )
                 })?;
-            if budget < 1 || max_tokens.is_some_and(|m| m > 1 && budget >= m) {
+            if budget < 1 || max_tokens.is_some_and(|m| budget >= m) {
                 return Err(ApiError::invalid(
                     "thinking.budget_tokens",
                     format!("thinking.budget_tokens is {budget} but must be at least 1 and below max_tokens"),

@@ -278,6 +278,12 @@ pub fn parse_generate(
                 "system has no place in a raw prompt",
             ));
         }
+        if !vars.is_empty() {
+            return Err(ApiError::invalid(
+                "think",
+                "think has no effect on a raw prompt (no chat template renders it)",
+            ));
+        }
         Prompt::Text {
             text: prompt,
             special_tokens: true,

@@ -61,6 +61,11 @@ pub async fn cors(State(state): State<Arc<AppState>>, request: Request, next: Ne
         HeaderValue::from_str(&origin).unwrap_or(HeaderValue::from_static("null"))
     };
     h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
+    // So a page can read how long to wait after a 429 or 503.
+    h.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("retry-after"),
+    );
     h.append(header::VARY, HeaderValue::from_static("Origin"));
     response
 }
