@@ -88,3 +88,10 @@ def test_x_api_key(keyed_server):
     bad = anthropic.Anthropic(base_url=keyed_server.root, api_key="wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
         bad.messages.create(messages=HELLO, **GREEDY)
+
+
+def test_thinking_reaches_the_template_switch(client):
+    off = client.messages.count_tokens(model="m", messages=HELLO)
+    on = client.messages.count_tokens(model="m", messages=HELLO, thinking={"type": "enabled", "budget_tokens": 1024})
+    # Qwen3.6's prompt without thinking closes an empty <think></think> block; with it, opens one.
+    assert on.input_tokens < off.input_tokens

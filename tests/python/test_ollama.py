@@ -44,3 +44,23 @@ def test_format_and_unknown_options_are_refused_by_name(client):
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="spindle-demo", messages=HELLO, options={"mirostat": 2})
     assert e.value.status_code == 400 and "mirostat" in e.value.error
+
+
+def test_tool_round_trip(client):
+    def get_weather(city: str) -> str:
+        """Weather in a city.
+
+        Args:
+          city: the city
+        """
+        return "21 C"
+
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "21 C", "tool_name": "get_weather"},
+    ]
+    r = client.chat(model="spindle-demo", messages=messages, tools=[get_weather], options=OPTIONS)
+    assert r.done
+    for call in r.message.tool_calls or []:
+        assert isinstance(call.function.arguments, dict)

@@ -48,3 +48,13 @@ def test_stored_state_is_refused(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(input="hi", previous_response_id="resp_123", **ASK)
     assert "previous_response_id" in str(e.value)
+
+
+def test_stream_helper_accumulates_the_events(client):
+    whole = client.responses.create(input="Tell me about the sea.", **ASK)
+    text = ""
+    with client.responses.stream(input="Tell me about the sea.", **ASK) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                text += event.delta
+    assert text == whole.output_text

@@ -97,7 +97,7 @@ pub fn parse(
         )
     };
     let common = RawCommon {
-        stream: field("stream").map(|v| v.as_bool() == Some(true)),
+        stream: optional(body, "stream", "")?,
         max_tokens,
         temperature: optional(body, "temperature", "")?,
         top_p: optional(body, "top_p", "")?,

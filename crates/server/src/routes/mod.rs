@@ -1,6 +1,7 @@
-//! The HTTP surface: the router; the target, `Host`, API-key and metrics middleware; and the
-//! order every generation request follows: a place in the queue before its body is kept, a
-//! generation slot before its prompt is rendered and tokenized.
+//! The HTTP surface: the router; the target, `Host`, CORS, API-key, error-dialect and metrics
+//! middleware; and the order every generation request follows, whatever its API: a place in
+//! the queue before its body is kept, a generation slot before its prompt is rendered and
+//! tokenized ([`start_generation`]).
 
 mod anthropic;
 mod chat;
