@@ -82,3 +82,10 @@ def keyed_server(spindle_bin):
     s = Server(spindle_bin, "--api-key", "test-key-123")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def cors_server(spindle_bin):
+    s = Server(spindle_bin, "--cors-origins", "http://localhost:3000,http://127.0.0.1:5173")
+    yield s
+    s.stop()

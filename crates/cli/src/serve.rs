@@ -80,6 +80,10 @@ pub struct ServeArgs {
     /// listening address, when no API key is set (DNS-rebinding protection). Repeatable.
     #[arg(long = "allow-host", value_name = "NAME")]
     allow_hosts: Vec<String>,
+    /// Origins whose browser pages may call the API (CORS), comma-separated, or `*` for any
+    /// (then set --api-key). Off by default.
+    #[arg(long, value_name = "ORIGINS", value_delimiter = ',')]
+    cors_origins: Vec<String>,
 }
 
 /// A positive number of seconds from an option.
@@ -140,6 +144,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             .chain([&args.host])
             .cloned()
             .collect(),
+        cors_origins: args.cors_origins.clone(),
         ..ServerConfig::new(id.clone())
     };
     let server = Server::new(model, config)?;

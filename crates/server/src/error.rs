@@ -58,7 +58,9 @@ impl ApiError {
     pub fn unauthorized() -> Self {
         Self {
             status: StatusCode::UNAUTHORIZED,
-            message: "invalid or missing API key: send `Authorization: Bearer <key>`".into(),
+            message: "invalid or missing API key: send `Authorization: Bearer <key>` or \
+                      `x-api-key: <key>`"
+                .into(),
             kind: "authentication_error",
             param: None,
             code: Some("invalid_api_key"),

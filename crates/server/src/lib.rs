@@ -1,6 +1,8 @@
 //! An OpenAI-compatible HTTP API over the spindle runtime: `/v1/chat/completions` (streaming,
-//! tools, reasoning), `/v1/completions`, `/v1/models`, `/health` and `/metrics`, with an
-//! optional API key, a request-size limit and a bounded queue in front of the engine.
+//! tools, reasoning), `/v1/completions`, `/v1/responses`, `/v1/models`, `/health` and
+//! `/metrics`; Anthropic's `/v1/messages`; Ollama's `/api/chat`, `/api/generate`, `/api/tags`;
+//! llama-server's `/tokenize`, `/detokenize`, `/apply-template`; with an optional API key,
+//! CORS, a request-size limit and a bounded queue in front of the engine.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), spindle_server::ServerError> {
@@ -11,6 +13,7 @@
 //! # }
 //! ```
 
+mod api;
 mod error;
 mod listen;
 mod memory;
@@ -77,6 +80,9 @@ pub struct ServerConfig {
     /// Host names answered besides localhost, 127.0.0.1, [::1] and the listening address,
     /// when no API key is set (the DNS-rebinding check).
     pub allowed_hosts: Vec<String>,
+    /// Origins whose browser pages may call the API (CORS: `Access-Control-Allow-Origin`,
+    /// preflights answered); `*` for any. Empty (the default): CORS off.
+    pub cors_origins: Vec<String>,
 }
 
 impl ServerConfig {
@@ -95,6 +101,7 @@ impl ServerConfig {
             max_connections: 512,
             max_messages: 2048,
             allowed_hosts: Vec::new(),
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -211,6 +218,7 @@ impl Server {
             body_timeout: config.body_timeout,
             max_messages: config.max_messages,
             allowed_hosts: config.allowed_hosts,
+            cors_origins: config.cors_origins,
             shutting_down: AtomicBool::new(false),
             cancel_all: Arc::new(AtomicBool::new(false)),
         };

@@ -43,6 +43,7 @@ pub struct RawChat {
     pub tools: Option<Vec<RawTool>>,
     pub tool_choice: Option<Value>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    pub reasoning_effort: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -327,11 +328,15 @@ impl RawChat {
             .map(|(i, m)| m.to_template(i))
             .collect::<Result<Vec<_>, _>>()?;
         let tools = self.checked_tools()?;
+        let vars = crate::api::reasoning_vars(
+            self.chat_template_kwargs.unwrap_or_default(),
+            self.reasoning_effort.as_deref(),
+        )?;
         Ok(ChatRequest {
             generation,
             messages: Value::Array(messages),
             tools,
-            vars: self.chat_template_kwargs.unwrap_or_default(),
+            vars,
         })
     }
 

@@ -1,6 +1,7 @@
-//! Server-sent events: a generation's events turned into `data: {json}` chunks by an
-//! endpoint's [`ChunkFormatter`], ending with `data: [DONE]`. A failure midway is sent as an
-//! `{"error": ...}` chunk before `[DONE]`, so a stream never hangs.
+//! Streamed answers: a generation's events turned into chunks by an endpoint's
+//! [`ChunkFormatter`] and framed for the wire: server-sent `data: {json}` events ending with
+//! `data: [DONE]` (OpenAI), named SSE events (Anthropic, Responses) or NDJSON lines (Ollama).
+//! A failure midway is sent as an error chunk before the end, so a stream never hangs.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -22,6 +23,54 @@ pub trait ChunkFormatter: Send + 'static {
     fn text(&mut self, delta: &str) -> Vec<String>;
     /// The last chunks: held text, the finish reason, usage.
     fn finish(&mut self, completion: &Completion) -> Vec<String>;
+    /// How chunks go on the wire (SSE `data:` events by default).
+    fn framing(&self) -> Framing {
+        Framing::SseData
+    }
+    /// The chunks after the last (`[DONE]` by default).
+    fn end(&mut self) -> Vec<String> {
+        vec!["[DONE]".into()]
+    }
+    /// The chunks that report a failure midway (the error body, then [`ChunkFormatter::end`]).
+    fn failed(&mut self, error: &ApiError) -> Vec<String> {
+        let mut chunks = vec![error.body().to_string()];
+        chunks.extend(self.end());
+        chunks
+    }
+}
+
+/// How a stream's chunks are framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// `data: {chunk}` events (OpenAI).
+    SseData,
+    /// Chunks that are whole SSE events already (`event: name\ndata: {...}`: Anthropic,
+    /// Responses).
+    SseEvents,
+    /// One JSON object a line (Ollama).
+    Ndjson,
+}
+
+impl Framing {
+    fn frame(self, chunk: &str) -> Bytes {
+        Bytes::from(match self {
+            Framing::SseData => format!("data: {chunk}\n\n"),
+            Framing::SseEvents => format!("{chunk}\n\n"),
+            Framing::Ndjson => format!("{chunk}\n"),
+        })
+    }
+
+    fn content_type(self) -> &'static str {
+        match self {
+            Framing::SseData | Framing::SseEvents => "text/event-stream",
+            Framing::Ndjson => "application/x-ndjson",
+        }
+    }
+}
+
+/// A named SSE event (`event: name` and its `data:` line), for [`Framing::SseEvents`].
+pub fn named_event(name: &str, data: &serde_json::Value) -> String {
+    format!("event: {name}\ndata: {data}")
 }
 
 struct StreamState<F> {
@@ -31,12 +80,9 @@ struct StreamState<F> {
     ended: bool,
 }
 
-fn frame(data: &str) -> Bytes {
-    Bytes::from(format!("data: {data}\n\n"))
-}
-
 /// The streaming response for a generation's `events`.
 pub fn sse_response<F: ChunkFormatter>(events: Generation, mut formatter: F) -> Response {
+    let framing = formatter.framing();
     let ready = formatter.start().into();
     let state = StreamState {
         events,
@@ -44,10 +90,10 @@ pub fn sse_response<F: ChunkFormatter>(events: Generation, mut formatter: F) -> 
         ready,
         ended: false,
     };
-    let body = stream::unfold(state, |mut s| async move {
+    let body = stream::unfold(state, move |mut s| async move {
         loop {
             if let Some(chunk) = s.ready.pop_front() {
-                return Some((Ok::<_, Infallible>(frame(&chunk)), s));
+                return Some((Ok::<_, Infallible>(framing.frame(&chunk)), s));
             }
             if s.ended {
                 return None;
@@ -56,19 +102,17 @@ pub fn sse_response<F: ChunkFormatter>(events: Generation, mut formatter: F) -> 
                 Some(GenEvent::Text(delta)) => s.ready.extend(s.formatter.text(&delta)),
                 Some(GenEvent::Done(Ok(completion))) => {
                     s.ready.extend(s.formatter.finish(&completion));
-                    s.ready.push_back("[DONE]".into());
+                    s.ready.extend(s.formatter.end());
                     s.ended = true;
                 }
                 Some(GenEvent::Done(Err(e))) => {
-                    s.ready
-                        .push_back(ApiError::internal(e.to_string()).body().to_string());
-                    s.ready.push_back("[DONE]".into());
+                    let e = ApiError::internal(e.to_string());
+                    s.ready.extend(s.formatter.failed(&e));
                     s.ended = true;
                 }
                 None => {
                     let e = ApiError::internal("generation ended without a result");
-                    s.ready.push_back(e.body().to_string());
-                    s.ready.push_back("[DONE]".into());
+                    s.ready.extend(s.formatter.failed(&e));
                     s.ended = true;
                 }
             }
@@ -76,7 +120,7 @@ pub fn sse_response<F: ChunkFormatter>(events: Generation, mut formatter: F) -> 
     });
     (
         [
-            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CONTENT_TYPE, framing.content_type()),
             (header::CACHE_CONTROL, "no-cache"),
         ],
         Body::from_stream(body),

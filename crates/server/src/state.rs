@@ -29,6 +29,8 @@ pub struct AppState {
     pub max_messages: usize,
     /// Host names answered besides the local ones (without an API key).
     pub allowed_hosts: Vec<String>,
+    /// Origins whose browser pages may read answers (CORS); `*` for any, empty for none.
+    pub cors_origins: Vec<String>,
     /// Set on shutdown: new generation requests get 503.
     pub shutting_down: AtomicBool,
     /// Set when in-flight generations must stop now (shutdown grace period over).

@@ -11,7 +11,7 @@ use axum::Json;
 use spindle_runtime::{Completion, Prompt};
 use spindle_text::{parse_output, OutputParser, ParseEvent};
 
-use super::{admit_and_read, check_prompt_fits, prepare};
+use super::{admit_and_read, check_message_count, start_generation};
 use crate::error::ApiError;
 use crate::request::{from_value, RawChat, RawCommon};
 use crate::response::{
@@ -20,7 +20,7 @@ use crate::response::{
 };
 use crate::sse::{sse_response, ChunkFormatter};
 use crate::state::AppState;
-use crate::worker::{spawn_generation, wait_for_completion};
+use crate::worker::wait_for_completion;
 
 pub async fn handle(
     State(state): State<Arc<AppState>>,
@@ -33,15 +33,7 @@ pub async fn handle(
         .get("messages")
         .and_then(serde_json::Value::as_array)
         .map_or(0, Vec::len);
-    if messages > state.max_messages {
-        return Err(ApiError::invalid(
-            "messages",
-            format!(
-                "the request holds {messages} messages; at most {} are accepted (--max-messages)",
-                state.max_messages
-            ),
-        ));
-    }
+    check_message_count(&state, messages, "messages")?;
     let request = from_value::<RawChat>(&body)?.check(generation)?;
     drop(body);
     let prompt = Prompt::Chat {
@@ -50,11 +42,17 @@ pub async fn handle(
         vars: request.vars,
         add_generation_prompt: true,
     };
-    let slot = ticket.start().await;
-    let prepared = prepare(&state, prompt, body_bytes, "messages").await?;
-    check_prompt_fits(&state, prepared.ids.len(), "messages")?;
     let generation = request.generation;
-    let events = spawn_generation(&state, slot, prepared.ids, generation.options);
+    let started = start_generation(
+        &state,
+        ticket,
+        prompt,
+        body_bytes,
+        "messages",
+        generation.options,
+    )
+    .await?;
+    let (events, starts_in_reasoning) = (started.events, started.starts_in_reasoning);
     let (id, created) = (unique_id("chatcmpl-"), now_s());
     if generation.stream {
         let formatter = ChatChunks {
@@ -62,7 +60,7 @@ pub async fn handle(
             created,
             model: state.model_id.clone(),
             include_usage: generation.include_usage,
-            parser: OutputParser::new(prepared.starts_in_reasoning),
+            parser: OutputParser::new(starts_in_reasoning),
             tool_calls: 0,
         };
         return Ok(sse_response(events, formatter));
@@ -70,7 +68,7 @@ pub async fn handle(
     let completion = wait_for_completion(events)
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    let parsed = parse_output(&completion.text, prepared.starts_in_reasoning);
+    let parsed = parse_output(&completion.text, starts_in_reasoning);
     let reason = finish_reason(&completion.finish, !parsed.tool_calls.is_empty());
     Ok(Json(ChatCompletion {
         id,

@@ -1,11 +1,18 @@
-//! The HTTP surface: the router; the target, `Host`, API-key and metrics middleware; and the
-//! order every generation request follows: a place in the queue before its body is kept, a
-//! generation slot before its prompt is rendered and tokenized.
+//! The HTTP surface: the router; the target, `Host`, CORS, API-key, error-dialect and metrics
+//! middleware; and the order every generation request follows, whatever its API: a place in
+//! the queue before its body is kept, a generation slot before its prompt is rendered and
+//! tokenized ([`start_generation`]).
 
+mod anthropic;
 mod chat;
 mod completions;
+mod cors;
+mod dialect;
 mod host;
 mod info;
+mod ollama;
+mod responses;
+mod tokens;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,7 +26,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::Value;
 
-use spindle_runtime::{PreparedPrompt, Prompt};
+use spindle_runtime::{GenerateOptions, PreparedPrompt, Prompt};
 
 use crate::error::ApiError;
 use crate::listen::LocalAddr;
@@ -27,6 +34,7 @@ use crate::memory::{release_freed_memory, LARGE_REQUEST_BYTES};
 use crate::queue::Ticket;
 use crate::request::parse_body;
 use crate::state::AppState;
+use crate::worker::{spawn_generation, Generation};
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -36,6 +44,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(info::model))
         .route("/health", get(info::health))
         .route("/metrics", get(info::metrics))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::handle))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/version", get(ollama::version))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
+        .route("/apply-template", post(tokens::apply_template))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
@@ -44,8 +63,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         ))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
+            cors::cors,
+        ))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
             check_target_and_host,
         ))
+        .layer(middleware::from_fn(dialect::errors_in_dialect))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             count_request,
@@ -90,7 +114,8 @@ async fn count_request(
     response
 }
 
-/// With `--api-key`, every endpoint but `/health` needs `Authorization: Bearer <key>`.
+/// With `--api-key`, every endpoint but `/health` needs the key, as `Authorization: Bearer
+/// <key>` or (Anthropic's header) `x-api-key: <key>`.
 async fn require_api_key(
     State(state): State<Arc<AppState>>,
     request: Request,
@@ -102,11 +127,13 @@ async fn require_api_key(
     if request.uri().path() == "/health" {
         return next.run(request).await;
     }
-    let given = request
-        .headers()
+    let headers = request.headers();
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let given = bearer
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
     match given {
         Some(given) if same_secret(given.as_bytes(), key.as_bytes()) => next.run(request).await,
@@ -280,6 +307,49 @@ fn check_prompt_fits(state: &AppState, prompt_tokens: usize, param: &str) -> Res
             ),
         )
         .with_code("context_length_exceeded"));
+    }
+    Ok(())
+}
+
+/// A generation started from a request's prompt.
+pub(crate) struct Started {
+    pub events: Generation,
+    /// The prompt ends inside an open `<think>`: the answer starts as reasoning.
+    pub starts_in_reasoning: bool,
+    pub prompt_tokens: usize,
+}
+
+/// Waits for a generation slot, prepares `prompt` (errors name `param`), checks that it fits
+/// the context and submits it with `options`.
+pub(crate) async fn start_generation(
+    state: &Arc<AppState>,
+    ticket: Ticket,
+    prompt: Prompt,
+    body_bytes: usize,
+    param: &str,
+    options: GenerateOptions,
+) -> Result<Started, ApiError> {
+    let slot = ticket.start().await;
+    let prepared = prepare(state, prompt, body_bytes, param).await?;
+    check_prompt_fits(state, prepared.ids.len(), param)?;
+    let prompt_tokens = prepared.ids.len();
+    Ok(Started {
+        events: spawn_generation(state, slot, prepared.ids, options),
+        starts_in_reasoning: prepared.starts_in_reasoning,
+        prompt_tokens,
+    })
+}
+
+/// Refuses a conversation of more than `--max-messages` messages (`count` of them, in `param`).
+fn check_message_count(state: &AppState, count: usize, param: &str) -> Result<(), ApiError> {
+    if count > state.max_messages {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "the request holds {count} messages; at most {} are accepted (--max-messages)",
+                state.max_messages
+            ),
+        ));
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! demo model (random weights: tests compare the server with itself, never with a text).
 
 mod api;
+mod apis;
 mod common;
 mod errors;
 mod load;
