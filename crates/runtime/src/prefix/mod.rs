@@ -34,6 +34,28 @@ pub struct PrefixCacheConfig {
     pub markers: Vec<u32>,
 }
 
+impl PrefixCacheConfig {
+    /// A cache of `capacity_bytes` snapshotting every `interval` tokens and before each of the
+    /// model's chat turn markers (the tokenizer's `<|im_start|>`, when it has one).
+    pub fn for_model(model: &crate::Model, capacity_bytes: u64, interval: usize) -> Self {
+        Self {
+            capacity_bytes,
+            interval,
+            markers: model
+                .tokenizer
+                .token_to_id("<|im_start|>")
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// A quarter of the memory this process may use now (MemAvailable, or the cgroup limit
+    /// when lower; 4 GiB when neither can be read): call it once the model is loaded.
+    pub fn default_capacity() -> u64 {
+        spindle_model::install::plan::memory_budget().unwrap_or(4 << 30) / 4
+    }
+}
+
 /// Snapshot interval when none is given: fine enough that a prompt's long shared part is found
 /// to within 256 tokens, coarse enough that GDN states (64 MB each on the real 35B-A3B shape)
 /// do not crowd out the KV.
