@@ -56,7 +56,8 @@ impl PrefixCacheConfig {
     }
 }
 
-/// Snapshot interval when none is given: fine enough that a prompt's long shared part is found
-/// to within 256 tokens, coarse enough that GDN states (64 MB each on the real 35B-A3B shape)
-/// do not crowd out the KV.
-pub const DEFAULT_INTERVAL: usize = 256;
+/// Snapshot interval when none is given: the scheduler's default token budget, so a prompt
+/// prefilled alone is cut where its chunks end anyway. Smaller intervals cut prefill chunks
+/// shorter, and an MoE prefill slows with fewer tokens per step (fewer per expert); short
+/// shared prefixes are found through the turn markers, not the interval.
+pub const DEFAULT_INTERVAL: usize = 1024;

@@ -301,3 +301,123 @@ impl PrefixCache {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use spindle_cpu::session::{BoundaryState, GdnState, KvRows, KvSegment};
+
+    use super::*;
+
+    /// KV rows whose values are their positions (one float per token per array), so a
+    /// restored prefix shows which rows it holds; a state of `state_floats` floats.
+    fn piece(tokens: &[u32], from: usize, state_floats: usize) -> (PrefixKv, PrefixState) {
+        let rows: Vec<f32> = (from..tokens.len()).map(|p| p as f32).collect();
+        let kv = KvSegment {
+            start: from,
+            end: tokens.len(),
+            layers: vec![
+                None,
+                Some(KvRows {
+                    keys: rows.clone(),
+                    values: rows,
+                    indexer_keys: Vec::new(),
+                }),
+            ],
+        };
+        let state = BoundaryState {
+            position: tokens.len(),
+            layers: vec![
+                Some(GdnState {
+                    conv: Vec::new(),
+                    recurrent: vec![tokens.len() as f32; state_floats],
+                }),
+                None,
+            ],
+            ple: None,
+        };
+        (PrefixKv::Cpu(kv), PrefixState::Cpu(state))
+    }
+
+    /// Every invariant of the tree: the byte count is the sum of the nodes', children are
+    /// keyed by their first token and point back, edges are contiguous, and no leaf is left
+    /// without a snapshot.
+    fn check(cache: &PrefixCache) {
+        let mut bytes = 0;
+        for (id, node) in cache.nodes.iter().enumerate() {
+            let Some(node) = node else { continue };
+            bytes += node.bytes();
+            if id != ROOT {
+                assert!(
+                    node.state.is_some() || !node.children.is_empty(),
+                    "bare leaf {id}"
+                );
+                let kv = node.kv.as_ref().unwrap();
+                assert_eq!((kv.start(), kv.end()), (node.start, node.end()));
+            }
+            for (&first, &child) in &node.children {
+                let child = cache.node(child);
+                assert_eq!(child.tokens[0], first);
+                assert_eq!(child.parent, id);
+                assert_eq!(child.start, node.end());
+            }
+        }
+        assert_eq!(bytes, cache.bytes, "the byte count drifted");
+    }
+
+    fn restored_rows(hit: &CachedPrefix<'_>) -> Vec<f32> {
+        hit.segments
+            .iter()
+            .flat_map(|s| match s {
+                PrefixKv::Cpu(s) => s.layers[1].as_ref().unwrap().keys.clone(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn random_inserts_and_evictions_keep_the_tree_consistent() {
+        let mut rng = 12345u64;
+        let mut next = |n: u64| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 33) % n
+        };
+        let mut cache = PrefixCache::new(6_000);
+        let mut evicted = false;
+        for _ in 0..300 {
+            // Prompts over a 3-token alphabet share prefixes often.
+            let len = 1 + next(40) as usize;
+            let tokens: Vec<u32> = (0..len).map(|_| next(3) as u32).collect();
+            if next(2) == 0 {
+                if let Some(hit) = cache.lookup(&tokens, len) {
+                    assert!(hit.tokens <= len);
+                    let expect: Vec<f32> = (0..hit.tokens).map(|p| p as f32).collect();
+                    assert_eq!(restored_rows(&hit), expect, "rows out of order");
+                    assert_eq!(hit.state.position(), hit.tokens);
+                }
+                continue;
+            }
+            match cache.missing_from(&tokens) {
+                None => {
+                    let hit = cache.lookup(&tokens, len).unwrap();
+                    assert_eq!(hit.tokens, len, "missing_from said it was cached");
+                }
+                Some(from) => {
+                    let (kv, state) = piece(&tokens, from, 50);
+                    cache.insert(&tokens, kv, state);
+                }
+            }
+            evicted |= cache.evictions() > 0;
+            assert!(cache.bytes() <= 6_000);
+            check(&cache);
+        }
+        assert!(evicted, "the capacity never bound");
+        cache.evict_to(0);
+        check(&cache);
+        assert_eq!((cache.bytes(), cache.entries()), (0, 0));
+        assert!(
+            cache.nodes.iter().flatten().count() == 1,
+            "only the root is left"
+        );
+    }
+}
