@@ -461,3 +461,72 @@ fn eviction_under_a_tiny_cache_never_changes_an_answer() {
         }
     }
 }
+
+/// Preempted sequences give their solo answers, without a cache and with one (where the
+/// preempted state is cached and the recompute resumes from it). Three prompts fit the state
+/// budget but not three answers: the third is preempted as they grow, rejoins when the short
+/// first one ends, and is preempted again as the second and it grow (a second preemption must
+/// not repeat what it generated before the first).
+#[test]
+fn preempted_sequences_resume_from_the_cache_with_their_answers() {
+    let model = demo();
+    let config = model.config().clone();
+    let state = |tokens: usize| spindle_model::install::plan::state_bytes(&config, tokens);
+    // Plain text without EOS in it, so the penalty keeps the answers going.
+    let text = |t: &str| {
+        model
+            .prepare(&Prompt::Text {
+                text: t.into(),
+                special_tokens: true,
+            })
+            .unwrap()
+            .ids
+    };
+    let plan: Vec<(Vec<u32>, usize)> = [
+        ("The wood screws are in aisle four, next to", 12),
+        ("Deck stain comes in three colours, and", 200),
+        ("Ladders of every height stand by the", 200),
+    ]
+    .iter()
+    .map(|(t, n)| (text(t), *n))
+    .collect();
+    let longest = plan.iter().map(|(p, _)| p.len()).max().unwrap();
+    let batch = BatchConfig {
+        max_seqs: 3,
+        token_budget: 64,
+        state_budget: Some(state(longest + 4) * 3),
+    };
+    for cache in [false, true] {
+        let prefix = cache.then(|| PrefixCacheConfig::for_model(&model, u64::MAX, 32));
+        let scheduler =
+            Scheduler::start_with_prefix_cache(Arc::clone(&model), batch, prefix).unwrap();
+        let handles: Vec<_> = plan
+            .iter()
+            .map(|(p, n)| scheduler.submit(p.clone(), &greedy(*n)).unwrap())
+            .collect();
+        for ((prompt, n), handle) in plan.iter().zip(handles) {
+            let run = handle.wait().unwrap();
+            assert_eq!(
+                run.ids,
+                solo(&model, prompt, &greedy(*n)).ids,
+                "cache {cache}"
+            );
+            assert_eq!(run.ids.len(), *n);
+            assert!(
+                run.cached_tokens < prompt.len(),
+                "{} cached of {}",
+                run.cached_tokens,
+                prompt.len()
+            );
+        }
+        let stats = scheduler.stats();
+        assert!(
+            stats.preemptions() >= 2,
+            "{} preemptions",
+            stats.preemptions()
+        );
+        if cache {
+            assert!(stats.prefix.snapshot().hit_tokens > 0);
+        }
+    }
+}

@@ -95,6 +95,9 @@ struct Request {
     sink: EventSink,
     cancel: Arc<AtomicBool>,
     submitted: Instant,
+    /// Prompt tokens restored from the prefix cache at its first admission (what its usage
+    /// reports; a recompute after a preemption does not change it).
+    cached: Option<usize>,
 }
 
 /// Answer tokens whose state a new sequence is given room for at admission when its request
@@ -125,8 +128,6 @@ struct Sequence {
     snapshots: VecDeque<usize>,
     /// Tokens fed after the prompt (the session holds the prompt, then these).
     decoded: Vec<u32>,
-    /// Prompt tokens restored from the prefix cache.
-    cached: usize,
 }
 
 impl Sequence {
@@ -296,6 +297,7 @@ impl Scheduler {
             sink,
             cancel: Arc::clone(&cancel),
             submitted: Instant::now(),
+            cached: None,
         };
         self.commands
             .send(Command::Submit(Box::new(request)))
@@ -452,7 +454,7 @@ impl EngineLoop {
 
     fn cancel_everything(&mut self) {
         for request in std::mem::take(&mut self.waiting) {
-            finish_request(request, Duration::ZERO, Duration::ZERO, 0);
+            finish_request(request, Duration::ZERO, Duration::ZERO);
         }
         for sequence in std::mem::take(&mut self.running) {
             self.end(sequence, None);
@@ -472,7 +474,7 @@ impl EngineLoop {
             self.publish();
         }
         for request in gone {
-            finish_request(request, Duration::ZERO, Duration::ZERO, 0);
+            finish_request(request, Duration::ZERO, Duration::ZERO);
         }
         let mut n = 0;
         while n < self.running.len() {
@@ -540,9 +542,19 @@ impl EngineLoop {
             mut request,
             session,
             last_token,
+            fed,
+            decoded,
             ..
         } = self.running.remove(n);
+        // Its state so far is cached, so the recompute resumes from it.
+        if let Some(prefix) = self.prefix.as_mut() {
+            let tokens = [&request.prompt[..fed], &decoded].concat();
+            prefix.remember(&self.model.backend, &self.stats, &session, &tokens);
+        }
         drop(session);
+        // The prompt as submitted, then everything generated (after an earlier preemption the
+        // prompt already holds what was generated before it).
+        request.prompt.truncate(request.decoder.prompt_tokens());
         request.prompt.extend_from_slice(request.decoder.ids());
         request.last_token = last_token;
         self.stats.record_preemption();
@@ -593,6 +605,9 @@ impl EngineLoop {
                         .into(),
                         None => VecDeque::new(),
                     };
+                    let mut request = request;
+                    request.cached.get_or_insert(cached);
+                    // A recompute after a preemption counts too: its hits save prefill work.
                     self.stats
                         .prefix
                         .record_lookup(cached, request.prompt.len() - cached);
@@ -606,7 +621,6 @@ impl EngineLoop {
                         prefill_time: Duration::ZERO,
                         snapshots,
                         decoded: Vec::new(),
-                        cached,
                     })
                 }
                 Err(e) if self.running.is_empty() => {
@@ -814,7 +828,6 @@ impl EngineLoop {
             prefill_started,
             fed,
             decoded,
-            cached,
             ..
         } = sequence;
         if let Some(prefix) = self.prefix.as_mut() {
@@ -835,16 +848,17 @@ impl EngineLoop {
                 let mut request = request;
                 (request.sink)(SeqEvent::Done(Err(e)));
             }
-            None => finish_request(request, prefill_time, decode_time, cached),
+            None => finish_request(request, prefill_time, decode_time),
         }
     }
 }
 
 /// Sends a request's end: what it generated (cancelled unless it had finished).
-fn finish_request(request: Request, prefill_time: Duration, decode_time: Duration, cached: usize) {
+fn finish_request(request: Request, prefill_time: Duration, decode_time: Duration) {
     let Request {
         mut decoder,
         mut sink,
+        cached,
         ..
     } = request;
     match decoder.cancel() {
@@ -853,7 +867,7 @@ fn finish_request(request: Request, prefill_time: Duration, decode_time: Duratio
                 sink(SeqEvent::Text(rest));
             }
             let mut completion = decoder.into_completion(prefill_time, decode_time);
-            completion.cached_tokens = cached;
+            completion.cached_tokens = cached.unwrap_or(0);
             sink(SeqEvent::Done(Ok(completion)));
         }
         Err(e) => {

@@ -18,9 +18,10 @@ pub struct PrefixStats {
 pub struct PrefixStatsSnapshot {
     /// Whether the scheduler runs a prefix cache.
     pub enabled: bool,
-    /// Prompt tokens restored from the cache instead of prefilled.
+    /// Prompt tokens restored from the cache instead of prefilled (a sequence recomputed after
+    /// a preemption counts again).
     pub hit_tokens: u64,
-    /// Prompt tokens prefilled (not found in the cache).
+    /// Prompt tokens prefilled (not found in the cache), recomputes included.
     pub miss_tokens: u64,
     /// Bytes the cache holds (KV rows and states).
     pub bytes: u64,
@@ -35,7 +36,7 @@ impl PrefixStats {
         self.enabled.store(on as u64, Ordering::Relaxed);
     }
 
-    /// Counts one admitted prompt: `hit` tokens restored, `miss` to prefill.
+    /// Counts one admission: `hit` tokens restored, `miss` to prefill.
     pub fn record_lookup(&self, hit: usize, miss: usize) {
         self.hit_tokens.fetch_add(hit as u64, Ordering::Relaxed);
         self.miss_tokens.fetch_add(miss as u64, Ordering::Relaxed);
