@@ -162,6 +162,14 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             .collect(),
         ..ServerConfig::new(id.clone())
     };
+    match config.prefix_cache {
+        Some(p) => tracing::info!(
+            "prefix cache: up to {} MiB, a snapshot every {} tokens",
+            p.bytes >> 20,
+            p.interval
+        ),
+        None => tracing::info!("no prefix cache (--no-prefix-cache)"),
+    }
     let server = Server::new(model, config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -203,6 +203,12 @@ impl Metrics {
         let prefix = engine.prefix.snapshot();
         for (name, kind, help, value) in [
             (
+                "spindle_prefix_cache_enabled",
+                "gauge",
+                "1 when requests share a prefix cache (off: --no-prefix-cache, or CUDA).",
+                prefix.enabled as u64,
+            ),
+            (
                 "spindle_prefix_cache_hit_tokens_total",
                 "counter",
                 "Prompt tokens restored from the prefix cache instead of prefilled.",

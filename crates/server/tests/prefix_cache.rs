@@ -81,6 +81,7 @@ async fn a_shared_system_prompt_is_served_from_the_cache() {
     let metrics = server.metrics().await;
     assert!(metric(&metrics, "spindle_prefix_cache_hit_tokens_total") >= 2.0 * 180.0);
     assert!(metric(&metrics, "spindle_prefix_cache_miss_tokens_total") >= prompt_tokens as f64);
+    assert_eq!(metric(&metrics, "spindle_prefix_cache_enabled"), 1.0);
     assert!(metric(&metrics, "spindle_prefix_cache_bytes") > 0.0);
     assert!(metric(&metrics, "spindle_prefix_cache_entries") > 0.0);
     assert_eq!(
@@ -89,6 +90,7 @@ async fn a_shared_system_prompt_is_served_from_the_cache() {
     );
 
     let metrics = plain.metrics().await;
+    assert_eq!(metric(&metrics, "spindle_prefix_cache_enabled"), 0.0);
     assert_eq!(
         metric(&metrics, "spindle_prefix_cache_hit_tokens_total"),
         0.0
