@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use spindle_runtime::Device;
-use spindle_server::{open_model_on, shutdown_signal, Server, ServerConfig};
+use spindle_server::{open_model_on, shutdown_signal, PrefixCacheOptions, Server, ServerConfig};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -51,6 +51,20 @@ pub struct ServeArgs {
     /// then recomputed when memory allows). Default: no limit beyond the device's memory.
     #[arg(long, value_name = "BYTES")]
     state_memory: Option<u64>,
+    /// Bytes the prefix cache may hold: the KV rows and GDN/PLE state snapshots of earlier
+    /// requests, so a request that starts with a prefix served before (a system prompt, a
+    /// chat's history) prefills only the rest. Least recently used entries are evicted past
+    /// it. Default: a quarter of the memory available once the model is loaded (MemAvailable,
+    /// or the cgroup limit when lower). The CPU backend only; on CUDA the server runs without.
+    #[arg(long, value_name = "BYTES", conflicts_with = "no_prefix_cache")]
+    prefix_cache: Option<u64>,
+    /// Serve without a prefix cache: every request is prefilled from nothing.
+    #[arg(long)]
+    no_prefix_cache: bool,
+    /// Tokens between prefix-cache snapshots of a long prompt (a prompt is also snapshotted
+    /// before each chat turn marker and at its end, and a sequence when it finishes).
+    #[arg(long, value_name = "TOKENS", default_value_t = spindle_server::spindle_runtime::prefix::DEFAULT_INTERVAL)]
+    prefix_cache_interval: usize,
     /// Largest request body in bytes; larger bodies get 413.
     #[arg(long, default_value_t = 4 << 20)]
     max_body_bytes: usize,
@@ -131,6 +145,12 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         parallel: args.parallel,
         token_budget: args.token_budget,
         state_memory: args.state_memory,
+        prefix_cache: (!args.no_prefix_cache).then(|| PrefixCacheOptions {
+            bytes: args
+                .prefix_cache
+                .unwrap_or_else(|| PrefixCacheOptions::from_free_memory().bytes),
+            interval: args.prefix_cache_interval,
+        }),
         queue: args.queue,
         max_body_bytes: args.max_body_bytes,
         shutdown_grace: grace,
@@ -147,6 +167,14 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         cors_origins: args.cors_origins.clone(),
         ..ServerConfig::new(id.clone())
     };
+    match config.prefix_cache {
+        Some(p) => tracing::info!(
+            "prefix cache: up to {} MiB, a snapshot every {} tokens",
+            p.bytes >> 20,
+            p.interval
+        ),
+        None => tracing::info!("no prefix cache (--no-prefix-cache)"),
+    }
     let server = Server::new(model, config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

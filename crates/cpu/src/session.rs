@@ -98,3 +98,227 @@ impl Session {
                 .map_or(0, |p| p.conv.iter().map(|c| c.len() * 4).sum())
     }
 }
+
+/// One attention layer's rows for a run of tokens, `[tokens, width]` each: keys, values and
+/// (qwen4_exp) the QSA indexer's raw keys. The indexer's pooled block keys are not kept: they
+/// are a function of the raw keys and are recomputed when next needed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KvRows {
+    pub keys: Vec<f32>,
+    pub values: Vec<f32>,
+    pub indexer_keys: Vec<f32>,
+}
+
+impl KvRows {
+    fn floats(&self) -> usize {
+        self.keys.len() + self.values.len() + self.indexer_keys.len()
+    }
+
+    /// Rows `[from, to)` of `rows` holding `tokens` tokens.
+    fn slice(rows: &[f32], tokens: usize, from: usize, to: usize) -> Vec<f32> {
+        let width = rows.len().checked_div(tokens).unwrap_or(0);
+        rows[from * width..to * width].to_vec()
+    }
+}
+
+/// The attention layers' rows of tokens `[start, end)` of a sequence: a piece of a prefix that
+/// is valid at any cut (each token's KV row depends only on the tokens before it). `layers`
+/// follows the model's layers: `Some` for an attention layer, `None` for a GDN layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvSegment {
+    pub start: usize,
+    pub end: usize,
+    pub layers: Vec<Option<KvRows>>,
+}
+
+impl KvSegment {
+    pub fn tokens(&self) -> usize {
+        self.end - self.start
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(KvRows::floats)
+            .sum::<usize>()
+            * 4
+    }
+
+    /// Splits at position `at` (`start <= at <= end`) into `[start, at)` and `[at, end)`.
+    pub fn split_at(&self, at: usize) -> (KvSegment, KvSegment) {
+        assert!(
+            self.start <= at && at <= self.end,
+            "split at {at} outside [{}, {})",
+            self.start,
+            self.end
+        );
+        let (tokens, cut) = (self.tokens(), at - self.start);
+        let part = |from: usize, to: usize| {
+            self.layers
+                .iter()
+                .map(|l| {
+                    l.as_ref().map(|r| KvRows {
+                        keys: KvRows::slice(&r.keys, tokens, from, to),
+                        values: KvRows::slice(&r.values, tokens, from, to),
+                        indexer_keys: KvRows::slice(&r.indexer_keys, tokens, from, to),
+                    })
+                })
+                .collect()
+        };
+        (
+            KvSegment {
+                start: self.start,
+                end: at,
+                layers: part(0, cut),
+            },
+            KvSegment {
+                start: at,
+                end: self.end,
+                layers: part(cut, tokens),
+            },
+        )
+    }
+}
+
+/// The state a sequence has only exactly at `position`: every GDN layer's conv and recurrent
+/// state (`None` for an attention layer) and qwen4_exp's PLE state. It cannot be cut or moved:
+/// resuming from it anywhere but `position` would be wrong.
+#[derive(Clone, Debug)]
+pub struct BoundaryState {
+    pub position: usize,
+    pub layers: Vec<Option<GdnState>>,
+    pub ple: Option<PleState>,
+}
+
+impl BoundaryState {
+    pub fn bytes(&self) -> usize {
+        let gdn: usize = self
+            .layers
+            .iter()
+            .flatten()
+            .map(|s| s.conv.len() + s.recurrent.len())
+            .sum();
+        let ple: usize = self
+            .ple
+            .as_ref()
+            .map_or(0, |p| p.conv.iter().map(Vec::len).sum());
+        (gdn + ple) * 4
+    }
+}
+
+impl Session {
+    /// The attention layers' rows of tokens `[from, position)`. Refused for a broken session
+    /// (its state is incomplete) and for `from` past the position.
+    pub fn capture_kv(&self, from: usize) -> Result<KvSegment, String> {
+        self.check_capturable()?;
+        if from > self.position {
+            return Err(format!(
+                "KV rows from position {from} asked of a session at position {}",
+                self.position
+            ));
+        }
+        let tokens = self.position;
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Attention(kv) => Some(KvRows {
+                    keys: KvRows::slice(&kv.keys, tokens, from, tokens),
+                    values: KvRows::slice(&kv.values, tokens, from, tokens),
+                    indexer_keys: KvRows::slice(&kv.indexer.raw_keys, tokens, from, tokens),
+                }),
+                LayerState::Gdn(_) => None,
+            })
+            .collect();
+        Ok(KvSegment {
+            start: from,
+            end: tokens,
+            layers,
+        })
+    }
+
+    /// The GDN and PLE state at the session's position.
+    pub fn capture_boundary(&self) -> Result<BoundaryState, String> {
+        self.check_capturable()?;
+        Ok(BoundaryState {
+            position: self.position,
+            layers: self
+                .layers
+                .iter()
+                .map(|l| match l {
+                    LayerState::Gdn(s) => Some(s.clone()),
+                    LayerState::Attention(_) => None,
+                })
+                .collect(),
+            ple: self.ple.clone(),
+        })
+    }
+
+    fn check_capturable(&self) -> Result<(), String> {
+        match &self.broken {
+            Some(cause) => Err(format!(
+                "a broken session's state cannot be cached ({cause})"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// A session at `state.position` rebuilt from a prefix: the KV rows of `segments` (which
+    /// must run from 0 to the state's position without a gap, in order) and the boundary state.
+    /// Its next step continues as the session the pieces were captured from would have.
+    pub fn restore(
+        config: &ModelConfig,
+        segments: &[&KvSegment],
+        state: &BoundaryState,
+    ) -> Result<Session, String> {
+        let mut session = Session::new(config);
+        let layers = session.layers.len();
+        let mut position = 0;
+        for segment in segments {
+            if segment.start != position {
+                return Err(format!(
+                    "prefix segments leave a gap: one ends at {position}, the next starts at {}",
+                    segment.start
+                ));
+            }
+            if segment.layers.len() != layers {
+                return Err(format!(
+                    "a prefix segment has {} layers but the model {layers}",
+                    segment.layers.len()
+                ));
+            }
+            for (n, (layer, rows)) in session.layers.iter_mut().zip(&segment.layers).enumerate() {
+                match (layer, rows) {
+                    (LayerState::Attention(kv), Some(rows)) => {
+                        kv.keys.extend_from_slice(&rows.keys);
+                        kv.values.extend_from_slice(&rows.values);
+                        kv.indexer.raw_keys.extend_from_slice(&rows.indexer_keys);
+                    }
+                    (LayerState::Gdn(_), None) => {}
+                    _ => return Err(format!("layer {n}'s kind differs in a prefix segment")),
+                }
+            }
+            position = segment.end;
+        }
+        if position != state.position {
+            return Err(format!(
+                "prefix segments end at {position} but the boundary state is at {}",
+                state.position
+            ));
+        }
+        if state.layers.len() != layers || state.ple.is_some() != session.ple.is_some() {
+            return Err("the boundary state does not fit the model's layers".into());
+        }
+        for (n, (layer, gdn)) in session.layers.iter_mut().zip(&state.layers).enumerate() {
+            match (layer, gdn) {
+                (LayerState::Gdn(s), Some(g)) => *s = g.clone(),
+                (LayerState::Attention(_), None) => {}
+                _ => return Err(format!("layer {n}'s kind differs in the boundary state")),
+            }
+        }
+        session.ple.clone_from(&state.ple);
+        session.position = position;
+        Ok(session)
+    }
+}

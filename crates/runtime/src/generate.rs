@@ -68,6 +68,8 @@ pub struct Completion {
     pub ids: Vec<u32>,
     pub finish: Finish,
     pub prompt_tokens: usize,
+    /// Prompt tokens restored from the prefix cache instead of prefilled.
+    pub cached_tokens: usize,
     pub prefill_time: Duration,
     pub decode_time: Duration,
 }
@@ -276,6 +278,7 @@ impl SequenceDecoder {
             ids: self.ids,
             finish: self.finish.unwrap_or(Finish::Cancelled),
             prompt_tokens: self.prompt_tokens,
+            cached_tokens: 0,
             prefill_time,
             decode_time,
         }

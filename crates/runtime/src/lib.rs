@@ -18,6 +18,7 @@ pub mod generate;
 pub mod input;
 pub mod measure;
 pub mod model;
+pub mod prefix;
 pub mod sampling;
 
 pub use backend::{Backend, BackendSession};

@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use spindle_runtime::batch::{BatchConfig, Scheduler as BatchScheduler};
+use spindle_runtime::prefix::PrefixCacheConfig;
 use spindle_runtime::{demo_dir, Device, Model, DEMO_MODEL_ID};
 use tokio::net::TcpListener;
 
@@ -46,6 +47,26 @@ use queue::Scheduler;
 use state::AppState;
 
 /// How the server behaves.
+/// The prefix cache's size and snapshot interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixCacheOptions {
+    /// Bytes of cached KV rows and states (least recently used entries evicted past it).
+    pub bytes: u64,
+    /// Tokens between snapshots of a long prompt (besides its chat turns and its end).
+    pub interval: usize,
+}
+
+impl PrefixCacheOptions {
+    /// The defaults: [`PrefixCacheConfig::default_capacity`] bytes, every
+    /// [`spindle_runtime::prefix::DEFAULT_INTERVAL`] tokens.
+    pub fn from_free_memory() -> Self {
+        Self {
+            bytes: PrefixCacheConfig::default_capacity(),
+            interval: spindle_runtime::prefix::DEFAULT_INTERVAL,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// The id `/v1/models` lists and responses carry.
@@ -61,6 +82,9 @@ pub struct ServerConfig {
     /// beyond it new sequences wait and the latest admitted are preempted and recomputed later
     /// (`None`: no limit beyond the backend's memory).
     pub state_memory: Option<u64>,
+    /// The prefix cache shared by every request (`--prefix-cache`); `None`: none
+    /// (`--no-prefix-cache`).
+    pub prefix_cache: Option<PrefixCacheOptions>,
     /// Requests that may wait for a generation slot; more get HTTP 429.
     pub queue: usize,
     /// Largest request body accepted; larger gets HTTP 413.
@@ -92,6 +116,7 @@ impl ServerConfig {
             api_key: None,
             parallel: 1,
             state_memory: None,
+            prefix_cache: None,
             token_budget: 1024,
             queue: 16,
             max_body_bytes: 4 << 20,
@@ -197,13 +222,25 @@ impl Server {
                 "--token-budget must be positive".into(),
             ));
         }
-        let engine = BatchScheduler::start(
+        let prefix_cache = match config.prefix_cache {
+            Some(PrefixCacheOptions { bytes, interval }) => {
+                if interval == 0 {
+                    return Err(ServerError::Option(
+                        "--prefix-cache-interval must be positive".into(),
+                    ));
+                }
+                Some(PrefixCacheConfig::for_model(&model, bytes, interval))
+            }
+            None => None,
+        };
+        let engine = BatchScheduler::start_with_prefix_cache(
             Arc::clone(&model),
             BatchConfig {
                 max_seqs: config.parallel,
                 token_budget: config.token_budget.max(config.parallel),
                 state_budget: config.state_memory,
             },
+            prefix_cache,
         )?;
         let state = AppState {
             engine,

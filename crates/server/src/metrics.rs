@@ -200,6 +200,47 @@ impl Metrics {
             "Sequences preempted for state memory (--state-memory) and recomputed later.",
             &plain(engine.preemptions().to_string()),
         );
+        let prefix = engine.prefix.snapshot();
+        for (name, kind, help, value) in [
+            (
+                "spindle_prefix_cache_enabled",
+                "gauge",
+                "1 when requests share a prefix cache (off: --no-prefix-cache, or CUDA).",
+                prefix.enabled as u64,
+            ),
+            (
+                "spindle_prefix_cache_hit_tokens_total",
+                "counter",
+                "Prompt tokens restored from the prefix cache instead of prefilled.",
+                prefix.hit_tokens,
+            ),
+            (
+                "spindle_prefix_cache_miss_tokens_total",
+                "counter",
+                "Prompt tokens prefilled (not found in the prefix cache).",
+                prefix.miss_tokens,
+            ),
+            (
+                "spindle_prefix_cache_bytes",
+                "gauge",
+                "Bytes the prefix cache holds (KV rows and GDN/PLE state snapshots).",
+                prefix.bytes,
+            ),
+            (
+                "spindle_prefix_cache_entries",
+                "gauge",
+                "Snapshots in the prefix cache (prefixes a request can resume from).",
+                prefix.entries,
+            ),
+            (
+                "spindle_prefix_cache_evictions_total",
+                "counter",
+                "Prefix cache entries evicted for memory (--prefix-cache).",
+                prefix.evictions,
+            ),
+        ] {
+            metric(name, kind, help, &plain(value.to_string()));
+        }
         let histograms = [
             (
                 "spindle_batch_size",

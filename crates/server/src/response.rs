@@ -14,6 +14,14 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's breakdown of the prompt tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens restored from the prefix cache instead of prefilled.
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -22,6 +30,9 @@ impl Usage {
             prompt_tokens: completion.prompt_tokens,
             completion_tokens: completion.ids.len(),
             total_tokens: completion.prompt_tokens + completion.ids.len(),
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: completion.cached_tokens,
+            },
         }
     }
 }
@@ -204,6 +215,7 @@ mod tests {
             ids: vec![1, 2, 3],
             finish,
             prompt_tokens: 5,
+            cached_tokens: 2,
             prefill_time: Duration::from_millis(1),
             decode_time: Duration::from_millis(1),
         }
@@ -237,7 +249,8 @@ mod tests {
             Usage {
                 prompt_tokens: 5,
                 completion_tokens: 3,
-                total_tokens: 8
+                total_tokens: 8,
+                prompt_tokens_details: PromptTokensDetails { cached_tokens: 2 },
             }
         );
     }

@@ -115,6 +115,7 @@ fn cancelled(prompt_tokens: usize) -> Completion {
         ids: Vec::new(),
         finish: Finish::Cancelled,
         prompt_tokens,
+        cached_tokens: 0,
         prefill_time: Duration::ZERO,
         decode_time: Duration::ZERO,
     }

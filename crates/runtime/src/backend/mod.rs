@@ -20,6 +20,7 @@ pub use crate::device::Device;
 use crate::error::{Result, RuntimeError};
 use crate::input::check_input;
 use crate::measure::{measure_read_bandwidth, KernelTime};
+use crate::prefix::{PrefixKv, PrefixState};
 use crate::sampling::{Sampler, SamplingParams};
 pub use cuda::cuda_refusal;
 #[cfg(feature = "cuda")]
@@ -465,6 +466,78 @@ impl Backend {
             (Backend::Cuda(c), BackendSession::Cuda(s)) => c.decode_greedy(s, id),
             #[cfg(feature = "cuda")]
             (backend, _) => Err(backend.foreign_session()),
+        }
+    }
+
+    /// Whether sessions of this backend can be captured into and restored from the prefix
+    /// cache ([`crate::prefix`]); the error says why not.
+    pub fn prefix_cache_support(&self) -> Result<()> {
+        match self {
+            Backend::Cpu(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => Err(RuntimeError::Unsupported(
+                "prefix cache on CUDA is not implemented yet: the server runs without one".into(),
+            )),
+        }
+    }
+
+    /// The attention layers' KV rows of `session`'s tokens `[from, position)`, for the prefix
+    /// cache.
+    pub fn capture_kv(&self, session: &BackendSession, from: usize) -> Result<PrefixKv> {
+        match session {
+            BackendSession::Cpu(s) => s
+                .capture_kv(from)
+                .map(PrefixKv::Cpu)
+                .map_err(RuntimeError::Request),
+            #[cfg(feature = "cuda")]
+            BackendSession::Cuda(_) => Err(self
+                .prefix_cache_support()
+                .err()
+                .unwrap_or_else(|| self.foreign_session())),
+        }
+    }
+
+    /// The state valid only at `session`'s position (GDN conv and recurrent state, PLE
+    /// state), for the prefix cache.
+    pub fn capture_state(&self, session: &BackendSession) -> Result<PrefixState> {
+        match session {
+            BackendSession::Cpu(s) => s
+                .capture_boundary()
+                .map(PrefixState::Cpu)
+                .map_err(RuntimeError::Request),
+            #[cfg(feature = "cuda")]
+            BackendSession::Cuda(_) => Err(self
+                .prefix_cache_support()
+                .err()
+                .unwrap_or_else(|| self.foreign_session())),
+        }
+    }
+
+    /// A new session holding a cached prefix: the KV rows of `segments` (from position 0, in
+    /// order, without a gap) and the state at their end. Its next step continues exactly as
+    /// the session the pieces were captured from would have.
+    pub fn restore_prefix(
+        &self,
+        segments: &[&PrefixKv],
+        state: &PrefixState,
+    ) -> Result<BackendSession> {
+        match (self, state) {
+            (Backend::Cpu(e), PrefixState::Cpu(state)) => {
+                let segments: Vec<_> = segments
+                    .iter()
+                    .map(|s| match s {
+                        PrefixKv::Cpu(s) => s,
+                    })
+                    .collect();
+                Session::restore(e.config(), &segments, state)
+                    .map(BackendSession::Cpu)
+                    .map_err(RuntimeError::Request)
+            }
+            #[cfg(feature = "cuda")]
+            (Backend::Cuda(_), _) => Err(self
+                .prefix_cache_support()
+                .err()
+                .unwrap_or_else(|| self.foreign_session())),
         }
     }
 

@@ -12,10 +12,11 @@ use spindle_cpu::LogitsFor;
 
 use super::plan::{plan_step, Work};
 use super::stats::SchedulerStats;
-use crate::backend::{BackendSession, BatchItem, Draw};
+use crate::backend::{Backend, BackendSession, BatchItem, Draw};
 use crate::error::{Result, RuntimeError};
 use crate::generate::{Completion, Flow, GenerateOptions, SequenceDecoder};
 use crate::model::Model;
+use crate::prefix::{snapshot_points, PrefixCache, PrefixCacheConfig};
 use crate::sampling::SamplingParams;
 
 /// How the scheduler batches.
@@ -94,6 +95,9 @@ struct Request {
     sink: EventSink,
     cancel: Arc<AtomicBool>,
     submitted: Instant,
+    /// Prompt tokens restored from the prefix cache at its first admission (what its usage
+    /// reports; a recompute after a preemption does not change it).
+    cached: Option<usize>,
 }
 
 /// Answer tokens whose state a new sequence is given room for at admission when its request
@@ -119,9 +123,24 @@ struct Sequence {
     prefill_time: Duration,
     /// When the last token was sampled (the first marks the end of the prefill).
     last_token: Option<Instant>,
+    /// Prompt positions still ahead where the prefill stops for a prefix-cache snapshot,
+    /// ascending (empty without a cache).
+    snapshots: VecDeque<usize>,
+    /// Tokens fed after the prompt (the session holds the prompt, then these).
+    decoded: Vec<u32>,
 }
 
 impl Sequence {
+    /// What the next step may feed: a prefill stops at the next snapshot point.
+    fn work_until_snapshot(&self) -> Work {
+        match (self.work(), self.snapshots.front()) {
+            (Work::Prefill { remaining }, Some(&stop)) => Work::Prefill {
+                remaining: remaining.min(stop - self.fed),
+            },
+            (work, _) => work,
+        }
+    }
+
     /// Tokens in the sequence's state after its next step (a prefilling sequence counted with
     /// its whole prompt).
     fn tokens_after_step(&self) -> usize {
@@ -200,8 +219,27 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn start(model: Arc<Model>, config: BatchConfig) -> Result<Self> {
+        Self::start_with_prefix_cache(model, config, None)
+    }
+
+    /// [`Scheduler::start`] with a prefix cache shared by every sequence ([`crate::prefix`]).
+    /// A backend that cannot cache prefixes runs without one (logged once).
+    pub fn start_with_prefix_cache(
+        model: Arc<Model>,
+        config: BatchConfig,
+        prefix: Option<PrefixCacheConfig>,
+    ) -> Result<Self> {
         config.validate()?;
+        let prefix = match (prefix, model.backend.prefix_cache_support()) {
+            (Some(prefix), Ok(())) => Some(PrefixCacheState::new(prefix)),
+            (Some(_), Err(e)) => {
+                tracing::warn!("running without a prefix cache: {e}");
+                None
+            }
+            (None, _) => None,
+        };
         let stats = Arc::new(SchedulerStats::new(config.max_seqs, config.token_budget));
+        stats.prefix.set_enabled(prefix.is_some());
         let (commands, received) = channel();
         let (engine_model, engine_stats) = (Arc::clone(&model), Arc::clone(&stats));
         // The loop is built on its thread: sessions are created, used and dropped there and
@@ -217,6 +255,7 @@ impl Scheduler {
                     waiting: VecDeque::new(),
                     running: Vec::new(),
                     stopping: false,
+                    prefix,
                 }
                 .run()
             })
@@ -258,6 +297,7 @@ impl Scheduler {
             sink,
             cancel: Arc::clone(&cancel),
             submitted: Instant::now(),
+            cached: None,
         };
         self.commands
             .send(Command::Submit(Box::new(request)))
@@ -301,6 +341,51 @@ impl Drop for Scheduler {
     }
 }
 
+/// The prefix cache and where it snapshots.
+struct PrefixCacheState {
+    cache: PrefixCache,
+    config: PrefixCacheConfig,
+}
+
+impl PrefixCacheState {
+    fn new(config: PrefixCacheConfig) -> Self {
+        Self {
+            cache: PrefixCache::new(config.capacity_bytes),
+            config,
+        }
+    }
+
+    /// Caches the state of `session`, which holds `tokens`, as a prefix later sequences may
+    /// resume from (unless it is cached already). Evicts down to the cache's capacity.
+    fn remember(
+        &mut self,
+        backend: &Backend,
+        stats: &SchedulerStats,
+        session: &BackendSession,
+        tokens: &[u32],
+    ) {
+        if tokens.is_empty() || tokens.len() != session.position() {
+            return;
+        }
+        let Some(from) = self.cache.missing_from(tokens) else {
+            return;
+        };
+        let captured = backend
+            .capture_kv(session, from)
+            .and_then(|kv| Ok((kv, backend.capture_state(session)?)));
+        match captured {
+            Ok((kv, state)) => {
+                let before = self.cache.evictions();
+                self.cache.insert(tokens, kv, state);
+                let stats = &stats.prefix;
+                stats.record_evictions(self.cache.evictions() - before);
+                stats.set_size(self.cache.bytes(), self.cache.entries());
+            }
+            Err(e) => tracing::warn!("a prefix could not be cached: {e}"),
+        }
+    }
+}
+
 /// The engine thread's state.
 struct EngineLoop {
     model: Arc<Model>,
@@ -310,6 +395,7 @@ struct EngineLoop {
     waiting: VecDeque<Request>,
     running: Vec<Sequence>,
     stopping: bool,
+    prefix: Option<PrefixCacheState>,
 }
 
 impl EngineLoop {
@@ -456,9 +542,19 @@ impl EngineLoop {
             mut request,
             session,
             last_token,
+            fed,
+            decoded,
             ..
         } = self.running.remove(n);
+        // Its state so far is cached, so the recompute resumes from it.
+        if let Some(prefix) = self.prefix.as_mut() {
+            let tokens = [&request.prompt[..fed], &decoded].concat();
+            prefix.remember(&self.model.backend, &self.stats, &session, &tokens);
+        }
         drop(session);
+        // The prompt as submitted, then everything generated (after an earlier preemption the
+        // prompt already holds what was generated before it).
+        request.prompt.truncate(request.decoder.prompt_tokens());
         request.prompt.extend_from_slice(request.decoder.ids());
         request.last_token = last_token;
         self.stats.record_preemption();
@@ -489,20 +585,44 @@ impl EngineLoop {
             // are allocated now, so running out of memory keeps this sequence waiting instead
             // of failing a step that others share.
             let room = request.decoder.room(RESERVED_ANSWER_TOKENS);
-            match self
-                .model
-                .backend
-                .new_session_with_capacity(request.prompt.len() + room)
-            {
-                Ok(session) => self.running.push(Sequence {
-                    last_token: request.last_token,
-                    request,
-                    session,
-                    fed: 0,
-                    next: [0],
-                    prefill_started: None,
-                    prefill_time: Duration::ZERO,
-                }),
+            let session = match self.restore_prefix(&request.prompt) {
+                Some((session, cached)) => Ok((session, cached)),
+                None => self
+                    .model
+                    .backend
+                    .new_session_with_capacity(request.prompt.len() + room)
+                    .map(|session| (session, 0)),
+            };
+            match session {
+                Ok((session, cached)) => {
+                    let snapshots = match &self.prefix {
+                        Some(p) => snapshot_points(
+                            &request.prompt,
+                            cached,
+                            p.config.interval,
+                            &p.config.markers,
+                        )
+                        .into(),
+                        None => VecDeque::new(),
+                    };
+                    let mut request = request;
+                    request.cached.get_or_insert(cached);
+                    // A recompute after a preemption counts too: its hits save prefill work.
+                    self.stats
+                        .prefix
+                        .record_lookup(cached, request.prompt.len() - cached);
+                    self.running.push(Sequence {
+                        last_token: request.last_token,
+                        request,
+                        session,
+                        fed: cached,
+                        next: [0],
+                        prefill_started: None,
+                        prefill_time: Duration::ZERO,
+                        snapshots,
+                        decoded: Vec::new(),
+                    })
+                }
                 Err(e) if self.running.is_empty() => {
                     let mut request = request;
                     (request.sink)(SeqEvent::Done(Err(e)));
@@ -516,6 +636,22 @@ impl EngineLoop {
         }
     }
 
+    /// A session holding the longest cached prefix of `prompt` that leaves at least its last
+    /// token to prefill (its logits give the first token), and that prefix's length; `None`
+    /// without a cache, on a miss, or when restoring fails (logged: the prompt is prefilled
+    /// from nothing, which gives the same answer).
+    fn restore_prefix(&mut self, prompt: &[u32]) -> Option<(BackendSession, usize)> {
+        let prefix = self.prefix.as_mut()?;
+        let hit = prefix.cache.lookup(prompt, prompt.len() - 1)?;
+        match self.model.backend.restore_prefix(&hit.segments, hit.state) {
+            Ok(session) => Some((session, hit.tokens)),
+            Err(e) => {
+                tracing::warn!("a cached prefix could not be restored: {e}");
+                None
+            }
+        }
+    }
+
     fn publish(&self) {
         let bytes = self.running.iter().map(|s| s.session.state_bytes()).sum();
         self.stats
@@ -524,7 +660,11 @@ impl EngineLoop {
 
     /// One batched forward step over the running sequences, then each one's token.
     fn step(&mut self) {
-        let work: Vec<Work> = self.running.iter().map(Sequence::work).collect();
+        let work: Vec<Work> = self
+            .running
+            .iter()
+            .map(Sequence::work_until_snapshot)
+            .collect();
         let take = plan_step(&work, self.config.token_budget);
         let started = Instant::now();
         let on_device = self.model.backend.samples_on_device();
@@ -549,7 +689,7 @@ impl EngineLoop {
             // Whether this step's row gives the sequence its next token.
             let samples = match work[n] {
                 Work::Decode => true,
-                Work::Prefill { remaining } => take[n] == remaining,
+                Work::Prefill { .. } => *fed + take[n] == prompt.len(),
             };
             let ids: &[u32] = match work[n] {
                 Work::Decode => &next[..],
@@ -588,6 +728,8 @@ impl EngineLoop {
             .record_step(order.len(), take.iter().sum::<usize>());
         let now = Instant::now();
         let mut ended: Vec<(usize, Option<RuntimeError>)> = Vec::new();
+        // Sequences whose prefill reached a snapshot point this step.
+        let mut snapshots = Vec::new();
         for (n, result) in order.into_iter().zip(results) {
             let sequence = &mut self.running[n];
             let choice = match result {
@@ -597,17 +739,32 @@ impl EngineLoop {
                     continue;
                 }
             };
-            if let Work::Prefill { remaining } = work[n] {
-                sequence.fed += take[n];
-                if take[n] < remaining {
-                    continue;
+            match work[n] {
+                Work::Prefill { .. } => {
+                    sequence.fed += take[n];
+                    if sequence.snapshots.front() == Some(&sequence.fed) {
+                        sequence.snapshots.pop_front();
+                        snapshots.push(n);
+                    }
+                    if sequence.fed < sequence.request.prompt.len() {
+                        continue;
+                    }
+                    sequence.prefill_time = now - sequence.prefill_started.unwrap_or(started);
                 }
-                sequence.prefill_time = now - sequence.prefill_started.unwrap_or(started);
+                Work::Decode => sequence.decoded.push(sequence.next[0]),
             }
             match self.token(n, choice, now) {
                 Ok(true) => {}
                 Ok(false) => ended.push((n, None)),
                 Err(e) => ended.push((n, Some(e))),
+            }
+        }
+        // Before the sampled tokens are fed: the sessions are exactly at the snapshot points.
+        if let Some(prefix) = self.prefix.as_mut() {
+            for n in snapshots {
+                let sequence = &self.running[n];
+                let tokens = &sequence.request.prompt[..sequence.fed];
+                prefix.remember(&self.model.backend, &self.stats, &sequence.session, tokens);
             }
         }
         // Highest index first, so the others keep theirs; the rest keep their order.
@@ -660,15 +817,25 @@ impl EngineLoop {
 
     /// Frees a sequence's session, then sends its end: the error, or the completion
     /// (cancelled if it had not ended).
-    fn end(&self, sequence: Sequence, error: Option<RuntimeError>) {
+    /// A sequence that ran without error is cached first (prompt and answer: the next turn of
+    /// a chat extends it).
+    fn end(&mut self, sequence: Sequence, error: Option<RuntimeError>) {
         let Sequence {
             request,
             session,
             prefill_time,
             last_token,
             prefill_started,
+            fed,
+            decoded,
             ..
         } = sequence;
+        if let Some(prefix) = self.prefix.as_mut() {
+            if error.is_none() && !self.stopping && fed == request.prompt.len() {
+                let tokens = [&request.prompt[..], &decoded].concat();
+                prefix.remember(&self.model.backend, &self.stats, &session, &tokens);
+            }
+        }
         drop(session);
         // Counted free before the caller hears of the end.
         self.publish();
@@ -691,6 +858,7 @@ fn finish_request(request: Request, prefill_time: Duration, decode_time: Duratio
     let Request {
         mut decoder,
         mut sink,
+        cached,
         ..
     } = request;
     match decoder.cancel() {
@@ -698,9 +866,9 @@ fn finish_request(request: Request, prefill_time: Duration, decode_time: Duratio
             if !rest.is_empty() {
                 sink(SeqEvent::Text(rest));
             }
-            sink(SeqEvent::Done(Ok(
-                decoder.into_completion(prefill_time, decode_time)
-            )));
+            let mut completion = decoder.into_completion(prefill_time, decode_time);
+            completion.cached_tokens = cached.unwrap_or(0);
+            sink(SeqEvent::Done(Ok(completion)));
         }
         Err(e) => {
             sink(SeqEvent::Done(Err(e)));

@@ -6,6 +6,8 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use crate::prefix::PrefixStats;
+
 /// A histogram with fixed upper bounds, like Prometheus's.
 #[derive(Debug)]
 pub struct Histogram {
@@ -82,6 +84,8 @@ pub struct SchedulerStats {
     pub time_to_first_token: Histogram,
     /// Between consecutive generated tokens of a sequence, seconds.
     pub inter_token_latency: Histogram,
+    /// The prefix cache's counters (all zero without one).
+    pub prefix: PrefixStats,
 }
 
 impl SchedulerStats {
@@ -96,6 +100,7 @@ impl SchedulerStats {
             step_tokens: Histogram::new(&powers_of_two(token_budget.next_power_of_two())),
             time_to_first_token: Histogram::new(&LATENCY_BOUNDS),
             inter_token_latency: Histogram::new(&LATENCY_BOUNDS),
+            prefix: PrefixStats::default(),
         }
     }
 

@@ -215,6 +215,7 @@ mod tests {
             ids: vec![1; 9],
             finish: Finish::Eos(0),
             prompt_tokens: 4,
+            cached_tokens: 0,
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
         };
