@@ -85,7 +85,9 @@ fn a_restored_prefix_gives_the_cold_logits_on_every_family() {
             let state = backend.capture_state(&warm).unwrap();
             drop(warm);
             let refs: Vec<_> = segments.iter().collect();
-            let mut restored = backend.restore_prefix(&refs, &state).unwrap();
+            let mut restored = backend
+                .restore_prefix(&refs, &state, &prompt[..cut], t)
+                .unwrap();
             assert_eq!(restored.position(), cut);
             let (logits, ids) = finish(&backend, &mut restored, &prompt, cut);
             // The same chunks in one session, never cached: restoring adds nothing, bit for bit.
@@ -179,7 +181,9 @@ fn the_tree_splits_edges_and_restores_the_longest_snapshot() {
                 continue;
             };
             assert_eq!(hit.tokens, expect, "{name}: the hit within {limit}");
-            let mut restored = backend.restore_prefix(&hit.segments, hit.state).unwrap();
+            let mut restored = backend
+                .restore_prefix(&hit.segments, hit.state, &prompt[..expect], t)
+                .unwrap();
             let (logits, ids) = finish(&backend, &mut restored, &prompt, expect);
             let diff = max_abs_diff(&logits, &cold_logits[expect * vocab..]);
             let scale = cold_logits.iter().fold(1f32, |m, v| m.max(v.abs()));

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use spindle_cpu::experts::ExpertResidency;
+use spindle_cpu::session::{BoundaryState, GdnState, KvRows, KvSegment};
 use spindle_cpu::LoadOptions;
 #[cfg(feature = "cuda")]
 use spindle_cpu::LogitsFor;
@@ -192,6 +193,100 @@ impl CudaBackend {
                 None
             }
         }
+    }
+
+    /// The attention layers' key and value rows of tokens `[from, position)`, copied to the
+    /// host in the CPU session's layout.
+    pub(super) fn capture_kv(&self, session: &CudaSessionGuard, from: usize) -> Result<KvSegment> {
+        let _held = self.held();
+        let layers = self.engine.read_kv_rows(&session.session, from)?;
+        Ok(KvSegment {
+            start: from,
+            end: session.session.position,
+            layers: layers
+                .into_iter()
+                .map(|layer| match layer {
+                    Some(spindle_cuda::HostLayer::Attention { keys, values }) => Some(KvRows {
+                        keys,
+                        values,
+                        indexer_keys: Vec::new(),
+                    }),
+                    _ => None,
+                })
+                .collect(),
+        })
+    }
+
+    /// Every GDN layer's state at the session's position, copied to the host.
+    pub(super) fn capture_state(&self, session: &CudaSessionGuard) -> Result<BoundaryState> {
+        let _held = self.held();
+        let layers = self.engine.read_recurrent(&session.session)?;
+        Ok(BoundaryState {
+            position: session.session.position,
+            layers: layers
+                .into_iter()
+                .map(|layer| match layer {
+                    Some(spindle_cuda::HostLayer::Gdn { conv, recurrent }) => {
+                        Some(GdnState { conv, recurrent })
+                    }
+                    _ => None,
+                })
+                .collect(),
+            ple: None,
+        })
+    }
+
+    /// A new session holding a cached prefix (see `Backend::restore_prefix`), its caches
+    /// allocated for `capacity` tokens.
+    pub(super) fn restore(
+        &self,
+        segments: &[&KvSegment],
+        state: &BoundaryState,
+        ids: &[u32],
+        capacity: usize,
+    ) -> Result<CudaSessionGuard> {
+        let mut position = 0;
+        for segment in segments {
+            if segment.start != position || segment.layers.len() != state.layers.len() {
+                return Err(crate::error::RuntimeError::Request(format!(
+                    "cached prefix segments do not join up at position {position}"
+                )));
+            }
+            position = segment.end;
+        }
+        if position != state.position || state.ple.is_some() {
+            return Err(crate::error::RuntimeError::Request(format!(
+                "a cached prefix's segments end at {position} but its state is at {}",
+                state.position
+            )));
+        }
+        let layers: Vec<spindle_cuda::PrefixLayer> = state
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(n, gdn)| match gdn {
+                Some(g) => spindle_cuda::PrefixLayer::Gdn {
+                    conv: &g.conv,
+                    recurrent: &g.recurrent,
+                },
+                None => {
+                    let rows = || segments.iter().filter_map(move |s| s.layers[n].as_ref());
+                    spindle_cuda::PrefixLayer::Attention {
+                        keys: rows().map(|r| r.keys.as_slice()).collect(),
+                        values: rows().map(|r| r.values.as_slice()).collect(),
+                    }
+                }
+            })
+            .collect();
+        let _held = self.held();
+        let session = self
+            .engine
+            .session_from_prefix(state.position, &layers, capacity)?;
+        Ok(CudaSessionGuard {
+            session: ManuallyDrop::new(session),
+            lock: Arc::clone(&self.lock),
+            history: ids.to_vec(),
+        })
     }
 
     /// Waits for the device.

@@ -475,69 +475,85 @@ impl Backend {
         match self {
             Backend::Cpu(_) => Ok(()),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => Err(RuntimeError::Unsupported(
-                "prefix cache on CUDA is not implemented yet: the server runs without one".into(),
-            )),
+            Backend::Cuda(c) => match c.engine().prefix_refusal() {
+                None => Ok(()),
+                Some(why) => Err(RuntimeError::Unsupported(format!(
+                    "{why}: the server runs without a prefix cache"
+                ))),
+            },
         }
     }
 
     /// The attention layers' KV rows of `session`'s tokens `[from, position)`, for the prefix
-    /// cache.
+    /// cache (on the host: CUDA copies them out).
     pub fn capture_kv(&self, session: &BackendSession, from: usize) -> Result<PrefixKv> {
-        match session {
-            BackendSession::Cpu(s) => s
+        match (self, session) {
+            (Backend::Cpu(_), BackendSession::Cpu(s)) => s
                 .capture_kv(from)
-                .map(PrefixKv::Cpu)
+                .map(PrefixKv::Host)
                 .map_err(RuntimeError::Request),
             #[cfg(feature = "cuda")]
-            BackendSession::Cuda(_) => Err(self
-                .prefix_cache_support()
-                .err()
-                .unwrap_or_else(|| self.foreign_session())),
+            (Backend::Cuda(c), BackendSession::Cuda(s)) => {
+                c.capture_kv(s, from).map(PrefixKv::Host)
+            }
+            #[cfg(feature = "cuda")]
+            (backend, _) => Err(backend.foreign_session()),
         }
     }
 
     /// The state valid only at `session`'s position (GDN conv and recurrent state, PLE
-    /// state), for the prefix cache.
+    /// state), for the prefix cache (on the host: CUDA copies it out).
     pub fn capture_state(&self, session: &BackendSession) -> Result<PrefixState> {
-        match session {
-            BackendSession::Cpu(s) => s
+        match (self, session) {
+            (Backend::Cpu(_), BackendSession::Cpu(s)) => s
                 .capture_boundary()
-                .map(PrefixState::Cpu)
+                .map(PrefixState::Host)
                 .map_err(RuntimeError::Request),
             #[cfg(feature = "cuda")]
-            BackendSession::Cuda(_) => Err(self
-                .prefix_cache_support()
-                .err()
-                .unwrap_or_else(|| self.foreign_session())),
+            (Backend::Cuda(c), BackendSession::Cuda(s)) => {
+                c.capture_state(s).map(PrefixState::Host)
+            }
+            #[cfg(feature = "cuda")]
+            (backend, _) => Err(backend.foreign_session()),
         }
     }
 
     /// A new session holding a cached prefix: the KV rows of `segments` (from position 0, in
-    /// order, without a gap) and the state at their end. Its next step continues exactly as
-    /// the session the pieces were captured from would have.
+    /// order, without a gap) and the state at their end; `ids` are the prefix's tokens and
+    /// `capacity` the tokens the session will hold (CUDA allocates its caches for them now).
+    /// Its next step continues exactly as the session the pieces were captured from would have.
     pub fn restore_prefix(
         &self,
         segments: &[&PrefixKv],
         state: &PrefixState,
+        ids: &[u32],
+        capacity: usize,
     ) -> Result<BackendSession> {
-        match (self, state) {
-            (Backend::Cpu(e), PrefixState::Cpu(state)) => {
-                let segments: Vec<_> = segments
-                    .iter()
-                    .map(|s| match s {
-                        PrefixKv::Cpu(s) => s,
-                    })
-                    .collect();
+        let PrefixState::Host(state) = state;
+        let segments: Vec<_> = segments
+            .iter()
+            .map(|s| match s {
+                PrefixKv::Host(s) => s,
+            })
+            .collect();
+        if ids.len() != state.position {
+            return Err(RuntimeError::Request(format!(
+                "a cached prefix of {} tokens was given {} ids",
+                state.position,
+                ids.len()
+            )));
+        }
+        match self {
+            Backend::Cpu(e) => {
+                let _grown_as_filled = capacity;
                 Session::restore(e.config(), &segments, state)
                     .map(BackendSession::Cpu)
                     .map_err(RuntimeError::Request)
             }
             #[cfg(feature = "cuda")]
-            (Backend::Cuda(_), _) => Err(self
-                .prefix_cache_support()
-                .err()
-                .unwrap_or_else(|| self.foreign_session())),
+            Backend::Cuda(c) => c
+                .restore(&segments, state, ids, capacity)
+                .map(|s| BackendSession::Cuda(Box::new(s))),
         }
     }
 

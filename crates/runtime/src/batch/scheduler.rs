@@ -585,7 +585,7 @@ impl EngineLoop {
             // are allocated now, so running out of memory keeps this sequence waiting instead
             // of failing a step that others share.
             let room = request.decoder.room(RESERVED_ANSWER_TOKENS);
-            let session = match self.restore_prefix(&request.prompt) {
+            let session = match self.restore_prefix(&request.prompt, request.prompt.len() + room) {
                 Some((session, cached)) => Ok((session, cached)),
                 None => self
                     .model
@@ -640,10 +640,19 @@ impl EngineLoop {
     /// token to prefill (its logits give the first token), and that prefix's length; `None`
     /// without a cache, on a miss, or when restoring fails (logged: the prompt is prefilled
     /// from nothing, which gives the same answer).
-    fn restore_prefix(&mut self, prompt: &[u32]) -> Option<(BackendSession, usize)> {
+    fn restore_prefix(
+        &mut self,
+        prompt: &[u32],
+        capacity: usize,
+    ) -> Option<(BackendSession, usize)> {
         let prefix = self.prefix.as_mut()?;
         let hit = prefix.cache.lookup(prompt, prompt.len() - 1)?;
-        match self.model.backend.restore_prefix(&hit.segments, hit.state) {
+        let ids = &prompt[..hit.tokens];
+        match self
+            .model
+            .backend
+            .restore_prefix(&hit.segments, hit.state, ids, capacity)
+        {
             Ok(session) => Some((session, hit.tokens)),
             Err(e) => {
                 tracing::warn!("a cached prefix could not be restored: {e}");

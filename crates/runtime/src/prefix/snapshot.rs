@@ -1,46 +1,47 @@
-//! The pieces of a cached prefix, on the backend that captured them
-//! ([`crate::Backend::capture_kv`], [`crate::Backend::capture_state`],
-//! [`crate::Backend::restore_prefix`]).
+//! The pieces of a cached prefix ([`crate::Backend::capture_kv`],
+//! [`crate::Backend::capture_state`], [`crate::Backend::restore_prefix`]), in host memory in
+//! the CPU session's layout, which the CUDA session's caches share row for row: both backends
+//! capture into and restore from the same pieces.
 
 use spindle_cpu::session::{BoundaryState, KvSegment};
 
 /// The attention layers' KV rows of a run of tokens `[start, end)`: valid at any cut.
 #[derive(Clone, Debug)]
 pub enum PrefixKv {
-    Cpu(KvSegment),
+    Host(KvSegment),
 }
 
 /// The state valid only at one position (GDN conv and recurrent state, PLE state).
 #[derive(Clone, Debug)]
 pub enum PrefixState {
-    Cpu(BoundaryState),
+    Host(BoundaryState),
 }
 
 impl PrefixKv {
     pub fn start(&self) -> usize {
         match self {
-            PrefixKv::Cpu(s) => s.start,
+            PrefixKv::Host(s) => s.start,
         }
     }
 
     pub fn end(&self) -> usize {
         match self {
-            PrefixKv::Cpu(s) => s.end,
+            PrefixKv::Host(s) => s.end,
         }
     }
 
     pub fn bytes(&self) -> u64 {
         match self {
-            PrefixKv::Cpu(s) => s.bytes() as u64,
+            PrefixKv::Host(s) => s.bytes() as u64,
         }
     }
 
     /// `[start, at)` and `[at, end)`.
     pub fn split_at(&self, at: usize) -> (PrefixKv, PrefixKv) {
         match self {
-            PrefixKv::Cpu(s) => {
+            PrefixKv::Host(s) => {
                 let (a, b) = s.split_at(at);
-                (PrefixKv::Cpu(a), PrefixKv::Cpu(b))
+                (PrefixKv::Host(a), PrefixKv::Host(b))
             }
         }
     }
@@ -49,13 +50,13 @@ impl PrefixKv {
 impl PrefixState {
     pub fn position(&self) -> usize {
         match self {
-            PrefixState::Cpu(s) => s.position,
+            PrefixState::Host(s) => s.position,
         }
     }
 
     pub fn bytes(&self) -> u64 {
         match self {
-            PrefixState::Cpu(s) => s.bytes() as u64,
+            PrefixState::Host(s) => s.bytes() as u64,
         }
     }
 }

@@ -335,7 +335,7 @@ mod tests {
             ],
             ple: None,
         };
-        (PrefixKv::Cpu(kv), PrefixState::Cpu(state))
+        (PrefixKv::Host(kv), PrefixState::Host(state))
     }
 
     /// Every invariant of the tree: the byte count is the sum of the nodes', children are
@@ -368,7 +368,7 @@ mod tests {
         hit.segments
             .iter()
             .flat_map(|s| match s {
-                PrefixKv::Cpu(s) => s.layers[1].as_ref().unwrap().keys.clone(),
+                PrefixKv::Host(s) => s.layers[1].as_ref().unwrap().keys.clone(),
             })
             .collect()
     }
