@@ -38,6 +38,11 @@ pub enum RuntimeError {
     #[error("{0}")]
     Request(String),
 
+    /// A structured-output grammar (JSON Schema, regex, choice, Lark) that cannot be compiled
+    /// or run, in llguidance's words.
+    #[error("invalid grammar: {0}")]
+    Grammar(String),
+
     /// A backend that cannot locate the layer returned logits holding NaN or infinity.
     #[error(
         "the logits on {device} are not finite (NaN or infinity), first at input token {token} \

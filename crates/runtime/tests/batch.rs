@@ -28,7 +28,7 @@ fn options(max_tokens: usize, sampling: SamplingParams) -> GenerateOptions {
     GenerateOptions {
         sampling,
         max_tokens: Some(max_tokens),
-        stop: Vec::new(),
+        ..GenerateOptions::default()
     }
 }
 

@@ -206,6 +206,7 @@ mod tests {
             prompt_tokens: 5,
             prefill_time: Duration::from_millis(1),
             decode_time: Duration::from_millis(1),
+            logprobs: Vec::new(),
         }
     }
 

@@ -117,6 +117,7 @@ fn cancelled(prompt_tokens: usize) -> Completion {
         prompt_tokens,
         prefill_time: Duration::ZERO,
         decode_time: Duration::ZERO,
+        logprobs: Vec::new(),
     }
 }
 

@@ -164,7 +164,7 @@ pub fn run_scheduled(
     let options = GenerateOptions {
         sampling: SamplingParams::default(),
         max_tokens: Some(steps.max(2)),
-        stop: Vec::new(),
+        ..GenerateOptions::default()
     };
     let handles = (0..batch)
         .map(|b| {

@@ -219,6 +219,7 @@ mod tests {
             prompt_tokens: 4,
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
+            logprobs: Vec::new(),
         };
         chunks.extend(f.finish(&completion));
         let chunks: Vec<Value> = chunks

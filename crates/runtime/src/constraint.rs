@@ -1,0 +1,301 @@
+//! Structured outputs: a grammar (a JSON Schema, a regular expression, a list of choices or a
+//! Lark grammar) compiled with `llguidance` into a [`Constraint`], which gives the set of tokens
+//! allowed next at every step of a sequence. The token trie it walks is built once per model
+//! from the checkpoint's `tokenizer.json` ([`Grammars`]); compiling is bounded by llguidance's
+//! fuel and size limits, so a grammar too large or too slow to build is refused, not run.
+
+use std::fmt;
+use std::sync::Arc;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{self, SimpleVob, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Value};
+use spindle_text::Tokenizer;
+
+use crate::error::{Result, RuntimeError};
+
+/// What a request constrains its output to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Grammar {
+    /// Any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// JSON valid against a JSON Schema.
+    JsonSchema(Value),
+    /// Text matching a regular expression (whole).
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A Lark grammar as llguidance reads it (which can embed JSON Schemas with `%json`).
+    Lark(String),
+}
+
+impl Grammar {
+    /// The grammar in llguidance's terms. JSON is generated compact (no whitespace between
+    /// tokens, as `json.dumps(separators=(",", ":"))` writes it), so a model cannot pad it
+    /// with whitespace forever; a schema that sets its own `x-guidance` options keeps them.
+    fn top_level(&self) -> Result<TopLevelGrammar> {
+        Ok(match self {
+            Grammar::JsonObject => TopLevelGrammar::from_json_schema(compact(json!({
+                "type": "object"
+            }))),
+            Grammar::JsonSchema(schema) => {
+                if !schema.is_object() && !schema.is_boolean() {
+                    return Err(grammar_error("a JSON schema must be an object"));
+                }
+                TopLevelGrammar::from_json_schema(compact(schema.clone()))
+            }
+            Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            Grammar::Choice(choices) => {
+                if choices.is_empty() {
+                    return Err(grammar_error("a choice needs at least one string"));
+                }
+                let quoted: Vec<String> = choices
+                    .iter()
+                    .map(|c| serde_json::to_string(c).expect("strings serialize"))
+                    .collect();
+                TopLevelGrammar::from_lark(format!("start: {}", quoted.join(" | ")))
+            }
+            Grammar::Lark(lark) => {
+                if lark.trim().is_empty() {
+                    return Err(grammar_error("the grammar is empty"));
+                }
+                TopLevelGrammar::from_lark(lark.clone())
+            }
+        })
+    }
+}
+
+/// `schema` with compact JSON unless it sets `x-guidance` itself.
+fn compact(mut schema: Value) -> Value {
+    if let Value::Object(o) = &mut schema {
+        o.entry("x-guidance")
+            .or_insert_with(|| json!({"whitespace_flexible": false}));
+    }
+    schema
+}
+
+fn grammar_error(message: impl Into<String>) -> RuntimeError {
+    RuntimeError::Grammar(message.into())
+}
+
+/// The token trie of one model with llguidance's parser factory: built once (a 248k-id
+/// vocabulary takes a fraction of a second), shared by every constrained sequence.
+pub struct Grammars {
+    factory: ParserFactory,
+    /// The model's end-of-sequence ids: allowed wherever the grammar may end.
+    eos_ids: Vec<u32>,
+}
+
+impl fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Grammars")
+            .field("vocab", &self.factory.tok_env().tok_trie().vocab_size())
+            .finish()
+    }
+}
+
+/// The tokenizer as llguidance sees it: the trie of every id's bytes, and the real tokenizer
+/// for text it forces (so forced text is tokenized as the model was trained on it).
+struct TokEnv {
+    trie: TokTrie,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl TokenizerEnv for TokEnv {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        match std::str::from_utf8(s) {
+            Ok(text) => self
+                .tokenizer
+                .encode(text, false)
+                .unwrap_or_else(|_| self.trie.greedy_tokenize(s)),
+            Err(_) => self.trie.greedy_tokenize(s),
+        }
+    }
+}
+
+impl Grammars {
+    /// The trie for `tokenizer` (read again from its `tokenizer.json`) over `vocab_size` logits
+    /// (ids past the tokenizer's have no bytes and are never allowed).
+    pub fn new(tokenizer: Arc<Tokenizer>, vocab_size: usize, eos_ids: &[u32]) -> Result<Self> {
+        let path = tokenizer.path().to_path_buf();
+        let file_error = |message: String| RuntimeError::File {
+            path: path.clone(),
+            message,
+        };
+        let text = std::fs::read(&path).map_err(|e| file_error(e.to_string()))?;
+        let json: Value = serde_json::from_slice(&text).map_err(|e| file_error(e.to_string()))?;
+        let mut words = llguidance::token_bytes_from_tokenizer_json(&json)
+            .map_err(|e| file_error(format!("cannot build the token trie: {e}")))?;
+        if words.len() > vocab_size {
+            return Err(file_error(format!(
+                "{} token ids but the model has {vocab_size} logits",
+                words.len()
+            )));
+        }
+        words.resize(vocab_size, Vec::new());
+        let eos = *eos_ids.first().ok_or_else(|| {
+            file_error("the model names no end-of-sequence token: a grammar could never end".into())
+        })?;
+        let info = TokRxInfo::new(vocab_size as u32, eos);
+        let env = TokEnv {
+            trie: TokTrie::from(&info, &words),
+            tokenizer,
+        };
+        let env: toktrie::TokEnv = Arc::new(env);
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| file_error(format!("cannot build the grammar engine: {e}")))?;
+        factory.quiet();
+        Ok(Self {
+            factory,
+            eos_ids: eos_ids.to_vec(),
+        })
+    }
+
+    /// Compiles `grammar`; a bad schema, regex or grammar, or one past llguidance's limits, is
+    /// [`RuntimeError::Grammar`] naming the problem.
+    pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
+        let parser = self
+            .factory
+            .create_parser(grammar.top_level()?)
+            .map_err(|e| grammar_error(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(grammar_error(e));
+        }
+        Ok(Constraint {
+            matcher,
+            eos_ids: self.eos_ids.clone(),
+            after: None,
+        })
+    }
+}
+
+/// A compiled grammar for one sequence: which tokens may come next, advanced token by token.
+/// Cloning gives an independent copy in the same state (each of `n` choices has its own).
+pub struct Constraint {
+    matcher: Matcher,
+    eos_ids: Vec<u32>,
+    /// A token after which the constraint starts (`</think>`: reasoning runs free).
+    after: Option<u32>,
+}
+
+impl Clone for Constraint {
+    fn clone(&self) -> Self {
+        Self {
+            matcher: self.matcher.deep_clone(),
+            eos_ids: self.eos_ids.clone(),
+            after: self.after,
+        }
+    }
+}
+
+impl fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Constraint")
+            .field("after", &self.after)
+            .field("stopped", &self.matcher.is_stopped())
+            .finish()
+    }
+}
+
+/// The tokens allowed at one step.
+#[derive(Clone, Debug)]
+pub struct TokenMask {
+    allowed: SimpleVob,
+    /// Whether the only tokens allowed end the sequence (the grammar is complete).
+    only_eos: bool,
+}
+
+impl TokenMask {
+    /// Sets every logit the mask does not allow to -inf.
+    pub fn apply(&self, logits: &mut [f32]) {
+        for (id, logit) in logits.iter_mut().enumerate() {
+            if !self.allowed.get(id) {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    pub fn allows(&self, id: u32) -> bool {
+        (id as usize) < self.allowed.len() && self.allowed.get(id as usize)
+    }
+
+    /// Whether the grammar is complete and only end-of-sequence ids may follow.
+    pub fn only_eos(&self) -> bool {
+        self.only_eos
+    }
+}
+
+impl Constraint {
+    /// The constraint starting only after `token` is generated (the end of a reasoning
+    /// block): tokens before it are free and not fed to the grammar.
+    pub fn after(mut self, token: u32) -> Self {
+        self.after = Some(token);
+        self
+    }
+
+    /// Whether the grammar applies to the next token.
+    pub fn active(&self) -> bool {
+        self.after.is_none()
+    }
+
+    /// The tokens allowed next (`None` while inactive). Every end-of-sequence id is allowed
+    /// where the grammar may end.
+    pub fn mask(&mut self) -> Result<Option<TokenMask>> {
+        if !self.active() {
+            return Ok(None);
+        }
+        let mut allowed = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| grammar_error(format!("the grammar failed: {e}")))?;
+        let trie_eos = self
+            .matcher
+            .tok_env()
+            .ok()
+            .map(|env| env.tok_trie().eos_token());
+        let may_end = trie_eos.is_some_and(|eos| allowed.is_allowed(eos));
+        if may_end {
+            for &id in &self.eos_ids {
+                if (id as usize) < allowed.len() {
+                    allowed.allow_token(id);
+                }
+            }
+        }
+        let eos_in_range = self
+            .eos_ids
+            .iter()
+            .filter(|&&id| (id as usize) < allowed.len())
+            .count();
+        let only_eos = may_end && allowed.num_set() == eos_in_range;
+        Ok(Some(TokenMask { allowed, only_eos }))
+    }
+
+    /// Advances past the generated token `id`: starts the constraint after its trigger, feeds
+    /// the grammar while active (end-of-sequence ids end the sequence and are not fed). A
+    /// token the grammar does not allow is an error.
+    pub fn accept(&mut self, id: u32) -> Result<()> {
+        if let Some(trigger) = self.after {
+            if id == trigger {
+                self.after = None;
+            }
+            return Ok(());
+        }
+        if self.eos_ids.contains(&id) {
+            return Ok(());
+        }
+        self.matcher
+            .consume_token(id)
+            .map_err(|e| grammar_error(format!("token {id} does not fit the grammar: {e}")))
+    }
+
+    /// Whether the grammar has been matched completely (nothing but the end may follow).
+    pub fn is_complete(&self) -> bool {
+        self.after.is_none() && self.matcher.is_stopped()
+    }
+}
