@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the openai-client tests against a live `spindle serve` on the embedded demo model.
 # Usage: bash tests/python/run.sh [path/to/spindle]   (default: target/release/spindle)
-# Installs openai and pytest into a venv under target/pyenv (or with pip --user when venv is
+# Installs openai, pydantic, langchain-openai and pytest into a venv under target/pyenv (or with pip --user when venv is
 # unavailable). All traffic goes to 127.0.0.1.
 set -euo pipefail
 
@@ -16,10 +16,10 @@ fi
 venv="$root/target/pyenv"
 if [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv" >/dev/null 2>&1; then
     py="$venv/bin/python"
-    "$py" -m pip install --quiet --disable-pip-version-check openai pytest
+    "$py" -m pip install --quiet --disable-pip-version-check openai pytest pydantic langchain-openai
 else
     py="python3"
-    "$py" -m pip install --quiet --disable-pip-version-check --user openai pytest
+    "$py" -m pip install --quiet --disable-pip-version-check --user openai pytest pydantic langchain-openai
 fi
 
 cd "$root"

@@ -66,6 +66,70 @@ impl Grammar {
     }
 }
 
+/// A tool the model may call: its name and the JSON Schema of its arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub parameters: Option<Value>,
+}
+
+impl Grammar {
+    /// Tool calls in the Qwen3.5/3.6 format (`spindle_text`'s parser reads them back), one of
+    /// `tools` each; several (one per line) when `parallel`, else exactly one. Each parameter
+    /// value is JSON valid against the property's schema (a string in quotes, which the parser
+    /// reads as that string); the schema's required properties always come, in the schema's
+    /// order, optional ones may. Nothing comes before or after the calls.
+    pub fn tool_calls(tools: &[ToolSpec], parallel: bool) -> Result<Self> {
+        if tools.is_empty() {
+            return Err(grammar_error("a tool call grammar needs at least one tool"));
+        }
+        let literal = |s: &str| serde_json::to_string(s).expect("strings serialize");
+        let mut rules = vec![
+            if parallel {
+                "start: call (\"\\n\" call)*".to_owned()
+            } else {
+                "start: call".to_owned()
+            },
+            format!(
+                "call: {}",
+                (0..tools.len())
+                    .map(|i| format!("call_{i}"))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            ),
+        ];
+        for (i, tool) in tools.iter().enumerate() {
+            let empty = Value::Object(Default::default());
+            let schema = tool.parameters.as_ref().unwrap_or(&empty);
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let required: Vec<&str> = schema
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|r| r.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let mut parts = vec![literal(&format!("<tool_call>\n<function={}>\n", tool.name))];
+            for (k, (name, property)) in properties.into_iter().flatten().enumerate() {
+                let property = compact(property.clone());
+                let rule = format!("p_{i}_{k}");
+                rules.push(format!(
+                    "{rule}: {} %json {} {}",
+                    literal(&format!("<parameter={name}>\n")),
+                    property,
+                    literal("\n</parameter>\n")
+                ));
+                parts.push(if required.contains(&name.as_str()) {
+                    rule
+                } else {
+                    format!("{rule}?")
+                });
+            }
+            parts.push(literal("</function>\n</tool_call>"));
+            rules.push(format!("call_{i}: {}", parts.join(" ")));
+        }
+        Ok(Grammar::Lark(rules.join("\n")))
+    }
+}
+
 /// `schema` with compact JSON unless it sets `x-guidance` itself.
 fn compact(mut schema: Value) -> Value {
     if let Value::Object(o) = &mut schema {
@@ -154,6 +218,19 @@ impl Grammars {
             factory,
             eos_ids: eos_ids.to_vec(),
         })
+    }
+
+    /// The bytes of token `id` (a special token's spelling; nothing past the tokenizer).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let trie = self.factory.tok_env().tok_trie();
+        if id as usize >= trie.vocab_size() {
+            return Vec::new();
+        }
+        let mut bytes = trie.token(id).to_vec();
+        if bytes.first() == Some(&TokTrie::SPECIAL_TOKEN_MARKER) {
+            bytes.remove(0);
+        }
+        bytes
     }
 
     /// Compiles `grammar`; a bad schema, regex or grammar, or one past llguidance's limits, is

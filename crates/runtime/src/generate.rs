@@ -513,6 +513,26 @@ impl Logprobs {
 }
 
 impl Model {
+    /// The log-probability of every prompt token after the first under the model (what
+    /// `echo` with `logprobs` reports), with `k` alternatives each, from a fresh session fed
+    /// the prompt in chunks (so at most a chunk's rows of logits are held at once).
+    pub fn prompt_logprobs(&self, prompt_ids: &[u32], k: usize) -> Result<Vec<TokenLogprob>> {
+        const CHUNK: usize = 32;
+        let vocab = self.config().vocab_size;
+        let mut session = self.new_session()?;
+        let mut out = Vec::with_capacity(prompt_ids.len().saturating_sub(1));
+        for (c, chunk) in prompt_ids.chunks(CHUNK).enumerate() {
+            let rows = self.backend.forward(&mut session, chunk, LogitsFor::All)?;
+            for (r, row) in rows.chunks(vocab).enumerate() {
+                let next = c * CHUNK + r + 1;
+                if let Some(&id) = prompt_ids.get(next) {
+                    out.push(Logprobs::of(row, k).entry(id));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Feeds `prompt_ids` to `session` and generates until a stop condition, calling
     /// `on_text` with every visible delta (possibly empty strings are skipped). The same loop
     /// runs on every backend: only the forward pass is the backend's; each token goes through

@@ -22,7 +22,7 @@ pub mod model;
 pub mod sampling;
 
 pub use backend::{Backend, BackendSession};
-pub use constraint::{Constraint, Grammar, Grammars};
+pub use constraint::{Constraint, Grammar, Grammars, ToolSpec};
 pub use conversation::{Conversation, Turn};
 pub use demo::{demo_dir, DEMO_MODEL_ID};
 pub use device::Device;

@@ -104,6 +104,11 @@ impl Model {
     /// Compiles a structured-output grammar for one sequence (the model's token trie is built
     /// on the first call). A bad grammar is [`RuntimeError::Grammar`].
     pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint> {
+        self.grammars()?.compile(grammar)
+    }
+
+    /// The model's token trie for structured outputs and token bytes, built on first use.
+    pub fn grammars(&self) -> Result<&Grammars> {
         let grammars = self.grammars.get_or_init(|| {
             Grammars::new(
                 Arc::clone(&self.tokenizer),
@@ -112,10 +117,9 @@ impl Model {
             )
             .map_err(|e| e.to_string())
         });
-        match grammars {
-            Ok(g) => g.compile(grammar),
-            Err(e) => Err(RuntimeError::Request(e.clone())),
-        }
+        grammars
+            .as_ref()
+            .map_err(|e| RuntimeError::Request(e.clone()))
     }
 
     pub fn config(&self) -> &ModelConfig {

@@ -15,7 +15,7 @@ use super::plan::{plan_step, Work};
 use super::stats::SchedulerStats;
 use crate::backend::{BackendSession, BatchItem, Draw};
 use crate::error::{Result, RuntimeError};
-use crate::generate::{Completion, Flow, GenerateOptions, SequenceDecoder};
+use crate::generate::{Completion, Flow, GenerateOptions, SequenceDecoder, TokenLogprob};
 use crate::model::Model;
 use crate::sampling::SamplingParams;
 
@@ -68,6 +68,9 @@ impl BatchConfig {
 #[derive(Debug)]
 pub enum SeqEvent {
     Text(String),
+    /// The log-probabilities of the tokens generated since the last `Text`, sent just before
+    /// it (only for a sequence that asked for them: [`GenerateOptions::logprobs`]).
+    Logprobs(Vec<TokenLogprob>),
     /// The completion (with `Finish::Cancelled` when it was cancelled), or why it failed.
     Done(Result<Completion>),
 }
@@ -698,6 +701,10 @@ impl EngineLoop {
         let flow = if step.text.is_empty() {
             Flow::Continue
         } else {
+            let logprobs = sequence.request.decoder.take_logprobs();
+            if !logprobs.is_empty() {
+                (sequence.request.sink)(SeqEvent::Logprobs(logprobs));
+            }
             (sequence.request.sink)(SeqEvent::Text(step.text))
         };
         let Some(next) = step.next else {

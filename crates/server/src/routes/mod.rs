@@ -19,13 +19,13 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::Value;
 
-use spindle_runtime::{PreparedPrompt, Prompt};
+use spindle_runtime::{GenerateOptions, PreparedPrompt, Prompt, RuntimeError};
 
 use crate::error::ApiError;
 use crate::listen::LocalAddr;
 use crate::memory::{release_freed_memory, LARGE_REQUEST_BYTES};
 use crate::queue::Ticket;
-use crate::request::parse_body;
+use crate::request::{parse_body, Generation};
 use crate::state::AppState;
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -282,4 +282,48 @@ fn check_prompt_fits(state: &AppState, prompt_tokens: usize, param: &str) -> Res
         .with_code("context_length_exceeded"));
     }
     Ok(())
+}
+
+/// Each choice's options (`n` of them, choice `i` seeded `seed + i`), with the request's
+/// structured output compiled against the model on a blocking thread (the first compile
+/// builds the model's token trie). A bad grammar is a 400 naming the field that gave it; a
+/// prompt that ends inside a reasoning block leaves the reasoning free and constrains what
+/// follows `</think>`.
+async fn choice_options(
+    state: &AppState,
+    generation: &Generation,
+    starts_in_reasoning: bool,
+) -> Result<Vec<GenerateOptions>, ApiError> {
+    let mut options = generation.options.clone();
+    if let Some((field, grammar)) = generation.grammar.clone() {
+        if options.ignore_eos {
+            return Err(ApiError::invalid(
+                "ignore_eos",
+                format!("ignore_eos cannot be combined with {field}: the grammar ends at EOS"),
+            ));
+        }
+        let model = Arc::clone(&state.model);
+        let compiled = tokio::task::spawn_blocking(move || model.constraint(&grammar))
+            .await
+            .map_err(|e| ApiError::internal(format!("compiling the grammar failed: {e}")))?;
+        let mut constraint = compiled.map_err(|e| match e {
+            RuntimeError::Grammar(message) => {
+                ApiError::invalid(&field, format!("{field}: invalid grammar: {message}"))
+            }
+            other => ApiError::internal(other.to_string()),
+        })?;
+        if starts_in_reasoning {
+            if let Some(end) = state.model.tokenizer.token_to_id("</think>") {
+                constraint = constraint.after(end);
+            }
+        }
+        options.constraint = Some(constraint);
+    }
+    let generation = Generation {
+        options,
+        ..generation.clone()
+    };
+    Ok((0..generation.n)
+        .map(|i| generation.choice_options(i))
+        .collect())
 }

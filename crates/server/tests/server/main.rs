@@ -3,6 +3,7 @@
 
 mod api;
 mod common;
+mod controls;
 mod errors;
 mod load;
 mod special_tokens;
