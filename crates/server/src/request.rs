@@ -390,10 +390,13 @@ pub fn structured_output(body: &Value) -> Result<Option<(String, Grammar)>, ApiE
                         "the schema is missing",
                     )
                 })?;
-                found.push((
-                    "response_format".into(),
-                    schema("response_format.json_schema.schema", s)?,
-                ));
+                let mut grammar = schema("response_format.json_schema.schema", s)?;
+                if inner.get("strict") == Some(&Value::Bool(true)) {
+                    if let Grammar::JsonSchema(s) = &mut grammar {
+                        close_objects(s);
+                    }
+                }
+                found.push(("response_format".into(), grammar));
             }
             _ => {
                 return Err(ApiError::invalid(
