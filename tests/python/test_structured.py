@@ -149,6 +149,9 @@ def test_logprobs_and_n(client):
         top_logprobs=4,
         temperature=0,
         max_tokens=5,
+        # Logprobs are of the raw logits: without the demo's repetition penalty greedy picks
+        # the most likely of them.
+        extra_body={"repetition_penalty": 1},
     )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens == 5

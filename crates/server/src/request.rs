@@ -422,7 +422,6 @@ pub fn structured_output(body: &Value) -> Result<Option<(String, Grammar)>, ApiE
                 "disable_any_whitespace" | "disable_fallback" | "disable_additional_properties" => {
                     continue
                 }
-                // vLLM's `whitespace_pattern` would change the output.
                 _ => {
                     return Err(ApiError::invalid(
                         name,
@@ -438,20 +437,26 @@ pub fn structured_output(body: &Value) -> Result<Option<(String, Grammar)>, ApiE
             }
         }
     }
-    for (name, make) in [
-        ("guided_json", 0),
-        ("guided_regex", 1),
-        ("guided_choice", 2),
-        ("guided_grammar", 3),
-        ("grammar", 3),
-        ("json_schema", 0),
+    enum Kind {
+        Schema,
+        Regex,
+        Choice,
+        Lark,
+    }
+    for (name, kind) in [
+        ("guided_json", Kind::Schema),
+        ("guided_regex", Kind::Regex),
+        ("guided_choice", Kind::Choice),
+        ("guided_grammar", Kind::Lark),
+        ("grammar", Kind::Lark),
+        ("json_schema", Kind::Schema),
     ] {
         if let Some(v) = field(name) {
-            let grammar = match make {
-                0 => schema(name, v)?,
-                1 => Grammar::Regex(string(name, v)?),
-                2 => choice(name, v)?,
-                _ => Grammar::Lark(string(name, v)?),
+            let grammar = match kind {
+                Kind::Schema => schema(name, v)?,
+                Kind::Regex => Grammar::Regex(string(name, v)?),
+                Kind::Choice => choice(name, v)?,
+                Kind::Lark => Grammar::Lark(string(name, v)?),
             };
             found.push((name.into(), grammar));
         }
@@ -1075,6 +1080,82 @@ mod tests {
         assert_eq!(
             bad.as_deref(),
             Some("messages[0].tool_calls[0].function.arguments")
+        );
+    }
+
+    #[test]
+    fn strict_schemas_close_every_object_but_not_data() {
+        let mut schema = json!({
+            "type": "object",
+            "properties": {
+                "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+                "c": {"type": "array", "items": {"properties": {"d": {"type": "string"}}}},
+                "e": {"type": "object", "additionalProperties": true},
+                "f": {"enum": [{"type": "object"}], "default": {"properties": {}}}
+            }
+        });
+        close_objects(&mut schema);
+        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(schema["properties"]["a"]["additionalProperties"], false);
+        assert_eq!(
+            schema["properties"]["c"]["items"]["additionalProperties"],
+            false
+        );
+        assert_eq!(schema["properties"]["e"]["additionalProperties"], true);
+        assert_eq!(
+            schema["properties"]["f"]["enum"][0],
+            json!({"type": "object"})
+        );
+        assert_eq!(
+            schema["properties"]["f"]["default"],
+            json!({"properties": {}})
+        );
+        // The properties map itself is not a schema.
+        assert!(schema["properties"].get("additionalProperties").is_none());
+    }
+
+    #[test]
+    fn structured_output_fields_map_to_grammars() {
+        let s = |body: Value| structured_output(&body);
+        assert_eq!(s(json!({})).unwrap(), None);
+        assert_eq!(
+            s(json!({"response_format": {"type": "text"}})).unwrap(),
+            None
+        );
+        assert_eq!(
+            s(json!({"response_format": {"type": "json_object"}})).unwrap(),
+            Some(("response_format".into(), Grammar::JsonObject))
+        );
+        assert_eq!(
+            s(json!({"guided_choice": ["a", "b"]})).unwrap(),
+            Some((
+                "guided_choice".into(),
+                Grammar::Choice(vec!["a".into(), "b".into()])
+            ))
+        );
+        assert_eq!(
+            s(json!({"structured_outputs": {"regex": "a+"}})).unwrap(),
+            Some(("structured_outputs".into(), Grammar::Regex("a+".into())))
+        );
+        assert_eq!(
+            s(json!({"guided_json": "{\"type\": \"integer\"}"})).unwrap(),
+            Some((
+                "guided_json".into(),
+                Grammar::JsonSchema(json!({"type": "integer"}))
+            ))
+        );
+        let param = |body: Value| s(body).unwrap_err().param;
+        assert_eq!(
+            param(json!({"guided_json": "{"})).as_deref(),
+            Some("guided_json")
+        );
+        assert_eq!(
+            param(json!({"structured_outputs": {"whitespace_pattern": " "}})).as_deref(),
+            Some("structured_outputs.whitespace_pattern")
+        );
+        assert_eq!(
+            param(json!({"grammar": "x", "guided_regex": "y"})).as_deref(),
+            Some("grammar")
         );
     }
 }
