@@ -484,17 +484,22 @@ fn run_batch(args: &BenchArgs, dir: &Path, name: &str) -> Result<ExitCode> {
     }
     if !constrained.is_empty() {
         println!(
-            "{:>6} {:>14} {:>18} {:>10} {:>12} {:>18}",
-            "batch", "free tok/s", "constrained tok/s", "ratio", "mask us/tok", "tokens free/json"
+            "{:>6} {:>14} {:>18} {:>10} {:>22} {:>18}",
+            "batch",
+            "free tok/s",
+            "constrained tok/s",
+            "ratio",
+            "mask us/tok mean/p50",
+            "tokens free/json"
         );
         for c in &constrained {
             println!(
-                "{:>6} {:>14.2} {:>18.2} {:>9.1}% {:>12.1} {:>18}",
+                "{:>6} {:>14.2} {:>18.2} {:>9.1}% {:>22} {:>18}",
                 c.free.batch,
                 c.free.tokens_per_s,
                 c.constrained.tokens_per_s,
                 100.0 * c.ratio,
-                c.mask_us,
+                format!("{:.1}/{:.1}", c.mask_us, c.mask_median_us),
                 format!("{}/{}", c.free.generated, c.constrained.generated)
             );
         }

@@ -529,8 +529,8 @@ impl EngineLoop {
     /// One batched forward step over the running sequences, then each one's token. On a
     /// backend that samples on the device, a sequence with a logits-processing step (a grammar,
     /// a bias, bans, log-probabilities) is fed in a second batch that returns its logits to
-    /// the host. Grammar masks for the next token are computed on a worker thread while the
-    /// forward pass runs.
+    /// the host. On a device backend, grammar masks for the next token are computed on a
+    /// worker thread while the forward pass runs.
     fn step(&mut self) {
         let work: Vec<Work> = self.running.iter().map(Sequence::work).collect();
         let take = plan_step(&work, self.config.token_budget);
@@ -578,7 +578,10 @@ impl EngineLoop {
             order.push((n, host));
             if host {
                 host_items.push(item);
-                if samples && decoder.has_constraint() {
+                // On a device backend the host is idle while the step runs: the grammar's
+                // mask is computed then. On the CPU the forward pass takes every core, so
+                // the mask is computed when the sequence samples.
+                if on_device && samples && decoder.has_constraint() {
                     to_prepare.push(decoder);
                 }
                 continue;

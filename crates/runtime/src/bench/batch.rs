@@ -166,6 +166,9 @@ pub struct ConstrainedDecode {
     /// Mean time to compute one token's mask (and advance the grammar), microseconds,
     /// replayed over the first sequence's tokens.
     pub mask_us: f64,
+    /// The median of those times (the first token's mask, which builds lexer states, is
+    /// the slowest).
+    pub mask_median_us: f64,
 }
 
 /// [`run_scheduled`] free and under `constraint`, with the mask time per token.
@@ -180,16 +183,19 @@ pub fn run_constrained(
     let (constrained, ids) =
         run_scheduled_with(model, batch, prompt_tokens, steps, Some(constraint))?;
     let mut replay = constraint.clone();
-    let mut spent = std::time::Duration::ZERO;
+    let mut spent: Vec<f64> = Vec::with_capacity(ids.len());
     for &id in &ids {
         let started = std::time::Instant::now();
         let _ = replay.mask()?;
         replay.accept(id)?;
-        spent += started.elapsed();
+        spent.push(started.elapsed().as_secs_f64() * 1e6);
     }
+    let mask_us = spent.iter().sum::<f64>() / spent.len().max(1) as f64;
+    spent.sort_by(f64::total_cmp);
     Ok(ConstrainedDecode {
         ratio: constrained.tokens_per_s / free.tokens_per_s.max(1e-9),
-        mask_us: spent.as_secs_f64() * 1e6 / ids.len().max(1) as f64,
+        mask_us,
+        mask_median_us: spent.get(spent.len() / 2).copied().unwrap_or(0.0),
         free,
         constrained,
     })
