@@ -16,7 +16,7 @@ use crate::sampling::{Sampler, SamplingParams};
 
 /// How to generate. Everything past `stop` is the logits-processing step between the forward
 /// pass and the sampler ([`SequenceDecoder::step`]); a sequence that sets any of it samples on
-/// the host ([`GenerateOptions::needs_logits`]).
+/// the host ([`SequenceDecoder::needs_logits`]).
 #[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
     pub sampling: SamplingParams,
@@ -38,17 +38,6 @@ pub struct GenerateOptions {
     /// Record each generated token's log-probability, with this many of the most likely
     /// alternatives (0 to 20), in [`Completion::logprobs`].
     pub logprobs: Option<usize>,
-}
-
-impl GenerateOptions {
-    /// Whether sampling needs the logits on the host: a mask, a bias or log-probabilities
-    /// (a device sampler takes only parameters and a random draw).
-    pub fn needs_logits(&self) -> bool {
-        !self.logit_bias.is_empty()
-            || self.min_tokens > 0
-            || self.constraint.is_some()
-            || self.logprobs.is_some()
-    }
 }
 
 /// The log-probability of one generated token under the model (log-softmax of its raw logits,

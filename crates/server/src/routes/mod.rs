@@ -295,6 +295,27 @@ async fn choice_options(
     starts_in_reasoning: bool,
 ) -> Result<Vec<GenerateOptions>, ApiError> {
     let mut options = generation.options.clone();
+    let vocab = state.model.config().vocab_size;
+    if let Some((id, _)) = options
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= vocab)
+    {
+        return Err(ApiError::invalid(
+            format!("logit_bias.{id}"),
+            format!("token id {id} is outside the vocabulary of {vocab}"),
+        ));
+    }
+    if let Some(id) = options
+        .stop_token_ids
+        .iter()
+        .find(|&&id| id as usize >= vocab)
+    {
+        return Err(ApiError::invalid(
+            "stop_token_ids",
+            format!("token id {id} is outside the vocabulary of {vocab}"),
+        ));
+    }
     if let Some((field, grammar)) = generation.grammar.clone() {
         if options.ignore_eos {
             return Err(ApiError::invalid(

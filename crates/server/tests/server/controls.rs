@@ -468,6 +468,11 @@ async fn logit_bias_stop_token_ids_and_min_tokens() {
         (json!({"logit_bias": {"abc": 1}}), "logit_bias.abc"),
         (json!({"logit_bias": {"5": 101}}), "logit_bias.5"),
         (json!({"min_tokens": -1}), "min_tokens"),
+        (
+            json!({"logit_bias": {"99999999": 1}}),
+            "logit_bias.99999999",
+        ),
+        (json!({"stop_token_ids": [99999999]}), "stop_token_ids"),
         (json!({"top_logprobs": 3}), "top_logprobs"),
         (
             json!({"logprobs": true, "top_logprobs": 21}),
