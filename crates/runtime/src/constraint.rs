@@ -130,6 +130,29 @@ impl Grammar {
     }
 }
 
+/// The largest grammar compiled, in bytes of its text (a schema's JSON, a regex, a Lark
+/// grammar, the choices together).
+pub const MAX_GRAMMAR_BYTES: usize = 128 << 10;
+
+/// The longest a grammar may take to compile.
+pub const COMPILE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The compiler thread's stack: llguidance recurses once per level of nesting (about 2 KiB a
+/// level); address space only, touched as deep as a grammar goes.
+const COMPILE_STACK_BYTES: usize = 256 << 20;
+
+impl Grammar {
+    /// The grammar's size in bytes of text.
+    fn size(&self) -> usize {
+        match self {
+            Grammar::JsonObject => 0,
+            Grammar::JsonSchema(schema) => schema.to_string().len(),
+            Grammar::Regex(text) | Grammar::Lark(text) => text.len(),
+            Grammar::Choice(choices) => choices.iter().map(|c| c.len() + 1).sum(),
+        }
+    }
+}
+
 /// `schema` with compact JSON unless it sets `x-guidance` itself.
 fn compact(mut schema: Value) -> Value {
     if let Value::Object(o) = &mut schema {
@@ -146,7 +169,7 @@ fn grammar_error(message: impl Into<String>) -> RuntimeError {
 /// The token trie of one model with llguidance's parser factory: built once (a 248k-id
 /// vocabulary takes a fraction of a second), shared by every constrained sequence.
 pub struct Grammars {
-    factory: ParserFactory,
+    factory: Arc<ParserFactory>,
     /// The model's end-of-sequence ids: allowed wherever the grammar may end.
     eos_ids: Vec<u32>,
 }
@@ -215,7 +238,7 @@ impl Grammars {
             .map_err(|e| file_error(format!("cannot build the grammar engine: {e}")))?;
         factory.quiet();
         Ok(Self {
-            factory,
+            factory: Arc::new(factory),
             eos_ids: eos_ids.to_vec(),
         })
     }
@@ -233,14 +256,41 @@ impl Grammars {
         bytes
     }
 
-    /// Compiles `grammar`; a bad schema, regex or grammar, or one past llguidance's limits, is
-    /// [`RuntimeError::Grammar`] naming the problem.
+    /// Compiles `grammar`; a bad schema, regex or grammar, one past llguidance's limits, one
+    /// larger than [`MAX_GRAMMAR_BYTES`] or one that takes longer than [`COMPILE_TIMEOUT`] is
+    /// [`RuntimeError::Grammar`] naming the problem. Compiling runs on its own thread with a
+    /// large stack (llguidance recurses over deeply nested grammars), so no grammar can
+    /// overflow the caller's stack; one past the timeout is left to finish there, unheard.
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
-        let parser = self
-            .factory
-            .create_parser(grammar.top_level()?)
-            .map_err(|e| grammar_error(e.to_string()))?;
-        let matcher = Matcher::new(Ok(parser));
+        let size = grammar.size();
+        if size > MAX_GRAMMAR_BYTES {
+            return Err(grammar_error(format!(
+                "the grammar is {size} bytes; at most {MAX_GRAMMAR_BYTES} are compiled"
+            )));
+        }
+        let top = grammar.top_level()?;
+        let factory = Arc::clone(&self.factory);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("spindle-grammar".into())
+            .stack_size(COMPILE_STACK_BYTES)
+            .spawn(move || {
+                let compiled = factory.create_parser(top).map(|p| Matcher::new(Ok(p)));
+                let _ = tx.send(compiled.map_err(|e| e.to_string()));
+            })
+            .map_err(|e| grammar_error(format!("cannot start the grammar compiler: {e}")))?;
+        let matcher = match rx.recv_timeout(COMPILE_TIMEOUT) {
+            Ok(matcher) => matcher.map_err(grammar_error)?,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                return Err(grammar_error(format!(
+                    "the grammar took longer than {} s to compile",
+                    COMPILE_TIMEOUT.as_secs()
+                )))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(grammar_error("the grammar compiler failed"))
+            }
+        };
         if let Some(e) = matcher.get_error() {
             return Err(grammar_error(e));
         }

@@ -353,3 +353,98 @@ fn constrained_and_free_sequences_batch_as_they_run_alone() {
         );
     }
 }
+
+#[test]
+fn grammar_compiling_is_bounded() {
+    let model = demo();
+    // Too large: refused before any work.
+    let huge = Grammar::Choice((0..20_000).map(|i| format!("choice number {i}")).collect());
+    let started = std::time::Instant::now();
+    match model.constraint(&huge) {
+        Err(RuntimeError::Grammar(m)) => assert!(m.contains("at most"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed().as_millis() < 100);
+    // Deeply nested grammars compile on the compiler's own stack (this thread's 2 MiB would
+    // overflow on the 1000-rule chain) and are masked from here.
+    let chain = (0..1000)
+        .map(|i| format!("r{i}: \"a{i}\" r{}?", i + 1))
+        .chain(std::iter::once("r1000: \"end\"".to_owned()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut deep = json!({"type": "integer"});
+    for _ in 0..300 {
+        deep = json!({"type": "array", "items": deep, "maxItems": 1});
+    }
+    for grammar in [
+        Grammar::Lark(format!("start: r0\n{chain}")),
+        Grammar::JsonSchema(deep),
+    ] {
+        let started = std::time::Instant::now();
+        let mut constraint = model.constraint(&grammar).unwrap();
+        assert!(started.elapsed().as_secs() < 5);
+        let mask = constraint.mask().unwrap().unwrap();
+        let id = (0..model.config().vocab_size as u32)
+            .find(|&i| mask.allows(i))
+            .unwrap();
+        constraint.accept(id).unwrap();
+    }
+}
+
+#[test]
+fn forced_tool_calls_parse_back_with_valid_arguments() {
+    use spindle_runtime::ToolSpec;
+    let model = demo();
+    let ids = chat_ids(&model, "What is the weather?");
+    let tools = [
+        ToolSpec {
+            name: "get_weather".into(),
+            parameters: Some(json!({
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 10},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 5},
+                    "unit": {"enum": ["c", "f"]}
+                },
+                "required": ["city", "days"]
+            })),
+        },
+        ToolSpec {
+            name: "noop".into(),
+            parameters: None,
+        },
+    ];
+    for (tools, parallel) in [
+        (&tools[..1], false),
+        (&tools[..], true),
+        (&tools[1..], false),
+    ] {
+        let grammar = Grammar::tool_calls(tools, parallel).unwrap();
+        let out = generate(&model, &ids, &constrained(&model, &grammar, 200));
+        let parsed = spindle_text::parse_output(&out.text, false);
+        assert!(!parsed.tool_calls.is_empty(), "{:?}", out.text);
+        assert!(parallel || parsed.tool_calls.len() == 1, "{:?}", out.text);
+        assert!(parsed.content.is_empty(), "{:?}", out.text);
+        for call in &parsed.tool_calls {
+            let args = &call.arguments;
+            match call.name.as_str() {
+                "get_weather" => {
+                    assert!(
+                        args["city"]
+                            .as_str()
+                            .is_some_and(|c| c.chars().count() <= 10),
+                        "{args:?}"
+                    );
+                    assert!(
+                        args["days"].as_i64().is_some_and(|d| (1..=5).contains(&d)),
+                        "{args:?}"
+                    );
+                    assert!(args.get("unit").is_none_or(|u| u == "c" || u == "f"));
+                }
+                "noop" => assert!(args.is_empty()),
+                other => panic!("{other}"),
+            }
+        }
+    }
+    assert!(Grammar::tool_calls(&[], true).is_err());
+}
