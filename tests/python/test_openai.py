@@ -91,7 +91,8 @@ def test_stop_strings(client):
     "extra, param",
     [
         ({"temperature": -1}, "temperature"),
-        ({"n": 2}, "n"),
+        ({"n": 99}, "n"),
+        ({"top_logprobs": 2}, "top_logprobs"),
         ({"max_tokens": -3}, "max_tokens"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),

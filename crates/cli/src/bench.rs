@@ -62,6 +62,12 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_name = "B,...")]
     pub batch: Vec<usize>,
 
+    /// With --batch: also decode every sequence under this JSON Schema (structured output)
+    /// through the scheduler, reporting constrained over free tok/s and the grammar mask's
+    /// time per token.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<PathBuf>,
+
     /// Load-generate against a running server at this URL (http://HOST:PORT) instead of
     /// loading a model: streamed chat requests, reporting aggregate tok/s, time to first
     /// token and inter-token latency per --clients count.
@@ -382,6 +388,24 @@ fn run_batch(args: &BenchArgs, dir: &Path, name: &str) -> Result<ExitCode> {
             },
         )?);
     }
+    let constrained = match (&args.json_schema, &model) {
+        (None, _) => Vec::new(),
+        (Some(_), None) => anyhow::bail!("--json-schema needs the model's tokenizer.json"),
+        (Some(path), Some(model)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let schema: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", path.display()))?;
+            let constraint = model
+                .constraint(&spindle_runtime::Grammar::JsonSchema(schema))
+                .with_context(|| format!("compiling {}", path.display()))?;
+            let tokens = args.gen.min(4) + args.runs.max(1) * args.gen.max(1);
+            sizes
+                .iter()
+                .map(|&b| bench::run_constrained(model, b, prompt_tokens, tokens, &constraint))
+                .collect::<spindle_runtime::Result<Vec<_>>>()?
+        }
+    };
     let base = report[0].tokens_per_s.median;
     if args.json {
         let rows: Vec<Value> = report
@@ -417,6 +441,7 @@ fn run_batch(args: &BenchArgs, dir: &Path, name: &str) -> Result<ExitCode> {
             "runs": args.runs,
             "batched_decode": rows,
             "scheduler_decode": scheduled,
+            "constrained_decode": constrained,
         });
         println!("{value}");
         return Ok(ExitCode::SUCCESS);
@@ -456,6 +481,28 @@ fn run_batch(args: &BenchArgs, dir: &Path, name: &str) -> Result<ExitCode> {
     }
     if model.is_none() {
         println!("(no tokenizer.json beside the weights: the scheduler's rate is not measured)");
+    }
+    if !constrained.is_empty() {
+        println!(
+            "{:>6} {:>14} {:>18} {:>10} {:>22} {:>18}",
+            "batch",
+            "free tok/s",
+            "constrained tok/s",
+            "ratio",
+            "mask us/tok mean/p50",
+            "tokens free/json"
+        );
+        for c in &constrained {
+            println!(
+                "{:>6} {:>14.2} {:>18.2} {:>9.1}% {:>22} {:>18}",
+                c.free.batch,
+                c.free.tokens_per_s,
+                c.constrained.tokens_per_s,
+                100.0 * c.ratio,
+                format!("{:.1}/{:.1}", c.mask_us, c.mask_median_us),
+                format!("{}/{}", c.free.generated, c.constrained.generated)
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

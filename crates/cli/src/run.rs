@@ -90,6 +90,7 @@ impl RunArgs {
             sampling: self.sampling.apply(&model.defaults),
             max_tokens: Some(self.max_tokens),
             stop: self.stop.clone(),
+            ..GenerateOptions::default()
         }
     }
 }

@@ -38,7 +38,7 @@ fn run_prints_exactly_the_decoded_greedy_tokens() {
     let options = GenerateOptions {
         sampling: SamplingParams::default(),
         max_tokens: Some(32),
-        stop: vec![],
+        ..GenerateOptions::default()
     };
     let completion = model
         .generate(&mut session, &prepared.ids, &options, &mut |_| {

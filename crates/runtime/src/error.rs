@@ -38,6 +38,11 @@ pub enum RuntimeError {
     #[error("{0}")]
     Request(String),
 
+    /// A structured-output grammar (JSON Schema, regex, choice, Lark) that cannot be compiled
+    /// or run, in llguidance's words.
+    #[error("invalid grammar: {0}")]
+    Grammar(String),
+
     /// A backend returned logits holding NaN or infinity; `diagnosis` says where the hidden
     /// state first went non-finite when the backend could find it, and what to do.
     #[error(

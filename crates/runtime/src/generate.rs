@@ -9,17 +9,46 @@ use spindle_cpu::LogitsFor;
 use spindle_text::{FinishReason, StopConditions, TextStream};
 
 use crate::backend::{BackendSession, Draw};
+use crate::constraint::{Constraint, TokenMask};
 use crate::error::{Result, RuntimeError};
 use crate::model::Model;
 use crate::sampling::{Sampler, SamplingParams};
 
-/// How to generate.
+/// How to generate. Everything past `stop` is the logits-processing step between the forward
+/// pass and the sampler ([`SequenceDecoder::step`]); a sequence that sets any of it samples on
+/// the host ([`SequenceDecoder::needs_logits`]).
 #[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
     pub sampling: SamplingParams,
     /// The most tokens to generate; `None` runs to EOS or the end of the context.
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
+    /// Added to the logits of these ids before sampling (OpenAI's `logit_bias`; -100 bans a
+    /// token, +100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Ids that end generation like EOS (not shown in the text; the finish is [`Finish::Eos`]).
+    pub stop_token_ids: Vec<u32>,
+    /// EOS and `stop_token_ids` are banned until this many tokens are generated.
+    pub min_tokens: usize,
+    /// The model's EOS ids do not end generation (they are generated as ordinary tokens).
+    pub ignore_eos: bool,
+    /// Structured output: only tokens the grammar allows are sampled
+    /// ([`crate::Model::constraint`] compiles one).
+    pub constraint: Option<Constraint>,
+    /// Record each generated token's log-probability, with this many of the most likely
+    /// alternatives (0 to 20), in [`Completion::logprobs`].
+    pub logprobs: Option<usize>,
+}
+
+/// The log-probability of one generated token under the model (log-softmax of its raw logits,
+/// before penalties, temperature, biases and masks, as vLLM and OpenAI report them), with the
+/// most likely ids at that step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// The most likely ids with theirs, most likely first (ties to the lower id).
+    pub top: Vec<(u32, f32)>,
 }
 
 /// Why generation ended.
@@ -72,6 +101,8 @@ pub struct Completion {
     pub cached_tokens: usize,
     pub prefill_time: Duration,
     pub decode_time: Duration,
+    /// One entry per generated id when [`GenerateOptions::logprobs`] asked for them.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 impl Completion {
@@ -106,6 +137,18 @@ pub struct SequenceDecoder {
     /// The model's context (`max_position_embeddings`).
     limit: usize,
     finish: Option<Finish>,
+    /// The logits-processing step: bias, bans until `min_tokens`, the grammar.
+    logit_bias: Vec<(u32, f32)>,
+    /// Ids banned before `min_tokens` (EOS and stop token ids).
+    enders: Vec<u32>,
+    min_tokens: usize,
+    constraint: Option<Constraint>,
+    /// The mask for the next token, computed ahead ([`SequenceDecoder::prepare`]).
+    mask: Option<TokenMask>,
+    logprobs: Option<usize>,
+    token_logprobs: Vec<TokenLogprob>,
+    /// Logprobs of tokens not yet reported by [`SequenceDecoder::take_logprobs`].
+    reported: usize,
 }
 
 /// What one row of logits produced.
@@ -134,8 +177,36 @@ impl SequenceDecoder {
             });
         }
         let sampler = Sampler::new(options.sampling.clone())?;
+        let vocab = model.config().vocab_size;
+        let ids_in_vocab =
+            |field: &str, ids: Vec<u32>| match ids.into_iter().find(|&id| id as usize >= vocab) {
+                Some(id) => Err(RuntimeError::Request(format!(
+                    "{field}: token id {id} is outside the vocabulary of {vocab}"
+                ))),
+                None => Ok(()),
+            };
+        ids_in_vocab(
+            "logit_bias",
+            options.logit_bias.iter().map(|b| b.0).collect(),
+        )?;
+        ids_in_vocab("stop_token_ids", options.stop_token_ids.clone())?;
+        if options.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+            return Err(RuntimeError::Request(format!(
+                "top_logprobs: at most {MAX_TOP_LOGPROBS} alternatives are reported"
+            )));
+        }
+        let mut eos_ids = if options.ignore_eos {
+            Vec::new()
+        } else {
+            model.eos_ids.clone()
+        };
+        for &id in &options.stop_token_ids {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
         let conditions = StopConditions {
-            eos_ids: model.eos_ids.clone(),
+            eos_ids: eos_ids.clone(),
             stop_strings: options.stop.clone(),
             max_tokens: options.max_tokens,
         };
@@ -149,6 +220,14 @@ impl SequenceDecoder {
             max_tokens: options.max_tokens,
             limit,
             finish: None,
+            logit_bias: options.logit_bias.clone(),
+            enders: eos_ids,
+            min_tokens: options.min_tokens,
+            constraint: options.constraint.clone(),
+            mask: None,
+            logprobs: options.logprobs,
+            token_logprobs: Vec::new(),
+            reported: 0,
         })
     }
 
@@ -160,8 +239,75 @@ impl SequenceDecoder {
         if !self.wants_token() {
             return Ok(self.ended());
         }
+        let logprobs = self.logprobs.map(|k| Logprobs::of(logits, k));
+        self.process(logits)?;
         let id = self.sampler.sample(logits, &self.history);
+        if let Some(lp) = logprobs {
+            self.token_logprobs.push(lp.entry(id));
+        }
         self.accept(id, position)
+    }
+
+    /// Whether this sequence's tokens must be sampled from host logits: it has a logits step
+    /// (mask, bias, bans) or reports log-probabilities.
+    pub fn needs_logits(&self) -> bool {
+        !self.logit_bias.is_empty()
+            || self.min_tokens > 0
+            || self.constraint.is_some()
+            || self.logprobs.is_some()
+    }
+
+    /// Computes the grammar's mask for the next token now, so that it can run while the
+    /// forward pass does (the batch scheduler calls it on a worker thread during the step);
+    /// [`SequenceDecoder::step`] computes it itself otherwise.
+    pub fn prepare(&mut self) -> Result<()> {
+        if self.mask.is_none() && self.wants_token() {
+            if let Some(constraint) = &mut self.constraint {
+                self.mask = constraint.mask()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether [`SequenceDecoder::prepare`] has work to do (a grammar to advance).
+    pub fn has_constraint(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// The logits-processing step, in vLLM's order: the grammar's mask, then the bans before
+    /// `min_tokens`, then `logit_bias` (the sampler's penalties and filters follow).
+    fn process(&mut self, logits: &mut [f32]) -> Result<()> {
+        self.prepare()?;
+        let mask = self.mask.take();
+        if let Some(mask) = &mask {
+            mask.apply(logits);
+        }
+        // A complete grammar may only end: the bans must not leave nothing to sample.
+        let grammar_done = mask.as_ref().is_some_and(TokenMask::only_eos);
+        if self.ids.len() < self.min_tokens && !grammar_done {
+            for &id in &self.enders {
+                if let Some(logit) = logits.get_mut(id as usize) {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+        for &(id, bias) in &self.logit_bias {
+            if let Some(logit) = logits.get_mut(id as usize) {
+                // A banned token stays banned.
+                if mask.as_ref().is_none_or(|m| m.allows(id)) {
+                    *logit += bias;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The log-probabilities of tokens generated since the last call (streaming reports them
+    /// with the text they produced).
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        let fresh = self.token_logprobs[self.reported..].to_vec();
+        self.reported = self.token_logprobs.len();
+        fresh
     }
 
     /// The empty step of a sequence that does not sample (ended, or `max_tokens` 0, which
@@ -206,6 +352,11 @@ impl SequenceDecoder {
     pub fn accept(&mut self, id: u32, position: usize) -> Result<TokenStep> {
         if !self.wants_token() {
             return Ok(self.ended());
+        }
+        if let Some(constraint) = &mut self.constraint {
+            constraint.accept(id)?;
+            // The next mask is computed for the state after this token.
+            self.mask = None;
         }
         self.ids.push(id);
         self.history.push(id);
@@ -281,11 +432,99 @@ impl SequenceDecoder {
             cached_tokens: 0,
             prefill_time,
             decode_time,
+            logprobs: self.token_logprobs,
+        }
+    }
+}
+
+/// The most alternatives a token's log-probability is reported with (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// One step's log-softmax over the raw logits, enough to report any id's log-probability and
+/// the `k` most likely.
+struct Logprobs {
+    /// `max + ln(sum(exp(l - max)))`: an id's log-probability is its logit less this.
+    log_total: f32,
+    top: Vec<(u32, f32)>,
+    /// The raw logits of every id (kept to look up the chosen one).
+    chosen_from: Vec<f32>,
+}
+
+impl Logprobs {
+    fn of(logits: &[f32], k: usize) -> Self {
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|l| !l.is_nan())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let total: f64 = logits
+            .iter()
+            .filter(|l| !l.is_nan())
+            .map(|&l| f64::from(l - max).exp())
+            .sum();
+        let log_total = max + total.ln() as f32;
+        let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+        if k > 0 {
+            let mut order: Vec<u32> = (0..logits.len() as u32)
+                .filter(|&i| !logits[i as usize].is_nan())
+                .collect();
+            let by_logit = |a: &u32, b: &u32| {
+                logits[*b as usize]
+                    .total_cmp(&logits[*a as usize])
+                    .then(a.cmp(b))
+            };
+            if k < order.len() {
+                order.select_nth_unstable_by(k - 1, by_logit);
+                order.truncate(k);
+            }
+            order.sort_unstable_by(by_logit);
+            top = order
+                .into_iter()
+                .map(|i| (i, logits[i as usize] - log_total))
+                .collect();
+        }
+        Self {
+            log_total,
+            top,
+            chosen_from: logits.to_vec(),
+        }
+    }
+
+    fn entry(self, id: u32) -> TokenLogprob {
+        let logit = self
+            .chosen_from
+            .get(id as usize)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY);
+        TokenLogprob {
+            id,
+            logprob: logit - self.log_total,
+            top: self.top,
         }
     }
 }
 
 impl Model {
+    /// The log-probability of every prompt token after the first under the model (what
+    /// `echo` with `logprobs` reports), with `k` alternatives each, from a fresh session fed
+    /// the prompt in chunks (so at most a chunk's rows of logits are held at once).
+    pub fn prompt_logprobs(&self, prompt_ids: &[u32], k: usize) -> Result<Vec<TokenLogprob>> {
+        const CHUNK: usize = 32;
+        let vocab = self.config().vocab_size;
+        let mut session = self.new_session()?;
+        let mut out = Vec::with_capacity(prompt_ids.len().saturating_sub(1));
+        for (c, chunk) in prompt_ids.chunks(CHUNK).enumerate() {
+            let rows = self.backend.forward(&mut session, chunk, LogitsFor::All)?;
+            for (r, row) in rows.chunks(vocab).enumerate() {
+                let next = c * CHUNK + r + 1;
+                if let Some(&id) = prompt_ids.get(next) {
+                    out.push(Logprobs::of(row, k).entry(id));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Feeds `prompt_ids` to `session` and generates until a stop condition, calling
     /// `on_text` with every visible delta (possibly empty strings are skipped). The same loop
     /// runs on every backend: only the forward pass is the backend's; each token goes through

@@ -10,6 +10,7 @@
 pub mod backend;
 pub mod batch;
 pub mod bench;
+pub mod constraint;
 pub mod conversation;
 pub mod demo;
 pub mod device;
@@ -22,10 +23,13 @@ pub mod prefix;
 pub mod sampling;
 
 pub use backend::{Backend, BackendSession};
+pub use constraint::{Constraint, Grammar, Grammars, ToolSpec};
 pub use conversation::{Conversation, Turn};
 pub use demo::{demo_dir, DEMO_MODEL_ID};
 pub use device::Device;
 pub use error::{Result, RuntimeError};
-pub use generate::{Completion, Finish, Flow, GenerateOptions, SequenceDecoder, TokenStep};
+pub use generate::{
+    Completion, Finish, Flow, GenerateOptions, SequenceDecoder, TokenLogprob, TokenStep,
+};
 pub use input::InputError;
 pub use model::{Model, PreparedPrompt, Prompt};

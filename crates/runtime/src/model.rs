@@ -2,7 +2,7 @@
 //! chat template and the generation defaults, all from the checkpoint's own files.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{Map, Value};
 use spindle_cpu::LoadOptions;
@@ -10,6 +10,7 @@ use spindle_model::ModelConfig;
 use spindle_text::{Cancel, ChatTemplate, TextError, Tokenizer};
 
 use crate::backend::{Backend, BackendSession, Device};
+use crate::constraint::{Constraint, Grammar, Grammars};
 use crate::error::{Result, RuntimeError};
 use crate::sampling::{GenerationConfigValues, SamplingParams};
 
@@ -53,6 +54,8 @@ pub struct Model {
     /// End-of-sequence ids: config.json and generation_config.json together.
     pub eos_ids: Vec<u32>,
     pub dir: PathBuf,
+    /// The token trie structured outputs walk, built on first use ([`Model::constraint`]).
+    grammars: OnceLock<std::result::Result<Grammars, String>>,
 }
 
 impl Model {
@@ -94,7 +97,29 @@ impl Model {
             defaults: SamplingParams::from_generation_config(&generation.values),
             eos_ids,
             dir: dir.to_owned(),
+            grammars: OnceLock::new(),
         })
+    }
+
+    /// Compiles a structured-output grammar for one sequence (the model's token trie is built
+    /// on the first call). A bad grammar is [`RuntimeError::Grammar`].
+    pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint> {
+        self.grammars()?.compile(grammar)
+    }
+
+    /// The model's token trie for structured outputs and token bytes, built on first use.
+    pub fn grammars(&self) -> Result<&Grammars> {
+        let grammars = self.grammars.get_or_init(|| {
+            Grammars::new(
+                Arc::clone(&self.tokenizer),
+                self.config().vocab_size,
+                &self.eos_ids,
+            )
+            .map_err(|e| e.to_string())
+        });
+        grammars
+            .as_ref()
+            .map_err(|e| RuntimeError::Request(e.clone()))
     }
 
     pub fn config(&self) -> &ModelConfig {

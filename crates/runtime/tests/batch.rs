@@ -28,7 +28,7 @@ fn options(max_tokens: usize, sampling: SamplingParams) -> GenerateOptions {
     GenerateOptions {
         sampling,
         max_tokens: Some(max_tokens),
-        stop: Vec::new(),
+        ..GenerateOptions::default()
     }
 }
 
@@ -58,6 +58,7 @@ fn collect(handle: spindle_runtime::batch::SequenceHandle) -> (String, Completio
         match event {
             SeqEvent::Text(t) => text.push_str(&t),
             SeqEvent::Done(result) => return (text, result.expect("the sequence runs")),
+            SeqEvent::Logprobs(_) => panic!("logprobs were not asked for"),
         }
     }
     panic!("no Done event");
@@ -107,6 +108,7 @@ fn every_sequence_of_a_mixed_batch_matches_its_solo_run() {
         match cancelled.recv().unwrap() {
             SeqEvent::Text(t) => seen.push_str(&t),
             SeqEvent::Done(r) => panic!("ended before it was cancelled: {r:?}"),
+            SeqEvent::Logprobs(_) => panic!("logprobs were not asked for"),
         }
     }
     // One joins mid-way, while the others decode.

@@ -8,7 +8,7 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
     GenerateOptions {
         sampling: SamplingParams::default(),
         max_tokens: Some(max_tokens),
-        stop: Vec::new(),
+        ..GenerateOptions::default()
     }
 }
 

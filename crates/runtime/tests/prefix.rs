@@ -285,6 +285,7 @@ fn greedy(max_tokens: usize) -> GenerateOptions {
         },
         max_tokens: Some(max_tokens),
         stop: Vec::new(),
+        ..GenerateOptions::default()
     }
 }
 

@@ -5,8 +5,9 @@
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use spindle_runtime::generate::MAX_TOP_LOGPROBS;
 use spindle_runtime::sampling::SamplingParams;
-use spindle_runtime::GenerateOptions;
+use spindle_runtime::{GenerateOptions, Grammar, ToolSpec};
 
 use crate::error::ApiError;
 
@@ -30,6 +31,12 @@ pub struct RawCommon {
     pub n: Option<i64>,
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<i64>,
+    pub logit_bias: Option<Map<String, Value>>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub min_tokens: Option<i64>,
+    pub ignore_eos: Option<bool>,
+    pub skip_special_tokens: Option<bool>,
+    pub include_stop_str_in_output: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -42,6 +49,7 @@ pub struct RawChat {
     pub messages: Vec<RawMessage>,
     pub tools: Option<Vec<RawTool>>,
     pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
     pub reasoning_effort: Option<String>,
 }
@@ -111,6 +119,22 @@ pub struct Generation {
     pub stream: bool,
     pub include_usage: bool,
     pub options: GenerateOptions,
+    /// Choices to generate (`n`), each its own sequence: choice `i` samples with seed
+    /// `seed + i` when a seed is given.
+    pub n: usize,
+    /// The structured output asked for (`response_format`, `guided_*`, ...), to be compiled
+    /// against the model, with the field that asked.
+    pub grammar: Option<(String, Grammar)>,
+}
+
+impl Generation {
+    /// The options of choice `index`: its own seed (`seed + index`, wrapping; vLLM gives each
+    /// of `n` sequences its own generator too).
+    pub fn choice_options(&self, index: usize) -> GenerateOptions {
+        let mut options = self.options.clone();
+        options.sampling.seed = options.sampling.seed.map(|s| s.wrapping_add(index as u64));
+        options
+    }
 }
 
 /// A checked chat request: the messages and tools in the shape the chat template reads.
@@ -120,6 +144,8 @@ pub struct ChatRequest {
     pub messages: Value,
     pub tools: Option<Value>,
     pub vars: Map<String, Value>,
+    /// At most one tool call is returned (`parallel_tool_calls: false`).
+    pub single_tool_call: bool,
 }
 
 /// A checked completion request.
@@ -129,6 +155,8 @@ pub struct CompletionRequest {
     pub prompt: PromptInput,
     /// Whether a text prompt's special-token spellings become special tokens.
     pub special_tokens: bool,
+    /// The prompt comes back before the answer.
+    pub echo: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -174,21 +202,36 @@ pub fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
 impl RawCommon {
     /// Checks every field and fills what is missing from the model's `defaults`.
     pub fn check(&self, defaults: &SamplingParams) -> Result<Generation, ApiError> {
-        if let Some(n) = self.n.filter(|&n| n != 1) {
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    "n",
+                    format!("n is {n} but must be between 1 and {MAX_CHOICES}"),
+                ))
+            }
+        };
+        let min_tokens = match self.min_tokens {
+            None => 0,
+            Some(m) if m >= 0 => usize::try_from(m).unwrap_or(usize::MAX),
+            Some(m) => {
+                return Err(ApiError::invalid(
+                    "min_tokens",
+                    format!("min_tokens is {m} but must be 0 or more"),
+                ))
+            }
+        };
+        if self.skip_special_tokens == Some(false) {
             return Err(ApiError::invalid(
-                "n",
-                format!("n is {n} but this server returns one choice per request: n must be 1"),
+                "skip_special_tokens",
+                "skip_special_tokens false is not supported: control tokens are never shown",
             ));
         }
-        let logprobs_on = match &self.logprobs {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-            Some(Value::Number(n)) => n.as_i64() != Some(0),
-            Some(_) => true,
-        };
-        if logprobs_on || self.top_logprobs.is_some_and(|n| n > 0) {
+        if self.include_stop_str_in_output == Some(true) {
             return Err(ApiError::invalid(
-                "logprobs",
-                "logprobs are not supported by this server",
+                "include_stop_str_in_output",
+                "include_stop_str_in_output true is not supported: stop strings are not shown",
             ));
         }
         let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
@@ -243,8 +286,377 @@ impl RawCommon {
                 sampling,
                 max_tokens,
                 stop: stop_strings(self.stop.as_ref())?,
+                logit_bias: logit_bias(self.logit_bias.as_ref())?,
+                stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+                min_tokens,
+                ignore_eos: self.ignore_eos.unwrap_or(false),
+                constraint: None,
+                logprobs: None,
             },
+            n,
+            grammar: None,
         })
+    }
+}
+
+/// The most choices one request may ask for (`n`).
+pub const MAX_CHOICES: usize = 16;
+
+/// `logit_bias`: token ids (as strings, OpenAI's shape) to a bias in [-100, 100].
+fn logit_bias(bias: Option<&Map<String, Value>>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let mut out = Vec::new();
+    for (key, value) in bias.into_iter().flatten() {
+        let param = format!("logit_bias.{key}");
+        let id: u32 = key.trim().parse().map_err(|_| {
+            ApiError::invalid(
+                &param,
+                format!("logit_bias keys are token ids, not {key:?}"),
+            )
+        })?;
+        let b = value
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| {
+                ApiError::invalid(&param, "a logit bias is a number from -100 to 100")
+            })?;
+        out.push((id, b as f32));
+    }
+    Ok(out)
+}
+
+/// The structured-output fields, one of which a request may set: OpenAI's `response_format`,
+/// vLLM's `structured_outputs` and `guided_*`, llama-server's `grammar` and `json_schema`.
+/// Returns the grammar and the field that set it.
+pub fn structured_output(body: &Value) -> Result<Option<(String, Grammar)>, ApiError> {
+    let mut found: Vec<(String, Grammar)> = Vec::new();
+    let field = |name: &str| body.get(name).filter(|v| !v.is_null());
+    let string = |name: &str, v: &Value| -> Result<String, ApiError> {
+        v.as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| ApiError::invalid(name, format!("{name} must be a string")))
+    };
+    // A schema given as an object, or as a string holding one (vLLM accepts both).
+    let schema = |name: &str, v: &Value| -> Result<Grammar, ApiError> {
+        let parsed = match v {
+            Value::String(s) => serde_json::from_str(s).map_err(|e| {
+                ApiError::invalid(name, format!("{name} is not a valid JSON schema: {e}"))
+            })?,
+            other => other.clone(),
+        };
+        if !parsed.is_object() && !parsed.is_boolean() {
+            return Err(ApiError::invalid(
+                name,
+                format!("{name} must be a JSON schema object"),
+            ));
+        }
+        Ok(Grammar::JsonSchema(parsed))
+    };
+    let choice = |name: &str, v: &Value| -> Result<Grammar, ApiError> {
+        let list = v
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|c| c.as_str().map(str::to_owned))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .filter(|l| !l.is_empty())
+            .ok_or_else(|| {
+                ApiError::invalid(name, format!("{name} must be a non-empty list of strings"))
+            })?;
+        Ok(Grammar::Choice(list))
+    };
+    if let Some(format) = field("response_format") {
+        let kind = format.get("type").and_then(Value::as_str);
+        match kind {
+            Some("text") => {}
+            Some("json_object") => found.push((
+                "response_format".into(),
+                // llama-server's extension: a schema beside the type.
+                match format.get("schema") {
+                    Some(s) => schema("response_format.schema", s)?,
+                    None => Grammar::JsonObject,
+                },
+            )),
+            Some("json_schema") => {
+                let inner = format.get("json_schema").ok_or_else(|| {
+                    ApiError::invalid(
+                        "response_format.json_schema",
+                        "a json_schema response_format needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+                    )
+                })?;
+                let s = inner.get("schema").ok_or_else(|| {
+                    ApiError::invalid(
+                        "response_format.json_schema.schema",
+                        "the schema is missing",
+                    )
+                })?;
+                let mut grammar = schema("response_format.json_schema.schema", s)?;
+                if inner.get("strict") == Some(&Value::Bool(true)) {
+                    if let Grammar::JsonSchema(s) = &mut grammar {
+                        close_objects(s);
+                    }
+                }
+                found.push(("response_format".into(), grammar));
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    "response_format.type must be \"text\", \"json_object\" or \"json_schema\"",
+                ))
+            }
+        }
+    }
+    if let Some(v) = field("structured_outputs") {
+        let o = v.as_object().ok_or_else(|| {
+            ApiError::invalid("structured_outputs", "structured_outputs must be an object")
+        })?;
+        for (key, value) in o.iter().filter(|(_, v)| !v.is_null()) {
+            let name = format!("structured_outputs.{key}");
+            let grammar = match key.as_str() {
+                "json" => schema(&name, value)?,
+                "regex" => Grammar::Regex(string(&name, value)?),
+                "choice" => choice(&name, value)?,
+                "grammar" => Grammar::Lark(string(&name, value)?),
+                "json_object" if value == &Value::Bool(true) => Grammar::JsonObject,
+                "json_object" => continue,
+                "disable_any_whitespace" | "disable_fallback" | "disable_additional_properties" => {
+                    continue
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        name,
+                        format!("structured_outputs.{key} is not supported (json, regex, choice, grammar, json_object are)"),
+                    ))
+                }
+            };
+            found.push(("structured_outputs".into(), grammar));
+        }
+        if o.get("disable_additional_properties") == Some(&Value::Bool(true)) {
+            if let Some((_, Grammar::JsonSchema(s))) = found.last_mut() {
+                close_objects(s);
+            }
+        }
+    }
+    enum Kind {
+        Schema,
+        Regex,
+        Choice,
+        Lark,
+    }
+    for (name, kind) in [
+        ("guided_json", Kind::Schema),
+        ("guided_regex", Kind::Regex),
+        ("guided_choice", Kind::Choice),
+        ("guided_grammar", Kind::Lark),
+        ("grammar", Kind::Lark),
+        ("json_schema", Kind::Schema),
+    ] {
+        if let Some(v) = field(name) {
+            let grammar = match kind {
+                Kind::Schema => schema(name, v)?,
+                Kind::Regex => Grammar::Regex(string(name, v)?),
+                Kind::Choice => choice(name, v)?,
+                Kind::Lark => Grammar::Lark(string(name, v)?),
+            };
+            found.push((name.into(), grammar));
+        }
+    }
+    if found.len() > 1 {
+        let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+        return Err(ApiError::invalid(
+            found[1].0.clone(),
+            format!(
+                "only one structured output may be asked for, not {}",
+                names.join(" and ")
+            ),
+        ));
+    }
+    Ok(found.pop())
+}
+
+/// OpenAI's strict mode: an object schema that does not say otherwise allows no properties
+/// beyond those it lists (`additionalProperties: false`), at every depth.
+fn close_objects(schema: &mut Value) {
+    match schema {
+        Value::Object(o) => {
+            let is_object = o.get("type").and_then(Value::as_str) == Some("object")
+                || o.contains_key("properties");
+            if is_object && !o.contains_key("additionalProperties") {
+                o.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            for (key, value) in o.iter_mut() {
+                // Property names and enum values are data, not schemas.
+                if !["enum", "const", "required", "default", "examples"].contains(&key.as_str()) {
+                    close_objects(value);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(close_objects),
+        _ => {}
+    }
+}
+
+/// Refuses a field outside `accepted` (implemented) and `ignored` (known not to change the
+/// output): a field that would change the output and is not implemented must not be dropped
+/// silently.
+pub fn check_fields(body: &Value, accepted: &[&str], ignored: &[&str]) -> Result<(), ApiError> {
+    let Some(fields) = body.as_object() else {
+        return Ok(());
+    };
+    for key in fields.keys() {
+        if !accepted.contains(&key.as_str()) && !ignored.contains(&key.as_str()) {
+            return Err(ApiError::invalid(
+                key,
+                format!("{key} is not supported by this server"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Every field `/v1/chat/completions` reads.
+pub const CHAT_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "stop_token_ids",
+    "min_tokens",
+    "ignore_eos",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "grammar",
+    "json_schema",
+];
+
+/// Every field `/v1/completions` reads.
+pub const COMPLETION_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "special_tokens",
+    "echo",
+    "suffix",
+    "best_of",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "n",
+    "logprobs",
+    "logit_bias",
+    "stop_token_ids",
+    "min_tokens",
+    "ignore_eos",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "grammar",
+    "json_schema",
+];
+
+/// Fields accepted and ignored because they do not change what is generated: who asks
+/// (`user`, `metadata`, `safety_identifier`), caching and storage hints, the choice of
+/// structured-output engine.
+pub const IGNORED_FIELDS: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "prediction",
+    "guided_decoding_backend",
+    "request_id",
+    "priority",
+];
+
+impl RawCommon {
+    /// Chat's `logprobs` (a boolean) and `top_logprobs` (0 to 20, only with `logprobs`): the
+    /// alternatives to report per token, `None` when off.
+    pub fn chat_logprobs(&self) -> Result<Option<usize>, ApiError> {
+        let on = match &self.logprobs {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "logprobs",
+                    "logprobs must be true or false",
+                ))
+            }
+        };
+        let top = match self.top_logprobs {
+            None => 0,
+            Some(k) if (0..=MAX_TOP_LOGPROBS as i64).contains(&k) => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    format!("top_logprobs is {k} but must be between 0 and {MAX_TOP_LOGPROBS}"),
+                ))
+            }
+        };
+        if !on && self.top_logprobs.is_some_and(|k| k > 0) {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ));
+        }
+        Ok(on.then_some(top))
+    }
+
+    /// Completions' `logprobs`: the number of alternatives (0 to 20) per token, `None` when
+    /// absent.
+    pub fn completion_logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match &self.logprobs {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_i64() {
+                Some(k) if (0..=MAX_TOP_LOGPROBS as i64).contains(&k) => Ok(Some(k as usize)),
+                _ => Err(ApiError::invalid(
+                    "logprobs",
+                    format!(
+                        "logprobs must be a number of alternatives from 0 to {MAX_TOP_LOGPROBS}"
+                    ),
+                )),
+            },
+        }
     }
 }
 
@@ -272,14 +684,14 @@ fn stop_strings(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
 
 impl RawCompletion {
     pub fn check(&self, generation: Generation) -> Result<CompletionRequest, ApiError> {
-        if self.echo == Some(true) {
-            return Err(ApiError::invalid("echo", "echo is not supported"));
-        }
         if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
             return Err(ApiError::invalid("suffix", "suffix is not supported"));
         }
-        if self.best_of.is_some_and(|n| n != 1) {
-            return Err(ApiError::invalid("best_of", "best_of must be 1"));
+        if self.best_of.is_some_and(|b| b as usize != generation.n) {
+            return Err(ApiError::invalid(
+                "best_of",
+                "best_of must equal n: choices are not ranked",
+            ));
         }
         let bad = || {
             ApiError::invalid(
@@ -309,12 +721,13 @@ impl RawCompletion {
             generation,
             prompt,
             special_tokens: self.special_tokens.unwrap_or(true),
+            echo: self.echo.unwrap_or(false),
         })
     }
 }
 
 impl RawChat {
-    pub fn check(self, generation: Generation) -> Result<ChatRequest, ApiError> {
+    pub fn check(self, mut generation: Generation) -> Result<ChatRequest, ApiError> {
         if self.messages.is_empty() {
             return Err(ApiError::invalid(
                 "messages",
@@ -327,9 +740,18 @@ impl RawChat {
             .enumerate()
             .map(|(i, m)| m.to_template(i))
             .collect::<Result<Vec<_>, _>>()?;
-        let tools = self.checked_tools()?;
+        let (tools, tool_grammar) = self.checked_tools()?;
+        if let Some(grammar) = tool_grammar {
+            if let Some((field, _)) = &generation.grammar {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("a required or named tool_choice cannot be combined with {field}"),
+                ));
+            }
+            generation.grammar = Some(("tool_choice".into(), grammar));
+        }
         let vars = crate::api::reasoning_vars(
-            self.chat_template_kwargs.unwrap_or_default(),
+            self.chat_template_kwargs.clone().unwrap_or_default(),
             self.reasoning_effort.as_deref(),
         )?;
         Ok(ChatRequest {
@@ -337,11 +759,13 @@ impl RawChat {
             messages: Value::Array(messages),
             tools,
             vars,
+            single_tool_call: self.parallel_tool_calls == Some(false),
         })
     }
 
-    /// The tools the template sees, after `tool_choice`.
-    fn checked_tools(&self) -> Result<Option<Value>, ApiError> {
+    /// The tools the template sees, after `tool_choice`, and the grammar a required or named
+    /// `tool_choice` puts on the answer.
+    fn checked_tools(&self) -> Result<(Option<Value>, Option<Grammar>), ApiError> {
         let tools = self.tools.as_deref().unwrap_or_default();
         for (i, tool) in tools.iter().enumerate() {
             if tool.kind != "function" {
@@ -365,6 +789,19 @@ impl RawChat {
         };
         let all: Vec<&RawTool> = tools.iter().collect();
         let bad = |message: String| ApiError::invalid("tool_choice", message);
+        let parallel = self.parallel_tool_calls != Some(false);
+        let forced = |tools: &[&RawTool], parallel: bool| {
+            let specs: Vec<ToolSpec> = tools
+                .iter()
+                .map(|t| ToolSpec {
+                    name: t.function.name.clone(),
+                    parameters: t.function.parameters.clone(),
+                })
+                .collect();
+            Grammar::tool_calls(&specs, parallel)
+                .map_err(|e| ApiError::invalid("tool_choice", e.to_string()))
+        };
+        let mut grammar = None;
         let chosen = match &self.tool_choice {
             None | Some(Value::Null) => all,
             Some(Value::String(s)) if s == "auto" => all,
@@ -373,6 +810,7 @@ impl RawChat {
                 if all.is_empty() {
                     return Err(bad("tool_choice is \"required\" but no tools are given".into()));
                 }
+                grammar = Some(forced(&all, parallel)?);
                 all
             }
             Some(Value::Object(o)) => {
@@ -388,6 +826,7 @@ impl RawChat {
                 if named.is_empty() {
                     return Err(bad(format!("tool_choice names {name:?}, which is not in tools")));
                 }
+                grammar = Some(forced(&named[..1], false)?);
                 named
             }
             Some(other) => {
@@ -396,7 +835,7 @@ impl RawChat {
                 )))
             }
         };
-        Ok((!chosen.is_empty()).then(|| as_json(&chosen)))
+        Ok(((!chosen.is_empty()).then(|| as_json(&chosen)), grammar))
     }
 }
 
@@ -569,7 +1008,7 @@ mod tests {
             Some("max_tokens")
         );
         assert_eq!(
-            param(json!({"messages": user, "n": 2})).as_deref(),
+            param(json!({"messages": user, "n": 17})).as_deref(),
             Some("n")
         );
         assert_eq!(
@@ -626,6 +1065,82 @@ mod tests {
         assert_eq!(
             bad.as_deref(),
             Some("messages[0].tool_calls[0].function.arguments")
+        );
+    }
+
+    #[test]
+    fn strict_schemas_close_every_object_but_not_data() {
+        let mut schema = json!({
+            "type": "object",
+            "properties": {
+                "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+                "c": {"type": "array", "items": {"properties": {"d": {"type": "string"}}}},
+                "e": {"type": "object", "additionalProperties": true},
+                "f": {"enum": [{"type": "object"}], "default": {"properties": {}}}
+            }
+        });
+        close_objects(&mut schema);
+        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(schema["properties"]["a"]["additionalProperties"], false);
+        assert_eq!(
+            schema["properties"]["c"]["items"]["additionalProperties"],
+            false
+        );
+        assert_eq!(schema["properties"]["e"]["additionalProperties"], true);
+        assert_eq!(
+            schema["properties"]["f"]["enum"][0],
+            json!({"type": "object"})
+        );
+        assert_eq!(
+            schema["properties"]["f"]["default"],
+            json!({"properties": {}})
+        );
+        // The properties map itself is not a schema.
+        assert!(schema["properties"].get("additionalProperties").is_none());
+    }
+
+    #[test]
+    fn structured_output_fields_map_to_grammars() {
+        let s = |body: Value| structured_output(&body);
+        assert_eq!(s(json!({})).unwrap(), None);
+        assert_eq!(
+            s(json!({"response_format": {"type": "text"}})).unwrap(),
+            None
+        );
+        assert_eq!(
+            s(json!({"response_format": {"type": "json_object"}})).unwrap(),
+            Some(("response_format".into(), Grammar::JsonObject))
+        );
+        assert_eq!(
+            s(json!({"guided_choice": ["a", "b"]})).unwrap(),
+            Some((
+                "guided_choice".into(),
+                Grammar::Choice(vec!["a".into(), "b".into()])
+            ))
+        );
+        assert_eq!(
+            s(json!({"structured_outputs": {"regex": "a+"}})).unwrap(),
+            Some(("structured_outputs".into(), Grammar::Regex("a+".into())))
+        );
+        assert_eq!(
+            s(json!({"guided_json": "{\"type\": \"integer\"}"})).unwrap(),
+            Some((
+                "guided_json".into(),
+                Grammar::JsonSchema(json!({"type": "integer"}))
+            ))
+        );
+        let param = |body: Value| s(body).unwrap_err().param;
+        assert_eq!(
+            param(json!({"guided_json": "{"})).as_deref(),
+            Some("guided_json")
+        );
+        assert_eq!(
+            param(json!({"structured_outputs": {"whitespace_pattern": " "}})).as_deref(),
+            Some("structured_outputs.whitespace_pattern")
+        );
+        assert_eq!(
+            param(json!({"grammar": "x", "guided_regex": "y"})).as_deref(),
+            Some("grammar")
         );
     }
 }

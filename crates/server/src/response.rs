@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
-use spindle_runtime::{Completion, Finish};
+use spindle_runtime::{Completion, Finish, TokenLogprob};
 use spindle_text::{ParsedOutput, ToolCall};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -25,6 +25,7 @@ pub struct PromptTokensDetails {
 }
 
 impl Usage {
+    #[allow(dead_code)] // for endpoints of one choice
     pub fn of(completion: &Completion) -> Self {
         Self {
             prompt_tokens: completion.prompt_tokens,
@@ -34,6 +35,25 @@ impl Usage {
                 cached_tokens: completion.cached_tokens,
             },
         }
+    }
+
+    /// The usage of `n` choices of one prompt: the prompt counted once, every choice's tokens;
+    /// the cached prompt tokens are the most any choice restored.
+    pub fn of_all<'a>(completions: impl IntoIterator<Item = &'a Completion>) -> Self {
+        let mut usage = Self {
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            total_tokens: 0,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: 0 },
+        };
+        for c in completions {
+            usage.prompt_tokens = c.prompt_tokens;
+            usage.completion_tokens += c.ids.len();
+            let cached = &mut usage.prompt_tokens_details.cached_tokens;
+            *cached = (*cached).max(c.cached_tokens);
+        }
+        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+        usage
     }
 }
 
@@ -98,11 +118,159 @@ impl AssistantMessage {
     }
 }
 
+/// One alternative in a token's `top_logprobs`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// One generated token's log-probability in a chat choice's `logprobs.content`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// A chat choice's `logprobs`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+    pub refusal: Option<Vec<ChatTokenLogprob>>,
+}
+
+/// A `-inf` log-probability as vLLM writes it (JSON has no infinity).
+fn finite(logprob: f32) -> f32 {
+    logprob.max(-9999.0)
+}
+
+/// Token ids to their text and bytes.
+pub trait TokenText {
+    fn token_bytes(&self, id: u32) -> Vec<u8>;
+}
+
+impl TokenText for spindle_runtime::Model {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        match self.grammars() {
+            Ok(g) => g.token_bytes(id),
+            Err(_) => self
+                .tokenizer
+                .decode(&[id], false)
+                .unwrap_or_default()
+                .into_bytes(),
+        }
+    }
+}
+
+impl ChatLogprobs {
+    /// `top` alternatives per token (OpenAI's `top_logprobs`; the engine may have more).
+    pub fn of(tokens: &[TokenLogprob], top: usize, text: &dyn TokenText) -> Self {
+        let entry = |id: u32, logprob: f32| {
+            let bytes = text.token_bytes(id);
+            (
+                String::from_utf8_lossy(&bytes).into_owned(),
+                finite(logprob),
+                bytes,
+            )
+        };
+        let content = tokens
+            .iter()
+            .map(|t| {
+                let (token, logprob, bytes) = entry(t.id, t.logprob);
+                ChatTokenLogprob {
+                    token,
+                    logprob,
+                    bytes,
+                    top_logprobs: t
+                        .top
+                        .iter()
+                        .take(top)
+                        .map(|&(id, lp)| {
+                            let (token, logprob, bytes) = entry(id, lp);
+                            TopLogprob {
+                                token,
+                                logprob,
+                                bytes,
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        Self {
+            content,
+            refusal: None,
+        }
+    }
+}
+
+/// A `/v1/completions` choice's `logprobs` (the legacy shape): the tokens, theirs, the top
+/// alternatives as token-to-logprob maps and each token's offset in the text.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TextLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Vec<Option<serde_json::Map<String, serde_json::Value>>>,
+    pub text_offset: Vec<usize>,
+}
+
+impl TextLogprobs {
+    /// For `tokens` starting at byte `offset` of the choice's text.
+    pub fn of(tokens: &[TokenLogprob], top: usize, offset: usize, text: &dyn TokenText) -> Self {
+        let mut out = Self {
+            tokens: Vec::new(),
+            token_logprobs: Vec::new(),
+            top_logprobs: Vec::new(),
+            text_offset: Vec::new(),
+        };
+        let mut at = offset;
+        let token = |id: u32| String::from_utf8_lossy(&text.token_bytes(id)).into_owned();
+        for t in tokens {
+            let s = token(t.id);
+            out.text_offset.push(at);
+            at += s.len();
+            out.tokens.push(s);
+            out.token_logprobs.push(Some(finite(t.logprob)));
+            let mut map = serde_json::Map::new();
+            for &(id, lp) in t.top.iter().take(top) {
+                map.entry(token(id))
+                    .or_insert(serde_json::json!(finite(lp)));
+            }
+            out.top_logprobs.push(Some(map));
+        }
+        out
+    }
+
+    /// Puts the prompt's first token (which has no log-probability) before the rest of the
+    /// prompt's (`echo`), shifting every offset past it.
+    pub fn prepend_first(&mut self, first: u32, text: &dyn TokenText) {
+        let s = String::from_utf8_lossy(&text.token_bytes(first)).into_owned();
+        for offset in &mut self.text_offset {
+            *offset += s.len();
+        }
+        self.text_offset.insert(0, 0);
+        self.tokens.insert(0, s);
+        self.token_logprobs.insert(0, None);
+        self.top_logprobs.insert(0, None);
+    }
+
+    /// `other`'s tokens after these.
+    pub fn append(&mut self, mut other: TextLogprobs) {
+        self.tokens.append(&mut other.tokens);
+        self.token_logprobs.append(&mut other.token_logprobs);
+        self.top_logprobs.append(&mut other.top_logprobs);
+        self.text_offset.append(&mut other.text_offset);
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: &'static str,
 }
 
@@ -134,7 +302,7 @@ pub struct Delta {
 pub struct ChunkChoice {
     pub index: u32,
     pub delta: Delta,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
 }
 
@@ -155,7 +323,7 @@ pub struct ChatChunk {
 pub struct TextChoice {
     pub index: u32,
     pub text: String,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<TextLogprobs>,
     pub finish_reason: Option<&'static str>,
 }
 
@@ -218,6 +386,7 @@ mod tests {
             cached_tokens: 2,
             prefill_time: Duration::from_millis(1),
             decode_time: Duration::from_millis(1),
+            logprobs: Vec::new(),
         }
     }
 

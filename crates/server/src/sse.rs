@@ -10,12 +10,14 @@ use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
-use spindle_runtime::Completion;
+use spindle_runtime::{Completion, TokenLogprob};
 
 use crate::error::ApiError;
 use crate::worker::{GenEvent, Generation};
 
-/// Turns one endpoint's generation events into JSON chunks.
+/// Turns one endpoint's generation events into JSON chunks. A formatter of one choice
+/// implements `start`, `text` and `finish`; one that serves `n` choices (and
+/// log-probabilities) implements the `choice_*` methods and `after_choices` as well.
 pub trait ChunkFormatter: Send + 'static {
     /// Chunks sent before any text (the chat role chunk).
     fn start(&mut self) -> Vec<String>;
@@ -23,6 +25,26 @@ pub trait ChunkFormatter: Send + 'static {
     fn text(&mut self, delta: &str) -> Vec<String>;
     /// The last chunks: held text, the finish reason, usage.
     fn finish(&mut self, completion: &Completion) -> Vec<String>;
+    /// Chunks for choice `index`'s text delta, with the log-probabilities of the tokens
+    /// behind it (empty unless asked for).
+    fn choice_text(
+        &mut self,
+        index: usize,
+        delta: &str,
+        logprobs: Vec<TokenLogprob>,
+    ) -> Vec<String> {
+        let _ = (index, logprobs);
+        self.text(delta)
+    }
+    /// Choice `index`'s last chunks.
+    fn choice_finish(&mut self, index: usize, completion: &Completion) -> Vec<String> {
+        let _ = index;
+        self.finish(completion)
+    }
+    /// Chunks after every choice finished (the usage of them all), before [`ChunkFormatter::end`].
+    fn after_choices(&mut self) -> Vec<String> {
+        Vec::new()
+    }
     /// How chunks go on the wire (SSE `data:` events by default).
     fn framing(&self) -> Framing {
         Framing::SseData
@@ -78,17 +100,24 @@ struct StreamState<F> {
     formatter: F,
     ready: VecDeque<String>,
     ended: bool,
+    /// Log-probabilities received for each choice's next text.
+    logprobs: Vec<Vec<TokenLogprob>>,
+    /// Choices not finished yet.
+    running: usize,
 }
 
 /// The streaming response for a generation's `events`.
 pub fn sse_response<F: ChunkFormatter>(events: Generation, mut formatter: F) -> Response {
     let framing = formatter.framing();
     let ready = formatter.start().into();
+    let choices = events.choices();
     let state = StreamState {
         events,
         formatter,
         ready,
         ended: false,
+        logprobs: vec![Vec::new(); choices],
+        running: choices,
     };
     let body = stream::unfold(state, move |mut s| async move {
         loop {
@@ -98,14 +127,22 @@ pub fn sse_response<F: ChunkFormatter>(events: Generation, mut formatter: F) -> 
             if s.ended {
                 return None;
             }
-            match s.events.recv().await {
-                Some(GenEvent::Text(delta)) => s.ready.extend(s.formatter.text(&delta)),
-                Some(GenEvent::Done(Ok(completion))) => {
-                    s.ready.extend(s.formatter.finish(&completion));
-                    s.ready.extend(s.formatter.end());
-                    s.ended = true;
+            match s.events.recv_choice().await {
+                Some((i, GenEvent::Text(delta))) => {
+                    let logprobs = std::mem::take(&mut s.logprobs[i]);
+                    s.ready.extend(s.formatter.choice_text(i, &delta, logprobs));
                 }
-                Some(GenEvent::Done(Err(e))) => {
+                Some((i, GenEvent::Logprobs(logprobs))) => s.logprobs[i].extend(logprobs),
+                Some((i, GenEvent::Done(Ok(completion)))) => {
+                    s.ready.extend(s.formatter.choice_finish(i, &completion));
+                    s.running -= 1;
+                    if s.running == 0 {
+                        s.ready.extend(s.formatter.after_choices());
+                        s.ready.extend(s.formatter.end());
+                        s.ended = true;
+                    }
+                }
+                Some((_, GenEvent::Done(Err(e)))) => {
                     let e = ApiError::internal(e.to_string());
                     s.ready.extend(s.formatter.failed(&e));
                     s.ended = true;

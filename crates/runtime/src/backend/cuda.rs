@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use spindle_cpu::experts::ExpertResidency;
+#[cfg(feature = "cuda")]
 use spindle_cpu::session::{BoundaryState, GdnState, KvRows, KvSegment};
 use spindle_cpu::LoadOptions;
 #[cfg(feature = "cuda")]

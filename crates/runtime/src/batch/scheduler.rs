@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rayon::prelude::*;
 use spindle_cpu::LogitsFor;
 
 use super::plan::{plan_step, Work};
 use super::stats::SchedulerStats;
 use crate::backend::{Backend, BackendSession, BatchItem, Draw};
 use crate::error::{Result, RuntimeError};
-use crate::generate::{Completion, Flow, GenerateOptions, SequenceDecoder};
+use crate::generate::{Completion, Flow, GenerateOptions, SequenceDecoder, TokenLogprob};
 use crate::model::Model;
 use crate::prefix::{snapshot_points, PrefixCache, PrefixCacheConfig};
 use crate::sampling::SamplingParams;
@@ -68,6 +69,9 @@ impl BatchConfig {
 #[derive(Debug)]
 pub enum SeqEvent {
     Text(String),
+    /// The log-probabilities of the tokens generated since the last `Text`, sent just before
+    /// it (only for a sequence that asked for them: [`GenerateOptions::logprobs`]).
+    Logprobs(Vec<TokenLogprob>),
     /// The completion (with `Finish::Cancelled` when it was cancelled), or why it failed.
     Done(Result<Completion>),
 }
@@ -667,7 +671,11 @@ impl EngineLoop {
             .set_occupancy(self.running.len(), self.waiting.len(), bytes);
     }
 
-    /// One batched forward step over the running sequences, then each one's token.
+    /// One batched forward step over the running sequences, then each one's token. On a
+    /// backend that samples on the device, a sequence with a logits-processing step (a grammar,
+    /// a bias, bans, log-probabilities) is fed in a second batch that returns its logits to
+    /// the host. On a device backend, grammar masks for the next token are computed on a
+    /// worker thread while the forward pass runs.
     fn step(&mut self) {
         let work: Vec<Work> = self
             .running
@@ -678,9 +686,12 @@ impl EngineLoop {
         let started = Instant::now();
         let on_device = self.model.backend.samples_on_device();
         let greedy = SamplingParams::default();
-        let mut order = Vec::with_capacity(take.len());
-        let mut items = Vec::with_capacity(take.len());
+        // Each fed sequence's index and whether its row comes back as logits.
+        let mut order: Vec<(usize, bool)> = Vec::with_capacity(take.len());
+        let mut device_items = Vec::with_capacity(take.len());
+        let mut host_items = Vec::with_capacity(take.len());
         let mut draws = Vec::with_capacity(take.len());
+        let mut to_prepare: Vec<&mut SequenceDecoder> = Vec::new();
         for (n, sequence) in self.running.iter_mut().enumerate() {
             if take[n] == 0 {
                 continue;
@@ -707,32 +718,80 @@ impl EngineLoop {
                     &prompt[*fed..*fed + take[n]]
                 }
             };
-            order.push(n);
-            items.push(BatchItem {
+            let item = BatchItem {
                 session,
                 ids,
                 want: LogitsFor::Last,
-            });
-            if on_device {
-                // A row that gives no token (a prompt chunk before the last) is drawn greedily
-                // and dropped, without touching the sequence's random stream.
-                let draw = samples.then(|| decoder.draw()).flatten();
-                draws.push(draw.unwrap_or(Draw {
-                    params: &greedy,
-                    uniform: 0.0,
-                    history: &[],
-                }));
+            };
+            let host = !on_device || decoder.needs_logits();
+            order.push((n, host));
+            if host {
+                host_items.push(item);
+                // On a device backend the host is idle while the step runs: the grammar's
+                // mask is computed then. On the CPU the forward pass takes every core, so
+                // the mask is computed when the sequence samples.
+                if on_device && samples && decoder.has_constraint() {
+                    to_prepare.push(decoder);
+                }
+                continue;
             }
+            device_items.push(item);
+            // A row that gives no token (a prompt chunk before the last) is drawn greedily
+            // and dropped, without touching the sequence's random stream.
+            let draw = samples.then(|| decoder.draw()).flatten();
+            draws.push(draw.unwrap_or(Draw {
+                params: &greedy,
+                uniform: 0.0,
+                history: &[],
+            }));
         }
-        let results: Vec<Result<Choice>> = if on_device {
-            let ids = self.model.backend.forward_batch_sampled(&mut items, &draws);
-            ids.into_iter().map(|r| r.map(Choice::Token)).collect()
-        } else {
-            let logits = self.model.backend.forward_batch(&mut items);
-            logits.into_iter().map(|r| r.map(Choice::Logits)).collect()
-        };
+        let backend = &self.model.backend;
+        let (device_rows, host_rows) = std::thread::scope(|scope| {
+            let masks = (!to_prepare.is_empty()).then(|| {
+                scope.spawn(move || {
+                    // A failure is met again, and reported, when the sequence samples.
+                    to_prepare.into_par_iter().for_each(|d| {
+                        let _ = d.prepare();
+                    })
+                })
+            });
+            let device_rows = if device_items.is_empty() {
+                Vec::new()
+            } else {
+                backend.forward_batch_sampled(&mut device_items, &draws)
+            };
+            let host_rows = if host_items.is_empty() {
+                Vec::new()
+            } else {
+                backend.forward_batch(&mut host_items)
+            };
+            if let Some(masks) = masks {
+                if masks.join().is_err() {
+                    tracing::error!("a grammar mask worker panicked");
+                }
+            }
+            (device_rows, host_rows)
+        });
+        let (mut device_rows, mut host_rows) = (device_rows.into_iter(), host_rows.into_iter());
+        let missing = || Err(RuntimeError::Request("the step returned no row".into()));
+        let results: Vec<Result<Choice>> = order
+            .iter()
+            .map(|&(_, host)| {
+                if host {
+                    host_rows
+                        .next()
+                        .map_or_else(missing, |r| r.map(Choice::Logits))
+                } else {
+                    device_rows
+                        .next()
+                        .map_or_else(missing, |r| r.map(Choice::Token))
+                }
+            })
+            .collect();
+        let order: Vec<usize> = order.into_iter().map(|(n, _)| n).collect();
         drop(draws);
-        drop(items);
+        drop(device_items);
+        drop(host_items);
         self.stats
             .record_step(order.len(), take.iter().sum::<usize>());
         let now = Instant::now();
@@ -811,6 +870,10 @@ impl EngineLoop {
         let flow = if step.text.is_empty() {
             Flow::Continue
         } else {
+            let logprobs = sequence.request.decoder.take_logprobs();
+            if !logprobs.is_empty() {
+                (sequence.request.sink)(SeqEvent::Logprobs(logprobs));
+            }
             (sequence.request.sink)(SeqEvent::Text(step.text))
         };
         let Some(next) = step.next else {

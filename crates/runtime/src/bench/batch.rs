@@ -15,6 +15,7 @@ use spindle_kernels::softmax::argmax;
 
 use crate::backend::{Backend, BackendSession, BatchItem, Draw};
 use crate::batch::{BatchConfig, Scheduler};
+use crate::constraint::Constraint;
 use crate::error::Result;
 use crate::generate::GenerateOptions;
 use crate::measure::{synthetic_prompt, Stat};
@@ -151,6 +152,63 @@ pub fn run_scheduled(
     prompt_tokens: usize,
     steps: usize,
 ) -> Result<ScheduledDecode> {
+    Ok(run_scheduled_with(model, batch, prompt_tokens, steps, None)?.0)
+}
+
+/// Constrained decoding's cost: the same scheduled decode with every sequence under
+/// `constraint` (a copy each), and the time one grammar mask takes per token.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConstrainedDecode {
+    pub free: ScheduledDecode,
+    pub constrained: ScheduledDecode,
+    /// `constrained.tokens_per_s / free.tokens_per_s`.
+    pub ratio: f64,
+    /// Mean time to compute one token's mask (and advance the grammar), microseconds,
+    /// replayed over the first sequence's tokens.
+    pub mask_us: f64,
+    /// The median of those times (the first token's mask, which builds lexer states, is
+    /// the slowest).
+    pub mask_median_us: f64,
+}
+
+/// [`run_scheduled`] free and under `constraint`, with the mask time per token.
+pub fn run_constrained(
+    model: &Arc<Model>,
+    batch: usize,
+    prompt_tokens: usize,
+    steps: usize,
+    constraint: &Constraint,
+) -> Result<ConstrainedDecode> {
+    let (free, _) = run_scheduled_with(model, batch, prompt_tokens, steps, None)?;
+    let (constrained, ids) =
+        run_scheduled_with(model, batch, prompt_tokens, steps, Some(constraint))?;
+    let mut replay = constraint.clone();
+    let mut spent: Vec<f64> = Vec::with_capacity(ids.len());
+    for &id in &ids {
+        let started = std::time::Instant::now();
+        let _ = replay.mask()?;
+        replay.accept(id)?;
+        spent.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    let mask_us = spent.iter().sum::<f64>() / spent.len().max(1) as f64;
+    spent.sort_by(f64::total_cmp);
+    Ok(ConstrainedDecode {
+        ratio: constrained.tokens_per_s / free.tokens_per_s.max(1e-9),
+        mask_us,
+        mask_median_us: spent.get(spent.len() / 2).copied().unwrap_or(0.0),
+        free,
+        constrained,
+    })
+}
+
+/// [`run_scheduled`], optionally constrained; also returns the first sequence's ids.
+fn run_scheduled_with(
+    model: &Arc<Model>,
+    batch: usize,
+    prompt_tokens: usize,
+    steps: usize,
+    constraint: Option<&Constraint>,
+) -> Result<(ScheduledDecode, Vec<u32>)> {
     let batch = batch.max(1);
     let vocab = model.config().vocab_size;
     let scheduler = Scheduler::start(
@@ -164,7 +222,8 @@ pub fn run_scheduled(
     let options = GenerateOptions {
         sampling: SamplingParams::default(),
         max_tokens: Some(steps.max(2)),
-        stop: Vec::new(),
+        constraint: constraint.cloned(),
+        ..GenerateOptions::default()
     };
     let handles = (0..batch)
         .map(|b| {
@@ -176,16 +235,22 @@ pub fn run_scheduled(
         })
         .collect::<Result<Vec<_>>>()?;
     let mut generated = 0;
+    let mut first = None;
     for handle in handles {
-        generated += handle.wait()?.ids.len();
+        let ids = handle.wait()?.ids;
+        generated += ids.len();
+        first.get_or_insert(ids);
     }
     let itl = scheduler.stats().inter_token_latency.snapshot();
     // No gap at all (every sequence ended on its first token) reads as 0, not infinity.
     let mean = itl.sum / itl.count.max(1) as f64;
-    Ok(ScheduledDecode {
-        batch,
-        tokens_per_s: if mean > 0.0 { batch as f64 / mean } else { 0.0 },
-        inter_token_ms: mean * 1e3,
-        generated,
-    })
+    Ok((
+        ScheduledDecode {
+            batch,
+            tokens_per_s: if mean > 0.0 { batch as f64 / mean } else { 0.0 },
+            inter_token_ms: mean * 1e3,
+            generated,
+        },
+        first.unwrap_or_default(),
+    ))
 }

@@ -11,7 +11,10 @@ use std::time::Instant;
 pub use crate::measure::{
     measure_read_bandwidth, peak_rss_bytes, synthetic_prompt, KernelTime, Stat,
 };
-pub use batch::{run_batch, run_scheduled, BatchBenchOptions, BatchDecode, ScheduledDecode};
+pub use batch::{
+    run_batch, run_constrained, run_scheduled, BatchBenchOptions, BatchDecode, ConstrainedDecode,
+    ScheduledDecode,
+};
 use serde::Serialize;
 use spindle_cpu::LogitsFor;
 use spindle_kernels::softmax::argmax;

@@ -276,6 +276,8 @@ mod tests {
             prompt_tokens: 3,
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
+            logprobs: Vec::new(),
+            cached_tokens: 0,
         };
         chunks.extend(f.finish(&completion));
         let events: Vec<(String, Value)> = chunks

@@ -8,19 +8,21 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use spindle_runtime::{Completion, Prompt};
+use spindle_runtime::{Completion, Prompt, TokenLogprob};
 use spindle_text::{parse_output, OutputParser, ParseEvent};
 
-use super::{admit_and_read, check_message_count, start_generation};
+use super::{admit_and_read, check_message_count, check_prompt_fits, choice_options, prepare};
 use crate::error::ApiError;
-use crate::request::{from_value, RawChat, RawCommon};
+use crate::request::{
+    check_fields, from_value, structured_output, RawChat, RawCommon, CHAT_FIELDS, IGNORED_FIELDS,
+};
 use crate::response::{
     finish_reason, now_s, unique_id, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion,
-    ChunkChoice, Delta, ToolCallOut, Usage,
+    ChatLogprobs, ChunkChoice, Delta, TokenText, ToolCallOut, Usage,
 };
 use crate::sse::{sse_response, ChunkFormatter};
 use crate::state::AppState;
-use crate::worker::wait_for_completion;
+use crate::worker::{spawn_choices, wait_for_choices};
 
 pub async fn handle(
     State(state): State<Arc<AppState>>,
@@ -28,7 +30,11 @@ pub async fn handle(
     body: Body,
 ) -> Result<Response, ApiError> {
     let (ticket, body, body_bytes) = admit_and_read(&state, &headers, body).await?;
-    let generation = from_value::<RawCommon>(&body)?.check(&state.model.defaults)?;
+    check_fields(&body, CHAT_FIELDS, IGNORED_FIELDS)?;
+    let common = from_value::<RawCommon>(&body)?;
+    let mut generation = common.check(&state.model.defaults)?;
+    generation.options.logprobs = common.chat_logprobs()?;
+    generation.grammar = structured_output(&body)?;
     let messages = body
         .get("messages")
         .and_then(serde_json::Value::as_array)
@@ -42,17 +48,13 @@ pub async fn handle(
         vars: request.vars,
         add_generation_prompt: true,
     };
+    let slot = ticket.start().await;
+    let prepared = prepare(&state, prompt, body_bytes, "messages").await?;
+    check_prompt_fits(&state, prepared.ids.len(), "messages")?;
     let generation = request.generation;
-    let started = start_generation(
-        &state,
-        ticket,
-        prompt,
-        body_bytes,
-        "messages",
-        generation.options,
-    )
-    .await?;
-    let (events, starts_in_reasoning) = (started.events, started.starts_in_reasoning);
+    let options = choice_options(&state, &generation, prepared.starts_in_reasoning).await?;
+    let top_logprobs = generation.options.logprobs;
+    let events = spawn_choices(&state, slot, prepared.ids, options);
     let (id, created) = (unique_id("chatcmpl-"), now_s());
     if generation.stream {
         let formatter = ChatChunks {
@@ -60,42 +62,76 @@ pub async fn handle(
             created,
             model: state.model_id.clone(),
             include_usage: generation.include_usage,
-            parser: OutputParser::new(starts_in_reasoning),
-            tool_calls: 0,
+            choices: (0..generation.n)
+                .map(|_| ChoiceStream {
+                    parser: OutputParser::new(prepared.starts_in_reasoning),
+                    tool_calls: 0,
+                    logprobs_sent: 0,
+                })
+                .collect(),
+            single_tool_call: request.single_tool_call,
+            top_logprobs,
+            token_text: Arc::clone(&state.model) as Arc<dyn TokenText + Send + Sync>,
+            done: Vec::new(),
         };
         return Ok(sse_response(events, formatter));
     }
-    let completion = wait_for_completion(events)
+    let completions = wait_for_choices(events)
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    let parsed = parse_output(&completion.text, starts_in_reasoning);
-    let reason = finish_reason(&completion.finish, !parsed.tool_calls.is_empty());
+    let choices = completions
+        .iter()
+        .enumerate()
+        .map(|(index, completion)| {
+            let mut parsed = parse_output(&completion.text, prepared.starts_in_reasoning);
+            if request.single_tool_call {
+                parsed.tool_calls.truncate(1);
+            }
+            let reason = finish_reason(&completion.finish, !parsed.tool_calls.is_empty());
+            ChatChoice {
+                index: index as u32,
+                message: AssistantMessage::from_parsed(parsed),
+                logprobs: top_logprobs
+                    .map(|k| ChatLogprobs::of(&completion.logprobs, k, state.model.as_ref())),
+                finish_reason: reason,
+            }
+        })
+        .collect();
     Ok(Json(ChatCompletion {
         id,
         object: "chat.completion",
         created,
         model: state.model_id.clone(),
-        choices: vec![ChatChoice {
-            index: 0,
-            message: AssistantMessage::from_parsed(parsed),
-            logprobs: None,
-            finish_reason: reason,
-        }],
-        usage: Usage::of(&completion),
+        choices,
+        usage: Usage::of_all(&completions),
         system_fingerprint: None,
     })
     .into_response())
 }
 
-/// Streams a chat answer as `chat.completion.chunk` objects.
+/// One streamed choice's parser state.
+struct ChoiceStream {
+    parser: OutputParser,
+    /// Tool calls sent so far (the next call's `index`).
+    tool_calls: usize,
+    /// Tokens whose log-probabilities were sent.
+    logprobs_sent: usize,
+}
+
+/// Streams a chat answer (`n` choices) as `chat.completion.chunk` objects.
 struct ChatChunks {
     id: String,
     created: u64,
     model: String,
     include_usage: bool,
-    parser: OutputParser,
-    /// Tool calls sent so far (the next call's `index`).
-    tool_calls: usize,
+    choices: Vec<ChoiceStream>,
+    /// `parallel_tool_calls: false`: calls after the first are not sent.
+    single_tool_call: bool,
+    /// Alternatives per token when logprobs were asked for.
+    top_logprobs: Option<usize>,
+    token_text: Arc<dyn TokenText + Send + Sync>,
+    /// The finished choices (for the usage of them all).
+    done: Vec<Completion>,
 }
 
 impl ChatChunks {
@@ -112,73 +148,126 @@ impl ChatChunks {
         serde_json::to_string(&chunk).expect("chunks serialize")
     }
 
-    fn delta(&self, delta: Delta, finish_reason: Option<&'static str>) -> String {
+    fn delta(
+        &self,
+        index: usize,
+        delta: Delta,
+        logprobs: Option<ChatLogprobs>,
+        finish_reason: Option<&'static str>,
+    ) -> String {
         let choice = ChunkChoice {
-            index: 0,
+            index: index as u32,
             delta,
-            logprobs: None,
+            logprobs,
             finish_reason,
         };
         self.chunk(vec![choice], None)
     }
 
-    fn events(&mut self, events: Vec<ParseEvent>) -> Vec<String> {
-        events
-            .into_iter()
-            .map(|event| {
-                let delta = match event {
-                    ParseEvent::Content(text) => Delta {
-                        content: Some(text),
-                        ..Delta::default()
-                    },
-                    ParseEvent::Reasoning(text) => Delta {
-                        reasoning_content: Some(text),
-                        ..Delta::default()
-                    },
-                    ParseEvent::ToolCall(call) => {
-                        self.tool_calls += 1;
-                        Delta {
-                            tool_calls: Some(vec![ToolCallOut::new(
-                                &call,
-                                Some(self.tool_calls - 1),
-                            )]),
-                            ..Delta::default()
-                        }
+    /// Chunks for parse events of choice `index`; `logprobs` go with the first chunk (or
+    /// alone in an empty delta when the parser held the text back).
+    fn events(
+        &mut self,
+        index: usize,
+        events: Vec<ParseEvent>,
+        logprobs: Vec<TokenLogprob>,
+    ) -> Vec<String> {
+        let mut logprobs = self
+            .top_logprobs
+            .filter(|_| !logprobs.is_empty())
+            .map(|k| ChatLogprobs::of(&logprobs, k, self.token_text.as_ref()));
+        let mut chunks = Vec::new();
+        for event in events {
+            let delta = match event {
+                ParseEvent::Content(text) => Delta {
+                    content: Some(text),
+                    ..Delta::default()
+                },
+                ParseEvent::Reasoning(text) => Delta {
+                    reasoning_content: Some(text),
+                    ..Delta::default()
+                },
+                ParseEvent::ToolCall(call) => {
+                    let stream = &mut self.choices[index];
+                    if self.single_tool_call && stream.tool_calls > 0 {
+                        continue;
                     }
-                };
-                self.delta(delta, None)
-            })
-            .collect()
-    }
-}
-
-impl ChunkFormatter for ChatChunks {
-    fn start(&mut self) -> Vec<String> {
-        let delta = Delta {
-            role: Some("assistant"),
-            content: Some(String::new()),
-            ..Delta::default()
-        };
-        vec![self.delta(delta, None)]
-    }
-
-    fn text(&mut self, delta: &str) -> Vec<String> {
-        let events = self.parser.push(delta);
-        self.events(events)
-    }
-
-    fn finish(&mut self, completion: &Completion) -> Vec<String> {
-        let held = self.parser.finish();
-        let mut chunks = self.events(held);
-        let reason = finish_reason(&completion.finish, self.tool_calls > 0);
-        chunks.push(self.delta(Delta::default(), Some(reason)));
-        if self.include_usage {
-            chunks.push(self.chunk(Vec::new(), Some(Usage::of(completion))));
+                    stream.tool_calls += 1;
+                    Delta {
+                        tool_calls: Some(vec![ToolCallOut::new(
+                            &call,
+                            Some(stream.tool_calls - 1),
+                        )]),
+                        ..Delta::default()
+                    }
+                }
+            };
+            chunks.push(self.delta(index, delta, logprobs.take(), None));
+        }
+        if let Some(logprobs) = logprobs {
+            chunks.push(self.delta(index, Delta::default(), Some(logprobs), None));
         }
         chunks
     }
 }
 
+impl ChunkFormatter for ChatChunks {
+    fn start(&mut self) -> Vec<String> {
+        (0..self.choices.len())
+            .map(|index| {
+                let delta = Delta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                    ..Delta::default()
+                };
+                self.delta(index, delta, None, None)
+            })
+            .collect()
+    }
+
+    fn text(&mut self, delta: &str) -> Vec<String> {
+        self.choice_text(0, delta, Vec::new())
+    }
+
+    fn finish(&mut self, completion: &Completion) -> Vec<String> {
+        let mut chunks = self.choice_finish(0, completion);
+        chunks.extend(self.after_choices());
+        chunks
+    }
+
+    fn choice_text(
+        &mut self,
+        index: usize,
+        delta: &str,
+        logprobs: Vec<TokenLogprob>,
+    ) -> Vec<String> {
+        let stream = &mut self.choices[index];
+        stream.logprobs_sent += logprobs.len();
+        let events = stream.parser.push(delta);
+        self.events(index, events, logprobs)
+    }
+
+    fn choice_finish(&mut self, index: usize, completion: &Completion) -> Vec<String> {
+        let held = self.choices[index].parser.finish();
+        // Log-probabilities of tokens whose text was held back to the end.
+        let sent = self.choices[index]
+            .logprobs_sent
+            .min(completion.logprobs.len());
+        let tail = completion.logprobs[sent..].to_vec();
+        let mut chunks = self.events(index, held, tail);
+        let reason = finish_reason(&completion.finish, self.choices[index].tool_calls > 0);
+        chunks.push(self.delta(index, Delta::default(), None, Some(reason)));
+        self.done.push(completion.clone());
+        chunks
+    }
+
+    fn after_choices(&mut self) -> Vec<String> {
+        if !self.include_usage {
+            return Vec::new();
+        }
+        vec![self.chunk(Vec::new(), Some(Usage::of_all(&self.done)))]
+    }
+}
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -194,8 +283,24 @@ mod tests {
             created: 1,
             model: "m".into(),
             include_usage,
-            parser: OutputParser::new(false),
-            tool_calls: 0,
+            choices: vec![ChoiceStream {
+                parser: OutputParser::new(false),
+                tool_calls: 0,
+                logprobs_sent: 0,
+            }],
+            single_tool_call: false,
+            top_logprobs: None,
+            token_text: Arc::new(Bytes),
+            done: Vec::new(),
+        }
+    }
+
+    /// Token `id`'s text is its number.
+    struct Bytes;
+
+    impl TokenText for Bytes {
+        fn token_bytes(&self, id: u32) -> Vec<u8> {
+            id.to_string().into_bytes()
         }
     }
 
@@ -215,9 +320,10 @@ mod tests {
             ids: vec![1; 9],
             finish: Finish::Eos(0),
             prompt_tokens: 4,
-            cached_tokens: 0,
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
+            logprobs: Vec::new(),
+            cached_tokens: 0,
         };
         chunks.extend(f.finish(&completion));
         let chunks: Vec<Value> = chunks

@@ -26,15 +26,15 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::Value;
 
-use spindle_runtime::{GenerateOptions, PreparedPrompt, Prompt};
+use spindle_runtime::{GenerateOptions, PreparedPrompt, Prompt, RuntimeError};
 
 use crate::error::ApiError;
 use crate::listen::LocalAddr;
 use crate::memory::{release_freed_memory, LARGE_REQUEST_BYTES};
 use crate::queue::Ticket;
-use crate::request::parse_body;
+use crate::request::{parse_body, Generation};
 use crate::state::AppState;
-use crate::worker::{spawn_generation, Generation};
+use crate::worker::spawn_generation;
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -313,7 +313,7 @@ fn check_prompt_fits(state: &AppState, prompt_tokens: usize, param: &str) -> Res
 
 /// A generation started from a request's prompt.
 pub(crate) struct Started {
-    pub events: Generation,
+    pub events: crate::worker::Generation,
     /// The prompt ends inside an open `<think>`: the answer starts as reasoning.
     pub starts_in_reasoning: bool,
     pub prompt_tokens: usize,
@@ -352,4 +352,69 @@ fn check_message_count(state: &AppState, count: usize, param: &str) -> Result<()
         ));
     }
     Ok(())
+}
+
+/// Each choice's options (`n` of them, choice `i` seeded `seed + i`), with the request's
+/// structured output compiled against the model on a blocking thread (the first compile
+/// builds the model's token trie). A bad grammar is a 400 naming the field that gave it; a
+/// prompt that ends inside a reasoning block leaves the reasoning free and constrains what
+/// follows `</think>`.
+async fn choice_options(
+    state: &AppState,
+    generation: &Generation,
+    starts_in_reasoning: bool,
+) -> Result<Vec<GenerateOptions>, ApiError> {
+    let mut options = generation.options.clone();
+    let vocab = state.model.config().vocab_size;
+    if let Some((id, _)) = options
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= vocab)
+    {
+        return Err(ApiError::invalid(
+            format!("logit_bias.{id}"),
+            format!("token id {id} is outside the vocabulary of {vocab}"),
+        ));
+    }
+    if let Some(id) = options
+        .stop_token_ids
+        .iter()
+        .find(|&&id| id as usize >= vocab)
+    {
+        return Err(ApiError::invalid(
+            "stop_token_ids",
+            format!("token id {id} is outside the vocabulary of {vocab}"),
+        ));
+    }
+    if let Some((field, grammar)) = generation.grammar.clone() {
+        if options.ignore_eos {
+            return Err(ApiError::invalid(
+                "ignore_eos",
+                format!("ignore_eos cannot be combined with {field}: the grammar ends at EOS"),
+            ));
+        }
+        let model = Arc::clone(&state.model);
+        let compiled = tokio::task::spawn_blocking(move || model.constraint(&grammar))
+            .await
+            .map_err(|e| ApiError::internal(format!("compiling the grammar failed: {e}")))?;
+        let mut constraint = compiled.map_err(|e| match e {
+            RuntimeError::Grammar(message) => {
+                ApiError::invalid(&field, format!("{field}: invalid grammar: {message}"))
+            }
+            other => ApiError::internal(other.to_string()),
+        })?;
+        if starts_in_reasoning {
+            if let Some(end) = state.model.tokenizer.token_to_id("</think>") {
+                constraint = constraint.after(end);
+            }
+        }
+        options.constraint = Some(constraint);
+    }
+    let generation = Generation {
+        options,
+        ..generation.clone()
+    };
+    Ok((0..generation.n)
+        .map(|i| generation.choice_options(i))
+        .collect())
 }

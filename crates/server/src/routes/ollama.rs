@@ -301,6 +301,8 @@ mod tests {
             prompt_tokens: 4,
             prefill_time: Duration::from_millis(2),
             decode_time: Duration::from_millis(3),
+            logprobs: Vec::new(),
+            cached_tokens: 0,
         };
         lines.extend(f.finish(&completion));
         let lines: Vec<Value> = lines

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 static MODEL: OnceLock<(Arc<Model>, String)> = OnceLock::new();
 
-fn demo() -> (Arc<Model>, String) {
+pub fn demo() -> (Arc<Model>, String) {
     MODEL
         .get_or_init(|| {
             open_model(None, None, &Default::default()).expect("the embedded demo model opens")

@@ -49,7 +49,11 @@ async fn bad_requests_name_the_field() {
             json!({"messages": user("x"), "max_tokens": 0}),
             Some("max_tokens"),
         ),
-        (json!({"messages": user("x"), "n": 3}), Some("n")),
+        (json!({"messages": user("x"), "n": 99}), Some("n")),
+        (
+            json!({"messages": user("x"), "functions": [{"name": "f"}]}),
+            Some("functions"),
+        ),
         (
             json!({"messages": user("x"), "stop": {"a": 1}}),
             Some("stop"),
@@ -84,7 +88,8 @@ async fn bad_requests_name_the_field() {
         (json!({"prompt": 7}), Some("prompt")),
         (json!({"prompt": ""}), Some("prompt")),
         (json!({"prompt": [1, 2, 999999]}), Some("prompt")),
-        (json!({"prompt": "x", "echo": true}), Some("echo")),
+        (json!({"prompt": "x", "logprobs": 21}), Some("logprobs")),
+        (json!({"prompt": "x", "suffix": "y"}), Some("suffix")),
     ] {
         let (status, answer) = server.post("/v1/completions", &body).await;
         assert_error(status, &answer, 400, param);

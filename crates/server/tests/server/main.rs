@@ -4,6 +4,7 @@
 mod api;
 mod apis;
 mod common;
+mod controls;
 mod errors;
 mod load;
 mod special_tokens;

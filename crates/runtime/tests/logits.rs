@@ -1,0 +1,450 @@
+//! The logits-processing step on the embedded demo model (random weights): structured outputs
+//! (a grammar's greedy token is the model's argmax among the allowed ones, and the text is
+//! valid), `logit_bias`, `stop_token_ids`, `min_tokens`, `ignore_eos`, log-probabilities
+//! against a log-softmax of the logits, and constrained sequences in the batch scheduler.
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+use spindle_cpu::LogitsFor;
+use spindle_kernels::softmax::argmax;
+use spindle_runtime::batch::{BatchConfig, Scheduler};
+use spindle_runtime::sampling::SamplingParams;
+use spindle_runtime::{
+    demo_dir, Completion, Finish, Flow, GenerateOptions, Grammar, Model, Prompt, RuntimeError,
+    SequenceDecoder,
+};
+
+fn demo() -> Arc<Model> {
+    Arc::new(Model::load(&demo_dir().expect("the demo unpacks")).expect("the demo loads"))
+}
+
+fn chat_ids(model: &Model, text: &str) -> Vec<u32> {
+    model
+        .prepare(&Prompt::Chat {
+            messages: json!([{"role": "user", "content": text}]),
+            tools: None,
+            vars: Map::new(),
+            add_generation_prompt: true,
+        })
+        .unwrap()
+        .ids
+}
+
+fn greedy(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens: Some(max_tokens),
+        ..GenerateOptions::default()
+    }
+}
+
+fn generate(model: &Model, ids: &[u32], options: &GenerateOptions) -> Completion {
+    let mut session = model.new_session().unwrap();
+    model
+        .generate(&mut session, ids, options, &mut |_| Flow::Continue)
+        .unwrap()
+}
+
+fn person_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+            "address": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}},
+                "required": ["city"],
+                "additionalProperties": false
+            }
+        },
+        "required": ["name", "age", "tags", "address"],
+        "additionalProperties": false
+    })
+}
+
+fn constrained(model: &Model, grammar: &Grammar, max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        constraint: Some(model.constraint(grammar).unwrap()),
+        ..greedy(max_tokens)
+    }
+}
+
+#[test]
+fn unconstrained_text_is_not_json_and_a_schema_makes_it_valid() {
+    let model = demo();
+    let ids = chat_ids(&model, "Give me a person as JSON.");
+    let free = generate(&model, &ids, &greedy(60));
+    assert!(
+        serde_json::from_str::<Value>(&free.text).is_err(),
+        "{:?}",
+        free.text
+    );
+
+    let out = generate(
+        &model,
+        &ids,
+        &constrained(&model, &Grammar::JsonSchema(person_schema()), 200),
+    );
+    assert!(
+        matches!(out.finish, Finish::Eos(_)),
+        "{:?}: {:?}",
+        out.finish,
+        out.text
+    );
+    let v: Value = serde_json::from_str(&out.text).expect("valid JSON");
+    assert!(v["name"].as_str().unwrap().chars().count() <= 12, "{v}");
+    let age = v["age"].as_i64().unwrap();
+    assert!((0..=120).contains(&age), "{v}");
+    assert!(v["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| ["a", "b", "c"].contains(&t.as_str().unwrap())));
+    assert!(v["address"]["city"].is_string(), "{v}");
+    assert_eq!(v.as_object().unwrap().len(), 4);
+
+    // Any object: free keys and strings need not end on random weights, but the text is a
+    // JSON object's beginning, and a string cut short completes it.
+    let object = generate(&model, &ids, &constrained(&model, &Grammar::JsonObject, 40));
+    assert!(object.text.starts_with('{'), "{:?}", object.text);
+    let closed = ["", "\"", "\":1}", "\"}", "}", ":1}"].iter().any(|end| {
+        serde_json::from_str::<Value>(&format!("{}{end}", object.text)).is_ok_and(|v| v.is_object())
+    });
+    assert!(
+        closed || object.text.ends_with(',') || object.text.ends_with(':'),
+        "{:?}",
+        object.text
+    );
+}
+
+#[test]
+fn regex_and_choice_hold() {
+    let model = demo();
+    let ids = chat_ids(&model, "Pick one.");
+    let choices = vec!["red".to_owned(), "green".to_owned(), "blue sky".to_owned()];
+    let out = generate(
+        &model,
+        &ids,
+        &constrained(&model, &Grammar::Choice(choices.clone()), 20),
+    );
+    assert!(choices.contains(&out.text), "{:?}", out.text);
+    let out = generate(
+        &model,
+        &ids,
+        &constrained(&model, &Grammar::Regex(r"[0-9]{3}-[a-z]{2}".into()), 20),
+    );
+    assert_eq!(out.text.len(), 6, "{:?}", out.text);
+    assert!(
+        out.text.as_bytes()[..3].iter().all(u8::is_ascii_digit),
+        "{:?}",
+        out.text
+    );
+    assert_eq!(&out.text[3..4], "-");
+}
+
+#[test]
+fn constrained_greedy_token_is_the_argmax_among_allowed_tokens() {
+    let model = demo();
+    let ids = chat_ids(&model, "JSON please");
+    let options = constrained(&model, &Grammar::JsonSchema(person_schema()), 40);
+    let mut shadow = options.constraint.clone().unwrap();
+    let mut decoder = SequenceDecoder::new(&model, 0, &ids, &options).unwrap();
+    let mut session = model.new_session().unwrap();
+    let mut logits = model
+        .backend
+        .forward(&mut session, &ids, LogitsFor::Last)
+        .unwrap();
+    let mut steps = 0;
+    loop {
+        let mut masked = logits.clone();
+        let mask = shadow.mask().unwrap().expect("active");
+        mask.apply(&mut masked);
+        let expected = argmax(&masked) as u32;
+        assert!(mask.allows(expected));
+        // The unmasked argmax is (almost always) not allowed: the mask does something.
+        let step = decoder.step(&mut logits, session.position()).unwrap();
+        assert_eq!(decoder.ids().last(), Some(&expected), "step {steps}");
+        shadow.accept(expected).unwrap();
+        steps += 1;
+        let Some(next) = step.next else { break };
+        logits = model
+            .backend
+            .forward(&mut session, &[next], LogitsFor::Last)
+            .unwrap();
+    }
+    assert!(steps > 5);
+}
+
+#[test]
+fn logit_bias_stop_token_ids_min_tokens_and_ignore_eos() {
+    let model = demo();
+    let ids = chat_ids(&model, "Tell me a story.");
+    let base = generate(&model, &ids, &greedy(12));
+    assert_eq!(base.ids.len(), 12, "{:?}", base.finish);
+    let first = base.ids[0];
+
+    // -100 on the greedy token changes the greedy output.
+    let banned = generate(
+        &model,
+        &ids,
+        &GenerateOptions {
+            logit_bias: vec![(first, -100.0)],
+            ..greedy(12)
+        },
+    );
+    assert_ne!(banned.ids[0], first);
+    assert!(!banned.ids.contains(&first));
+
+    // A stop token id ends generation there, not shown.
+    let k = base.ids.iter().position(|&id| id == base.ids[4]).unwrap();
+    let stopped = generate(
+        &model,
+        &ids,
+        &GenerateOptions {
+            stop_token_ids: vec![base.ids[4]],
+            ..greedy(12)
+        },
+    );
+    assert_eq!(stopped.finish, Finish::Eos(base.ids[4]));
+    assert_eq!(stopped.ids, base.ids[..=k]);
+
+    // +100 on an EOS id ends at once; min_tokens holds it back.
+    let eos = model.eos_ids[0];
+    let forced = GenerateOptions {
+        logit_bias: vec![(eos, 100.0)],
+        ..greedy(12)
+    };
+    let ended = generate(&model, &ids, &forced);
+    assert_eq!(
+        (ended.ids.clone(), ended.finish),
+        (vec![eos], Finish::Eos(eos))
+    );
+    let held = generate(
+        &model,
+        &ids,
+        &GenerateOptions {
+            min_tokens: 5,
+            ..forced.clone()
+        },
+    );
+    assert_eq!(held.ids.len(), 6, "{:?}", held.ids);
+    assert_eq!(held.finish, Finish::Eos(eos));
+    assert!(!held.ids[..5].iter().any(|id| model.eos_ids.contains(id)));
+    // ignore_eos: the EOS is generated and generation goes on to max_tokens.
+    let ignored = generate(
+        &model,
+        &ids,
+        &GenerateOptions {
+            ignore_eos: true,
+            ..forced
+        },
+    );
+    assert_eq!(ignored.finish, Finish::Length);
+    assert_eq!(ignored.ids, vec![eos; 12]);
+}
+
+#[test]
+fn logprobs_are_the_log_softmax_of_the_logits() {
+    let model = demo();
+    let ids = chat_ids(&model, "Hello");
+    let out = generate(
+        &model,
+        &ids,
+        &GenerateOptions {
+            logprobs: Some(5),
+            ..greedy(6)
+        },
+    );
+    assert_eq!(out.logprobs.len(), out.ids.len());
+    // The reference: the same forward passes, log-softmax in f64.
+    let mut session = model.new_session().unwrap();
+    let mut logits = model
+        .backend
+        .forward(&mut session, &ids, LogitsFor::Last)
+        .unwrap();
+    for (step, lp) in out.logprobs.iter().enumerate() {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let total: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+        let log_softmax = |id: u32| (logits[id as usize] as f64 - max - total.ln()) as f32;
+        assert_eq!(lp.id, out.ids[step]);
+        assert!(
+            (lp.logprob - log_softmax(lp.id)).abs() < 1e-4,
+            "{} vs {}",
+            lp.logprob,
+            log_softmax(lp.id)
+        );
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        order.sort_by(|a, b| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        });
+        let top: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(top, order[..5]);
+        for (id, l) in &lp.top {
+            assert!((l - log_softmax(*id)).abs() < 1e-4);
+        }
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(lp.id, order[0]);
+        logits = model
+            .backend
+            .forward(&mut session, &[lp.id], LogitsFor::Last)
+            .unwrap();
+    }
+}
+
+#[test]
+fn bad_grammars_are_refused_by_name() {
+    let model = demo();
+    let bad = [
+        Grammar::JsonSchema(json!({"type": "object", "properties": {"a": {"type": "nonsense"}}})),
+        Grammar::JsonSchema(json!([1, 2])),
+        Grammar::Regex("(unclosed".into()),
+        Grammar::Lark("start: undefined_rule".into()),
+        Grammar::Choice(Vec::new()),
+    ];
+    for grammar in bad {
+        match model.constraint(&grammar) {
+            Err(RuntimeError::Grammar(message)) => assert!(!message.is_empty()),
+            other => panic!("{grammar:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn constrained_and_free_sequences_batch_as_they_run_alone() {
+    let model = demo();
+    let scheduler = Scheduler::start(Arc::clone(&model), BatchConfig::default()).unwrap();
+    let prompts = ["one", "a longer prompt here", "three"];
+    let seeded = |seed| SamplingParams {
+        temperature: 0.9,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    let options: Vec<GenerateOptions> = vec![
+        constrained(&model, &Grammar::JsonSchema(person_schema()), 80),
+        GenerateOptions {
+            logprobs: Some(2),
+            sampling: seeded(4),
+            ..greedy(10)
+        },
+        GenerateOptions {
+            sampling: seeded(9),
+            ..constrained(&model, &Grammar::JsonObject, 60)
+        },
+    ];
+    let alone: Vec<Completion> = prompts
+        .iter()
+        .zip(&options)
+        .map(|(p, o)| generate(&model, &chat_ids(&model, p), o))
+        .collect();
+    let handles: Vec<_> = prompts
+        .iter()
+        .zip(&options)
+        .map(|(p, o)| scheduler.submit(chat_ids(&model, p), o).unwrap())
+        .collect();
+    for (handle, want) in handles.into_iter().zip(alone) {
+        let got = handle.wait().unwrap();
+        assert_eq!(
+            (got.ids, got.text, got.logprobs),
+            (want.ids, want.text, want.logprobs)
+        );
+    }
+}
+
+#[test]
+fn grammar_compiling_is_bounded() {
+    let model = demo();
+    // Too large: refused before any work.
+    let huge = Grammar::Choice((0..20_000).map(|i| format!("choice number {i}")).collect());
+    let started = std::time::Instant::now();
+    match model.constraint(&huge) {
+        Err(RuntimeError::Grammar(m)) => assert!(m.contains("at most"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed().as_millis() < 100);
+    // Deeply nested grammars compile on the compiler's own stack (this thread's 2 MiB would
+    // overflow on the 1000-rule chain) and are masked from here.
+    let chain = (0..1000)
+        .map(|i| format!("r{i}: \"a{i}\" r{}?", i + 1))
+        .chain(std::iter::once("r1000: \"end\"".to_owned()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut deep = json!({"type": "integer"});
+    for _ in 0..300 {
+        deep = json!({"type": "array", "items": deep, "maxItems": 1});
+    }
+    for grammar in [
+        Grammar::Lark(format!("start: r0\n{chain}")),
+        Grammar::JsonSchema(deep),
+    ] {
+        let started = std::time::Instant::now();
+        let mut constraint = model.constraint(&grammar).unwrap();
+        assert!(started.elapsed().as_secs() < 5);
+        let mask = constraint.mask().unwrap().unwrap();
+        let id = (0..model.config().vocab_size as u32)
+            .find(|&i| mask.allows(i))
+            .unwrap();
+        constraint.accept(id).unwrap();
+    }
+}
+
+#[test]
+fn forced_tool_calls_parse_back_with_valid_arguments() {
+    use spindle_runtime::ToolSpec;
+    let model = demo();
+    let ids = chat_ids(&model, "What is the weather?");
+    let tools = [
+        ToolSpec {
+            name: "get_weather".into(),
+            parameters: Some(json!({
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 10},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 5},
+                    "unit": {"enum": ["c", "f"]}
+                },
+                "required": ["city", "days"]
+            })),
+        },
+        ToolSpec {
+            name: "noop".into(),
+            parameters: None,
+        },
+    ];
+    for (tools, parallel) in [
+        (&tools[..1], false),
+        (&tools[..], true),
+        (&tools[1..], false),
+    ] {
+        let grammar = Grammar::tool_calls(tools, parallel).unwrap();
+        let out = generate(&model, &ids, &constrained(&model, &grammar, 200));
+        let parsed = spindle_text::parse_output(&out.text, false);
+        assert!(!parsed.tool_calls.is_empty(), "{:?}", out.text);
+        assert!(parallel || parsed.tool_calls.len() == 1, "{:?}", out.text);
+        assert!(parsed.content.is_empty(), "{:?}", out.text);
+        for call in &parsed.tool_calls {
+            let args = &call.arguments;
+            match call.name.as_str() {
+                "get_weather" => {
+                    assert!(
+                        args["city"]
+                            .as_str()
+                            .is_some_and(|c| c.chars().count() <= 10),
+                        "{args:?}"
+                    );
+                    assert!(
+                        args["days"].as_i64().is_some_and(|d| (1..=5).contains(&d)),
+                        "{args:?}"
+                    );
+                    assert!(args.get("unit").is_none_or(|u| u == "c" || u == "f"));
+                }
+                "noop" => assert!(args.is_empty()),
+                other => panic!("{other}"),
+            }
+        }
+    }
+    assert!(Grammar::tool_calls(&[], true).is_err());
+}
