@@ -21,6 +21,7 @@ mod response;
 mod routes;
 mod sse;
 mod state;
+mod structured;
 mod worker;
 
 use std::future::Future;
