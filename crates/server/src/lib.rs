@@ -24,6 +24,7 @@ mod response;
 mod routes;
 mod sse;
 mod state;
+mod structured;
 mod worker;
 
 use std::future::Future;

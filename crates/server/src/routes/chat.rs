@@ -13,15 +13,14 @@ use spindle_text::{parse_output, OutputParser, ParseEvent};
 
 use super::{admit_and_read, check_message_count, check_prompt_fits, choice_options, prepare};
 use crate::error::ApiError;
-use crate::request::{
-    check_fields, from_value, structured_output, RawChat, RawCommon, CHAT_FIELDS, IGNORED_FIELDS,
-};
+use crate::request::{check_fields, from_value, RawChat, RawCommon, CHAT_FIELDS, IGNORED_FIELDS};
 use crate::response::{
     finish_reason, now_s, unique_id, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion,
     ChatLogprobs, ChunkChoice, Delta, TokenText, ToolCallOut, Usage,
 };
 use crate::sse::{sse_response, ChunkFormatter};
 use crate::state::AppState;
+use crate::structured::structured_output;
 use crate::worker::{spawn_choices, wait_for_choices};
 
 pub async fn handle(

@@ -12,14 +12,15 @@ use spindle_runtime::{Completion, Prompt, TokenLogprob};
 use super::{admit_and_read, check_prompt_fits, choice_options, prepare};
 use crate::error::ApiError;
 use crate::request::{
-    check_fields, from_value, structured_output, PromptInput, RawCommon, RawCompletion,
-    COMPLETION_FIELDS, IGNORED_FIELDS,
+    check_fields, from_value, PromptInput, RawCommon, RawCompletion, COMPLETION_FIELDS,
+    IGNORED_FIELDS,
 };
 use crate::response::{
     finish_reason, now_s, unique_id, TextChoice, TextCompletion, TextLogprobs, TokenText, Usage,
 };
 use crate::sse::{sse_response, ChunkFormatter};
 use crate::state::AppState;
+use crate::structured::structured_output;
 use crate::worker::{spawn_choices, wait_for_choices};
 
 pub async fn handle(
