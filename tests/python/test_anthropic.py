@@ -75,11 +75,24 @@ def test_tool_use_round_trip(client):
     assert full.input_tokens > plain.input_tokens + 20
 
 
-def test_forced_tool_choice_is_refused_by_name(client):
-    tools = [{"name": "f", "input_schema": {"type": "object"}}]
-    with pytest.raises(anthropic.BadRequestError) as e:
-        client.messages.create(messages=HELLO, tools=tools, tool_choice={"type": "any"}, **GREEDY)
-    assert "tool_choice" in str(e.value)
+def test_forced_tool_choice_yields_a_valid_call(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                               "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+              "required": ["city", "days"]}
+    tools = [{"name": "forecast", "input_schema": schema},
+             {"name": "other", "input_schema": {"type": "object"}}]
+    for choice in ({"type": "any"}, {"type": "tool", "name": "forecast"}):
+        answer = client.messages.create(messages=HELLO, tools=tools, tool_choice=choice,
+                                        **{**GREEDY, "max_tokens": 96})
+        calls = [b for b in answer.content if b.type == "tool_use"]
+        assert calls, answer
+        if choice["type"] == "tool":
+            assert [c.name for c in calls] == ["forecast"]
+        for call in calls:
+            if call.name == "forecast":
+                assert isinstance(call.input["city"], str) and len(call.input["city"]) <= 12
+                assert 1 <= call.input["days"] <= 7
+        assert answer.stop_reason == "tool_use"
 
 
 def test_x_api_key(keyed_server):

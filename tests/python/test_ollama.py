@@ -37,10 +37,20 @@ def test_list_and_show(client):
     assert "tools" in client.show("spindle-demo").capabilities
 
 
-def test_format_and_unknown_options_are_refused_by_name(client):
-    with pytest.raises(ollama.ResponseError) as e:
-        client.chat(model="spindle-demo", messages=HELLO, format="json", options=OPTIONS)
-    assert e.value.status_code == 400 and "format" in e.value.error
+def test_format_schema_gives_valid_json_and_unknown_options_are_refused(client):
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Pet(BaseModel):
+        # Closed (additionalProperties: false): random weights would otherwise add keys forever.
+        model_config = ConfigDict(extra="forbid")
+        name: str = Field(max_length=10)
+        legs: int = Field(ge=0, le=8)
+        kind: str = Field(pattern="^(cat|dog|bird)$")
+
+    answer = client.chat(model="spindle-demo", messages=HELLO, format=Pet.model_json_schema(),
+                         options={**OPTIONS, "num_predict": 96})
+    pet = Pet.model_validate_json(answer.message.content)
+    assert 0 <= pet.legs <= 8
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="spindle-demo", messages=HELLO, options={"mirostat": 2})
     assert e.value.status_code == 400 and "mirostat" in e.value.error

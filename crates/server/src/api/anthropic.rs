@@ -126,7 +126,7 @@ pub fn parse(
     refuse_prefill(&messages, &format!("messages[{}].role", raw.len() - 1))?;
     let (tools, constraint) = tools(field("tools"), field("tool_choice"))?;
     if let Some(constraint) = constraint {
-        apply_constraint(&mut generation.options, "tool_choice", constraint)?;
+        apply_constraint(&mut generation, "tool_choice", constraint, tools.as_ref())?;
     }
     let mut vars = Map::new();
     let budget_limit = max_tokens.filter(|_| !count_only);
@@ -168,9 +168,10 @@ fn output_config(
     if let Some(format) = config.get("format").filter(|f| !f.is_null()) {
         let schema = format.get("schema").cloned().unwrap_or(Value::Null);
         apply_constraint(
-            &mut generation.options,
+            generation,
             "output_config.format",
             Constraint::JsonSchema(schema),
+            None,
         )?;
     }
     Ok(())
@@ -493,6 +494,7 @@ mod tests {
             param(json!({"max_tokens": 5, "messages": user, "stop_sequences": [""]})),
             "stop_sequences"
         );
+        // A structured output becomes the generation's grammar; forcing a tool needs a tool.
         assert_eq!(
             param(json!({"max_tokens": 5, "messages": user, "output_format": {}})),
             "output_format"
@@ -501,6 +503,11 @@ mod tests {
             param(json!({"max_tokens": 5, "messages": user, "tool_choice": {"type": "any"}})),
             "tool_choice"
         );
+        let tools = json!([{"name": "f", "input_schema": {"type": "object"}}]);
+        let r = parse_ok(
+            json!({"max_tokens": 5, "messages": user, "tools": tools, "tool_choice": {"type": "tool", "name": "f"}}),
+        );
+        assert!(matches!(&r.generation.grammar, Some((f, _)) if f == "tool_choice"));
         assert_eq!(
             param(
                 json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})
@@ -519,12 +526,10 @@ mod tests {
             ),
             "tools[0].type"
         );
-        assert_eq!(
-            param(
-                json!({"max_tokens": 5, "messages": user, "output_config": {"format": {"type": "json_schema", "schema": {}}}})
-            ),
-            "output_config.format"
+        let r = parse_ok(
+            json!({"max_tokens": 5, "messages": user, "output_config": {"format": {"type": "json_schema", "schema": {}}}}),
         );
+        assert!(matches!(&r.generation.grammar, Some((f, _)) if f == "output_config.format"));
         assert_eq!(
             param(json!({"max_tokens": 5, "messages": user, "output_config": {"effort": "huge"}})),
             "output_config.effort"

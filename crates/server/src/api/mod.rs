@@ -7,7 +7,7 @@
 //! What is shared: the table of fields each endpoint reads ([`Fields`], so a field that would
 //! change the answer and is not implemented is refused by name instead of ignored), the
 //! sampling fields mapped through [`RawCommon`], the reasoning switch, and the constraints
-//! (forced tool calls, JSON output) that wait on constrained decoding ([`apply_constraint`]).
+//! (forced tool calls, JSON output) handed to constrained decoding ([`apply_constraint`]).
 
 pub mod anthropic;
 pub mod ollama;
@@ -15,7 +15,7 @@ pub mod responses;
 
 use serde_json::{json, Map, Value};
 use spindle_runtime::sampling::SamplingParams;
-use spindle_runtime::GenerateOptions;
+use spindle_runtime::{Grammar, ToolSpec};
 
 use crate::error::ApiError;
 use crate::request::{Generation, RawCommon};
@@ -87,24 +87,68 @@ pub enum Constraint {
     JsonSchema(Value),
 }
 
-/// Applies a constraint named by `param` to `options`. Constrained decoding is not in this
-/// build yet, so every constraint is refused by name (400) rather than ignored; once the
-/// logits processor lands this is the one place that hands it over.
+/// Puts a constraint named by `param` on `generation` as a grammar, compiled against the model
+/// when the generation starts (a bad schema is then a 400 naming `param`). `tools` are the
+/// tools the template sees (a forced call is one of them, its arguments valid against its
+/// schema). A second constraint, and `parallel_tool_calls: false` without a forced call (a
+/// limit the answer's parser would have to apply), are refused by name.
 pub fn apply_constraint(
-    _options: &mut GenerateOptions,
+    generation: &mut Generation,
     param: &str,
     constraint: Constraint,
+    tools: Option<&Value>,
 ) -> Result<(), ApiError> {
-    let what = match constraint {
-        Constraint::AnyTool => "forcing a tool call",
-        Constraint::Tool(_) => "forcing a named tool call",
-        Constraint::OneToolCallAtMost => "limiting the answer to one tool call",
-        Constraint::Json | Constraint::JsonSchema(_) => "structured (JSON) output",
+    if let Some((field, _)) = &generation.grammar {
+        return Err(ApiError::invalid(
+            param,
+            format!("{param} cannot be combined with {field}: one constraint on the answer at most"),
+        ));
+    }
+    let specs = |only: Option<&str>| -> Vec<ToolSpec> {
+        tools
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.get("function"))
+            .filter_map(|f| {
+                let name = f.get("name")?.as_str()?;
+                (only.is_none() || only == Some(name)).then(|| ToolSpec {
+                    name: name.to_owned(),
+                    parameters: f.get("parameters").cloned(),
+                })
+            })
+            .collect()
     };
-    Err(ApiError::invalid(
-        param,
-        format!("{param}: {what} needs constrained decoding, which this server does not do yet"),
-    ))
+    let grammar = match constraint {
+        Constraint::Json => Grammar::JsonObject,
+        Constraint::JsonSchema(Value::Null) => Grammar::JsonObject,
+        Constraint::JsonSchema(schema) => Grammar::JsonSchema(schema),
+        Constraint::AnyTool | Constraint::Tool(_) => {
+            let (specs, parallel) = match &constraint {
+                Constraint::Tool(name) => (specs(Some(name)), false),
+                _ => (specs(None), true),
+            };
+            if specs.is_empty() {
+                return Err(ApiError::invalid(
+                    param,
+                    format!("{param} forces a tool call but names no tool the request defines"),
+                ));
+            }
+            Grammar::tool_calls(&specs, parallel)
+                .map_err(|e| ApiError::invalid(param, format!("{param}: {e}")))?
+        }
+        Constraint::OneToolCallAtMost => {
+            return Err(ApiError::invalid(
+                param,
+                format!(
+                    "{param}: limiting an unforced answer to one tool call is not supported on \
+                     this endpoint (force a named tool instead)"
+                ),
+            ))
+        }
+    };
+    generation.grammar = Some((param.to_owned(), grammar));
+    Ok(())
 }
 
 /// Sets the chat template's reasoning switch: `enable_thinking` (Qwen3, Qwen3.5 templates)

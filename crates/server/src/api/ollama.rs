@@ -126,7 +126,7 @@ fn common(
         }
     };
     if let Some(constraint) = constraint {
-        apply_constraint(&mut generation.options, "format", constraint)?;
+        apply_constraint(&mut generation, "format", constraint, None)?;
     }
     match body.get("think") {
         None | Some(Value::Null) => {}
@@ -350,10 +350,9 @@ mod tests {
     #[test]
     fn refusals_name_the_field() {
         let user = json!([{"role": "user", "content": "hi"}]);
-        assert_eq!(
-            param_chat(json!({"messages": user, "format": "json"})),
-            "format"
-        );
+        let r = parse_chat(&json!({"messages": user, "format": "json"}), &SamplingParams::default())
+            .unwrap();
+        assert!(matches!(&r.generation.grammar, Some((f, _)) if f == "format"));
         assert_eq!(
             param_chat(json!({"messages": user, "options": {"mirostat": 2}})),
             "options.mirostat"

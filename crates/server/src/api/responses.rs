@@ -110,13 +110,14 @@ pub fn parse(body: &Value, defaults: &SamplingParams) -> Result<ResponsesRequest
     }
     let (tools, constraint) = tools(field("tools"), field("tool_choice"))?;
     if let Some(constraint) = constraint {
-        apply_constraint(&mut generation.options, "tool_choice", constraint)?;
+        apply_constraint(&mut generation, "tool_choice", constraint, tools.as_ref())?;
     }
     if field("parallel_tool_calls").and_then(Value::as_bool) == Some(false) {
         apply_constraint(
-            &mut generation.options,
+            &mut generation,
             "parallel_tool_calls",
             Constraint::OneToolCallAtMost,
+            tools.as_ref(),
         )?;
     }
     if let Some(format) = field("text")
@@ -137,7 +138,7 @@ pub fn parse(body: &Value, defaults: &SamplingParams) -> Result<ResponsesRequest
             }
         };
         if let Some(constraint) = constraint {
-            apply_constraint(&mut generation.options, "text.format", constraint)?;
+            apply_constraint(&mut generation, "text.format", constraint, None)?;
         }
     }
     if let Some(text) = field("text").and_then(Value::as_object) {
@@ -476,10 +477,8 @@ mod tests {
             param(json!({"input": "hi", "previous_response_id": "resp_1"})),
             "previous_response_id"
         );
-        assert_eq!(
-            param(json!({"input": "hi", "text": {"format": {"type": "json_object"}}})),
-            "text.format"
-        );
+        let r = parse_ok(json!({"input": "hi", "text": {"format": {"type": "json_object"}}}));
+        assert!(matches!(&r.generation.grammar, Some((f, _)) if f == "text.format"));
         assert_eq!(
             param(json!({"input": "hi", "tools": [{"type": "web_search"}]})),
             "tools[0].type"

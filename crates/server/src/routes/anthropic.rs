@@ -61,7 +61,7 @@ pub async fn messages(
         prompt,
         body_bytes,
         "messages",
-        generation.options,
+        &generation,
     )
     .await?;
     let id = unique_id("msg_");

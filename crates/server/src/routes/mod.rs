@@ -320,18 +320,21 @@ pub(crate) struct Started {
 }
 
 /// Waits for a generation slot, prepares `prompt` (errors name `param`), checks that it fits
-/// the context and submits it with `options`.
+/// the context, compiles the generation's constraint (see [`choice_options`]) and submits it.
 pub(crate) async fn start_generation(
     state: &Arc<AppState>,
     ticket: Ticket,
     prompt: Prompt,
     body_bytes: usize,
     param: &str,
-    options: GenerateOptions,
+    generation: &Generation,
 ) -> Result<Started, ApiError> {
     let slot = ticket.start().await;
     let prepared = prepare(state, prompt, body_bytes, param).await?;
     check_prompt_fits(state, prepared.ids.len(), param)?;
+    let options = choice_options(state, generation, prepared.starts_in_reasoning)
+        .await?
+        .swap_remove(0);
     let prompt_tokens = prepared.ids.len();
     Ok(Started {
         events: spawn_generation(state, slot, prepared.ids, options),

@@ -85,7 +85,7 @@ async fn answer(
         request.prompt,
         body_bytes,
         param,
-        generation.options,
+        &generation,
     )
     .await?;
     let mut lines = Lines {

@@ -49,7 +49,7 @@ pub async fn handle(
         prompt,
         body_bytes,
         "input",
-        generation.options,
+        &generation,
     )
     .await?;
     let (id, created) = (unique_id("resp_"), now_s());

@@ -153,17 +153,23 @@ async fn anthropic_stop_sequences_and_errors_in_anthropic_shape() {
             .contains("max_tokens"),
         "{error}"
     );
-    let forced = json!({"max_tokens": 5, "messages": user("hi"), "tool_choice": {"type": "any"},
-                        "tools": [{"name": "f", "input_schema": {"type": "object"}}]});
-    let (status, error) = server.post("/v1/messages", &forced).await;
-    assert_eq!(status, 400);
-    assert!(
-        error["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("tool_choice"),
-        "{error}"
-    );
+    // A forced tool call comes back as a tool_use block of that tool, its input valid.
+    let forced = json!({"max_tokens": 64, "messages": user("hi"), "tool_choice": {"type": "any"},
+                        "tools": [{"name": "f", "input_schema": {"type": "object",
+                            "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                            "required": ["n"]}}]});
+    let (status, answer) = server.post("/v1/messages", &forced).await;
+    assert_eq!(status, 200, "{answer}");
+    let call = answer["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .unwrap_or_else(|| panic!("no tool_use block: {answer}"));
+    assert_eq!(call["name"], "f");
+    let n = call["input"]["n"].as_i64().unwrap();
+    assert!((0..=9).contains(&n), "{answer}");
+    assert_eq!(answer["stop_reason"], "tool_use");
     let (status, error) = server.post("/v1/nothing", &json!({})).await;
     assert_eq!(
         (status, error["error"]["code"].as_str()),
@@ -259,7 +265,6 @@ async fn responses_whole_and_streamed_agree_and_state_is_refused() {
     for (field, value) in [
         ("store", json!(true)),
         ("previous_response_id", json!("resp_1")),
-        ("text", json!({"format": {"type": "json_object"}})),
         ("top_logprobs", json!(3)),
     ] {
         let mut refused = body.clone();
@@ -271,6 +276,24 @@ async fn responses_whole_and_streamed_agree_and_state_is_refused() {
             "{error}"
         );
     }
+    // `text.format` json_schema: the output text is JSON valid against it.
+    let mut constrained = body.clone();
+    constrained["max_output_tokens"] = json!(64);
+    constrained["text"] = json!({"format": {"type": "json_schema", "name": "r", "schema":
+        {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 5}},
+         "required": ["n"], "additionalProperties": false}}});
+    let (status, answer) = server.post("/v1/responses", &constrained).await;
+    assert_eq!(status, 200, "{answer}");
+    let text = answer["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "message")
+        .map(|m| m["content"][0]["text"].as_str().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("no message: {answer}"));
+    let value: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {answer}"));
+    assert!((1..=5).contains(&value["n"].as_i64().unwrap()), "{answer}");
     server.stop().await;
 }
 
@@ -340,17 +363,20 @@ async fn ollama_chat_generate_and_model_listing() {
         }
     );
 
-    let (status, error) = server
+    // `format` as a JSON schema: the answer is JSON valid against it.
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                        "required": ["ok"], "additionalProperties": false});
+    let (status, answer) = server
         .post(
             "/api/chat",
-            &json!({"messages": user("hi"), "format": "json", "stream": false}),
+            &json!({"messages": user("hi"), "format": schema, "stream": false,
+                    "options": {"num_predict": 64}}),
         )
         .await;
-    assert_eq!(status, 400);
-    assert!(
-        error["error"].as_str().unwrap().starts_with("format"),
-        "{error}"
-    );
+    assert_eq!(status, 200, "{answer}");
+    let content: Value = serde_json::from_str(answer["message"]["content"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {answer}"));
+    assert!(content["ok"].is_boolean(), "{answer}");
 
     let tags: Value = server
         .client
