@@ -242,6 +242,17 @@ fn human(n: u64) -> String {
     }
 }
 
+/// How the checkpoint stores its weights, as the config says.
+fn source_format(c: &ModelConfig) -> String {
+    match &c.fp8 {
+        Some(fp8) => format!(
+            "block FP8 (e4m3, {}x{} blocks; dequantized on load)",
+            fp8.block[0], fp8.block[1]
+        ),
+        None => "as stored (bf16/f16/f32 safetensors)".into(),
+    }
+}
+
 fn print_table(path: &Path, c: &ModelConfig, params: &ParamCounts) {
     let mixers: Vec<char> = c.layers.iter().map(|l| mixer_letter(l.mixer)).collect();
     let ffns: Vec<char> = c.layers.iter().map(|l| ffn_letter(l.ffn)).collect();
@@ -258,6 +269,7 @@ fn print_table(path: &Path, c: &ModelConfig, params: &ParamCounts) {
         "text-only: model.*"
     };
     println!("  family          {} ({layout})", c.family.model_type());
+    println!("  weights         {}", source_format(c));
     println!("  vocab           {}", c.vocab_size);
     println!("  hidden          {}", c.hidden_size);
     println!(
@@ -368,6 +380,7 @@ fn to_json(path: &Path, c: &ModelConfig, params: &ParamCounts) -> Value {
         "path": path.display().to_string(),
         "family": c.family.model_type(),
         "multimodal_wrapper": c.multimodal_wrapper,
+        "source_format": source_format(c),
         "vocab_size": c.vocab_size,
         "hidden_size": c.hidden_size,
         "num_layers": c.num_layers(),

@@ -4,6 +4,10 @@
 //! contiguous, that each tensor's byte length matches dtype × shape, and that the data section
 //! is exactly as long as the header says, so truncation is caught). Tensors are then handed out
 //! as views of the maps; nothing is copied whole into the heap.
+//!
+//! Block-FP8 checkpoints (MODEL_MATH §9): each `F8_E4M3` tensor is paired at open with its
+//! `<name>_scale_inv` (shape checked against the config's `weight_block_size`), and handed out
+//! dequantized to f32 (the one copy into the heap); the scale tensors are not listed.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +18,7 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::Value;
 
 use crate::error::{ModelError, Result};
+use crate::fp8::BlockFp8;
 use crate::tensor::{decode_f32, DType, Matrix, Storage};
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -31,6 +36,8 @@ struct Entry {
     shape: Vec<usize>,
     start: usize,
     end: usize,
+    /// For an `F8_E4M3` tensor: the name of its scale tensor.
+    scale: Option<String>,
 }
 
 /// All tensors of a checkpoint directory, by name.
@@ -38,6 +45,8 @@ pub struct Checkpoint {
     dir: PathBuf,
     shards: Vec<Shard>,
     entries: HashMap<String, Entry>,
+    /// The block-FP8 `quantization_config`, when the checkpoint holds FP8 tensors.
+    fp8: Option<BlockFp8>,
 }
 
 impl Checkpoint {
@@ -61,8 +70,10 @@ impl Checkpoint {
             dir: dir.to_owned(),
             shards: Vec::new(),
             entries: HashMap::new(),
+            fp8: None,
         };
         checkpoint.add_shard(&single)?;
+        checkpoint.pair_fp8_scales()?;
         Ok(checkpoint)
     }
 
@@ -73,8 +84,10 @@ impl Checkpoint {
             dir: dir.to_owned(),
             shards: Vec::new(),
             entries: HashMap::new(),
+            fp8: None,
         };
         checkpoint.add_shard(file)?;
+        checkpoint.pair_fp8_scales()?;
         Ok(checkpoint)
     }
 
@@ -120,6 +133,7 @@ impl Checkpoint {
             dir: dir.to_owned(),
             shards: Vec::new(),
             entries: HashMap::new(),
+            fp8: None,
         };
         for file in files {
             checkpoint.add_shard(&dir.join(file))?;
@@ -138,7 +152,76 @@ impl Checkpoint {
                 )));
             }
         }
+        checkpoint.pair_fp8_scales()?;
         Ok(checkpoint)
+    }
+
+    /// Pairs every `F8_E4M3` tensor with its scale tensor, checking the scale's dtype and its
+    /// shape against `weight_block_size` of the directory's `config.json`.
+    fn pair_fp8_scales(&mut self) -> Result<()> {
+        let mut fp8_names: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.dtype == StDtype::F8_E4M3)
+            .map(|(n, _)| n.clone())
+            .collect();
+        if fp8_names.is_empty() {
+            return Ok(());
+        }
+        fp8_names.sort();
+        let first = &fp8_names[0];
+        let first_path = self.shards[self.entries[first].shard].path.clone();
+        let Some(fp8) = BlockFp8::from_dir(&self.dir)? else {
+            return Err(ModelError::BadScale {
+                path: first_path,
+                tensor: first.clone(),
+                message: format!(
+                    "stored as F8_E4M3 but {} has no quantization_config with quant_method \"fp8\" (its weight_block_size is needed to apply the scales)",
+                    self.dir.join("config.json").display()
+                ),
+            });
+        };
+        for name in &fp8_names {
+            let entry = &self.entries[name];
+            let path = self.shards[entry.shard].path.clone();
+            let bad = |message: String| ModelError::BadScale {
+                path: path.clone(),
+                tensor: name.clone(),
+                message,
+            };
+            let Some(expected) = fp8.scale_shape(&entry.shape) else {
+                return Err(bad(format!(
+                    "an F8_E4M3 tensor of shape {:?}: block FP8 needs a matrix (rank 2) or a stack of them",
+                    entry.shape
+                )));
+            };
+            let scale_name = BlockFp8::scale_name(name);
+            let Some(scale) = self.entries.get(&scale_name) else {
+                return Err(bad(format!(
+                    "an F8_E4M3 weight without its scale tensor `{scale_name}`"
+                )));
+            };
+            if !matches!(scale.dtype, StDtype::F32 | StDtype::BF16 | StDtype::F16) {
+                return Err(bad(format!(
+                    "its scale `{scale_name}` is {:?}; expected F32, BF16 or F16",
+                    scale.dtype
+                )));
+            }
+            if scale.shape != expected {
+                return Err(bad(format!(
+                    "its scale `{scale_name}` has shape {:?}; weight_block_size {:?} on a weight of shape {:?} needs {:?}",
+                    scale.shape, fp8.block, entry.shape, expected
+                )));
+            }
+            self.entries.get_mut(name).expect("listed").scale = Some(scale_name);
+        }
+        self.fp8 = Some(fp8);
+        Ok(())
+    }
+
+    /// The block-FP8 `quantization_config` when the checkpoint holds FP8 tensors.
+    pub fn fp8(&self) -> Option<&BlockFp8> {
+        self.fp8.as_ref()
     }
 
     fn add_shard(&mut self, path: &Path) -> Result<()> {
@@ -167,6 +250,7 @@ impl Checkpoint {
                 shape: view.shape().to_vec(),
                 start,
                 end,
+                scale: None,
             };
             if let Some(previous) = self.entries.insert(name.clone(), entry) {
                 return Err(ModelError::Index {
@@ -193,9 +277,37 @@ impl Checkpoint {
         self.entries.contains_key(name)
     }
 
-    /// Every tensor name in the checkpoint.
+    /// Every tensor name in the checkpoint, less the FP8 scales paired with a weight (they
+    /// are applied when the weight is read).
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.entries.keys().map(String::as_str)
+        self.entries
+            .keys()
+            .map(String::as_str)
+            .filter(|n| !self.is_paired_scale(n))
+    }
+
+    fn is_paired_scale(&self, name: &str) -> bool {
+        name.strip_suffix("_scale_inv")
+            .and_then(|weight| self.entries.get(weight))
+            .is_some_and(|w| w.scale.is_some())
+    }
+
+    /// Whether any tensor is stored as block FP8.
+    pub fn has_fp8(&self) -> bool {
+        self.fp8.is_some()
+    }
+
+    /// The f32 values of block-FP8 tensor `name` (paired at open), dequantized exactly.
+    fn fp8_values(&self, name: &str, entry: &Entry) -> Result<Vec<f32>> {
+        let scale_name = entry.scale.as_deref().expect("FP8 entries are paired at open");
+        let scale = &self.entries[scale_name];
+        let scale_dtype = self.float_dtype(scale_name, scale)?;
+        let map = &self.shards[scale.shard].map;
+        let scales = decode_f32(scale_dtype, &map[scale.start..scale.end]);
+        let codes = &self.shards[entry.shard].map[entry.start..entry.end];
+        let fp8 = self.fp8.as_ref().expect("set with the pairs");
+        tracing::trace!(tensor = name, "dequantizing block FP8");
+        Ok(crate::fp8::dequantize(codes, &scales, &entry.shape, fp8.block))
     }
 
     /// The shape of tensor `name`, if present.
@@ -242,9 +354,13 @@ impl Checkpoint {
     pub fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix> {
         let entry = self.entry(name)?;
         self.check_shape(name, entry, shape)?;
-        let dtype = self.float_dtype(name, entry)?;
         let cols = *shape.last().unwrap_or(&1);
         let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+        if entry.scale.is_some() {
+            let values = self.fp8_values(name, entry)?;
+            return Ok(Matrix::new(DType::F32, rows, cols, Storage::from_f32(&values)));
+        }
+        let dtype = self.float_dtype(name, entry)?;
         let storage = Storage::new(
             &self.shards[entry.shard].map,
             entry.start,
@@ -258,6 +374,9 @@ impl Checkpoint {
     pub fn f32_values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let entry = self.entry(name)?;
         self.check_shape(name, entry, shape)?;
+        if entry.scale.is_some() {
+            return self.fp8_values(name, entry);
+        }
         let dtype = self.float_dtype(name, entry)?;
         let map = &self.shards[entry.shard].map;
         Ok(decode_f32(dtype, &map[entry.start..entry.end]))
@@ -301,6 +420,19 @@ impl Checkpoint {
                 StDtype::BF16 => DType::Bf16,
                 StDtype::F16 => DType::F16,
                 StDtype::F32 => DType::F32,
+                StDtype::F8_E4M3 => {
+                    // e4m3fn has no infinities; S.1111.111 is NaN.
+                    let bytes = &self.shards[entry.shard].map[entry.start..entry.end];
+                    if let Some(index) = bytes.iter().position(|b| b & 0x7f == 0x7f) {
+                        return Err(crate::finite::non_finite_error(
+                            &self.shards[entry.shard].path,
+                            name,
+                            index,
+                            true,
+                        ));
+                    }
+                    continue;
+                }
                 _ => continue,
             };
             let bytes = &self.shards[entry.shard].map[entry.start..entry.end];

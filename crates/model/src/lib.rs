@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod finite;
 pub mod forward;
+pub mod fp8;
 pub mod fs;
 pub mod install;
 pub mod layout;

@@ -497,7 +497,7 @@ fn write_install(
     let ck = Checkpoint::open(src)?;
     let names = TensorNames::detect(&ck)?;
     let config_path = src.join("config.json");
-    let config_json: Value = serde_json::from_str(
+    let mut config_json: Value = serde_json::from_str(
         &crate::fs::read_bounded_to_string(&config_path, crate::fs::CONFIG_LIMIT)
             .map_err(InstallError::io(&config_path))?,
     )
@@ -508,6 +508,19 @@ fn write_install(
         })
     })?;
 
+    // Block-FP8 weights are written dequantized (or requantized): the install's config
+    // describes what it holds.
+    if config_json.get("quantization_config").is_some() || config.fp8.is_some() {
+        if let Some(top) = config_json.as_object_mut() {
+            top.remove("quantization_config");
+        }
+        if let Some(text) = config_json
+            .get_mut("text_config")
+            .and_then(Value::as_object_mut)
+        {
+            text.remove("quantization_config");
+        }
+    }
     let resident = resident_tensors(&ck, &config, &names, quant)?;
     let layers: Vec<usize> = moe_layers(&config).collect();
     let mut state = Progress {

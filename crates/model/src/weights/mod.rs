@@ -171,6 +171,16 @@ impl ModelWeights {
         out
     }
 
+    /// Rounds the projections held as f32 or f16 (block-FP8 weights dequantized on load) to
+    /// bf16, nearest even, for backends that upload bf16 matrices only (CUDA). Bf16 and
+    /// quantized projections are left as they are.
+    pub fn round_wide_to_bf16(&mut self) {
+        use rayon::prelude::*;
+        self.projections_mut()
+            .par_iter_mut()
+            .for_each(|linear| **linear = linear.rounded_to_bf16());
+    }
+
     /// Re-encodes the projections in `format` (in parallel), calling `progress(done, total)`.
     pub fn quantize(&mut self, format: WeightFormat, progress: &(dyn Fn(usize, usize) + Sync)) {
         if format == WeightFormat::Bf16 {
