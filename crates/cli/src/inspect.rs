@@ -184,7 +184,7 @@ fn plan_json(plan: &MemoryPlan, quant: WeightFormat) -> Value {
 /// `DIR/config.json` or the config file itself; the library's error is passed on as is, so
 /// refusals (FP8 weights, unknown families) read the same everywhere.
 fn load_config(path: &Path) -> Result<ModelConfig> {
-    let config = if path.is_dir() {
+    let config = if path.is_dir() || spindle_model::gguf::is_gguf(path) {
         ModelConfig::from_dir(path)?
     } else if path.is_file() {
         ModelConfig::from_file(path)?

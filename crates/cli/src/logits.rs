@@ -97,7 +97,11 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
         None => None,
     };
 
-    if !args.model.is_dir() {
+    if spindle_model::gguf::is_gguf(&args.model) {
+        if !args.model.is_file() {
+            bail!("GGUF file {} does not exist", args.model.display());
+        }
+    } else if !args.model.is_dir() {
         bail!(
             "model directory {} does not exist or is not a directory",
             args.model.display()

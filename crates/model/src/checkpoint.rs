@@ -40,6 +40,21 @@ struct Entry {
     scale: Option<String>,
 }
 
+/// One tensor of an [`Checkpoint::assembled`] checkpoint.
+pub(crate) enum Part {
+    /// Bytes `start..end` of a mapped file, as stored.
+    Mapped {
+        path: PathBuf,
+        map: Arc<Mmap>,
+        dtype: DType,
+        shape: Vec<usize>,
+        start: usize,
+        end: usize,
+    },
+    /// Values converted on open.
+    Owned { shape: Vec<usize>, values: Vec<f32> },
+}
+
 /// All tensors of a checkpoint directory, by name.
 pub struct Checkpoint {
     dir: PathBuf,
@@ -50,8 +65,13 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Opens `DIR/model.safetensors.index.json` (sharded) or `DIR/model.safetensors`.
+    /// Opens `DIR/model.safetensors.index.json` (sharded) or `DIR/model.safetensors`, or a
+    /// GGUF file (`x.gguf`, or the first of a split set), its tensors under the safetensors
+    /// names (`crate::gguf`).
     pub fn open(dir: &Path) -> Result<Self> {
+        if crate::gguf::is_gguf(dir) {
+            return crate::gguf::open_checkpoint(dir);
+        }
         let index = dir.join(INDEX_FILE);
         if index.exists() {
             return Self::open_sharded(dir, &index);
@@ -267,6 +287,85 @@ impl Checkpoint {
             map,
         });
         Ok(())
+    }
+
+    /// A checkpoint assembled from another format's tensors (GGUF), under the safetensors
+    /// names the loader asks for: ranges of mapped files kept as they are, and tensors
+    /// converted on open, laid into one anonymous map.
+    pub(crate) fn assembled(dir: &Path, tensors: Vec<(String, Part)>) -> Result<Self> {
+        let mut checkpoint = Checkpoint {
+            dir: dir.to_owned(),
+            shards: Vec::new(),
+            entries: HashMap::new(),
+            fp8: None,
+        };
+        let owned_bytes: usize = tensors
+            .iter()
+            .map(|(_, p)| match p {
+                Part::Owned { values, .. } => values.len() * 4,
+                Part::Mapped { .. } => 0,
+            })
+            .sum();
+        let io_err = |error| ModelError::Io {
+            path: dir.to_owned(),
+            error,
+        };
+        let mut owned = memmap2::MmapMut::map_anon(owned_bytes.max(1)).map_err(io_err)?;
+        let mut at = 0;
+        let mut placed = Vec::with_capacity(tensors.len());
+        for (name, part) in tensors {
+            match part {
+                Part::Mapped {
+                    path,
+                    map,
+                    dtype,
+                    shape,
+                    start,
+                    end,
+                } => {
+                    let shard = match checkpoint.shards.iter().position(|s| s.path == path) {
+                        Some(i) => i,
+                        None => {
+                            checkpoint.shards.push(Shard { path, map });
+                            checkpoint.shards.len() - 1
+                        }
+                    };
+                    placed.push((name, shard, dtype, shape, start, end));
+                }
+                Part::Owned { shape, values } => {
+                    let bytes: &[u8] = bytemuck::cast_slice(&values);
+                    owned[at..at + bytes.len()].copy_from_slice(bytes);
+                    placed.push((name, usize::MAX, DType::F32, shape, at, at + bytes.len()));
+                    at += bytes.len();
+                }
+            }
+        }
+        let owned_shard = checkpoint.shards.len();
+        checkpoint.shards.push(Shard {
+            path: dir.to_owned(),
+            map: Arc::new(owned.make_read_only().map_err(io_err)?),
+        });
+        for (name, shard, dtype, shape, start, end) in placed {
+            let entry = Entry {
+                shard: if shard == usize::MAX { owned_shard } else { shard },
+                dtype: match dtype {
+                    DType::Bf16 => StDtype::BF16,
+                    DType::F16 => StDtype::F16,
+                    DType::F32 => StDtype::F32,
+                },
+                shape,
+                start,
+                end,
+                scale: None,
+            };
+            if checkpoint.entries.insert(name.clone(), entry).is_some() {
+                return Err(ModelError::Index {
+                    path: dir.to_owned(),
+                    message: format!("tensor `{name}` is produced twice"),
+                });
+            }
+        }
+        Ok(checkpoint)
     }
 
     pub fn dir(&self) -> &Path {

@@ -63,6 +63,10 @@ pub enum ModelError {
         what: &'static str,
     },
 
+    /// A GGUF file that is malformed, truncated, or holds what spindle cannot map.
+    #[error("{path}: {message}")]
+    Gguf { path: PathBuf, message: String },
+
     /// A block-FP8 weight whose scale tensor is missing or malformed.
     #[error("tensor `{tensor}` in {path}: {message}")]
     BadScale {

@@ -12,6 +12,7 @@ pub mod finite;
 pub mod forward;
 pub mod fp8;
 pub mod fs;
+pub mod gguf;
 pub mod install;
 pub mod layout;
 pub mod names;

@@ -157,7 +157,11 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     /// Reads and validates `DIR/config.json`.
+    /// A GGUF file (`x.gguf`) is read from its metadata instead (`crate::gguf`).
     pub fn from_dir(dir: &Path) -> Result<Self> {
+        if crate::gguf::is_gguf(dir) {
+            return crate::gguf::open_config(dir);
+        }
         Self::from_file(&dir.join("config.json"))
     }
 
