@@ -21,7 +21,7 @@ with --dequantized OUT the script also writes the same model with every quantize
 replaced by `gguf.quants.dequantize` of it (F32): the exact reference for the quantized file.
 
 Usage: gguf_from_fixture.py FIXTURE_DIR OUT.gguf --type bf16|f32|q8_0|q4_0
-       [--experts-type q4_0] [--dequantized OUT_DEQ.gguf]
+       [--experts-type q4_0] [--dequantized OUT_DEQ.gguf] [--split-max-tensors N]
 Needs: pip install gguf numpy (gguf 0.19.0 was used).
 """
 import argparse
@@ -87,6 +87,8 @@ def main():
     ap.add_argument("--type", default="bf16", choices=TYPES)
     ap.add_argument("--experts-type", choices=TYPES)
     ap.add_argument("--dequantized", type=Path)
+    ap.add_argument("--split-max-tensors", type=int, default=0,
+                    help="write a split set (NAME-00001-of-0000N.gguf) of at most this many tensors per file")
     args = ap.parse_args()
 
     tensors, h, top = load_fixture(args.fixture)
@@ -174,7 +176,8 @@ def main():
             out.append((f"blk.{bid}.{gname}.weight", stacked))
 
     def write(path, dequantize):
-        w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+        w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch],
+                            split_max_tensors=0 if dequantize else args.split_max_tensors)
         w.add_block_count(n_layers)
         w.add_context_length(h.get("max_position_embeddings", 4096))
         w.add_embedding_length(h["hidden_size"])

@@ -108,8 +108,10 @@ fn fp8_checkpoint_converts_to_installs_that_stream_experts() {
         let dst = tmp.0.join(format!("install-{quant}"));
         install::convert(&fp8, &dst, quant, &mut |_| true)
             .unwrap_or_else(|e| panic!("convert {quant}: {e}"));
-        let config = std::fs::read_to_string(dst.join("manifest.json")).unwrap();
-        assert!(!config.contains("quantization_config"), "the install keeps the FP8 config");
+        for file in ["manifest.json", "config.json"] {
+            let text = std::fs::read_to_string(dst.join(file)).unwrap();
+            assert!(!text.contains("quantization_config"), "the install's {file} keeps the FP8 config");
+        }
         let streamed = LoadOptions {
             experts: ExpertResidency::Streamed,
             expert_slots: Some(2),
