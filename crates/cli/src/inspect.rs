@@ -243,7 +243,10 @@ fn human(n: u64) -> String {
 }
 
 /// How the checkpoint stores its weights, as the config says.
-fn source_format(c: &ModelConfig) -> String {
+fn source_format(path: &Path, c: &ModelConfig) -> String {
+    if spindle_model::gguf::is_gguf(path) {
+        return spindle_model::gguf::describe(path).unwrap_or_else(|e| e.to_string());
+    }
     match &c.fp8 {
         Some(fp8) => format!(
             "block FP8 (e4m3, {}x{} blocks; dequantized on load)",
@@ -269,7 +272,7 @@ fn print_table(path: &Path, c: &ModelConfig, params: &ParamCounts) {
         "text-only: model.*"
     };
     println!("  family          {} ({layout})", c.family.model_type());
-    println!("  weights         {}", source_format(c));
+    println!("  weights         {}", source_format(path, c));
     println!("  vocab           {}", c.vocab_size);
     println!("  hidden          {}", c.hidden_size);
     println!(
@@ -380,7 +383,7 @@ fn to_json(path: &Path, c: &ModelConfig, params: &ParamCounts) -> Value {
         "path": path.display().to_string(),
         "family": c.family.model_type(),
         "multimodal_wrapper": c.multimodal_wrapper,
-        "source_format": source_format(c),
+        "source_format": source_format(path, c),
         "vocab_size": c.vocab_size,
         "hidden_size": c.hidden_size,
         "num_layers": c.num_layers(),

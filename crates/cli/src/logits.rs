@@ -21,7 +21,8 @@ use crate::tensor_file::{self, Tensor, Values};
     2 on invalid arguments."
 )]
 pub struct LogitsArgs {
-    /// Hugging Face checkpoint directory (config.json + *.safetensors).
+    /// Hugging Face checkpoint directory (config.json + *.safetensors, bf16/f16/f32 or block
+    /// FP8), or a GGUF file (the first part of a split set).
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
 

@@ -82,6 +82,31 @@ pub fn open_files(path: &Path) -> Result<Vec<GgufFile>> {
     Ok(files)
 }
 
+/// A one-line description of the GGUF model at `path`: architecture, parts and tensor types
+/// (`spindle inspect`).
+pub fn describe(path: &Path) -> Result<String> {
+    let files = open_files(path)?;
+    let arch = files[0]
+        .get("general.architecture")
+        .and_then(file::Value::as_str)
+        .unwrap_or("?")
+        .to_owned();
+    let mut counts: Vec<(&'static str, usize)> = Vec::new();
+    for t in files.iter().flat_map(|f| &f.tensors) {
+        match counts.iter_mut().find(|(n, _)| *n == t.ty.name()) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((t.ty.name(), 1)),
+        }
+    }
+    let types: Vec<String> = counts.iter().map(|(n, c)| format!("{n} x{c}")).collect();
+    Ok(format!(
+        "GGUF {arch}, {} file{}, tensors {}",
+        files.len(),
+        if files.len() == 1 { "" } else { "s" },
+        types.join(", ")
+    ))
+}
+
 /// The [`ModelConfig`] of the GGUF model at `path`, from its metadata.
 pub fn open_config(path: &Path) -> Result<ModelConfig> {
     let files = open_files(path)?;
