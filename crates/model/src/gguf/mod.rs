@@ -8,6 +8,8 @@
 pub mod file;
 pub mod quants;
 pub mod qwen;
+pub mod tokenizer;
+pub mod write;
 
 use std::path::{Path, PathBuf};
 
@@ -121,4 +123,17 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
     let config = ModelConfig::from_json_str(&json.to_string(), path)?;
     let parts = qwen::tensors(&files, &config)?;
     Checkpoint::assembled(path, parts)
+}
+
+/// The Hugging Face `tokenizer.json` rebuilt from the GGUF model's `tokenizer.ggml.*` keys
+/// (serialized), or `None` when it carries no tokenizer.
+pub fn open_tokenizer_json(path: &Path) -> Result<Option<String>> {
+    let files = open_files(path)?;
+    Ok(tokenizer::tokenizer_json(&files[0])?.map(|j| j.to_string()))
+}
+
+/// The GGUF model's `tokenizer.chat_template`, if any.
+pub fn open_chat_template(path: &Path) -> Result<Option<String>> {
+    let files = open_files(path)?;
+    Ok(tokenizer::chat_template(&files[0]))
 }
