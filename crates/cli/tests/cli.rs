@@ -431,7 +431,10 @@ fn inspect_reads_the_fp8_27b_config_and_names_its_format() {
     let json = inspect_json(&fixtures().join("configs/qwen3_6_27b_fp8.config.json"));
     assert_eq!(json["family"], "qwen3_5");
     let format = json["source_format"].as_str().unwrap();
-    assert!(format.contains("block FP8") && format.contains("128x128"), "{format}");
+    assert!(
+        format.contains("block FP8") && format.contains("128x128"),
+        "{format}"
+    );
 }
 
 #[test]

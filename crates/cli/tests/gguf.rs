@@ -30,7 +30,11 @@ fn write_tokenizer_gguf(path: &Path, template: &str) {
     for a in added {
         let id = a["id"].as_u64().unwrap() as usize;
         tokens[id] = a["content"].as_str().unwrap().to_owned();
-        types[id] = Value::I64(if a["special"].as_bool().unwrap() { 3 } else { 4 });
+        types[id] = Value::I64(if a["special"].as_bool().unwrap() {
+            3
+        } else {
+            4
+        });
     }
     let merges: Vec<Value> = t["model"]["merges"]
         .as_array()
@@ -38,7 +42,11 @@ fn write_tokenizer_gguf(path: &Path, template: &str) {
         .iter()
         .map(|m| {
             let pair = m.as_array().unwrap();
-            Value::Str(format!("{} {}", pair[0].as_str().unwrap(), pair[1].as_str().unwrap()))
+            Value::Str(format!(
+                "{} {}",
+                pair[0].as_str().unwrap(),
+                pair[1].as_str().unwrap()
+            ))
         })
         .collect();
     let s = |x: &str| Value::Str(x.to_owned());
@@ -46,7 +54,10 @@ fn write_tokenizer_gguf(path: &Path, template: &str) {
         ("general.architecture".to_owned(), s("qwen35moe")),
         ("tokenizer.ggml.model".to_owned(), s("gpt2")),
         ("tokenizer.ggml.pre".to_owned(), s("qwen35")),
-        ("tokenizer.ggml.tokens".to_owned(), Value::Array(tokens.into_iter().map(Value::Str).collect())),
+        (
+            "tokenizer.ggml.tokens".to_owned(),
+            Value::Array(tokens.into_iter().map(Value::Str).collect()),
+        ),
         ("tokenizer.ggml.token_type".to_owned(), Value::Array(types)),
         ("tokenizer.ggml.merges".to_owned(), Value::Array(merges)),
         ("tokenizer.chat_template".to_owned(), s(template)),
@@ -79,8 +90,15 @@ fn the_gguf_tokenizer_encodes_as_the_original_and_its_template_renders_the_same(
             .map(|v| v.as_u64().unwrap() as u32)
             .collect();
         assert_eq!(tokenizer.encode(text, true).unwrap(), want, "{text:?}");
-        assert_eq!(original.encode(text, true).unwrap(), want, "{text:?} (original)");
-        assert_eq!(tokenizer.decode(&want, false).unwrap(), original.decode(&want, false).unwrap());
+        assert_eq!(
+            original.encode(text, true).unwrap(),
+            want,
+            "{text:?} (original)"
+        );
+        assert_eq!(
+            tokenizer.decode(&want, false).unwrap(),
+            original.decode(&want, false).unwrap()
+        );
     }
 
     // Through the CLI: tokenize and template take the GGUF file as --model.
@@ -90,21 +108,39 @@ fn the_gguf_tokenizer_encodes_as_the_original_and_its_template_renders_the_same(
         .arg(cases[0]["text"].as_str().unwrap())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let ids: Vec<String> = cases[0]["ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: Vec<String> = cases[0]["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
     assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), ids.join(","));
 
     let messages = tmp.path().join("messages.json");
     std::fs::write(&messages, r#"[{"role": "user", "content": "Hello there"}]"#).unwrap();
     let render = |model: &Path| {
         let out = spindle()
-            .args(["template", "--var", "add_generation_prompt=true", "--messages"])
+            .args([
+                "template",
+                "--var",
+                "add_generation_prompt=true",
+                "--messages",
+            ])
             .arg(&messages)
             .arg("--model")
             .arg(model)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     };
     let rendered = render(&gguf);
@@ -123,7 +159,10 @@ fn a_gguf_without_a_tokenizer_is_refused_by_run_naming_the_file() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("qwen3_5_moe.bf16.gguf") && stderr.contains("no tokenizer"), "{stderr}");
+    assert!(
+        stderr.contains("qwen3_5_moe.bf16.gguf") && stderr.contains("no tokenizer"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -142,10 +181,25 @@ fn logits_and_inspect_take_a_gguf_file() {
         .arg(tmp.path().join("out.safetensors"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = spindle().args(["inspect", "--json"]).arg(&gguf).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = spindle()
+        .args(["inspect", "--json"])
+        .arg(&gguf)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: Json = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["family"], "qwen3_5_moe");
-    assert!(json["source_format"].as_str().unwrap().starts_with("GGUF qwen35moe"));
+    assert!(json["source_format"]
+        .as_str()
+        .unwrap()
+        .starts_with("GGUF qwen35moe"));
 }

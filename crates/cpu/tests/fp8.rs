@@ -41,8 +41,14 @@ fn check_same_run(name: &str, a: &Engine, b: &Engine, what: &str) {
     let prefill = max_abs_diff(&ra.prefill_logits, &rb.prefill_logits);
     let decode = max_abs_diff(&ra.decode_logits, &rb.decode_logits);
     println!("{name} {what}: prefill max|Δ| {prefill:.2e}, decode max|Δ| {decode:.2e}");
-    assert!(prefill <= TOLERANCE, "{name} {what}: prefill logits differ by {prefill}");
-    assert!(decode <= TOLERANCE, "{name} {what}: decode logits differ by {decode}");
+    assert!(
+        prefill <= TOLERANCE,
+        "{name} {what}: prefill logits differ by {prefill}"
+    );
+    assert!(
+        decode <= TOLERANCE,
+        "{name} {what}: decode logits differ by {decode}"
+    );
     assert_eq!(ra.gen_ids, rb.gen_ids, "{name} {what}: greedy tokens");
 }
 
@@ -50,13 +56,26 @@ fn check_fixture(name: &str) {
     let tmp = TempDir::new(&format!("fp8-{name}"));
     let (fp8, deq) = pair(name, BLOCK, &tmp);
     let fp8_engine = load(&fp8, WeightFormat::Bf16);
-    check_same_run(name, &fp8_engine, &load(&deq, WeightFormat::Bf16), "as stored");
+    check_same_run(
+        name,
+        &fp8_engine,
+        &load(&deq, WeightFormat::Bf16),
+        "as stored",
+    );
 
     // The FP8 rounding is real: the logits move away from the bf16 fixture's.
     let prompt = Reference::load(name).ids("prompt_ids");
-    let original = load(&fixture(name), WeightFormat::Bf16).greedy(&prompt, 1).unwrap();
-    let moved = max_abs_diff(&fp8_engine.greedy(&prompt, 1).unwrap().prefill_logits, &original.prefill_logits);
-    assert!(moved > 1e-4, "{name}: FP8 logits equal the bf16 fixture's (max|Δ| {moved})");
+    let original = load(&fixture(name), WeightFormat::Bf16)
+        .greedy(&prompt, 1)
+        .unwrap();
+    let moved = max_abs_diff(
+        &fp8_engine.greedy(&prompt, 1).unwrap().prefill_logits,
+        &original.prefill_logits,
+    );
+    assert!(
+        moved > 1e-4,
+        "{name}: FP8 logits equal the bf16 fixture's (max|Δ| {moved})"
+    );
 
     check_same_run(
         name,
@@ -110,7 +129,10 @@ fn fp8_checkpoint_converts_to_installs_that_stream_experts() {
             .unwrap_or_else(|e| panic!("convert {quant}: {e}"));
         for file in ["manifest.json", "config.json"] {
             let text = std::fs::read_to_string(dst.join(file)).unwrap();
-            assert!(!text.contains("quantization_config"), "the install's {file} keeps the FP8 config");
+            assert!(
+                !text.contains("quantization_config"),
+                "the install's {file} keeps the FP8 config"
+            );
         }
         let streamed = LoadOptions {
             experts: ExpertResidency::Streamed,
@@ -118,6 +140,11 @@ fn fp8_checkpoint_converts_to_installs_that_stream_experts() {
             ..LoadOptions::default()
         };
         let installed = Engine::load_with(&dst, &streamed).unwrap();
-        check_same_run(name, &installed, &load(&deq, quant), &format!("install {quant}"));
+        check_same_run(
+            name,
+            &installed,
+            &load(&deq, quant),
+            &format!("install {quant}"),
+        );
     }
 }

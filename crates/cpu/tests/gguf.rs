@@ -38,8 +38,14 @@ fn check_against_reference(file: &str, fixture: &str) {
     let prefill = max_abs_diff(&run.prefill_logits, &reference.f32("prefill_logits").1);
     let decode = max_abs_diff(&run.decode_logits, &reference.f32("decode_logits").1);
     println!("{file}: prefill max|Δ| {prefill:.2e}, decode max|Δ| {decode:.2e}");
-    assert!(prefill < TOLERANCE, "{file}: prefill logits differ by {prefill}");
-    assert!(decode < TOLERANCE, "{file}: decode logits differ by {decode}");
+    assert!(
+        prefill < TOLERANCE,
+        "{file}: prefill logits differ by {prefill}"
+    );
+    assert!(
+        decode < TOLERANCE,
+        "{file}: decode logits differ by {decode}"
+    );
     assert_eq!(run.gen_ids, expected, "{file}: greedy tokens");
 }
 
@@ -65,7 +71,10 @@ fn same_run(a: &Engine, b: &Engine, what: &str) {
     let prefill = max_abs_diff(&ra.prefill_logits, &rb.prefill_logits);
     let decode = max_abs_diff(&ra.decode_logits, &rb.decode_logits);
     println!("{what}: prefill max|Δ| {prefill:.2e}, decode max|Δ| {decode:.2e}");
-    assert!(prefill <= 1e-5 && decode <= 1e-5, "{what}: logits differ by {prefill} / {decode}");
+    assert!(
+        prefill <= 1e-5 && decode <= 1e-5,
+        "{what}: logits differ by {prefill} / {decode}"
+    );
     assert_eq!(ra.gen_ids, rb.gen_ids, "{what}: greedy tokens");
 }
 
@@ -87,7 +96,9 @@ fn q8_0_and_q4_0_gguf_match_their_dequantized_copy() {
     // The quantization is real: the logits differ from the bf16 fixture's.
     let prompt = Reference::load("qwen3_5_moe_fused").ids("prompt_ids");
     let original = Reference::load("qwen3_5_moe_fused").f32("prefill_logits").1;
-    let run = load(&quantized, WeightFormat::Bf16).greedy(&prompt, 1).unwrap();
+    let run = load(&quantized, WeightFormat::Bf16)
+        .greedy(&prompt, 1)
+        .unwrap();
     assert!(max_abs_diff(&run.prefill_logits, &original) > 1e-3);
 }
 
@@ -104,7 +115,11 @@ fn gguf_converts_to_an_install_that_streams_experts() {
         ..LoadOptions::default()
     };
     let installed = Engine::load_with(&dst, &streamed).unwrap();
-    same_run(&installed, &load(&src, WeightFormat::Bf16), "install from GGUF");
+    same_run(
+        &installed,
+        &load(&src, WeightFormat::Bf16),
+        "install from GGUF",
+    );
 }
 
 /// A qwen35moe model of 256-wide rows (the K-quant block) built here: every projection of
@@ -122,14 +137,17 @@ fn write_k_quant_pair(quantized: &Path, dequantized: &Path) {
     let half = |x: f32| {
         let bits = x.to_bits();
         let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
-        let h = ((bits >> 16) & 0x8000) | ((exp.clamp(1, 30) as u32) << 10) | ((bits >> 13) & 0x3ff);
+        let h =
+            ((bits >> 16) & 0x8000) | ((exp.clamp(1, 30) as u32) << 10) | ((bits >> 13) & 0x3ff);
         (h as u16).to_le_bytes()
     };
     let mut blocks = |ty: GgmlType, elements: usize| -> Vec<u8> {
         let n = elements / 256;
         let mut out = Vec::with_capacity(n * ty.block_bytes());
         for _ in 0..n {
-            let mut b: Vec<u8> = (0..ty.block_bytes()).map(|_| (rng.unit() * 256.0) as u8).collect();
+            let mut b: Vec<u8> = (0..ty.block_bytes())
+                .map(|_| (rng.unit() * 256.0) as u8)
+                .collect();
             match ty {
                 GgmlType::Q4K | GgmlType::Q5K => {
                     b[0..2].copy_from_slice(&half(rng.signed(2e-3)));
@@ -149,7 +167,8 @@ fn write_k_quant_pair(quantized: &Path, dequantized: &Path) {
         ("output.weight".into(), GgmlType::Q6K, vec![H, 256]),
     ];
     for (l, gdn) in [(0, true), (1, false)] {
-        let mut add = |name: &str, ty, ne: Vec<usize>| specs.push((format!("blk.{l}.{name}"), ty, ne));
+        let mut add =
+            |name: &str, ty, ne: Vec<usize>| specs.push((format!("blk.{l}.{name}"), ty, ne));
         if gdn {
             add("attn_qkv.weight", GgmlType::Q4K, vec![H, 512]);
             add("attn_gate.weight", GgmlType::Q5K, vec![H, 256]);
@@ -185,19 +204,48 @@ fn write_k_quant_pair(quantized: &Path, dequantized: &Path) {
         (0..H).map(|_| 1.0 + rng.signed(0.1)).collect(),
     )];
     for (l, gdn) in [(0, true), (1, false)] {
-        let mut add = |name: &str, ne: Vec<usize>, v: Vec<f32>| f32s.push((format!("blk.{l}.{name}"), ne, v));
-        add("attn_norm.weight", vec![H], (0..H).map(|_| 1.0 + rng.signed(0.1)).collect());
-        add("post_attention_norm.weight", vec![H], (0..H).map(|_| 1.0 + rng.signed(0.1)).collect());
+        let mut add =
+            |name: &str, ne: Vec<usize>, v: Vec<f32>| f32s.push((format!("blk.{l}.{name}"), ne, v));
+        add(
+            "attn_norm.weight",
+            vec![H],
+            (0..H).map(|_| 1.0 + rng.signed(0.1)).collect(),
+        );
+        add(
+            "post_attention_norm.weight",
+            vec![H],
+            (0..H).map(|_| 1.0 + rng.signed(0.1)).collect(),
+        );
         if gdn {
             add("ssm_conv1d.weight", vec![4, 512], rng.signed_vec(2048, 0.5));
-            add("ssm_a", vec![4], (0..4).map(|_| -0.5 - rng.unit()).collect());
+            add(
+                "ssm_a",
+                vec![4],
+                (0..4).map(|_| -0.5 - rng.unit()).collect(),
+            );
             add("ssm_dt.bias", vec![4], rng.signed_vec(4, 0.5));
-            add("ssm_norm.weight", vec![64], (0..64).map(|_| 1.0 + rng.signed(0.1)).collect());
+            add(
+                "ssm_norm.weight",
+                vec![64],
+                (0..64).map(|_| 1.0 + rng.signed(0.1)).collect(),
+            );
         } else {
-            add("attn_q_norm.weight", vec![64], (0..64).map(|_| 1.0 + rng.signed(0.1)).collect());
-            add("attn_k_norm.weight", vec![64], (0..64).map(|_| 1.0 + rng.signed(0.1)).collect());
+            add(
+                "attn_q_norm.weight",
+                vec![64],
+                (0..64).map(|_| 1.0 + rng.signed(0.1)).collect(),
+            );
+            add(
+                "attn_k_norm.weight",
+                vec![64],
+                (0..64).map(|_| 1.0 + rng.signed(0.1)).collect(),
+            );
         }
-        add("ffn_gate_inp.weight", vec![H, 4], rng.signed_vec(4 * H, 0.1));
+        add(
+            "ffn_gate_inp.weight",
+            vec![H, 4],
+            rng.signed_vec(4 * H, 0.1),
+        );
         add("ffn_gate_inp_shexp.weight", vec![H], rng.signed_vec(H, 0.1));
     }
     let u = |n: u64| Value::U64(n);
@@ -222,7 +270,10 @@ fn write_k_quant_pair(quantized: &Path, dequantized: &Path) {
         ("ssm.group_count", u(2)),
         ("ssm.time_step_rank", u(4)),
         ("ssm.inner_size", u(256)),
-        ("attention.recurrent_layers", Value::Array(vec![Value::Bool(true), Value::Bool(false)])),
+        (
+            "attention.recurrent_layers",
+            Value::Array(vec![Value::Bool(true), Value::Bool(false)]),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (format!("{arch}.{k}"), v))
@@ -231,9 +282,16 @@ fn write_k_quant_pair(quantized: &Path, dequantized: &Path) {
         ("tokenizer.ggml.eos_token_id".to_owned(), u(1)),
     ])
     .collect();
-    let f32_bytes: Vec<Vec<u8>> = f32s.iter().map(|(_, _, v)| bytemuck::cast_slice(v).to_vec()).collect();
+    let f32_bytes: Vec<Vec<u8>> = f32s
+        .iter()
+        .map(|(_, _, v)| bytemuck::cast_slice(v).to_vec())
+        .collect();
     for (path, quantized_file) in [(quantized, true), (dequantized, false)] {
-        let bytes = if quantized_file { &mut quant_bytes } else { &mut deq_bytes };
+        let bytes = if quantized_file {
+            &mut quant_bytes
+        } else {
+            &mut deq_bytes
+        };
         let mut tensors: Vec<TensorOut> = specs
             .iter()
             .zip(bytes.iter())
@@ -244,12 +302,16 @@ fn write_k_quant_pair(quantized: &Path, dequantized: &Path) {
                 bytes: b,
             })
             .collect();
-        tensors.extend(f32s.iter().zip(&f32_bytes).map(|((name, ne, _), b)| TensorOut {
-            name,
-            ty: GgmlType::F32,
-            ne: ne.clone(),
-            bytes: b,
-        }));
+        tensors.extend(
+            f32s.iter()
+                .zip(&f32_bytes)
+                .map(|((name, ne, _), b)| TensorOut {
+                    name,
+                    ty: GgmlType::F32,
+                    ne: ne.clone(),
+                    bytes: b,
+                }),
+        );
         write(path, &metadata, &tensors).unwrap();
     }
 }
@@ -264,8 +326,14 @@ fn k_quant_gguf_matches_its_dequantized_copy() {
         let (a, b) = (load(&q, quant), load(&d, quant));
         let (ra, rb) = (a.greedy(&prompt, 6).unwrap(), b.greedy(&prompt, 6).unwrap());
         assert!(ra.prefill_logits.iter().all(|v| v.is_finite()));
-        assert!(ra.prefill_logits.iter().any(|&v| v != ra.prefill_logits[0]), "constant logits");
-        assert_eq!(ra.prefill_logits, rb.prefill_logits, "{quant}: prefill logits");
+        assert!(
+            ra.prefill_logits.iter().any(|&v| v != ra.prefill_logits[0]),
+            "constant logits"
+        );
+        assert_eq!(
+            ra.prefill_logits, rb.prefill_logits,
+            "{quant}: prefill logits"
+        );
         assert_eq!(ra.decode_logits, rb.decode_logits, "{quant}: decode logits");
         assert_eq!(ra.gen_ids, rb.gen_ids, "{quant}: greedy tokens");
     }

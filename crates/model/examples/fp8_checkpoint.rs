@@ -23,7 +23,9 @@ fn main() {
         [128, 128]
     };
     let p = |s: &String| std::path::PathBuf::from(s);
-    if let Err(e) = spindle_model::fp8::make::write_fp8_pair(&p(&args[0]), &p(&args[1]), &p(&args[2]), block) {
+    if let Err(e) =
+        spindle_model::fp8::make::write_fp8_pair(&p(&args[0]), &p(&args[1]), &p(&args[2]), block)
+    {
         eprintln!("error: {e}");
         std::process::exit(1);
     }

@@ -347,7 +347,11 @@ impl Checkpoint {
         });
         for (name, shard, dtype, shape, start, end) in placed {
             let entry = Entry {
-                shard: if shard == usize::MAX { owned_shard } else { shard },
+                shard: if shard == usize::MAX {
+                    owned_shard
+                } else {
+                    shard
+                },
                 dtype: match dtype {
                     DType::Bf16 => StDtype::BF16,
                     DType::F16 => StDtype::F16,
@@ -398,7 +402,10 @@ impl Checkpoint {
 
     /// The f32 values of block-FP8 tensor `name` (paired at open), dequantized exactly.
     fn fp8_values(&self, name: &str, entry: &Entry) -> Result<Vec<f32>> {
-        let scale_name = entry.scale.as_deref().expect("FP8 entries are paired at open");
+        let scale_name = entry
+            .scale
+            .as_deref()
+            .expect("FP8 entries are paired at open");
         let scale = &self.entries[scale_name];
         let scale_dtype = self.float_dtype(scale_name, scale)?;
         let map = &self.shards[scale.shard].map;
@@ -406,7 +413,12 @@ impl Checkpoint {
         let codes = &self.shards[entry.shard].map[entry.start..entry.end];
         let fp8 = self.fp8.as_ref().expect("set with the pairs");
         tracing::trace!(tensor = name, "dequantizing block FP8");
-        Ok(crate::fp8::dequantize(codes, &scales, &entry.shape, fp8.block))
+        Ok(crate::fp8::dequantize(
+            codes,
+            &scales,
+            &entry.shape,
+            fp8.block,
+        ))
     }
 
     /// The shape of tensor `name`, if present.
@@ -457,7 +469,12 @@ impl Checkpoint {
         let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
         if entry.scale.is_some() {
             let values = self.fp8_values(name, entry)?;
-            return Ok(Matrix::new(DType::F32, rows, cols, Storage::from_f32(&values)));
+            return Ok(Matrix::new(
+                DType::F32,
+                rows,
+                cols,
+                Storage::from_f32(&values),
+            ));
         }
         let dtype = self.float_dtype(name, entry)?;
         let storage = Storage::new(

@@ -114,7 +114,10 @@ fn fp8_config_with(edit: impl Fn(&mut serde_json::Value)) -> ModelError {
 #[test]
 fn fp8_configs_spindle_cannot_apply_are_refused_by_field() {
     let cases: [(&str, Box<dyn Fn(&mut serde_json::Value)>); 5] = [
-        ("quantization_config.fmt", Box::new(|q| q["fmt"] = "e5m2".into())),
+        (
+            "quantization_config.fmt",
+            Box::new(|q| q["fmt"] = "e5m2".into()),
+        ),
         (
             "quantization_config.activation_scheme",
             Box::new(|q| q["activation_scheme"] = "static".into()),

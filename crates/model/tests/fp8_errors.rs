@@ -77,7 +77,12 @@ fn a_missing_scale_tensor_is_named() {
     rewrite(&dir, |t| t.retain(|(n, ..)| n != DOWN_SCALE));
     assert_names(
         &open_err(&dir),
-        &[DOWN, "model.safetensors", "without its scale tensor", DOWN_SCALE],
+        &[
+            DOWN,
+            "model.safetensors",
+            "without its scale tensor",
+            DOWN_SCALE,
+        ],
     );
 }
 
@@ -110,10 +115,19 @@ fn a_scale_of_an_integer_dtype_is_refused() {
 fn fp8_tensors_without_a_quantization_config_are_refused() {
     let tmp = fp8_dense();
     let dir = tmp.path().join("fp8");
-    fs::copy(fixture("qwen3_5_dense").join("config.json"), dir.join("config.json")).unwrap();
+    fs::copy(
+        fixture("qwen3_5_dense").join("config.json"),
+        dir.join("config.json"),
+    )
+    .unwrap();
     assert_names(
         &open_err(&dir),
-        &["model.safetensors", "F8_E4M3", "quantization_config", "config.json"],
+        &[
+            "model.safetensors",
+            "F8_E4M3",
+            "quantization_config",
+            "config.json",
+        ],
     );
 }
 
@@ -122,10 +136,14 @@ fn an_unsupported_fmt_is_refused_when_the_checkpoint_opens() {
     let tmp = fp8_dense();
     let dir = tmp.path().join("fp8");
     let path = dir.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
     v["quantization_config"]["fmt"] = "e5m2".into();
     fs::write(&path, v.to_string()).unwrap();
-    assert_names(&open_err(&dir), &["config.json", "quantization_config.fmt", "e5m2"]);
+    assert_names(
+        &open_err(&dir),
+        &["config.json", "quantization_config.fmt", "e5m2"],
+    );
 }
 
 #[test]
@@ -136,6 +154,10 @@ fn check_weights_finds_an_fp8_nan_code() {
         let w = t.iter_mut().find(|(n, ..)| n == DOWN).unwrap();
         w.3[5] = 0xff;
     });
-    let message = Checkpoint::open(&dir).unwrap().check_finite().unwrap_err().to_string();
+    let message = Checkpoint::open(&dir)
+        .unwrap()
+        .check_finite()
+        .unwrap_err()
+        .to_string();
     assert_names(&message, &[DOWN, "element 5", "NaN"]);
 }

@@ -91,7 +91,10 @@ fn an_unknown_metadata_key_is_refused_rather_than_ignored() {
         b[at + key.len() - 8..at + key.len()].copy_from_slice(b"windowed");
     });
     let message = ModelConfig::from_dir(&path).unwrap_err().to_string();
-    assert_names(&message, &[MOE, "qwen35moe.full_attention_windowed", "refused"]);
+    assert_names(
+        &message,
+        &[MOE, "qwen35moe.full_attention_windowed", "refused"],
+    );
 }
 
 #[test]
@@ -110,7 +113,10 @@ fn a_split_set_missing_a_part_is_refused_naming_it() {
         fs::copy(source(&name), tmp.path().join(&name)).unwrap();
     }
     let first = tmp.path().join("qwen3_5_dense.bf16-00001-of-00003.gguf");
-    assert_names(&open_err(&first), &["qwen3_5_dense.bf16-00003-of-00003.gguf", "missing"]);
+    assert_names(
+        &open_err(&first),
+        &["qwen3_5_dense.bf16-00003-of-00003.gguf", "missing"],
+    );
 }
 
 #[test]

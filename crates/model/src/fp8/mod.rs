@@ -45,12 +45,13 @@ impl BlockFp8 {
     /// `None` when there is none.
     pub fn from_dir(dir: &Path) -> Result<Option<Self>> {
         let path = dir.join("config.json");
-        let text = crate::fs::read_bounded_to_string(&path, crate::fs::CONFIG_LIMIT).map_err(
-            |error| ModelError::Io {
-                path: path.clone(),
-                error,
-            },
-        )?;
+        let text =
+            crate::fs::read_bounded_to_string(&path, crate::fs::CONFIG_LIMIT).map_err(|error| {
+                ModelError::Io {
+                    path: path.clone(),
+                    error,
+                }
+            })?;
         let value: Value = serde_json::from_str(&text).map_err(|error| ModelError::Json {
             path: path.clone(),
             error,
@@ -220,8 +221,16 @@ pub fn dequantize(codes: &[u8], scales: &[f32], shape: &[usize], block: [usize; 
     let n = shape.len();
     let (rows, cols) = (shape[n - 2], shape[n - 1]);
     let (srows, scols) = (rows.div_ceil(block[0]), cols.div_ceil(block[1]));
-    assert_eq!(codes.len(), shape.iter().product::<usize>(), "codes of {shape:?}");
-    assert_eq!(scales.len() * rows * cols, codes.len() * srows * scols, "scales of {shape:?}");
+    assert_eq!(
+        codes.len(),
+        shape.iter().product::<usize>(),
+        "codes of {shape:?}"
+    );
+    assert_eq!(
+        scales.len() * rows * cols,
+        codes.len() * srows * scols,
+        "scales of {shape:?}"
+    );
     let table: Vec<f32> = (0..=255u8).map(e4m3_to_f32).collect();
     let mut out = vec![0.0f32; codes.len()];
     out.par_chunks_mut(cols.max(1))

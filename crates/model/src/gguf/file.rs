@@ -110,7 +110,11 @@ impl<'a> Cursor<'a> {
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        match self.at.checked_add(n).filter(|&end| end <= self.bytes.len()) {
+        match self
+            .at
+            .checked_add(n)
+            .filter(|&end| end <= self.bytes.len())
+        {
             Some(end) => {
                 let out = &self.bytes[self.at..end];
                 self.at = end;
@@ -127,13 +131,19 @@ impl<'a> Cursor<'a> {
         Ok(self.take(1)?[0])
     }
     fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
 
     fn count(&mut self, what: &str) -> Result<usize> {
@@ -147,7 +157,9 @@ impl<'a> Cursor<'a> {
     fn string(&mut self) -> Result<String> {
         let n = self.u64()?;
         if n > MAX_STRING {
-            return Err(self.err(format!("a string of {n} bytes is beyond what a GGUF file holds")));
+            return Err(self.err(format!(
+                "a string of {n} bytes is beyond what a GGUF file holds"
+            )));
         }
         let bytes = self.take(n as usize)?;
         String::from_utf8(bytes.to_vec()).map_err(|_| self.err("a string is not UTF-8".into()))
@@ -183,7 +195,9 @@ impl<'a> Cursor<'a> {
             10 => Value::U64(self.u64()?),
             11 => Value::I64(self.u64()? as i64),
             12 => Value::F64(f64::from_bits(self.u64()?)),
-            other => return Err(self.err(format!("metadata value type {other} is not a GGUF type"))),
+            other => {
+                return Err(self.err(format!("metadata value type {other} is not a GGUF type")))
+            }
         })
     }
 }
@@ -210,7 +224,9 @@ impl GgufFile {
         }
         let version = c.u32()?;
         if !(2..=3).contains(&version) {
-            return Err(c.err(format!("GGUF version {version}: spindle reads versions 2 and 3")));
+            return Err(c.err(format!(
+                "GGUF version {version}: spindle reads versions 2 and 3"
+            )));
         }
         let n_tensors = c.count("tensor count")?;
         let n_kv = c.count("metadata count")?;
@@ -251,7 +267,9 @@ impl GgufFile {
                 _ => {
                     return Err(ModelError::Gguf {
                         path: path.to_owned(),
-                        message: format!("metadata key `general.alignment` = {v:?}: expected a power of two"),
+                        message: format!(
+                            "metadata key `general.alignment` = {v:?}: expected a power of two"
+                        ),
                     })
                 }
             },
@@ -284,7 +302,9 @@ impl GgufFile {
                 .checked_add(data_start)
                 .filter(|s| s % alignment == 0 || offset % alignment as u64 == 0);
             let Some(start) = start else {
-                return Err(bad(format!("data offset {offset} is not aligned to {alignment}")));
+                return Err(bad(format!(
+                    "data offset {offset} is not aligned to {alignment}"
+                )));
             };
             let end = start.checked_add(bytes).filter(|&e| e <= map.len()).ok_or_else(|| {
                 bad(format!(

@@ -20,7 +20,8 @@ use file::GgufFile;
 
 /// Whether `path` names a GGUF file (by its extension).
 pub fn is_gguf(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
 /// The files of the model at `path`: the file itself, or every part of a split set
@@ -33,7 +34,10 @@ pub fn split_files(path: &Path) -> Result<Vec<PathBuf>> {
     // "model-00001-of-00003" splits (from the right) into ["00003", "of", "00001", "model"].
     let split = match parts.as_slice() {
         [count, "of", index, base]
-            if count.len() == 5 && index.len() == 5 && count.bytes().all(|b| b.is_ascii_digit()) && index.bytes().all(|b| b.is_ascii_digit()) =>
+            if count.len() == 5
+                && index.len() == 5
+                && count.bytes().all(|b| b.is_ascii_digit())
+                && index.bytes().all(|b| b.is_ascii_digit()) =>
         {
             Some((base.to_string(), count.parse::<usize>().unwrap_or(0)))
         }

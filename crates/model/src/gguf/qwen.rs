@@ -119,7 +119,10 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
         match get(k) {
             None => Ok(None),
             Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-                err(f, format!("metadata key `{prefix}{k}` = {v:?}: expected an unsigned integer"))
+                err(
+                    f,
+                    format!("metadata key `{prefix}{k}` = {v:?}: expected an unsigned integer"),
+                )
             }),
         }
     };
@@ -128,9 +131,15 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
     };
     let nextn = uint("nextn_predict_layers")?.unwrap_or(0);
     let blocks = need("block_count")?;
-    let layers = blocks.checked_sub(nextn).filter(|&n| n > 0).ok_or_else(|| {
-        err(f, format!("`{prefix}block_count` {blocks} leaves no layers after {nextn} MTP layers"))
-    })?;
+    let layers = blocks
+        .checked_sub(nextn)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            err(
+                f,
+                format!("`{prefix}block_count` {blocks} leaves no layers after {nextn} MTP layers"),
+            )
+        })?;
     let hidden = need("embedding_length")?;
     let heads = need("attention.head_count")?;
     let head_dim = match uint("attention.key_length")? {
@@ -148,7 +157,9 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
     let eps = get("attention.layer_norm_rms_epsilon")
         .and_then(Value::as_f64)
         .ok_or_else(|| err(f, format!("metadata key `{prefix}attention.layer_norm_rms_epsilon` is missing or not a number")))?;
-    let theta = get("rope.freq_base").and_then(Value::as_f64).unwrap_or(10_000.0);
+    let theta = get("rope.freq_base")
+        .and_then(Value::as_f64)
+        .unwrap_or(10_000.0);
     let v_heads = need("ssm.time_step_rank")?;
     let inner = need("ssm.inner_size")?;
     if v_heads == 0 || inner % v_heads != 0 {
@@ -158,7 +169,12 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
     }
     let layer_types: Vec<&str> = match get("attention.recurrent_layers") {
         Some(v) => {
-            let flags = v.as_array().ok_or_else(|| err(f, format!("`{prefix}attention.recurrent_layers` is not an array")))?;
+            let flags = v.as_array().ok_or_else(|| {
+                err(
+                    f,
+                    format!("`{prefix}attention.recurrent_layers` is not an array"),
+                )
+            })?;
             flags
                 .iter()
                 .take(layers as usize)
@@ -172,7 +188,13 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
         None => {
             let interval = uint("full_attention_interval")?.unwrap_or(4).max(1);
             (0..layers)
-                .map(|i| if (i + 1) % interval == 0 { "full_attention" } else { "linear_attention" })
+                .map(|i| {
+                    if (i + 1) % interval == 0 {
+                        "full_attention"
+                    } else {
+                        "linear_attention"
+                    }
+                })
                 .collect()
         }
     };
@@ -195,7 +217,10 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
     c.insert("num_hidden_layers".into(), layers.into());
     c.insert("rms_norm_eps".into(), eps.into());
     c.insert("num_attention_heads".into(), heads.into());
-    c.insert("num_key_value_heads".into(), need("attention.head_count_kv")?.into());
+    c.insert(
+        "num_key_value_heads".into(),
+        need("attention.head_count_kv")?.into(),
+    );
     c.insert("head_dim".into(), head_dim.into());
     let partial = rope_dim as f64 / head_dim.max(1) as f64;
     c.insert("partial_rotary_factor".into(), partial.into());
@@ -203,9 +228,15 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
         "rope_parameters".into(),
         json!({"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": partial}),
     );
-    c.insert("linear_conv_kernel_dim".into(), need("ssm.conv_kernel")?.into());
+    c.insert(
+        "linear_conv_kernel_dim".into(),
+        need("ssm.conv_kernel")?.into(),
+    );
     c.insert("linear_key_head_dim".into(), need("ssm.state_size")?.into());
-    c.insert("linear_num_key_heads".into(), need("ssm.group_count")?.into());
+    c.insert(
+        "linear_num_key_heads".into(),
+        need("ssm.group_count")?.into(),
+    );
     c.insert("linear_num_value_heads".into(), v_heads.into());
     c.insert("linear_value_head_dim".into(), (inner / v_heads).into());
     c.insert("layer_types".into(), layer_types.into());
@@ -218,8 +249,14 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
     }
     if arch != Arch::Qwen35 {
         c.insert("num_experts".into(), need("expert_count")?.into());
-        c.insert("num_experts_per_tok".into(), need("expert_used_count")?.into());
-        c.insert("moe_intermediate_size".into(), need("expert_feed_forward_length")?.into());
+        c.insert(
+            "num_experts_per_tok".into(),
+            need("expert_used_count")?.into(),
+        );
+        c.insert(
+            "moe_intermediate_size".into(),
+            need("expert_feed_forward_length")?.into(),
+        );
         c.insert(
             "shared_expert_intermediate_size".into(),
             need("expert_shared_feed_forward_length")?.into(),
@@ -309,8 +346,12 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
             let bad = |message: String| err(f, format!("tensor `{}`: {message}", t.name));
             let (bid, rest) = match t.name.strip_prefix("blk.") {
                 Some(r) => {
-                    let (n, rest) = r.split_once('.').ok_or_else(|| bad("no block suffix".into()))?;
-                    let n: usize = n.parse().map_err(|_| bad("block number is not a number".into()))?;
+                    let (n, rest) = r
+                        .split_once('.')
+                        .ok_or_else(|| bad("no block suffix".into()))?;
+                    let n: usize = n
+                        .parse()
+                        .map_err(|_| bad("block number is not a number".into()))?;
                     (Some(n), rest)
                 }
                 None => (None, t.name.as_str()),
@@ -333,36 +374,73 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                             end: t.end,
                         },
                     ),
-                    None => (name, Part::Owned { shape, values: values() }),
+                    None => (
+                        name,
+                        Part::Owned {
+                            shape,
+                            values: values(),
+                        },
+                    ),
                 }
             };
-            let owned = |name: String, shape: Vec<usize>, values: Vec<f32>| (name, Part::Owned { shape, values });
+            let owned = |name: String, shape: Vec<usize>, values: Vec<f32>| {
+                (name, Part::Owned { shape, values })
+            };
             let Some(i) = bid else {
                 match rest {
-                    "token_embd.weight" => out.push(as_stored("model.embed_tokens.weight".into(), shape)),
+                    "token_embd.weight" => {
+                        out.push(as_stored("model.embed_tokens.weight".into(), shape))
+                    }
                     "output.weight" => out.push(as_stored("lm_head.weight".into(), shape)),
-                    "output_norm.weight" => out.push(owned("model.norm.weight".into(), shape, minus_one(values()))),
-                    _ => return Err(bad(format!("not a tensor of the {} layout spindle maps", arch.name()))),
+                    "output_norm.weight" => out.push(owned(
+                        "model.norm.weight".into(),
+                        shape,
+                        minus_one(values()),
+                    )),
+                    _ => {
+                        return Err(bad(format!(
+                            "not a tensor of the {} layout spindle maps",
+                            arch.name()
+                        )))
+                    }
                 }
                 continue;
             };
             let l = |suffix: &str| format!("model.layers.{i}.{suffix}");
             let rows = shape.first().copied().unwrap_or(1);
             match rest {
-                "attn_norm.weight" => out.push(owned(l("input_layernorm.weight"), shape, minus_one(values()))),
-                "post_attention_norm.weight" => out.push(owned(l("post_attention_layernorm.weight"), shape, minus_one(values()))),
+                "attn_norm.weight" => out.push(owned(
+                    l("input_layernorm.weight"),
+                    shape,
+                    minus_one(values()),
+                )),
+                "post_attention_norm.weight" => out.push(owned(
+                    l("post_attention_layernorm.weight"),
+                    shape,
+                    minus_one(values()),
+                )),
                 "attn_q.weight" => out.push(as_stored(l("self_attn.q_proj.weight"), shape)),
                 "attn_k.weight" => out.push(as_stored(l("self_attn.k_proj.weight"), shape)),
                 "attn_v.weight" => out.push(as_stored(l("self_attn.v_proj.weight"), shape)),
                 "attn_output.weight" => out.push(as_stored(l("self_attn.o_proj.weight"), shape)),
-                "attn_q_norm.weight" => out.push(owned(l("self_attn.q_norm.weight"), shape, minus_one(values()))),
-                "attn_k_norm.weight" => out.push(owned(l("self_attn.k_norm.weight"), shape, minus_one(values()))),
+                "attn_q_norm.weight" => out.push(owned(
+                    l("self_attn.q_norm.weight"),
+                    shape,
+                    minus_one(values()),
+                )),
+                "attn_k_norm.weight" => out.push(owned(
+                    l("self_attn.k_norm.weight"),
+                    shape,
+                    minus_one(values()),
+                )),
                 "attn_qkv.weight" => {
                     let cols = t.ne[0];
                     let qk_rows = 2 * heads.nk * heads.hk;
                     let mut v = values();
                     if qk_rows * cols > v.len() {
-                        return Err(bad(format!("shape {shape:?} is smaller than its q and k rows ({qk_rows})")));
+                        return Err(bad(format!(
+                            "shape {shape:?} is smaller than its q and k rows ({qk_rows})"
+                        )));
                     }
                     let tail = heads.untile(&v[qk_rows * cols..], heads.hv, cols);
                     v[qk_rows * cols..].copy_from_slice(&tail);
@@ -380,8 +458,16 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                         out.push(owned(l("linear_attn.in_proj_z.weight"), shape, v));
                     }
                 }
-                "ssm_alpha.weight" => out.push(owned(l("linear_attn.in_proj_a.weight"), shape, heads.untile(&values(), 1, t.ne[0]))),
-                "ssm_beta.weight" => out.push(owned(l("linear_attn.in_proj_b.weight"), shape, heads.untile(&values(), 1, t.ne[0]))),
+                "ssm_alpha.weight" => out.push(owned(
+                    l("linear_attn.in_proj_a.weight"),
+                    shape,
+                    heads.untile(&values(), 1, t.ne[0]),
+                )),
+                "ssm_beta.weight" => out.push(owned(
+                    l("linear_attn.in_proj_b.weight"),
+                    shape,
+                    heads.untile(&values(), 1, t.ne[0]),
+                )),
                 "ssm_ba.weight" => out.push(as_stored(l("linear_attn.in_proj_ba.weight"), shape)),
                 "ssm_conv1d.weight" => {
                     // [C, K] → [C, 1, K]; the V channels follow q and k.
@@ -389,7 +475,9 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                     let mut v = values();
                     let qk = 2 * heads.nk * heads.hk * k;
                     if qk > v.len() {
-                        return Err(bad(format!("shape {shape:?} is smaller than its q and k channels")));
+                        return Err(bad(format!(
+                            "shape {shape:?} is smaller than its q and k channels"
+                        )));
                     }
                     let tail = heads.untile(&v[qk..], heads.hv, k);
                     v[qk..].copy_from_slice(&tail);
@@ -398,24 +486,41 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                 "ssm_a" => {
                     let a = heads.untile(&values(), 1, 1);
                     if let Some(bad_a) = a.iter().find(|&&x| x.is_nan() || x >= 0.0) {
-                        return Err(bad(format!("holds {bad_a}: llama.cpp stores -exp(A_log), always negative")));
+                        return Err(bad(format!(
+                            "holds {bad_a}: llama.cpp stores -exp(A_log), always negative"
+                        )));
                     }
                     let a_log = a.iter().map(|&x| (-x).ln()).collect();
                     out.push(owned(l("linear_attn.A_log"), shape, a_log));
                 }
-                "ssm_dt.bias" => out.push(owned(l("linear_attn.dt_bias"), shape, heads.untile(&values(), 1, 1))),
+                "ssm_dt.bias" => out.push(owned(
+                    l("linear_attn.dt_bias"),
+                    shape,
+                    heads.untile(&values(), 1, 1),
+                )),
                 "ssm_norm.weight" => out.push(as_stored(l("linear_attn.norm.weight"), shape)),
-                "ssm_out.weight" => out.push(owned(l("linear_attn.out_proj.weight"), shape, heads.untile_cols(&values(), rows, heads.hv))),
+                "ssm_out.weight" => out.push(owned(
+                    l("linear_attn.out_proj.weight"),
+                    shape,
+                    heads.untile_cols(&values(), rows, heads.hv),
+                )),
                 "ffn_gate.weight" => out.push(as_stored(l("mlp.gate_proj.weight"), shape)),
                 "ffn_up.weight" => out.push(as_stored(l("mlp.up_proj.weight"), shape)),
                 "ffn_down.weight" => out.push(as_stored(l("mlp.down_proj.weight"), shape)),
                 "ffn_gate_inp.weight" => out.push(as_stored(l("mlp.gate.weight"), shape)),
-                "ffn_gate_shexp.weight" => out.push(as_stored(l("mlp.shared_expert.gate_proj.weight"), shape)),
-                "ffn_up_shexp.weight" => out.push(as_stored(l("mlp.shared_expert.up_proj.weight"), shape)),
-                "ffn_down_shexp.weight" => out.push(as_stored(l("mlp.shared_expert.down_proj.weight"), shape)),
-                "ffn_gate_inp_shexp.weight" => {
-                    out.push(as_stored(l("mlp.shared_expert_gate.weight"), vec![1, t.ne[0]]))
+                "ffn_gate_shexp.weight" => {
+                    out.push(as_stored(l("mlp.shared_expert.gate_proj.weight"), shape))
                 }
+                "ffn_up_shexp.weight" => {
+                    out.push(as_stored(l("mlp.shared_expert.up_proj.weight"), shape))
+                }
+                "ffn_down_shexp.weight" => {
+                    out.push(as_stored(l("mlp.shared_expert.down_proj.weight"), shape))
+                }
+                "ffn_gate_inp_shexp.weight" => out.push(as_stored(
+                    l("mlp.shared_expert_gate.weight"),
+                    vec![1, t.ne[0]],
+                )),
                 "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight" => {
                     let proj = &rest[4..rest.len() - 12]; // gate / up / down
                     if t.ne.len() != 3 {
@@ -443,7 +548,12 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                         out.push((name, part));
                     }
                 }
-                _ => return Err(bad(format!("not a tensor of the {} layout spindle maps", arch.name()))),
+                _ => {
+                    return Err(bad(format!(
+                        "not a tensor of the {} layout spindle maps",
+                        arch.name()
+                    )))
+                }
             }
         }
     }

@@ -44,7 +44,12 @@ fn strings<'a>(f: &'a GgufFile, key: &str) -> Result<Vec<&'a str>> {
         .ok_or_else(|| err(f, format!("metadata key `{key}` is missing")))?;
     v.as_array()
         .and_then(|a| a.iter().map(Value::as_str).collect::<Option<Vec<_>>>())
-        .ok_or_else(|| err(f, format!("metadata key `{key}` is not an array of strings")))
+        .ok_or_else(|| {
+            err(
+                f,
+                format!("metadata key `{key}` is not an array of strings"),
+            )
+        })
 }
 
 /// The `tokenizer.json` of the file, or `None` when it carries no tokenizer.
@@ -85,7 +90,13 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<Option<Json>> {
             })
             .filter(|t| t.len() == tokens.len())
             .ok_or_else(|| {
-                err(f, format!("metadata key `tokenizer.ggml.token_type` is not {} integers", tokens.len()))
+                err(
+                    f,
+                    format!(
+                        "metadata key `tokenizer.ggml.token_type` is not {} integers",
+                        tokens.len()
+                    ),
+                )
             })?,
     };
     let mut vocab = Map::new();
@@ -106,7 +117,10 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<Option<Json>> {
         .iter()
         .map(|m| match m.split_once(' ') {
             Some((a, b)) => Ok(json!([a, b])),
-            None => Err(err(f, format!("merge {m:?} in `tokenizer.ggml.merges` is not two tokens"))),
+            None => Err(err(
+                f,
+                format!("merge {m:?} in `tokenizer.ggml.merges` is not two tokens"),
+            )),
         })
         .collect::<Result<_>>()?;
     Ok(Some(json!({
