@@ -126,7 +126,8 @@ fn gguf_converts_to_an_install_that_streams_experts() {
 /// random Q4_K / Q5_K / Q6_K blocks (small scales), norms and GDN vectors f32. Written twice:
 /// as K-quants, and as f32 holding the dequantized values (the dequantizers are checked
 /// against the `gguf` package in `spindle-model`'s `gguf_quants` test).
-fn write_k_quant_pair(quantized: &Path, dequantized: &Path) {
+/// With `tied`, the file has no `output.weight` (the head is the embedding).
+fn write_k_quant_pair(quantized: &Path, dequantized: &Path, tied: bool) {
     use spindle_model::gguf::file::Value;
     use spindle_model::gguf::quants::{dequantize, GgmlType};
     use spindle_model::gguf::write::{write, TensorOut};
@@ -166,6 +167,9 @@ fn write_k_quant_pair(quantized: &Path, dequantized: &Path) {
         ("token_embd.weight".into(), GgmlType::Q6K, vec![H, 256]),
         ("output.weight".into(), GgmlType::Q6K, vec![H, 256]),
     ];
+    if tied {
+        specs.pop();
+    }
     for (l, gdn) in [(0, true), (1, false)] {
         let mut add =
             |name: &str, ty, ne: Vec<usize>| specs.push((format!("blk.{l}.{name}"), ty, ne));
@@ -320,9 +324,14 @@ fn write_k_quant_pair(quantized: &Path, dequantized: &Path) {
 fn k_quant_gguf_matches_its_dequantized_copy() {
     let tmp = TempDir::new("gguf-kquant");
     let (q, d) = (tmp.0.join("k.gguf"), tmp.0.join("k-f32.gguf"));
-    write_k_quant_pair(&q, &d);
     let prompt: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 256).collect();
-    for quant in [WeightFormat::Bf16, WeightFormat::Q8] {
+    // Tied: the head quantized on load from a dequantized embedding the lookup still reads.
+    for (tied, quant) in [
+        (false, WeightFormat::Bf16),
+        (false, WeightFormat::Q8),
+        (true, WeightFormat::Q4),
+    ] {
+        write_k_quant_pair(&q, &d, tied);
         let (a, b) = (load(&q, quant), load(&d, quant));
         let (ra, rb) = (a.greedy(&prompt, 6).unwrap(), b.greedy(&prompt, 6).unwrap());
         assert!(ra.prefill_logits.iter().all(|v| v.is_finite()));

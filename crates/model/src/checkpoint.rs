@@ -40,6 +40,25 @@ struct Entry {
     scale: Option<String>,
 }
 
+/// `len` bytes of writable memory backed by a memory file (`memfd_create`), shared-mapped:
+/// unlike a private anonymous map, pages a tensor gives back with
+/// [`Storage::release_pages`](crate::tensor::Storage::release_pages) (MADV_DONTNEED) read back
+/// their contents, not zeros, when another view of the same bytes touches them again.
+fn shared_memory(len: usize) -> std::io::Result<memmap2::MmapMut> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new descriptor
+    // or -1 with errno set.
+    let fd = unsafe { libc::memfd_create(c"spindle-converted-tensors".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor this function owns; the File closes it.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.set_len(len as u64)?;
+    // SAFETY: the memory file is private to this process and only written through this map.
+    unsafe { memmap2::MmapMut::map_mut(&file) }
+}
+
 /// One tensor of an [`Checkpoint::assembled`] checkpoint.
 pub(crate) enum Part {
     /// Bytes `start..end` of a mapped file, as stored.
@@ -310,7 +329,7 @@ impl Checkpoint {
             path: dir.to_owned(),
             error,
         };
-        let mut owned = memmap2::MmapMut::map_anon(owned_bytes.max(1)).map_err(io_err)?;
+        let mut owned = shared_memory(owned_bytes.max(1)).map_err(io_err)?;
         let mut at = 0;
         let mut placed = Vec::with_capacity(tensors.len());
         for (name, part) in tensors {
