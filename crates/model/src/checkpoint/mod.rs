@@ -8,6 +8,7 @@
 //! Block-FP8 checkpoints (MODEL_MATH §9): each `F8_E4M3` tensor is paired at open with its
 //! `<name>_scale_inv` (shape checked against the config's `weight_block_size`), and handed out
 //! dequantized to f32 (the one copy into the heap); the scale tensors are not listed.
+//! A GGUF file opens as a checkpoint too (`assembled.rs`), under the safetensors names.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,11 @@ use serde_json::Value;
 use crate::error::{ModelError, Result};
 use crate::fp8::BlockFp8;
 use crate::tensor::{decode_f32, DType, Matrix, Storage};
+
+mod assembled;
+mod fp8;
+
+pub(crate) use assembled::Part;
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
 const SINGLE_FILE: &str = "model.safetensors";
@@ -38,40 +44,6 @@ struct Entry {
     end: usize,
     /// For an `F8_E4M3` tensor: the name of its scale tensor.
     scale: Option<String>,
-}
-
-/// `len` bytes of writable memory backed by a memory file (`memfd_create`), shared-mapped:
-/// unlike a private anonymous map, pages a tensor gives back with
-/// [`Storage::release_pages`](crate::tensor::Storage::release_pages) (MADV_DONTNEED) read back
-/// their contents, not zeros, when another view of the same bytes touches them again.
-fn shared_memory(len: usize) -> std::io::Result<memmap2::MmapMut> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new descriptor
-    // or -1 with errno set.
-    let fd = unsafe { libc::memfd_create(c"spindle-converted-tensors".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor this function owns; the File closes it.
-    let file = unsafe { std::fs::File::from_raw_fd(fd) };
-    file.set_len(len as u64)?;
-    // SAFETY: the memory file is private to this process and only written through this map.
-    unsafe { memmap2::MmapMut::map_mut(&file) }
-}
-
-/// One tensor of an [`Checkpoint::assembled`] checkpoint.
-pub(crate) enum Part {
-    /// Bytes `start..end` of a mapped file, as stored.
-    Mapped {
-        path: PathBuf,
-        map: Arc<Mmap>,
-        dtype: DType,
-        shape: Vec<usize>,
-        start: usize,
-        end: usize,
-    },
-    /// Values converted on open.
-    Owned { shape: Vec<usize>, values: Vec<f32> },
 }
 
 /// All tensors of a checkpoint directory, by name.
@@ -195,74 +167,6 @@ impl Checkpoint {
         Ok(checkpoint)
     }
 
-    /// Pairs every `F8_E4M3` tensor with its scale tensor, checking the scale's dtype and its
-    /// shape against `weight_block_size` of the directory's `config.json`.
-    fn pair_fp8_scales(&mut self) -> Result<()> {
-        let mut fp8_names: Vec<String> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| e.dtype == StDtype::F8_E4M3)
-            .map(|(n, _)| n.clone())
-            .collect();
-        if fp8_names.is_empty() {
-            return Ok(());
-        }
-        fp8_names.sort();
-        let first = &fp8_names[0];
-        let first_path = self.shards[self.entries[first].shard].path.clone();
-        let Some(fp8) = BlockFp8::from_dir(&self.dir)? else {
-            return Err(ModelError::BadScale {
-                path: first_path,
-                tensor: first.clone(),
-                message: format!(
-                    "stored as F8_E4M3 but {} has no quantization_config with quant_method \"fp8\" (its weight_block_size is needed to apply the scales)",
-                    self.dir.join("config.json").display()
-                ),
-            });
-        };
-        for name in &fp8_names {
-            let entry = &self.entries[name];
-            let path = self.shards[entry.shard].path.clone();
-            let bad = |message: String| ModelError::BadScale {
-                path: path.clone(),
-                tensor: name.clone(),
-                message,
-            };
-            let Some(expected) = fp8.scale_shape(&entry.shape) else {
-                return Err(bad(format!(
-                    "an F8_E4M3 tensor of shape {:?}: block FP8 needs a matrix (rank 2) or a stack of them",
-                    entry.shape
-                )));
-            };
-            let scale_name = BlockFp8::scale_name(name);
-            let Some(scale) = self.entries.get(&scale_name) else {
-                return Err(bad(format!(
-                    "an F8_E4M3 weight without its scale tensor `{scale_name}`"
-                )));
-            };
-            if !matches!(scale.dtype, StDtype::F32 | StDtype::BF16 | StDtype::F16) {
-                return Err(bad(format!(
-                    "its scale `{scale_name}` is {:?}; expected F32, BF16 or F16",
-                    scale.dtype
-                )));
-            }
-            if scale.shape != expected {
-                return Err(bad(format!(
-                    "its scale `{scale_name}` has shape {:?}; weight_block_size {:?} on a weight of shape {:?} needs {:?}",
-                    scale.shape, fp8.block, entry.shape, expected
-                )));
-            }
-            self.entries.get_mut(name).expect("listed").scale = Some(scale_name);
-        }
-        self.fp8 = Some(fp8);
-        Ok(())
-    }
-
-    /// The block-FP8 `quantization_config` when the checkpoint holds FP8 tensors.
-    pub fn fp8(&self) -> Option<&BlockFp8> {
-        self.fp8.as_ref()
-    }
-
     fn add_shard(&mut self, path: &Path) -> Result<()> {
         let io_err = |error| ModelError::Io {
             path: path.to_owned(),
@@ -308,89 +212,6 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// A checkpoint assembled from another format's tensors (GGUF), under the safetensors
-    /// names the loader asks for: ranges of mapped files kept as they are, and tensors
-    /// converted on open, laid into one anonymous map.
-    pub(crate) fn assembled(dir: &Path, tensors: Vec<(String, Part)>) -> Result<Self> {
-        let mut checkpoint = Checkpoint {
-            dir: dir.to_owned(),
-            shards: Vec::new(),
-            entries: HashMap::new(),
-            fp8: None,
-        };
-        let owned_bytes: usize = tensors
-            .iter()
-            .map(|(_, p)| match p {
-                Part::Owned { values, .. } => values.len() * 4,
-                Part::Mapped { .. } => 0,
-            })
-            .sum();
-        let io_err = |error| ModelError::Io {
-            path: dir.to_owned(),
-            error,
-        };
-        let mut owned = shared_memory(owned_bytes.max(1)).map_err(io_err)?;
-        let mut at = 0;
-        let mut placed = Vec::with_capacity(tensors.len());
-        for (name, part) in tensors {
-            match part {
-                Part::Mapped {
-                    path,
-                    map,
-                    dtype,
-                    shape,
-                    start,
-                    end,
-                } => {
-                    let shard = match checkpoint.shards.iter().position(|s| s.path == path) {
-                        Some(i) => i,
-                        None => {
-                            checkpoint.shards.push(Shard { path, map });
-                            checkpoint.shards.len() - 1
-                        }
-                    };
-                    placed.push((name, shard, dtype, shape, start, end));
-                }
-                Part::Owned { shape, values } => {
-                    let bytes: &[u8] = bytemuck::cast_slice(&values);
-                    owned[at..at + bytes.len()].copy_from_slice(bytes);
-                    placed.push((name, usize::MAX, DType::F32, shape, at, at + bytes.len()));
-                    at += bytes.len();
-                }
-            }
-        }
-        let owned_shard = checkpoint.shards.len();
-        checkpoint.shards.push(Shard {
-            path: dir.to_owned(),
-            map: Arc::new(owned.make_read_only().map_err(io_err)?),
-        });
-        for (name, shard, dtype, shape, start, end) in placed {
-            let entry = Entry {
-                shard: if shard == usize::MAX {
-                    owned_shard
-                } else {
-                    shard
-                },
-                dtype: match dtype {
-                    DType::Bf16 => StDtype::BF16,
-                    DType::F16 => StDtype::F16,
-                    DType::F32 => StDtype::F32,
-                },
-                shape,
-                start,
-                end,
-                scale: None,
-            };
-            if checkpoint.entries.insert(name.clone(), entry).is_some() {
-                return Err(ModelError::Index {
-                    path: dir.to_owned(),
-                    message: format!("tensor `{name}` is produced twice"),
-                });
-            }
-        }
-        Ok(checkpoint)
-    }
-
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -406,38 +227,6 @@ impl Checkpoint {
             .keys()
             .map(String::as_str)
             .filter(|n| !self.is_paired_scale(n))
-    }
-
-    fn is_paired_scale(&self, name: &str) -> bool {
-        name.strip_suffix("_scale_inv")
-            .and_then(|weight| self.entries.get(weight))
-            .is_some_and(|w| w.scale.is_some())
-    }
-
-    /// Whether any tensor is stored as block FP8.
-    pub fn has_fp8(&self) -> bool {
-        self.fp8.is_some()
-    }
-
-    /// The f32 values of block-FP8 tensor `name` (paired at open), dequantized exactly.
-    fn fp8_values(&self, name: &str, entry: &Entry) -> Result<Vec<f32>> {
-        let scale_name = entry
-            .scale
-            .as_deref()
-            .expect("FP8 entries are paired at open");
-        let scale = &self.entries[scale_name];
-        let scale_dtype = self.float_dtype(scale_name, scale)?;
-        let map = &self.shards[scale.shard].map;
-        let scales = decode_f32(scale_dtype, &map[scale.start..scale.end]);
-        let codes = &self.shards[entry.shard].map[entry.start..entry.end];
-        let fp8 = self.fp8.as_ref().expect("set with the pairs");
-        tracing::trace!(tensor = name, "dequantizing block FP8");
-        Ok(crate::fp8::dequantize(
-            codes,
-            &scales,
-            &entry.shape,
-            fp8.block,
-        ))
     }
 
     /// The shape of tensor `name`, if present.
