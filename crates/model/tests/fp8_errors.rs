@@ -161,3 +161,42 @@ fn check_weights_finds_an_fp8_nan_code() {
         .to_string();
     assert_names(&message, &[DOWN, "element 5", "NaN"]);
 }
+
+#[test]
+fn bf16_scales_as_qwen_releases_them_are_applied() {
+    // Qwen3's released FP8 checkpoints store the scales as BF16 (MODEL_MATH §9).
+    let tmp = fp8_dense();
+    let dir = tmp.path().join("fp8");
+    rewrite(&dir, |t| {
+        let scale = t.iter_mut().find(|(n, ..)| n == DOWN_SCALE).unwrap();
+        scale.1 = Dtype::BF16;
+        scale.3 = scale
+            .3
+            .chunks_exact(4)
+            .flat_map(|b| {
+                let bits = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                ((bits >> 16) as u16).to_le_bytes()
+            })
+            .collect();
+    });
+    let ck = Checkpoint::open(&dir).unwrap();
+    let codes_path = dir.join("model.safetensors");
+    let bytes = fs::read(&codes_path).unwrap();
+    let parsed = SafeTensors::deserialize(&bytes).unwrap();
+    let codes = parsed.tensor(DOWN).unwrap();
+    let scales: Vec<f32> = parsed
+        .tensor(DOWN_SCALE)
+        .unwrap()
+        .data()
+        .chunks_exact(2)
+        .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
+        .collect();
+    let m = ck.matrix(DOWN, &[64, 128]).unwrap().to_f32();
+    for i in 0..64 {
+        for j in 0..128 {
+            let code = codes.data()[i * 128 + j];
+            let want = spindle_model::fp8::e4m3_to_f32(code) * scales[(i / 32) * 3 + j / 48];
+            assert_eq!(m[i * 128 + j], want, "[{i}, {j}]");
+        }
+    }
+}
