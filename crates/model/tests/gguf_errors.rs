@@ -131,3 +131,37 @@ fn the_config_maps_the_metadata() {
     assert_eq!(c.rope.rotary_dim, reference.rope.rotary_dim);
     assert_eq!(c.eos_token_ids, reference.eos_token_ids);
 }
+
+#[test]
+fn end_of_turn_joins_end_of_sequence_and_a_rewritten_file_loads_the_same() {
+    use spindle_model::gguf::file::{GgufFile, Value};
+    use spindle_model::gguf::write::{write, TensorOut};
+    let src = GgufFile::open(&source(MOE)).unwrap();
+    let mut metadata = src.metadata.clone();
+    metadata.push(("tokenizer.ggml.eot_token_id".into(), Value::U64(7)));
+    let tensors: Vec<TensorOut> = src
+        .tensors
+        .iter()
+        .map(|t| TensorOut {
+            name: &t.name,
+            ty: t.ty,
+            ne: t.ne.clone(),
+            bytes: src.bytes(t),
+        })
+        .collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("eot.gguf");
+    write(&path, &metadata, &tensors).unwrap();
+    let c = ModelConfig::from_dir(&path).unwrap();
+    assert_eq!(c.eos_token_ids, vec![1, 7]);
+    let (a, b) = (
+        Checkpoint::open(&path).unwrap(),
+        Checkpoint::open(&source(MOE)).unwrap(),
+    );
+    let name = "model.layers.0.linear_attn.in_proj_qkv.weight";
+    let shape = a.shape(name).unwrap().to_vec();
+    assert_eq!(
+        a.matrix(name, &shape).unwrap().to_f32(),
+        b.matrix(name, &shape).unwrap().to_f32()
+    );
+}

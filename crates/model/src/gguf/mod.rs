@@ -18,10 +18,11 @@ use crate::error::{ModelError, Result};
 use crate::ModelConfig;
 use file::GgufFile;
 
-/// Whether `path` names a GGUF file (by its extension).
+/// Whether `path` names a GGUF file (by its extension; a directory never is).
 pub fn is_gguf(path: &Path) -> bool {
     path.extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        && !path.is_dir()
 }
 
 /// The files of the model at `path`: the file itself, or every part of a split set

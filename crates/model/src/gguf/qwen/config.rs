@@ -210,9 +210,15 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
             }
         }
     }
-    match f.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64) {
-        Some(eos) => c.insert("eos_token_id".into(), eos.into()),
-        None => c.insert("eos_token_id".into(), Json::Array(Vec::new())),
-    };
+    // End of generation: the end-of-sequence and end-of-turn tokens llama.cpp stops at.
+    let mut eos: Vec<u64> = Vec::new();
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
+        if let Some(id) = f.get(key).and_then(Value::as_u64) {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+    }
+    c.insert("eos_token_id".into(), eos.into());
     Ok(Json::Object(c))
 }
