@@ -21,7 +21,7 @@ use crate::model_dir;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Model directory. Default: the embedded demo.
+    /// Model directory, or a GGUF file. Default: the embedded demo.
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
 

@@ -11,7 +11,7 @@ use spindle_model::quant::WeightFormat;
 
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
-    /// The checkpoint directory (config.json + safetensors).
+    /// The checkpoint directory (config.json + safetensors, bf16/f16/f32 or block FP8), or a GGUF file (the first part of a split set).
     #[arg(value_name = "SRC")]
     pub src: PathBuf,
 

@@ -184,7 +184,7 @@ fn plan_json(plan: &MemoryPlan, quant: WeightFormat) -> Value {
 /// `DIR/config.json` or the config file itself; the library's error is passed on as is, so
 /// refusals (FP8 weights, unknown families) read the same everywhere.
 fn load_config(path: &Path) -> Result<ModelConfig> {
-    let config = if path.is_dir() {
+    let config = if path.is_dir() || spindle_model::gguf::is_gguf(path) {
         ModelConfig::from_dir(path)?
     } else if path.is_file() {
         ModelConfig::from_file(path)?
@@ -242,6 +242,20 @@ fn human(n: u64) -> String {
     }
 }
 
+/// How the checkpoint stores its weights, as the config says.
+fn source_format(path: &Path, c: &ModelConfig) -> String {
+    if spindle_model::gguf::is_gguf(path) {
+        return spindle_model::gguf::describe(path).unwrap_or_else(|e| e.to_string());
+    }
+    match &c.fp8 {
+        Some(fp8) => format!(
+            "block FP8 (e4m3, {}x{} blocks; dequantized on load)",
+            fp8.block[0], fp8.block[1]
+        ),
+        None => "as stored (bf16/f16/f32 safetensors)".into(),
+    }
+}
+
 fn print_table(path: &Path, c: &ModelConfig, params: &ParamCounts) {
     let mixers: Vec<char> = c.layers.iter().map(|l| mixer_letter(l.mixer)).collect();
     let ffns: Vec<char> = c.layers.iter().map(|l| ffn_letter(l.ffn)).collect();
@@ -258,6 +272,7 @@ fn print_table(path: &Path, c: &ModelConfig, params: &ParamCounts) {
         "text-only: model.*"
     };
     println!("  family          {} ({layout})", c.family.model_type());
+    println!("  weights         {}", source_format(path, c));
     println!("  vocab           {}", c.vocab_size);
     println!("  hidden          {}", c.hidden_size);
     println!(
@@ -368,6 +383,7 @@ fn to_json(path: &Path, c: &ModelConfig, params: &ParamCounts) -> Value {
         "path": path.display().to_string(),
         "family": c.family.model_type(),
         "multimodal_wrapper": c.multimodal_wrapper,
+        "source_format": source_format(path, c),
         "vocab_size": c.vocab_size,
         "hidden_size": c.hidden_size,
         "num_layers": c.num_layers(),

@@ -21,7 +21,8 @@ use crate::tensor_file::{self, Tensor, Values};
     2 on invalid arguments."
 )]
 pub struct LogitsArgs {
-    /// Hugging Face checkpoint directory (config.json + *.safetensors).
+    /// Hugging Face checkpoint directory (config.json + *.safetensors, bf16/f16/f32 or block
+    /// FP8), or a GGUF file (the first part of a split set).
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
 
@@ -97,7 +98,11 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
         None => None,
     };
 
-    if !args.model.is_dir() {
+    if spindle_model::gguf::is_gguf(&args.model) {
+        if !args.model.is_file() {
+            bail!("GGUF file {} does not exist", args.model.display());
+        }
+    } else if !args.model.is_dir() {
         bail!(
             "model directory {} does not exist or is not a directory",
             args.model.display()

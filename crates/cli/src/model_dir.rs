@@ -4,10 +4,14 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-/// The directory of `--model`, or the embedded demo checkpoint.
+/// The directory of `--model` (or a GGUF file), or the embedded demo checkpoint.
 pub fn resolve(model: Option<&PathBuf>) -> Result<PathBuf> {
     match model {
         Some(dir) => {
+            if spindle_model::gguf::is_gguf(dir) {
+                anyhow::ensure!(dir.is_file(), "GGUF file {} does not exist", dir.display());
+                return Ok(dir.clone());
+            }
             anyhow::ensure!(
                 dir.is_dir(),
                 "model directory {} does not exist",

@@ -19,7 +19,8 @@ use crate::terminal;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Model directory (Hugging Face checkpoint with tokenizer). Default: the embedded demo.
+    /// Model directory (Hugging Face checkpoint with tokenizer), or a GGUF file carrying its
+    /// tokenizer. Default: the embedded demo.
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
 

@@ -11,7 +11,7 @@ use spindle_server::{open_model_on, shutdown_signal, PrefixCacheOptions, Server,
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Model directory (a Hugging Face checkpoint or a spindle install). Without it, the
+    /// Model directory (a Hugging Face checkpoint or a spindle install) or a GGUF file. Without it, the
     /// embedded demo model (random weights) is served.
     #[arg(long)]
     model: Option<PathBuf>,

@@ -8,13 +8,14 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{Map, Value};
-use spindle_text::{read_bounded_text, ChatTemplate};
+use spindle_text::read_bounded_text;
 
 use crate::model_dir;
 
 #[derive(Debug, Args)]
 pub struct TemplateArgs {
-    /// Model directory holding chat_template.jinja or tokenizer_config.json. Default: the
+    /// Model directory holding chat_template.jinja or tokenizer_config.json, or a GGUF file
+    /// carrying tokenizer.chat_template. Default: the
     /// embedded demo.
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
@@ -58,7 +59,7 @@ fn read_json(path: &Path) -> Result<Value> {
 
 pub fn run(args: &TemplateArgs) -> Result<ExitCode> {
     let dir = model_dir::resolve(args.model.as_ref())?;
-    let template = ChatTemplate::from_dir(&dir)?;
+    let template = spindle_runtime::model::load_chat_template(&dir)?;
     let (messages, mut tools) = match read_json(&args.messages)? {
         list @ Value::Array(_) => (list, None),
         Value::Object(mut obj) => match obj.remove("messages") {

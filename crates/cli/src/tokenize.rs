@@ -7,13 +7,12 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;
-use spindle_text::Tokenizer;
 
 use crate::model_dir;
 
 #[derive(Debug, Args)]
 pub struct TokenizeArgs {
-    /// Model directory holding tokenizer.json. Default: the embedded demo.
+    /// Model directory holding tokenizer.json, or a GGUF file. Default: the embedded demo.
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
 
@@ -31,7 +30,7 @@ pub struct TokenizeArgs {
 
 pub fn run(args: &TokenizeArgs) -> Result<ExitCode> {
     let dir = model_dir::resolve(args.model.as_ref())?;
-    let tokenizer = Tokenizer::from_dir(&dir)?;
+    let tokenizer = spindle_runtime::model::load_tokenizer(&dir)?;
     let ids = tokenizer.encode(&args.text, !args.no_special)?;
     if args.json {
         // Each token's text; a token holding part of a UTF-8 character shows its byte-level

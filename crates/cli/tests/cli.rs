@@ -427,16 +427,13 @@ fn inspect_counts_match_the_fixture_tensors() {
 }
 
 #[test]
-fn inspect_refuses_fp8_with_the_library_message() {
-    let config = fixtures().join("configs/qwen3_6_27b_fp8.config.json");
-    assert_fails_naming(
-        &["inspect", p(&config)],
-        &[
-            "FP8",
-            "not supported",
-            "quant_method",
-            "qwen3_6_27b_fp8.config.json",
-        ],
+fn inspect_reads_the_fp8_27b_config_and_names_its_format() {
+    let json = inspect_json(&fixtures().join("configs/qwen3_6_27b_fp8.config.json"));
+    assert_eq!(json["family"], "qwen3_5");
+    let format = json["source_format"].as_str().unwrap();
+    assert!(
+        format.contains("block FP8") && format.contains("128x128"),
+        "{format}"
     );
 }
 

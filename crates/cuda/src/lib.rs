@@ -165,6 +165,8 @@ impl CudaEngine {
                 "quantized on load"
             );
         }
+        // Block-FP8 checkpoints dequantize to f32 on the host; the upload reads bf16.
+        cpu.round_wide_to_bf16();
         let started = std::time::Instant::now();
         let gpu = weights::upload(&dev, &cpu, &config)?;
         tracing::info!(

@@ -39,7 +39,7 @@ pub enum ModelError {
         expected: Vec<usize>,
     },
 
-    #[error("tensor `{tensor}` in {path}: dtype {dtype} is not supported (bf16, f16 and f32 are)")]
+    #[error("tensor `{tensor}` in {path}: dtype {dtype} is not supported (bf16, f16, f32 and block-FP8 F8_E4M3 are)")]
     UnsupportedDtype {
         path: PathBuf,
         tensor: String,
@@ -61,6 +61,18 @@ pub enum ModelError {
         tensor: String,
         index: usize,
         what: &'static str,
+    },
+
+    /// A GGUF file that is malformed, truncated, or holds what spindle cannot map.
+    #[error("{path}: {message}")]
+    Gguf { path: PathBuf, message: String },
+
+    /// A block-FP8 weight whose scale tensor is missing or malformed.
+    #[error("tensor `{tensor}` in {path}: {message}")]
+    BadScale {
+        path: PathBuf,
+        tensor: String,
+        message: String,
     },
 
     /// The index names a shard that does not hold the tensor, or two shards hold the same name.

@@ -64,6 +64,18 @@ impl Storage {
         }
     }
 
+    /// An owned copy of f32 `values` (a tensor dequantized on load).
+    pub fn from_f32(values: &[f32]) -> Self {
+        let len = values.len() * 4;
+        let mut words = vec![0u64; len.div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..len]
+            .copy_from_slice(bytemuck::cast_slice(values));
+        Storage::Owned {
+            words: Arc::new(words),
+            len,
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         match self {
             Storage::Mapped { map, start, end } => &map[*start..*end],

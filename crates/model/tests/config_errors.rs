@@ -90,18 +90,57 @@ fn qwen3_6_35b_a3b_parses_with_its_real_shape() {
 }
 
 #[test]
-fn fp8_27b_is_refused_as_unsupported() {
+fn fp8_27b_parses_its_block_fp8_quantization_config() {
     let path = fixtures().join("configs/qwen3_6_27b_fp8.config.json");
-    let err = ModelConfig::from_file(&path).unwrap_err();
-    assert!(matches!(err, ModelError::Unsupported { .. }), "{err:?}");
-    let message = err.to_string();
-    for needle in [
-        "FP8",
-        "not supported",
-        "quant_method",
-        "qwen3_6_27b_fp8.config.json",
-    ] {
+    let c = ModelConfig::from_file(&path).unwrap();
+    let fp8 = c.fp8.expect("quantization_config read");
+    assert_eq!(fp8.block, [128, 128]);
+    assert!(fp8.modules_to_not_convert.iter().any(|m| m == "lm_head"));
+    assert!(fp8
+        .modules_to_not_convert
+        .iter()
+        .any(|m| m == "model.language_model.layers.0.linear_attn.in_proj_a"));
+}
+
+/// The 27B FP8 config with its `quantization_config` edited by `edit`.
+fn fp8_config_with(edit: impl Fn(&mut serde_json::Value)) -> ModelError {
+    let path = fixtures().join("configs/qwen3_6_27b_fp8.config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v["quantization_config"]);
+    ModelConfig::from_json_str(&v.to_string(), &path).unwrap_err()
+}
+
+#[test]
+fn fp8_configs_spindle_cannot_apply_are_refused_by_field() {
+    let cases: [(&str, Box<dyn Fn(&mut serde_json::Value)>); 5] = [
+        (
+            "quantization_config.fmt",
+            Box::new(|q| q["fmt"] = "e5m2".into()),
+        ),
+        (
+            "quantization_config.activation_scheme",
+            Box::new(|q| q["activation_scheme"] = "static".into()),
+        ),
+        (
+            "quantization_config.weight_block_size is missing",
+            Box::new(|q| {
+                q.as_object_mut().unwrap().remove("weight_block_size");
+            }),
+        ),
+        (
+            "quantization_config.weight_block_size",
+            Box::new(|q| q["weight_block_size"] = serde_json::json!([128, 0])),
+        ),
+        (
+            "quantization_config.quant_method = \"gptq\"",
+            Box::new(|q| q["quant_method"] = "gptq".into()),
+        ),
+    ];
+    for (needle, edit) in cases {
+        let message = fp8_config_with(edit).to_string();
         assert!(message.contains(needle), "lacks {needle:?}: {message}");
+        assert!(message.contains("qwen3_6_27b_fp8.config.json"), "{message}");
     }
 }
 

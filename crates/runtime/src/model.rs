@@ -72,9 +72,9 @@ impl Model {
     /// backend is loaded first, so a machine without CUDA fails before anything else is read.
     pub fn load_on(dir: &Path, device: Device, options: &LoadOptions) -> Result<Self> {
         let backend = Backend::load(dir, device, options)?;
-        let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
+        let tokenizer = Arc::new(load_tokenizer(dir)?);
         check_tokenizer_fits(&tokenizer, backend.config().vocab_size)?;
-        let template = match ChatTemplate::from_dir(dir) {
+        let template = match load_chat_template(dir) {
             Ok(t) => {
                 // Its render worker forked now, before sessions and requests exist.
                 t.start_worker();
@@ -296,5 +296,36 @@ mod tests {
         assert!(!ends_in_open_think(
             "<think>a</think><|im_start|>assistant\n"
         ));
+    }
+}
+
+/// The tokenizer of `dir`'s `tokenizer.json`, or the one a GGUF file's metadata carries.
+pub fn load_tokenizer(dir: &Path) -> Result<Tokenizer> {
+    if !spindle_model::gguf::is_gguf(dir) {
+        return Ok(Tokenizer::from_dir(dir)?);
+    }
+    let json = spindle_model::gguf::open_tokenizer_json(dir)
+        .map_err(spindle_cpu::EngineError::from)?
+        .ok_or_else(|| TextError::TokenizerLoad {
+            path: dir.to_owned(),
+            message: "the GGUF file carries no tokenizer (no tokenizer.ggml.model key)".into(),
+        })?;
+    Ok(Tokenizer::from_json_bytes(json.as_bytes(), dir)?)
+}
+
+/// The chat template of `dir`, or the one a GGUF file's metadata carries.
+pub fn load_chat_template(dir: &Path) -> std::result::Result<ChatTemplate, TextError> {
+    if !spindle_model::gguf::is_gguf(dir) {
+        return ChatTemplate::from_dir(dir);
+    }
+    match spindle_model::gguf::open_chat_template(dir) {
+        Ok(Some(source)) => ChatTemplate::from_source(&source),
+        Ok(None) => Err(TextError::NoChatTemplate {
+            dir: dir.to_owned(),
+        }),
+        Err(e) => Err(TextError::TokenizerLoad {
+            path: dir.to_owned(),
+            message: e.to_string(),
+        }),
     }
 }

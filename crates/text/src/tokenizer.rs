@@ -46,6 +46,13 @@ impl Tokenizer {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TextError> {
         let path = path.as_ref().to_path_buf();
         let bytes = read_bounded(&path, MAX_TOKENIZER_BYTES)?;
+        Self::from_json_bytes(&bytes, path)
+    }
+
+    /// Loads `tokenizer.json` text held in memory (one rebuilt from a GGUF file's metadata);
+    /// `path` names its origin in messages.
+    pub fn from_json_bytes(bytes: &[u8], path: impl AsRef<Path>) -> Result<Self, TextError> {
+        let path = path.as_ref().to_path_buf();
         let inner =
             tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TextError::TokenizerLoad {
                 path: path.clone(),

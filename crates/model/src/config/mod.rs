@@ -150,11 +150,18 @@ pub struct ModelConfig {
     pub ple: Option<PleConfig>,
     /// qwen4_exp: every attention layer selects its keys with a QSA indexer.
     pub qsa: Option<QsaConfig>,
+    /// Block-FP8 weights (`quantization_config`, MODEL_MATH §9); the checkpoint dequantizes
+    /// them when read.
+    pub fp8: Option<crate::fp8::BlockFp8>,
 }
 
 impl ModelConfig {
     /// Reads and validates `DIR/config.json`.
+    /// A GGUF file (`x.gguf`) is read from its metadata instead (`crate::gguf`).
     pub fn from_dir(dir: &Path) -> Result<Self> {
+        if crate::gguf::is_gguf(dir) {
+            return crate::gguf::open_config(dir);
+        }
         Self::from_file(&dir.join("config.json"))
     }
 
@@ -313,33 +320,6 @@ fn family_from_model_type(model_type: &str, path: &Path) -> Result<Family> {
     }
 }
 
-fn refuse_quantization(
-    top: &Map<String, Value>,
-    text: &Map<String, Value>,
-    path: &Path,
-) -> Result<()> {
-    let qc = top
-        .get("quantization_config")
-        .or_else(|| text.get("quantization_config"))
-        .filter(|v| !v.is_null());
-    let Some(qc) = qc else { return Ok(()) };
-    let method = qc
-        .get("quant_method")
-        .and_then(Value::as_str)
-        .unwrap_or("unknown");
-    let message = if method.eq_ignore_ascii_case("fp8") {
-        "quantization_config.quant_method = \"fp8\": FP8 weights are not supported yet; \
-         use the bf16 checkpoint (spindle quantizes on load)"
-            .to_string()
-    } else {
-        format!("quantization_config.quant_method = {method:?}: pre-quantized checkpoints are not supported yet")
-    };
-    Err(ModelError::Unsupported {
-        path: path.to_owned(),
-        message,
-    })
-}
-
 fn parse(value: &Value, path: &Path) -> Result<ModelConfig> {
     let config_err = |message: String| ModelError::Config {
         path: path.to_owned(),
@@ -374,7 +354,7 @@ fn parse(value: &Value, path: &Path) -> Result<ModelConfig> {
         .or(f.opt_str("model_type")?)
         .ok_or_else(|| config_err("model_type is missing".into()))?;
     let family = family_from_model_type(model_type, path)?;
-    refuse_quantization(top, text, path)?;
+    let fp8 = crate::fp8::parse_quantization(top, text, path)?;
 
     let hidden_size = f.positive("hidden_size")?;
     let vocab_size = f.positive("vocab_size")?;
@@ -449,6 +429,7 @@ fn parse(value: &Value, path: &Path) -> Result<ModelConfig> {
         hyper: extras.hyper,
         ple: extras.ple,
         qsa: extras.qsa,
+        fp8,
     })
 }
 

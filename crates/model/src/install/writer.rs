@@ -496,18 +496,36 @@ fn write_install(
     let config = ModelConfig::from_dir(src)?;
     let ck = Checkpoint::open(src)?;
     let names = TensorNames::detect(&ck)?;
-    let config_path = src.join("config.json");
-    let config_json: Value = serde_json::from_str(
-        &crate::fs::read_bounded_to_string(&config_path, crate::fs::CONFIG_LIMIT)
-            .map_err(InstallError::io(&config_path))?,
-    )
-    .map_err(|e| {
-        InstallError::Model(crate::ModelError::Json {
-            path: config_path.clone(),
-            error: e,
-        })
-    })?;
+    // A GGUF source's config is the one its metadata maps to.
+    let mut config_json: Value = if crate::gguf::is_gguf(src) {
+        crate::gguf::qwen::config_json(&crate::gguf::open_files(src)?)?
+    } else {
+        let config_path = src.join("config.json");
+        serde_json::from_str(
+            &crate::fs::read_bounded_to_string(&config_path, crate::fs::CONFIG_LIMIT)
+                .map_err(InstallError::io(&config_path))?,
+        )
+        .map_err(|e| {
+            InstallError::Model(crate::ModelError::Json {
+                path: config_path.clone(),
+                error: e,
+            })
+        })?
+    };
 
+    // Block-FP8 weights are written dequantized (or requantized): the install's config
+    // describes what it holds.
+    if config_json.get("quantization_config").is_some() || config.fp8.is_some() {
+        if let Some(top) = config_json.as_object_mut() {
+            top.remove("quantization_config");
+        }
+        if let Some(text) = config_json
+            .get_mut("text_config")
+            .and_then(Value::as_object_mut)
+        {
+            text.remove("quantization_config");
+        }
+    }
     let resident = resident_tensors(&ck, &config, &names, quant)?;
     let layers: Vec<usize> = moe_layers(&config).collect();
     let mut state = Progress {
@@ -568,7 +586,19 @@ fn write_install(
         expert_layouts.push(layout);
     }
 
+    // A GGUF or block-FP8 source's config.json is the one the install describes (mapped from
+    // the metadata, or without its quantization_config); other sources' is copied verbatim.
+    let rewritten_config = crate::gguf::is_gguf(src) || config.fp8.is_some();
+    if rewritten_config {
+        let bytes = serde_json::to_vec_pretty(&config_json).expect("a JSON value");
+        let mut out = HashedFile::create(root, "config.json")?;
+        out.write(&bytes)?;
+        files.push(out.finish()?);
+    }
     for name in AUX_FILES {
+        if rewritten_config && *name == "config.json" {
+            continue;
+        }
         let from = src.join(name);
         if from.is_file() {
             let bytes = crate::fs::read_bounded(&from, crate::fs::AUX_LIMIT)

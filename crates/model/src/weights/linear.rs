@@ -94,6 +94,16 @@ impl Linear {
         self.mat().size_bytes()
     }
 
+    /// This layer rounded to bf16 when it is mapped as f32 or f16; otherwise unchanged.
+    pub fn rounded_to_bf16(&self) -> Linear {
+        match self {
+            Linear::Mapped(m) if m.dtype != DType::Bf16 => {
+                Linear::from_f32(WeightFormat::Bf16, &m.to_f32(), m.rows, m.cols)
+            }
+            _ => self.clone(),
+        }
+    }
+
     /// This layer in `format`; unchanged for bf16, or when the row length is not a whole
     /// number of quantization groups.
     pub fn quantized(&self, format: WeightFormat) -> Linear {
@@ -132,6 +142,18 @@ mod tests {
         assert_eq!(row, [1.0, 1.0 + 1.0 / 64.0]);
         m.mat().row_to_f32(0, &mut row);
         assert_eq!(row, [1.5, -2.25]);
+
+        // An f32 matrix (dequantized FP8) rounds the same way; bf16 stays as it is.
+        let wide = Linear::Mapped(Matrix::new(
+            DType::F32,
+            2,
+            2,
+            crate::tensor::Storage::from_f32(&values),
+        ));
+        let narrowed = wide.rounded_to_bf16();
+        assert!(matches!(&narrowed, Linear::Mapped(m) if m.dtype == DType::Bf16));
+        narrowed.mat().row_to_f32(1, &mut row);
+        assert_eq!(row, [1.0, 1.0 + 1.0 / 64.0]);
 
         let values: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
         for format in [WeightFormat::Q8, WeightFormat::Q4] {

@@ -171,6 +171,34 @@ impl ModelWeights {
         out
     }
 
+    /// Rounds the matrices held as f32 or f16 (block-FP8 weights dequantized on load, GGUF
+    /// tensors: llama.cpp keeps routers in F32) to bf16, nearest even, for backends that upload
+    /// bf16 matrices only (CUDA): the projections, the embedding, the routers and shared-expert
+    /// gates. Bf16 and quantized matrices are left as they are.
+    pub fn round_wide_to_bf16(&mut self) {
+        use rayon::prelude::*;
+        let tied = matches!((&self.embed, &self.lm_head), (Linear::Mapped(e), Linear::Mapped(h))
+            if e.bytes().as_ptr() == h.bytes().as_ptr());
+        self.embed = self.embed.rounded_to_bf16();
+        let mut targets = self.projections_mut();
+        if tied {
+            // The head stays the embedding's view.
+            targets.remove(0);
+        }
+        targets
+            .par_iter_mut()
+            .for_each(|linear| **linear = linear.rounded_to_bf16());
+        if tied {
+            self.lm_head = self.embed.clone();
+        }
+        for layer in &mut self.layers {
+            if let FfnWeights::Moe(m) = &mut layer.ffn {
+                m.router = m.router.rounded_to_bf16();
+                m.shared_gate = m.shared_gate.rounded_to_bf16();
+            }
+        }
+    }
+
     /// Re-encodes the projections in `format` (in parallel), calling `progress(done, total)`.
     pub fn quantize(&mut self, format: WeightFormat, progress: &(dyn Fn(usize, usize) + Sync)) {
         if format == WeightFormat::Bf16 {

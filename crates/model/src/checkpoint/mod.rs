@@ -4,6 +4,11 @@
 //! contiguous, that each tensor's byte length matches dtype × shape, and that the data section
 //! is exactly as long as the header says, so truncation is caught). Tensors are then handed out
 //! as views of the maps; nothing is copied whole into the heap.
+//!
+//! Block-FP8 checkpoints (MODEL_MATH §9): each `F8_E4M3` tensor is paired at open with its
+//! `<name>_scale_inv` (shape checked against the config's `weight_block_size`), and handed out
+//! dequantized to f32 (the one copy into the heap); the scale tensors are not listed.
+//! A GGUF file opens as a checkpoint too (`assembled.rs`), under the safetensors names.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +19,13 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::Value;
 
 use crate::error::{ModelError, Result};
+use crate::fp8::BlockFp8;
 use crate::tensor::{decode_f32, DType, Matrix, Storage};
+
+mod assembled;
+mod fp8;
+
+pub(crate) use assembled::Part;
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
 const SINGLE_FILE: &str = "model.safetensors";
@@ -31,6 +42,8 @@ struct Entry {
     shape: Vec<usize>,
     start: usize,
     end: usize,
+    /// For an `F8_E4M3` tensor: the name of its scale tensor.
+    scale: Option<String>,
 }
 
 /// All tensors of a checkpoint directory, by name.
@@ -38,11 +51,18 @@ pub struct Checkpoint {
     dir: PathBuf,
     shards: Vec<Shard>,
     entries: HashMap<String, Entry>,
+    /// The block-FP8 `quantization_config`, when the checkpoint holds FP8 tensors.
+    fp8: Option<BlockFp8>,
 }
 
 impl Checkpoint {
-    /// Opens `DIR/model.safetensors.index.json` (sharded) or `DIR/model.safetensors`.
+    /// Opens `DIR/model.safetensors.index.json` (sharded) or `DIR/model.safetensors`, or a
+    /// GGUF file (`x.gguf`, or the first of a split set), its tensors under the safetensors
+    /// names (`crate::gguf`).
     pub fn open(dir: &Path) -> Result<Self> {
+        if crate::gguf::is_gguf(dir) {
+            return crate::gguf::open_checkpoint(dir);
+        }
         let index = dir.join(INDEX_FILE);
         if index.exists() {
             return Self::open_sharded(dir, &index);
@@ -61,8 +81,10 @@ impl Checkpoint {
             dir: dir.to_owned(),
             shards: Vec::new(),
             entries: HashMap::new(),
+            fp8: None,
         };
         checkpoint.add_shard(&single)?;
+        checkpoint.pair_fp8_scales()?;
         Ok(checkpoint)
     }
 
@@ -73,8 +95,10 @@ impl Checkpoint {
             dir: dir.to_owned(),
             shards: Vec::new(),
             entries: HashMap::new(),
+            fp8: None,
         };
         checkpoint.add_shard(file)?;
+        checkpoint.pair_fp8_scales()?;
         Ok(checkpoint)
     }
 
@@ -120,6 +144,7 @@ impl Checkpoint {
             dir: dir.to_owned(),
             shards: Vec::new(),
             entries: HashMap::new(),
+            fp8: None,
         };
         for file in files {
             checkpoint.add_shard(&dir.join(file))?;
@@ -138,6 +163,7 @@ impl Checkpoint {
                 )));
             }
         }
+        checkpoint.pair_fp8_scales()?;
         Ok(checkpoint)
     }
 
@@ -167,6 +193,7 @@ impl Checkpoint {
                 shape: view.shape().to_vec(),
                 start,
                 end,
+                scale: None,
             };
             if let Some(previous) = self.entries.insert(name.clone(), entry) {
                 return Err(ModelError::Index {
@@ -193,9 +220,13 @@ impl Checkpoint {
         self.entries.contains_key(name)
     }
 
-    /// Every tensor name in the checkpoint.
+    /// Every tensor name in the checkpoint, less the FP8 scales paired with a weight (they
+    /// are applied when the weight is read).
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.entries.keys().map(String::as_str)
+        self.entries
+            .keys()
+            .map(String::as_str)
+            .filter(|n| !self.is_paired_scale(n))
     }
 
     /// The shape of tensor `name`, if present.
@@ -242,9 +273,18 @@ impl Checkpoint {
     pub fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix> {
         let entry = self.entry(name)?;
         self.check_shape(name, entry, shape)?;
-        let dtype = self.float_dtype(name, entry)?;
         let cols = *shape.last().unwrap_or(&1);
         let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+        if entry.scale.is_some() {
+            let values = self.fp8_values(name, entry)?;
+            return Ok(Matrix::new(
+                DType::F32,
+                rows,
+                cols,
+                Storage::from_f32(&values),
+            ));
+        }
+        let dtype = self.float_dtype(name, entry)?;
         let storage = Storage::new(
             &self.shards[entry.shard].map,
             entry.start,
@@ -258,6 +298,9 @@ impl Checkpoint {
     pub fn f32_values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let entry = self.entry(name)?;
         self.check_shape(name, entry, shape)?;
+        if entry.scale.is_some() {
+            return self.fp8_values(name, entry);
+        }
         let dtype = self.float_dtype(name, entry)?;
         let map = &self.shards[entry.shard].map;
         Ok(decode_f32(dtype, &map[entry.start..entry.end]))
@@ -301,6 +344,19 @@ impl Checkpoint {
                 StDtype::BF16 => DType::Bf16,
                 StDtype::F16 => DType::F16,
                 StDtype::F32 => DType::F32,
+                StDtype::F8_E4M3 => {
+                    // e4m3fn has no infinities; S.1111.111 is NaN.
+                    let bytes = &self.shards[entry.shard].map[entry.start..entry.end];
+                    if let Some(index) = bytes.iter().position(|b| b & 0x7f == 0x7f) {
+                        return Err(crate::finite::non_finite_error(
+                            &self.shards[entry.shard].path,
+                            name,
+                            index,
+                            true,
+                        ));
+                    }
+                    continue;
+                }
                 _ => continue,
             };
             let bytes = &self.shards[entry.shard].map[entry.start..entry.end];

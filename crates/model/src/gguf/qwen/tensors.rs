@@ -1,0 +1,332 @@
+//! The tensors of the Qwen architectures under the safetensors names and layout spindle
+//! loads, with the converter's reorderings undone (see the parent module).
+
+use super::{arch_of, err, Arch};
+use crate::checkpoint::Part;
+use crate::error::Result;
+use crate::gguf::file::GgufFile;
+use crate::gguf::quants::{dequantize, GgmlType};
+use crate::tensor::DType;
+use crate::ModelConfig;
+
+/// The GDN head counts needed to undo the V-head reordering.
+#[derive(Clone, Copy)]
+struct Heads {
+    nk: usize,
+    /// Value heads per key head.
+    per_k: usize,
+    hk: usize,
+    hv: usize,
+    /// Whether the file stores the value heads tiled (qwen35 / qwen35moe with nk < nv).
+    tiled: bool,
+}
+
+impl Heads {
+    /// Rows (or columns) in grouped order from `values` in tiled order: HF head k·r + j is
+    /// GGUF head j·nk + k, each `block` wide; `stride` elements per row/column unit.
+    fn untile(&self, values: &[f32], block: usize, stride: usize) -> Vec<f32> {
+        if !self.tiled {
+            return values.to_vec();
+        }
+        let unit = block * stride;
+        let mut out = vec![0.0; values.len()];
+        for k in 0..self.nk {
+            for j in 0..self.per_k {
+                let (h, g) = (k * self.per_k + j, j * self.nk + k);
+                out[h * unit..(h + 1) * unit].copy_from_slice(&values[g * unit..(g + 1) * unit]);
+            }
+        }
+        out
+    }
+
+    /// Columns in grouped order for a [rows, nv·block] matrix.
+    fn untile_cols(&self, values: &[f32], rows: usize, block: usize) -> Vec<f32> {
+        let cols = values.len() / rows;
+        values
+            .chunks(cols)
+            .flat_map(|row| self.untile(row, block, 1))
+            .collect()
+    }
+}
+
+/// The safetensors names and layout of every tensor the model needs.
+pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(String, Part)>> {
+    let arch = arch_of(&files[0])?;
+    let g = &config.gdn;
+    let heads = Heads {
+        nk: g.num_key_heads,
+        per_k: g.num_value_heads / g.num_key_heads,
+        hk: g.key_head_dim,
+        hv: g.value_head_dim,
+        tiled: arch != Arch::Qwen3Next && g.num_key_heads != g.num_value_heads,
+    };
+    let layers = config.num_layers();
+    let mut out = Vec::new();
+    let mut pending_qkv: Vec<Option<Vec<f32>>> = vec![None; layers];
+    let mut pending_gate: Vec<Option<Vec<f32>>> = vec![None; layers];
+    for f in files {
+        for t in &f.tensors {
+            let bad = |message: String| err(f, format!("tensor `{}`: {message}", t.name));
+            let (bid, rest) = match t.name.strip_prefix("blk.") {
+                Some(r) => {
+                    let (n, rest) = r
+                        .split_once('.')
+                        .ok_or_else(|| bad("no block suffix".into()))?;
+                    let n: usize = n
+                        .parse()
+                        .map_err(|_| bad("block number is not a number".into()))?;
+                    (Some(n), rest)
+                }
+                None => (None, t.name.as_str()),
+            };
+            if bid.is_some_and(|b| b >= layers) {
+                continue; // MTP (nextn) layers: not run
+            }
+            let values = || -> Vec<f32> { dequantize(t.ty, f.bytes(t)) };
+            let shape = t.shape();
+            let as_stored = |name: String, shape: Vec<usize>| -> (String, Part) {
+                match float_dtype(t.ty) {
+                    Some(dtype) => (
+                        name,
+                        Part::Mapped {
+                            path: f.path.clone(),
+                            map: f.map.clone(),
+                            dtype,
+                            shape,
+                            start: t.start,
+                            end: t.end,
+                        },
+                    ),
+                    None => (
+                        name,
+                        Part::Owned {
+                            shape,
+                            values: values(),
+                        },
+                    ),
+                }
+            };
+            let owned = |name: String, shape: Vec<usize>, values: Vec<f32>| {
+                (name, Part::Owned { shape, values })
+            };
+            let Some(i) = bid else {
+                match rest {
+                    "token_embd.weight" => {
+                        out.push(as_stored("model.embed_tokens.weight".into(), shape))
+                    }
+                    "output.weight" => out.push(as_stored("lm_head.weight".into(), shape)),
+                    "output_norm.weight" => out.push(owned(
+                        "model.norm.weight".into(),
+                        shape,
+                        minus_one(values()),
+                    )),
+                    _ => {
+                        return Err(bad(format!(
+                            "not a tensor of the {} layout spindle maps",
+                            arch.name()
+                        )))
+                    }
+                }
+                continue;
+            };
+            let l = |suffix: &str| format!("model.layers.{i}.{suffix}");
+            let rows = shape.first().copied().unwrap_or(1);
+            match rest {
+                "attn_norm.weight" => out.push(owned(
+                    l("input_layernorm.weight"),
+                    shape,
+                    minus_one(values()),
+                )),
+                "post_attention_norm.weight" => out.push(owned(
+                    l("post_attention_layernorm.weight"),
+                    shape,
+                    minus_one(values()),
+                )),
+                "attn_q.weight" => out.push(as_stored(l("self_attn.q_proj.weight"), shape)),
+                "attn_k.weight" => out.push(as_stored(l("self_attn.k_proj.weight"), shape)),
+                "attn_v.weight" => out.push(as_stored(l("self_attn.v_proj.weight"), shape)),
+                "attn_output.weight" => out.push(as_stored(l("self_attn.o_proj.weight"), shape)),
+                "attn_q_norm.weight" => out.push(owned(
+                    l("self_attn.q_norm.weight"),
+                    shape,
+                    minus_one(values()),
+                )),
+                "attn_k_norm.weight" => out.push(owned(
+                    l("self_attn.k_norm.weight"),
+                    shape,
+                    minus_one(values()),
+                )),
+                "attn_qkv.weight" => {
+                    let cols = t.ne[0];
+                    let qk_rows = 2 * heads.nk * heads.hk;
+                    let mut v = values();
+                    if qk_rows * cols > v.len() {
+                        return Err(bad(format!(
+                            "shape {shape:?} is smaller than its q and k rows ({qk_rows})"
+                        )));
+                    }
+                    let tail = heads.untile(&v[qk_rows * cols..], heads.hv, cols);
+                    v[qk_rows * cols..].copy_from_slice(&tail);
+                    if arch == Arch::Qwen3Next {
+                        pending_qkv[i] = Some(v);
+                    } else {
+                        out.push(owned(l("linear_attn.in_proj_qkv.weight"), shape, v));
+                    }
+                }
+                "attn_gate.weight" => {
+                    let v = heads.untile(&values(), heads.hv, t.ne[0]);
+                    if arch == Arch::Qwen3Next {
+                        pending_gate[i] = Some(v);
+                    } else {
+                        out.push(owned(l("linear_attn.in_proj_z.weight"), shape, v));
+                    }
+                }
+                "ssm_alpha.weight" => out.push(owned(
+                    l("linear_attn.in_proj_a.weight"),
+                    shape,
+                    heads.untile(&values(), 1, t.ne[0]),
+                )),
+                "ssm_beta.weight" => out.push(owned(
+                    l("linear_attn.in_proj_b.weight"),
+                    shape,
+                    heads.untile(&values(), 1, t.ne[0]),
+                )),
+                "ssm_ba.weight" => out.push(as_stored(l("linear_attn.in_proj_ba.weight"), shape)),
+                "ssm_conv1d.weight" => {
+                    // [C, K] → [C, 1, K]; the V channels follow q and k.
+                    let k = t.ne[0];
+                    let mut v = values();
+                    let qk = 2 * heads.nk * heads.hk * k;
+                    if qk > v.len() {
+                        return Err(bad(format!(
+                            "shape {shape:?} is smaller than its q and k channels"
+                        )));
+                    }
+                    let tail = heads.untile(&v[qk..], heads.hv, k);
+                    v[qk..].copy_from_slice(&tail);
+                    out.push(owned(l("linear_attn.conv1d.weight"), vec![rows, 1, k], v));
+                }
+                "ssm_a" => {
+                    let a = heads.untile(&values(), 1, 1);
+                    if let Some(bad_a) = a.iter().find(|&&x| x.is_nan() || x >= 0.0) {
+                        return Err(bad(format!(
+                            "holds {bad_a}: llama.cpp stores -exp(A_log), always negative"
+                        )));
+                    }
+                    let a_log = a.iter().map(|&x| (-x).ln()).collect();
+                    out.push(owned(l("linear_attn.A_log"), shape, a_log));
+                }
+                "ssm_dt.bias" => out.push(owned(
+                    l("linear_attn.dt_bias"),
+                    shape,
+                    heads.untile(&values(), 1, 1),
+                )),
+                "ssm_norm.weight" => out.push(as_stored(l("linear_attn.norm.weight"), shape)),
+                "ssm_out.weight" => out.push(owned(
+                    l("linear_attn.out_proj.weight"),
+                    shape,
+                    heads.untile_cols(&values(), rows, heads.hv),
+                )),
+                "ffn_gate.weight" => out.push(as_stored(l("mlp.gate_proj.weight"), shape)),
+                "ffn_up.weight" => out.push(as_stored(l("mlp.up_proj.weight"), shape)),
+                "ffn_down.weight" => out.push(as_stored(l("mlp.down_proj.weight"), shape)),
+                "ffn_gate_inp.weight" => out.push(as_stored(l("mlp.gate.weight"), shape)),
+                "ffn_gate_shexp.weight" => {
+                    out.push(as_stored(l("mlp.shared_expert.gate_proj.weight"), shape))
+                }
+                "ffn_up_shexp.weight" => {
+                    out.push(as_stored(l("mlp.shared_expert.up_proj.weight"), shape))
+                }
+                "ffn_down_shexp.weight" => {
+                    out.push(as_stored(l("mlp.shared_expert.down_proj.weight"), shape))
+                }
+                "ffn_gate_inp_shexp.weight" => out.push(as_stored(
+                    l("mlp.shared_expert_gate.weight"),
+                    vec![1, t.ne[0]],
+                )),
+                "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight" => {
+                    let proj = &rest[4..rest.len() - 12]; // gate / up / down
+                    if t.ne.len() != 3 {
+                        return Err(bad(format!("shape {shape:?}: expected [experts, out, in]")));
+                    }
+                    let (e_count, e_rows, e_cols) = (shape[0], shape[1], shape[2]);
+                    let bytes = e_rows * e_cols / t.ty.block_elements() * t.ty.block_bytes();
+                    for e in 0..e_count {
+                        let name = l(&format!("mlp.experts.{e}.{proj}_proj.weight"));
+                        let (start, end) = (t.start + e * bytes, t.start + (e + 1) * bytes);
+                        let part = match float_dtype(t.ty) {
+                            Some(dtype) => Part::Mapped {
+                                path: f.path.clone(),
+                                map: f.map.clone(),
+                                dtype,
+                                shape: vec![e_rows, e_cols],
+                                start,
+                                end,
+                            },
+                            None => Part::Owned {
+                                shape: vec![e_rows, e_cols],
+                                values: dequantize(t.ty, &f.map[start..end]),
+                            },
+                        };
+                        out.push((name, part));
+                    }
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "not a tensor of the {} layout spindle maps",
+                        arch.name()
+                    )))
+                }
+            }
+        }
+    }
+    // qwen3next: in_proj_qkvz interleaves [q, k, v, z] per key head.
+    for i in 0..layers {
+        match (pending_qkv[i].take(), pending_gate[i].take()) {
+            (None, None) => {}
+            (Some(qkv), Some(z)) => {
+                let cols = config.hidden_size;
+                let (hk, vz) = (heads.hk * cols, heads.per_k * heads.hv * cols);
+                let (q, rest) = qkv.split_at(heads.nk * hk);
+                let (k, v) = rest.split_at(heads.nk * hk);
+                let mut fused = Vec::with_capacity(qkv.len() + z.len());
+                for g in 0..heads.nk {
+                    fused.extend_from_slice(&q[g * hk..(g + 1) * hk]);
+                    fused.extend_from_slice(&k[g * hk..(g + 1) * hk]);
+                    fused.extend_from_slice(&v[g * vz..(g + 1) * vz]);
+                    fused.extend_from_slice(&z[g * vz..(g + 1) * vz]);
+                }
+                let rows = fused.len() / cols;
+                out.push((
+                    format!("model.layers.{i}.linear_attn.in_proj_qkvz.weight"),
+                    Part::Owned {
+                        shape: vec![rows, cols],
+                        values: fused,
+                    },
+                ));
+            }
+            _ => {
+                return Err(err(
+                    &files[0],
+                    format!("layer {i} has only one of `blk.{i}.attn_qkv.weight` and `blk.{i}.attn_gate.weight`: qwen3next needs both"),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn float_dtype(ty: GgmlType) -> Option<DType> {
+    match ty {
+        GgmlType::F32 => Some(DType::F32),
+        GgmlType::F16 => Some(DType::F16),
+        GgmlType::Bf16 => Some(DType::Bf16),
+        _ => None,
+    }
+}
+
+/// Undoes the converter's `w + 1` on RMSNorm weights.
+fn minus_one(mut values: Vec<f32>) -> Vec<f32> {
+    values.iter_mut().for_each(|v| *v -= 1.0);
+    values
+}

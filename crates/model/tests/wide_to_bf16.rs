@@ -1,0 +1,76 @@
+//! `ModelWeights::round_wide_to_bf16`, what the CUDA engine calls before its upload (which
+//! reads bf16 or quantized matrices only): after it, a GGUF model (F32 routers and converted
+//! tensors) and a block-FP8 model (f32 dequantized projections) hold no f32 matrix.
+
+use spindle_model::fp8::make::write_fp8_pair;
+use spindle_model::weights::{FfnWeights, GdnProjection, Linear, MixerWeights, ModelWeights};
+use spindle_model::{Checkpoint, DType, ModelConfig};
+use spindle_testkit::{fixture, fixtures};
+
+fn mapped_dtypes(w: &ModelWeights) -> Vec<DType> {
+    let mut out = Vec::new();
+    let mut add = |l: &Linear| {
+        if let Linear::Mapped(m) = l {
+            out.push(m.dtype);
+        }
+    };
+    add(&w.embed);
+    add(&w.lm_head);
+    for layer in &w.layers {
+        match &layer.mixer {
+            MixerWeights::Attention(a) => [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
+                .into_iter()
+                .for_each(&mut add),
+            MixerWeights::Gdn(g) => {
+                match &g.projection {
+                    GdnProjection::Fused { qkvz, ba } => [qkvz, ba].into_iter().for_each(&mut add),
+                    GdnProjection::Split { qkv, z, b, a } => {
+                        [qkv, z, b, a].into_iter().for_each(&mut add)
+                    }
+                }
+                add(&g.out_proj);
+            }
+        }
+        match &layer.ffn {
+            FfnWeights::Dense(m) => [&m.gate, &m.up, &m.down].into_iter().for_each(&mut add),
+            FfnWeights::Moe(m) => {
+                add(&m.router);
+                add(&m.shared_gate);
+                for e in m.experts.iter().chain([&m.shared]) {
+                    [&e.gate, &e.up, &e.down].into_iter().for_each(&mut add);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn check(path: &std::path::Path) {
+    let config = ModelConfig::from_dir(path).unwrap();
+    let ck = Checkpoint::open(path).unwrap();
+    let mut w = spindle_model::weights::load(&ck, &config).unwrap();
+    assert!(
+        mapped_dtypes(&w).contains(&DType::F32),
+        "{}: no f32 matrix to round",
+        path.display()
+    );
+    let embed_row = w.embed.mat().rows;
+    w.round_wide_to_bf16();
+    let dtypes = mapped_dtypes(&w);
+    assert!(
+        dtypes.iter().all(|&d| d == DType::Bf16),
+        "{}: {dtypes:?}",
+        path.display()
+    );
+    assert_eq!(w.embed.mat().rows, embed_row);
+}
+
+#[test]
+fn gguf_and_fp8_models_round_to_bf16_for_the_cuda_upload() {
+    check(&fixtures().join("gguf/qwen3_5_moe_fused.q8_0.gguf"));
+    check(&fixtures().join("gguf/qwen3_next_moe.bf16.gguf"));
+    let tmp = tempfile::tempdir().unwrap();
+    let (fp8, deq) = (tmp.path().join("fp8"), tmp.path().join("deq"));
+    write_fp8_pair(&fixture("qwen3_5_moe"), &fp8, &deq, [32, 48]).unwrap();
+    check(&fp8);
+}
