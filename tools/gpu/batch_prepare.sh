@@ -14,7 +14,7 @@ cargo test --release -p spindle-cuda --no-run --message-format=json 2>/dev/null 
     python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"] and m["target"]["name"] in ("batch", "sampling", "fixtures", "ops", "kernels", "qwen4", "gdn_chunked"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"] and m["target"]["name"] in ("batch", "sampling", "fixtures", "ops", "kernels", "qwen4", "gdn_chunked", "prefix"):
         print(m["target"]["name"], m["executable"])' |
     while read -r name exe; do
         cp "$exe" "$dir/$name-test"
@@ -38,5 +38,7 @@ done
 mkdir -p "$dir/text"
 cp "${SPINDLE_FIXTURES:-fixtures}/tokenizer/tokenizer.json.gz" "$dir/text/"
 cp "${SPINDLE_FIXTURES:-fixtures}/chat/qwen3_6_chat_template.jinja" "$dir/text/chat_template.jinja"
+cp -r "${SPINDLE_FIXTURES:-fixtures}/gguf" "$dir/fixtures/"
+cp tools/prefix_cache_bench.py docs/benchmarks/nested.schema.json "$dir/"
 cp tools/gpu/*.sh "$dir/"
 du -sh "$dir"

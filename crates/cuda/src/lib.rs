@@ -130,6 +130,9 @@ pub struct CudaEngine {
     /// Set while [`CudaEngine::locate_non_finite`] replays a sequence: every forward pass
     /// then runs eagerly and checks the residual stream after each sublayer.
     probing: std::sync::atomic::AtomicBool,
+    /// Page-locked staging for the prefix cache's copies to and from the host (allocated at
+    /// the first one).
+    prefix_staging: std::sync::Mutex<Option<device::MappedHost>>,
 }
 
 impl CudaEngine {
@@ -203,6 +206,7 @@ impl CudaEngine {
             quant,
             sampler: Default::default(),
             probing: Default::default(),
+            prefix_staging: Default::default(),
         })
     }
 

@@ -3,6 +3,7 @@
 //! row (keys and values `[tokens, n_kv, d]`, GDN conv `[K−1, C]` and recurrent
 //! `[n_v, d_k, d_v]`, all f32), so the runtime keeps one host format for both backends.
 
+use crate::device::MappedHost;
 use crate::error::{CudaError, Result};
 use crate::session::{CudaSession, LayerState};
 use crate::{flow, CudaEngine};
@@ -78,8 +79,8 @@ impl CudaEngine {
             .iter()
             .map(|layer| match layer {
                 LayerState::Gdn(g) => Ok(Some(HostLayer::Gdn {
-                    conv: self.dev.download(&g.conv, 0, g.conv.len())?,
-                    recurrent: self.dev.download(&g.recurrent, 0, g.recurrent.len())?,
+                    conv: self.download(g.conv.ptr(), g.conv.len())?,
+                    recurrent: self.download(g.recurrent.ptr(), g.recurrent.len())?,
                 })),
                 LayerState::Attention(_) => Ok(None),
             })
@@ -119,7 +120,7 @@ impl CudaEngine {
                         }
                         let mut at = 0;
                         for part in rows {
-                            self.dev.write(cache, at, part)?;
+                            self.upload(cache.at(at), part)?;
                             at += part.len();
                         }
                     }
@@ -130,8 +131,8 @@ impl CudaEngine {
                             "layer {n}'s cached GDN state does not fit the model"
                         )));
                     }
-                    self.dev.write(&mut g.conv, 0, conv)?;
-                    self.dev.write(&mut g.recurrent, 0, recurrent)?;
+                    self.upload(g.conv.ptr(), conv)?;
+                    self.upload(g.recurrent.ptr(), recurrent)?;
                 }
                 _ => {
                     return Err(CudaError::Unsupported(format!(
@@ -142,6 +143,32 @@ impl CudaEngine {
         }
         session.position = position;
         Ok(session)
+    }
+
+    /// `len` f32 at device address `src`, copied to the host through the page-locked staging.
+    fn download(&self, src: u64, len: usize) -> Result<Vec<f32>> {
+        let mut staging = self.staging()?;
+        let staging = staging.as_mut().expect("allocated by staging()");
+        self.dev.download_staged(staging, src, len)
+    }
+
+    /// Copies `data` to device address `dst` through the page-locked staging.
+    fn upload(&self, dst: u64, data: &[f32]) -> Result<()> {
+        let mut staging = self.staging()?;
+        let staging = staging.as_mut().expect("allocated by staging()");
+        self.dev.upload_staged(staging, dst, data)
+    }
+
+    fn staging(&self) -> Result<std::sync::MutexGuard<'_, Option<MappedHost>>> {
+        const STAGING_BYTES: usize = 64 << 20;
+        let mut staging = self
+            .prefix_staging
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if staging.is_none() {
+            *staging = Some(self.dev.mapped_host(STAGING_BYTES)?);
+        }
+        Ok(staging)
     }
 
     fn refuse_uncovered(&self) -> Result<()> {

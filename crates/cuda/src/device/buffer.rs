@@ -269,6 +269,44 @@ impl Drop for MappedHost {
 }
 
 impl Device {
+    /// Copies `len` f32 at device address `src` into a new host vector through `staging`
+    /// (page-locked, mapped: a copy from pageable memory runs at a fraction of the bus's
+    /// speed), a staging buffer's worth at a time.
+    pub fn download_staged(
+        &self,
+        staging: &mut MappedHost,
+        src: u64,
+        len: usize,
+    ) -> Result<Vec<f32>> {
+        let chunk = (staging.bytes / 4).max(1);
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            let n = chunk.min(len - out.len());
+            self.copy_raw(src + (out.len() * 4) as u64, staging.ptr(), n * 4)?;
+            self.sync()?;
+            out.extend_from_slice(bytemuck::cast_slice::<u8, f32>(
+                &staging.bytes_mut()[..n * 4],
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Copies `data` to device address `dst` through `staging` (see
+    /// [`Device::download_staged`]).
+    pub fn upload_staged(&self, staging: &mut MappedHost, dst: u64, data: &[f32]) -> Result<()> {
+        let chunk = (staging.bytes / 4).max(1);
+        for (k, part) in data.chunks(chunk).enumerate() {
+            let bytes: &[u8] = bytemuck::cast_slice(part);
+            staging.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
+            self.copy_raw(staging.ptr(), dst + (k * chunk * 4) as u64, bytes.len())?;
+            // The staging buffer is refilled next: the copy must have read it.
+            self.sync()?;
+        }
+        Ok(())
+    }
+}
+
+impl Device {
     /// `bytes` bytes of page-locked host memory mapped into the device (uninitialised until
     /// the caller fills it through [`MappedHost::bytes_mut`]).
     pub fn mapped_host(&self, bytes: usize) -> Result<MappedHost> {
