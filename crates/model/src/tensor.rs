@@ -221,3 +221,19 @@ pub fn decode_f32(dtype: DType, bytes: &[u8]) -> Vec<f32> {
             .collect(),
     }
 }
+
+/// One tensor of a checkpoint assembled from another format's tensors (GGUF): a range of a
+/// mapped file as stored, or values converted on open.
+pub(crate) enum Part {
+    /// Bytes `start..end` of a mapped file, as stored.
+    Mapped {
+        path: std::path::PathBuf,
+        map: std::sync::Arc<memmap2::Mmap>,
+        dtype: DType,
+        shape: Vec<usize>,
+        start: usize,
+        end: usize,
+    },
+    /// Values converted on open.
+    Owned { shape: Vec<usize>, values: Vec<f32> },
+}

@@ -578,7 +578,7 @@ impl RawChat {
             }
             generation.grammar = Some(("tool_choice".into(), grammar));
         }
-        let vars = crate::api::reasoning_vars(
+        let vars = reasoning_vars(
             self.chat_template_kwargs.clone().unwrap_or_default(),
             self.reasoning_effort.as_deref(),
         )?;
@@ -793,6 +793,47 @@ fn call_arguments(arguments: Option<&Value>, param: &str) -> Result<Value, ApiEr
         },
         Some(_) => Err(bad()),
     }
+}
+
+/// Sets the chat template's reasoning switch: `enable_thinking` (Qwen3, Qwen3.5 templates)
+/// and `force_thinking` (Qwen3.6, whose generation prompt opens `<think>` only with it). A
+/// variable the request already sets is kept.
+pub fn set_thinking(vars: &mut Map<String, Value>, on: bool) {
+    vars.entry("enable_thinking").or_insert(Value::Bool(on));
+    vars.entry("force_thinking").or_insert(Value::Bool(on));
+}
+
+/// Whether a `reasoning_effort` (OpenAI's levels) asks for reasoning: `none` and `minimal`
+/// turn it off, `low` to `xhigh` on (the Qwen templates have no levels: `reasoning_effort` is
+/// also passed to the template as a variable, as vLLM does, for templates that read it).
+pub fn effort_thinks(effort: &str, param: &str) -> Result<bool, ApiError> {
+    match effort {
+        "none" | "minimal" => Ok(false),
+        "low" | "medium" | "high" | "xhigh" => Ok(true),
+        other => Err(ApiError::invalid(
+            param,
+            format!("{param} is {other:?}: use none, minimal, low, medium, high or xhigh"),
+        )),
+    }
+}
+
+/// The template variables of an OpenAI chat request: `chat_template_kwargs`, with
+/// `enable_thinking` also setting Qwen3.6's `force_thinking` and `reasoning_effort` setting
+/// both (a variable given explicitly wins).
+pub fn reasoning_vars(
+    mut vars: Map<String, Value>,
+    reasoning_effort: Option<&str>,
+) -> Result<Map<String, Value>, ApiError> {
+    if let Some(on) = vars.get("enable_thinking").and_then(Value::as_bool) {
+        set_thinking(&mut vars, on);
+    }
+    if let Some(effort) = reasoning_effort {
+        let on = effort_thinks(effort, "reasoning_effort")?;
+        set_thinking(&mut vars, on);
+        vars.entry("reasoning_effort")
+            .or_insert_with(|| Value::String(effort.to_owned()));
+    }
+    Ok(vars)
 }
 
 #[cfg(test)]

@@ -2,30 +2,14 @@
 //! they are, and tensors converted on open.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-use memmap2::Mmap;
 use safetensors::Dtype as StDtype;
 
 use super::{Checkpoint, Entry, Shard};
 use crate::error::{ModelError, Result};
-use crate::tensor::DType;
-
-/// One tensor of an [`Checkpoint::assembled`] checkpoint.
-pub(crate) enum Part {
-    /// Bytes `start..end` of a mapped file, as stored.
-    Mapped {
-        path: PathBuf,
-        map: Arc<Mmap>,
-        dtype: DType,
-        shape: Vec<usize>,
-        start: usize,
-        end: usize,
-    },
-    /// Values converted on open.
-    Owned { shape: Vec<usize>, values: Vec<f32> },
-}
+use crate::tensor::{DType, Part};
 
 /// `len` bytes of writable memory backed by a memory file (`memfd_create`), shared-mapped:
 /// unlike a private anonymous map, pages a tensor gives back with

@@ -25,8 +25,6 @@ use crate::tensor::{decode_f32, DType, Matrix, Storage};
 mod assembled;
 mod fp8;
 
-pub(crate) use assembled::Part;
-
 const INDEX_FILE: &str = "model.safetensors.index.json";
 const SINGLE_FILE: &str = "model.safetensors";
 
@@ -61,7 +59,7 @@ impl Checkpoint {
     /// names (`crate::gguf`).
     pub fn open(dir: &Path) -> Result<Self> {
         if crate::gguf::is_gguf(dir) {
-            return crate::gguf::open_checkpoint(dir);
+            return Checkpoint::assembled(dir, crate::gguf::open_parts(dir)?);
         }
         let index = dir.join(INDEX_FILE);
         if index.exists() {

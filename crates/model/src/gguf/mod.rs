@@ -13,8 +13,8 @@ pub mod write;
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::Checkpoint;
 use crate::error::{ModelError, Result};
+use crate::tensor::Part;
 use crate::ModelConfig;
 use file::GgufFile;
 
@@ -121,13 +121,13 @@ pub fn open_config(path: &Path) -> Result<ModelConfig> {
     ModelConfig::from_json_str(&json.to_string(), path)
 }
 
-/// The tensors of the GGUF model at `path`, under spindle's safetensors names and layout.
-pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
+/// The tensors of the GGUF model at `path`, under spindle's safetensors names and layout (a
+/// checkpoint assembles them).
+pub(crate) fn open_parts(path: &Path) -> Result<Vec<(String, Part)>> {
     let files = open_files(path)?;
     let json = qwen::config_json(&files)?;
     let config = ModelConfig::from_json_str(&json.to_string(), path)?;
-    let parts = qwen::tensors(&files, &config)?;
-    Checkpoint::assembled(path, parts)
+    qwen::tensors(&files, &config)
 }
 
 /// The Hugging Face `tokenizer.json` rebuilt from the GGUF model's `tokenizer.ggml.*` keys

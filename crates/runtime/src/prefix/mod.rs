@@ -6,7 +6,7 @@
 //! sequence restores the longest cached prefix that ends on a snapshot and prefills only the
 //! rest; recurrent state is never resumed anywhere but where it was taken.
 //!
-//! The scheduler ([`crate::batch`]) takes snapshots where its chunked prefill is cut
+//! The scheduler (the `batch` module) takes snapshots where its chunked prefill is cut
 //! ([`snapshot_points`]: every `interval` tokens, before every chat turn marker, at the end of
 //! the prompt) and where a sequence ends (prompt and answer, which the next turn of a chat
 //! extends). The cache is bounded in bytes and evicts the least recently used entries first.

@@ -411,10 +411,11 @@ pub fn content_blocks(parsed: &ParsedOutput) -> Vec<Value> {
     blocks
 }
 
-/// Anthropic's `usage` object.
-pub fn usage(input_tokens: usize, output_tokens: usize) -> Value {
-    json!({"input_tokens": input_tokens, "output_tokens": output_tokens,
-           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+/// Anthropic's `usage` object: `input_tokens` are the prompt tokens not read from the prefix
+/// cache (`cache_read_input_tokens`), as Anthropic counts them.
+pub fn usage(prompt_tokens: usize, output_tokens: usize, cached: usize) -> Value {
+    json!({"input_tokens": prompt_tokens - cached.min(prompt_tokens), "output_tokens": output_tokens,
+           "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached})
 }
 
 #[cfg(test)]

@@ -350,8 +350,11 @@ mod tests {
     #[test]
     fn refusals_name_the_field() {
         let user = json!([{"role": "user", "content": "hi"}]);
-        let r = parse_chat(&json!({"messages": user, "format": "json"}), &SamplingParams::default())
-            .unwrap();
+        let r = parse_chat(
+            &json!({"messages": user, "format": "json"}),
+            &SamplingParams::default(),
+        )
+        .unwrap();
         assert!(matches!(&r.generation.grammar, Some((f, _)) if f == "format"));
         assert_eq!(
             param_chat(json!({"messages": user, "options": {"mirostat": 2}})),

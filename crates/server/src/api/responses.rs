@@ -398,7 +398,7 @@ pub fn response_object(
     echo: &Map<String, Value>,
     output: Vec<Value>,
     finish: Option<&Finish>,
-    usage: Option<(usize, usize)>,
+    usage: Option<(usize, usize, usize)>,
 ) -> Value {
     let (status, incomplete) = match finish {
         None => ("in_progress", Value::Null),
@@ -408,8 +408,8 @@ pub fn response_object(
         Some(Finish::Cancelled) => ("incomplete", json!({"reason": "cancelled"})),
         Some(_) => ("completed", Value::Null),
     };
-    let usage = usage.map_or(Value::Null, |(input, output)| {
-        json!({"input_tokens": input, "input_tokens_details": {"cached_tokens": 0},
+    let usage = usage.map_or(Value::Null, |(input, output, cached)| {
+        json!({"input_tokens": input, "input_tokens_details": {"cached_tokens": cached},
                "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
                "total_tokens": input + output})
     });

@@ -55,15 +55,8 @@ pub async fn messages(
     let (mut request, ticket, body_bytes) = read_request(&state, &headers, body, false).await?;
     let prompt = chat_prompt(&mut request);
     let generation = request.generation;
-    let started = start_generation(
-        &state,
-        ticket,
-        prompt,
-        body_bytes,
-        "messages",
-        &generation,
-    )
-    .await?;
+    let started =
+        start_generation(&state, ticket, prompt, body_bytes, "messages", &generation).await?;
     let id = unique_id("msg_");
     if generation.stream {
         let events = MessageEvents {
@@ -90,7 +83,7 @@ pub async fn messages(
         "content": content_blocks(&parsed),
         "stop_reason": reason,
         "stop_sequence": sequence,
-        "usage": usage(completion.prompt_tokens, completion.ids.len()),
+        "usage": usage(completion.prompt_tokens, completion.ids.len(), completion.cached_tokens),
     }))
     .into_response())
 }
@@ -209,7 +202,7 @@ impl ChunkFormatter for MessageEvents {
         vec![event(json!({"type": "message_start", "message": {
             "id": self.id, "type": "message", "role": "assistant", "model": self.model,
             "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": usage(self.prompt_tokens, 0),
+            "usage": usage(self.prompt_tokens, 0, 0),
         }}))]
     }
 

@@ -43,15 +43,8 @@ pub async fn handle(
         add_generation_prompt: true,
     };
     let generation = request.generation;
-    let started = start_generation(
-        &state,
-        ticket,
-        prompt,
-        body_bytes,
-        "input",
-        &generation,
-    )
-    .await?;
+    let started =
+        start_generation(&state, ticket, prompt, body_bytes, "input", &generation).await?;
     let (id, created) = (unique_id("resp_"), now_s());
     if generation.stream {
         let events = ResponseEvents {
@@ -77,7 +70,11 @@ pub async fn handle(
         &request.echo,
         output_items(&parsed),
         Some(&completion.finish),
-        Some((completion.prompt_tokens, completion.ids.len())),
+        Some((
+            completion.prompt_tokens,
+            completion.ids.len(),
+            completion.cached_tokens,
+        )),
     ))
     .into_response())
 }
@@ -127,7 +124,7 @@ impl ResponseEvents {
             &self.echo,
             self.output.clone(),
             completion.map(|c| &c.finish),
-            completion.map(|c| (c.prompt_tokens, c.ids.len())),
+            completion.map(|c| (c.prompt_tokens, c.ids.len(), c.cached_tokens)),
         )
     }
 

@@ -2,11 +2,11 @@
 //! loads, with the converter's reorderings undone (see the parent module).
 
 use super::{arch_of, err, Arch};
-use crate::checkpoint::Part;
 use crate::error::Result;
 use crate::gguf::file::GgufFile;
 use crate::gguf::quants::{dequantize, GgmlType};
 use crate::tensor::DType;
+use crate::tensor::Part;
 use crate::ModelConfig;
 
 /// The GDN head counts needed to undo the V-head reordering.
