@@ -92,7 +92,8 @@ def test_forced_tool_choice_yields_a_valid_call(client):
             if call.name == "forecast":
                 assert isinstance(call.input["city"], str) and len(call.input["city"]) <= 12
                 assert 1 <= call.input["days"] <= 7
-        assert answer.stop_reason == "tool_use"
+        # `any` allows several calls: random weights may write calls until max_tokens.
+        assert answer.stop_reason in (("tool_use",) if choice["type"] == "tool" else ("tool_use", "max_tokens"))
 
 
 def test_x_api_key(keyed_server):

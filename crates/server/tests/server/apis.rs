@@ -154,7 +154,10 @@ async fn anthropic_stop_sequences_and_errors_in_anthropic_shape() {
         "{error}"
     );
     // A forced tool call comes back as a tool_use block of that tool, its input valid.
-    let forced = json!({"max_tokens": 64, "messages": user("hi"), "tool_choice": {"type": "any"},
+    // (A named tool: exactly one call, then the grammar allows only the end; `any` allows
+    // several calls, which random weights may go on writing until max_tokens.)
+    let forced = json!({"max_tokens": 64, "messages": user("hi"), "temperature": 0,
+                        "tool_choice": {"type": "tool", "name": "f"},
                         "tools": [{"name": "f", "input_schema": {"type": "object",
                             "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
                             "required": ["n"]}}]});
