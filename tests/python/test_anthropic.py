@@ -45,7 +45,8 @@ def test_streaming_matches_whole_message(client):
 def test_count_tokens_counts_the_prompt_used(client):
     whole = client.messages.create(messages=HELLO, **GREEDY)
     counted = client.messages.count_tokens(model="m", messages=HELLO)
-    assert counted.input_tokens == whole.usage.input_tokens
+    # As Anthropic counts: input_tokens are those not read from the (prefix) cache.
+    assert counted.input_tokens == whole.usage.input_tokens + whole.usage.cache_read_input_tokens
 
 
 def test_tool_use_round_trip(client):
