@@ -7,7 +7,8 @@
 #   block FP8 (against its dequantized copy) through `spindle logits --device cuda`;
 # prefix: `spindle serve` on the 35B-A3B shape (LAYERS, default 40, experts zero) at q4 with
 #   the prefix cache, then tools/prefix_cache_bench.py ttft (PREFIX_WORDS, default 3980) and
-#   agent; the same ttft against --no-prefix-cache for the cold time without snapshots;
+#   agent (PREFIX_ARGS: more serve options, e.g. --prefix-cache-interval N); the same ttft
+#   against --no-prefix-cache for the cold time without snapshots;
 # constrained: `spindle bench --batch 1,16 --json-schema nested.schema.json` on that model.
 cd "$(dirname "$0")"
 source ./env.sh
@@ -60,7 +61,7 @@ serve() {  # serve PORT EXTRA...: starts a server in the background, waits for /
 if [ "$part" = prefix ] || [ "$part" = all ]; then
   prepare_model
   el "serve with the prefix cache; ttft and agent"
-  serve 8391; cached=$!
+  serve 8391 ${PREFIX_ARGS:-}; cached=$!
   timeout 240 python3 prefix_cache_bench.py http://127.0.0.1:8391 ttft --prefix-words ${PREFIX_WORDS:-3980} --runs 3 2>&1 | tee "$OUT/prefix_ttft.log"
   timeout 240 python3 prefix_cache_bench.py http://127.0.0.1:8391 agent --system-words 1990 2>&1 | tail -2 | tee "$OUT/prefix_agent.log"
   curl -s http://127.0.0.1:8391/metrics | grep -E "^spindle_prefix_cache" | head -8
