@@ -64,11 +64,14 @@ impl BatchState {
     }
 }
 
-/// Runs `f` with the device's small-batch matvec limit set to the engine's (reset after).
-fn with_small_batch<T>(e: &CudaEngine, f: impl FnOnce() -> T) -> T {
+/// Runs `f` with the device's small-batch matvec limit set to the engine's, and whether the
+/// step decodes only (both reset after).
+fn with_small_batch<T>(e: &CudaEngine, decode: bool, f: impl FnOnce() -> T) -> T {
     e.dev.set_small_batch_rows(e.batch_matvec_rows);
+    e.dev.set_decode_step(decode);
     let out = f();
     e.dev.set_small_batch_rows(0);
+    e.dev.set_decode_step(false);
     out
 }
 
@@ -297,7 +300,7 @@ fn capture(
                 want: LogitsFor::Last,
             })
             .collect();
-        let result = with_small_batch(e, || {
+        let result = with_small_batch(e, true, || {
             flow::body(e, &mut seqs, bucket, ids_dev, Some(&tables))
         });
         let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
@@ -407,7 +410,7 @@ fn eager_step(
     if use_arena {
         dev.begin_workspace(state.arena.as_ref().expect("allocated above"));
     }
-    let result = with_small_batch(e, || {
+    let result = with_small_batch(e, decode, || {
         flow::body(e, &mut seqs, tokens, ids_buf.ptr(), tables.as_ref())
     });
     let overflowed = use_arena && dev.end_workspace().1;

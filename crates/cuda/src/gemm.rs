@@ -86,6 +86,14 @@ impl GemmActs {
     }
 }
 
+impl GemmActs {
+    /// The int8 codes `[rows, cols]` and f32 scales `[rows, cols/32]` (Q8/Q4 preparations).
+    pub(crate) fn int8_rows(&self) -> Option<(Ptr<u8>, Ptr<u8>)> {
+        let aux = self.aux.as_ref()?;
+        self.int8.then(|| (self.a.arg(), aux.arg()))
+    }
+}
+
 /// Which rows a tensor-core GEMM computes.
 #[derive(Clone, Copy)]
 pub enum GemmRows {

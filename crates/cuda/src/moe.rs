@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::gemm::{tensor_gemm, tensor_gemm_ok, GemmActs, GemmRows, GROUP_TILE};
 use crate::io::{row_groups, Io};
 use crate::kernels::moe::{DecodeMoeDown, DecodeMoeGateUp};
-use crate::kernels::moe::{MoeDown, MoeGateUp};
+use crate::kernels::moe::{MoeDown, MoeGateUp, MoeGroupedDown, MoeGroupedGateUp};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS, MOE_MAX_K};
 use crate::linear::{decode_linear, linear, project};
 use crate::matrix::{DevPart, DeviceLayout};
@@ -35,6 +35,11 @@ pub fn moe(
     }
     // A small batch inside a batched step: the decode kernels per group of MATVEC_MAX_TOKENS
     // rows (the grouped GEMM pads every expert's tile to TENSOR_GEMM_TOKENS rows).
+    // Every row of these comes out bit for bit as in a step of its own (the decode kernels'
+    // arithmetic), so a sequence's logits do not depend on its neighbours. Larger steps take
+    // the general path below: the tensor-core GEMMs, or in a step of decoding sequences only
+    // (up to 128) the routed experts grouped by expert (`routed_small`), the same sums in
+    // another order.
     if tokens <= dev.small_batch_rows()
         && DecodePlan::new(dev, config, w, MATVEC_MAX_TOKENS).is_some()
     {
@@ -420,6 +425,9 @@ pub(crate) fn routed_experts(
 ) -> Result<()> {
     let (tokens, k) = (r.tokens, r.k);
     let (hidden, inter) = (gu.cols, down.cols);
+    if small_grouped_fits(dev, gu, down, tokens) {
+        return routed_small(dev, gu, down, r, x, y);
+    }
     if tokens > MATVEC_MAX_TOKENS
         && tensor_gemm_ok(dev, gu.fmt, hidden)
         && tensor_gemm_ok(dev, down.fmt, inter)
@@ -541,6 +549,122 @@ fn routed_grouped(
         hidden,
         false,
         grouped(1, hidden),
+    )?;
+    kernels::moe::MoeCombine::launch(
+        dev,
+        Launch::elementwise(r.tokens * hidden),
+        out.arg(),
+        r.wt.arg(),
+        y.arg(),
+        i(r.tokens),
+        i(r.k),
+        i(hidden),
+    )
+}
+
+/// The most tokens whose routed experts run through [`routed_small`] (above: the grouped
+/// tensor-core GEMMs, whose 64-row tiles pay off once experts see many tokens each).
+/// `SPINDLE_CUDA_SMALL_GROUPED_TOKENS` overrides it (0: never, for A/B measurements).
+fn small_grouped_max_tokens() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("SPINDLE_CUDA_SMALL_GROUPED_TOKENS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(SMALL_GROUPED_MAX_TOKENS)
+    })
+}
+
+/// See [`small_grouped_max_tokens`].
+const SMALL_GROUPED_MAX_TOKENS: usize = 128;
+
+/// Whether the routed experts of `tokens` rows take [`routed_small`]: in a batched step of
+/// decoding sequences only (prefill chunks keep the GEMMs, so that a prompt's rows come out the
+/// same whichever step carries them), Q8/Q4 experts.
+fn small_grouped_fits(dev: &Device, gu: &DevPart, down: &DevPart, tokens: usize) -> bool {
+    let int8 = |part: &DevPart| matches!(part.fmt, WeightFormat::Q8 | WeightFormat::Q4);
+    dev.decode_step()
+        && tokens > MATVEC_MAX_TOKENS
+        && tokens <= small_grouped_max_tokens()
+        && int8(gu)
+        && int8(down)
+        && gu.cols % 32 == 0
+        && down.cols % 32 == 0
+        && 3 * 4 * (down.rows / gu.cols.max(1))
+            <= dev.shared_limit(kernels::moe::MoeGroupByExpert::NAME)
+}
+
+/// The routed experts of a batched decode step (9-128 tokens, Q8/Q4): the (token, expert)
+/// pairs sorted by expert, then per tile of one expert's pairs its gate|up rows (SwiGLU) and
+/// its down rows, each weight chunk loaded once and dotted with every pair of the tile, on
+/// int8 activations quantized as the CPU does; `moe_combine` adds each token's weighted sum.
+/// Unlike the tensor-core GEMM, no tile is padded to 64 rows for the one or two tokens that
+/// chose an expert.
+fn routed_small(
+    dev: &Device,
+    gu: &DevPart,
+    down: &DevPart,
+    r: &Routes,
+    x: &DevBuf<f32>,
+    y: &DevBuf<f32>,
+) -> Result<()> {
+    let (hidden, inter) = (gu.cols, down.cols);
+    let pairs = r.tokens * r.k;
+    let max_tiles = pairs.div_ceil(GROUP_TILE) + r.experts.min(pairs);
+    let order = dev.scratch::<i32>(pairs)?;
+    let tiles = dev.scratch::<i32>(3 * max_tiles)?;
+    kernels::moe::MoeGroupByExpert::launch(
+        dev,
+        Launch::new((1, 1, 1), 1024, (3 * 4 * r.experts) as u32),
+        r.idx.arg(),
+        i(pairs),
+        i(r.experts),
+        order.arg(),
+        tiles.arg(),
+        i(max_tiles),
+    )?;
+    let acts = GemmActs::prepare(dev, gu.fmt, x.arg(), hidden, None, r.tokens, hidden)?;
+    let (xq, xd) = acts.int8_rows().expect("Q8/Q4 activations are int8");
+    let act = dev.scratch::<f32>(pairs * inter)?;
+    let gate_up = match gu.fmt {
+        WeightFormat::Q8 => MoeGroupedGateUp::Q8,
+        _ => MoeGroupedGateUp::Q4,
+    };
+    // 8 warps of GS_ROWS (2) rows per block.
+    gate_up.launch(
+        dev,
+        Launch::new((inter.div_ceil(16) as u32, max_tiles as u32, 1), 256, 0),
+        gu.codes.arg(),
+        gu.scales.arg(),
+        xq,
+        xd,
+        tiles.arg(),
+        order.arg(),
+        i(r.k),
+        i(inter),
+        i(hidden),
+        act.arg(),
+    )?;
+    let acts = GemmActs::prepare(dev, down.fmt, act.arg(), inter, None, pairs, inter)?;
+    let (aq, ad) = acts.int8_rows().expect("Q8/Q4 activations are int8");
+    let out = dev.scratch::<f32>(pairs * hidden)?;
+    let down_kernel = match down.fmt {
+        WeightFormat::Q8 => MoeGroupedDown::Q8,
+        _ => MoeGroupedDown::Q4,
+    };
+    // 8 warps of GD_ROWS (8) rows per block.
+    down_kernel.launch(
+        dev,
+        Launch::new((hidden.div_ceil(64) as u32, max_tiles as u32, 1), 256, 0),
+        down.codes.arg(),
+        down.scales.arg(),
+        aq,
+        ad,
+        tiles.arg(),
+        order.arg(),
+        i(inter),
+        i(hidden),
+        out.arg(),
     )?;
     kernels::moe::MoeCombine::launch(
         dev,

@@ -112,6 +112,10 @@ const OPS: &[Op] = &[
             "moe_down_bf16",
             "moe_down_q8",
             "moe_down_q4",
+            "moe_grouped_gate_up_q8",
+            "moe_grouped_gate_up_q4",
+            "moe_grouped_down_q8",
+            "moe_grouped_down_q4",
             "moe_group_by_expert",
             "moe_combine",
         ],
@@ -760,13 +764,17 @@ fn moe(dev: &Device, rng: &mut Rng) -> Vec<Check> {
             32 * pick(rng, 1, 8),
         );
         let renormalize = case % 2 == 0;
-        // Decode (the three-launch kernels) and prefill (route, then the experts).
-        let tokens = if case < 2 {
-            pick(rng, 1, 8)
-        } else {
-            pick(rng, 9, 80)
+        // Decode (the three-launch kernels), a batched decode step (route, then the experts
+        // grouped per expert: `moe_grouped_*` for Q8/Q4) and prefill (route, then the grouped
+        // tensor-core GEMMs).
+        let tokens = match case {
+            0 | 1 => pick(rng, 1, 8),
+            2 => pick(rng, 9, 80),
+            _ => pick(rng, 129, 200),
         };
         let config = moe_config(hidden, experts, k, inter, shared, renormalize);
+        // Case 2 as a batched step of decoding sequences (Q8/Q4: `moe_grouped_*`).
+        dev.set_decode_step(case == 2);
         let input_rows = experts + 1 + 2 * shared;
         let input = random_matrix(rng, WeightFormat::Bf16, input_rows, hidden);
         let mut x = rng.signed_vec(tokens * hidden, 1.0);
@@ -827,6 +835,7 @@ fn moe(dev: &Device, rng: &mut Rng) -> Vec<Check> {
             }
         }
     }
+    dev.set_decode_step(false);
     out
 }
 

@@ -47,6 +47,9 @@ pub struct Device {
     /// at most this many rows run as decode matvecs in groups of MATVEC_MAX_TOKENS rows
     /// instead of the tensor-core GEMM (0: never).
     small_batch_rows: std::sync::atomic::AtomicUsize,
+    /// Inside a batched step of decoding sequences only (one token each): larger MoE blocks
+    /// group their routed experts with the small-batch kernels (`moe::routed_small`).
+    decode_step: std::sync::atomic::AtomicBool,
 }
 
 impl Device {
@@ -130,6 +133,7 @@ impl Device {
             shared_limits,
             occupancy: Mutex::new(HashMap::new()),
             small_batch_rows: 0.into(),
+            decode_step: false.into(),
             tensor_cores: (major >= 8
                 && std::env::var_os("SPINDLE_CUDA_TENSOR_CORES").is_none_or(|v| v != "0"))
             .into(),
@@ -147,6 +151,17 @@ impl Device {
     pub fn set_small_batch_rows(&self, rows: usize) {
         self.small_batch_rows
             .store(rows, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the forward pass being issued is a batched step of decoding sequences only.
+    pub fn decode_step(&self) -> bool {
+        self.decode_step.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets [`Device::decode_step`] (batched steps set it for their length).
+    pub fn set_decode_step(&self, decode: bool) {
+        self.decode_step
+            .store(decode, std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn tensor_cores(&self) -> bool {

@@ -369,6 +369,221 @@ extern "C" __global__ void __launch_bounds__(256) decode_moe_down_bf16(DDOWN_ARG
 extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q8(DDOWN_ARGS) { decode_moe_down_impl<1>(DDOWN_PASS); }
 extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q4(DDOWN_ARGS) { decode_moe_down_impl<2>(DDOWN_PASS); }
 
+// ---- Grouped small-batch experts (batched decode): each chosen expert's weights read once ----
+// A batched decode step of 9-128 tokens picks each expert for a few tokens. The pairs are
+// sorted by expert (moe_group_by_expert); a block takes one tile (an expert and up to
+// TENSOR_GEMM_TOKENS of its pairs) and a slice of that expert's rows, loads each weight chunk
+// once and dots it with every pair of the tile (GS_TOK pairs per pass). Activations are int8
+// per group of 32 in global memory (gemm_tensor_quantize_acts, the CPU's quantization), dotted
+// as dchunk_dot does: (f16(s)·d)·isum. No tile is padded: a pair costs its dot products only.
+
+#define GS_TOK 4       // pairs per pass over the weight chunks
+#define GS_ROWS 2      // gate_up: output rows (gate and up row each) per warp
+#define GS_BATCH 2     // gate_up: chunks per row and lane in flight
+#define GD_ROWS 8      // down: output rows per warp (16 lanes per row)
+#define GD_TOK 2       // down: pairs per pass over the weight chunks
+#define GD_BATCH 2     // down: chunks per row and lane in flight
+
+// One Q8/Q4 chunk against the int8 activations of one row (`q` its codes, `d` its scales).
+template <int FMT>
+__device__ __forceinline__ float gchunk_dot(const Chunk<FMT>& c, const signed char* __restrict__ q,
+                                            const float* __restrict__ d, int ch) {
+    const int4* xq = (const int4*)(q + (size_t)ch * 32);
+    int4 lo = __ldg(xq), hi = __ldg(xq + 1);
+    int dp = 0;
+    if (FMT == 1) {
+        dp = __dp4a((int)c.a.x, lo.x, dp);
+        dp = __dp4a((int)c.a.y, lo.y, dp);
+        dp = __dp4a((int)c.a.z, lo.z, dp);
+        dp = __dp4a((int)c.a.w, lo.w, dp);
+        dp = __dp4a((int)c.b.x, hi.x, dp);
+        dp = __dp4a((int)c.b.y, hi.y, dp);
+        dp = __dp4a((int)c.b.z, hi.z, dp);
+        dp = __dp4a((int)c.b.w, hi.w, dp);
+    } else {
+        const unsigned int m = 0x0f0f0f0fu;
+        const int ones = 0x01010101;
+        int sum = 0;
+        sum = __dp4a(ones, lo.x, sum);
+        sum = __dp4a(ones, lo.y, sum);
+        sum = __dp4a(ones, lo.z, sum);
+        sum = __dp4a(ones, lo.w, sum);
+        sum = __dp4a(ones, hi.x, sum);
+        sum = __dp4a(ones, hi.y, sum);
+        sum = __dp4a(ones, hi.z, sum);
+        sum = __dp4a(ones, hi.w, sum);
+        dp = __dp4a((int)(c.a.x & m), lo.x, dp);
+        dp = __dp4a((int)(c.a.y & m), lo.y, dp);
+        dp = __dp4a((int)(c.a.z & m), lo.z, dp);
+        dp = __dp4a((int)(c.a.w & m), lo.w, dp);
+        dp = __dp4a((int)((c.a.x >> 4) & m), hi.x, dp);
+        dp = __dp4a((int)((c.a.y >> 4) & m), hi.y, dp);
+        dp = __dp4a((int)((c.a.z >> 4) & m), hi.z, dp);
+        dp = __dp4a((int)((c.a.w >> 4) & m), hi.w, dp);
+        dp -= 8 * sum;
+    }
+    return c.s * __ldg(d + ch) * (float)dp;
+}
+
+// act[p·I + i] = silu(gate_e[i]·x_t)·(up_e[i]·x_t) for the pairs p = t·k + j of the block's tile
+// (expert e): x as int8 rows xq [T, H], scales xd [T, H/32]. One warp per GS_ROWS rows i, its
+// lanes over the chunks of the gate and up rows (lane l: chunks l, l + 32, ... in order, as the
+// decode kernel sums them).
+template <int FMT>
+__device__ __forceinline__ void grouped_gate_up_impl(const unsigned char* __restrict__ gu, const unsigned short* __restrict__ gs,
+                                                     const signed char* __restrict__ xq, const float* __restrict__ xd,
+                                                     const int* __restrict__ tiles, const int* __restrict__ order, int k,
+                                                     int I, int H, float* __restrict__ act) {
+    const int* tile = tiles + 3 * blockIdx.y;
+    int e = tile[0], first = tile[1], count = tile[2];
+    int lane = threadIdx.x & 31;
+    int i0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GS_ROWS;
+    if (count == 0 || i0 >= I) return;  // uniform per warp
+    int nch = H >> 5;
+    size_t rb = WF<FMT>::row_bytes(H), rsc = H >> 5;
+    for (int t0 = 0; t0 < count; t0 += GS_TOK) {
+        int pair[GS_TOK];
+#pragma unroll
+        for (int u = 0; u < GS_TOK; u++) pair[u] = t0 + u < count ? __ldg(order + first + t0 + u) : -1;
+        float ga[GS_ROWS][GS_TOK], ub[GS_ROWS][GS_TOK];
+#pragma unroll
+        for (int r = 0; r < GS_ROWS; r++)
+#pragma unroll
+            for (int u = 0; u < GS_TOK; u++) ga[r][u] = ub[r][u] = 0.0f;
+        for (int c0 = lane; c0 < nch; c0 += 32 * GS_BATCH) {
+            Chunk<FMT> cg[GS_ROWS][GS_BATCH], cu[GS_ROWS][GS_BATCH];
+#pragma unroll
+            for (int r = 0; r < GS_ROWS; r++) {
+                size_t g_row = (size_t)e * 2 * I + i0 + r, u_row = g_row + I;
+#pragma unroll
+                for (int b = 0; b < GS_BATCH; b++) {
+                    int ch = c0 + b * 32;
+                    if (ch < nch && i0 + r < I) {
+                        cg[r][b] = load_dchunk<FMT>(gu + g_row * rb, gs + g_row * rsc, ch);
+                        cu[r][b] = load_dchunk<FMT>(gu + u_row * rb, gs + u_row * rsc, ch);
+                    }
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < GS_BATCH; b++) {
+                int ch = c0 + b * 32;
+                if (ch >= nch) break;
+#pragma unroll
+                for (int u = 0; u < GS_TOK; u++) {
+                    if (pair[u] < 0) break;
+                    int t = pair[u] / k;
+                    const signed char* q = xq + (size_t)t * H;
+                    const float* d = xd + (size_t)t * rsc;
+#pragma unroll
+                    for (int r = 0; r < GS_ROWS; r++) {
+                        if (i0 + r < I) {
+                            ga[r][u] += gchunk_dot<FMT>(cg[r][b], q, d, ch);
+                            ub[r][u] += gchunk_dot<FMT>(cu[r][b], q, d, ch);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < GS_TOK; u++) {
+            if (pair[u] < 0) break;  // uniform per warp
+#pragma unroll
+            for (int r = 0; r < GS_ROWS; r++) {
+                float g = warp_sum(ga[r][u]), v = warp_sum(ub[r][u]);
+                if (lane == 0 && i0 + r < I) act[(size_t)pair[u] * I + i0 + r] = silu_f(g) * v;
+            }
+        }
+    }
+}
+
+// out[p·H + r] = down_e[r]·act_p for the pairs p of the block's tile (expert e), act as int8
+// rows aq [pairs, I], scales ad [pairs, I/32]. One warp per GD_ROWS rows r, 16 lanes per row
+// (a released expert's down row has 16 chunks of 32): lane l takes rows 2j + l/16 (j < 4) and
+// chunks l%16, l%16 + 16, ..., GD_BATCH chunks per row in flight.
+template <int FMT>
+__device__ __forceinline__ void grouped_down_impl(const unsigned char* __restrict__ dw, const unsigned short* __restrict__ ds,
+                                                  const signed char* __restrict__ aq, const float* __restrict__ ad,
+                                                  const int* __restrict__ tiles, const int* __restrict__ order, int I, int H,
+                                                  float* __restrict__ out) {
+    const int* tile = tiles + 3 * blockIdx.y;
+    int e = tile[0], first = tile[1], count = tile[2];
+    int lane = threadIdx.x & 31;
+    int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GD_ROWS;
+    if (count == 0 || r0 >= H) return;  // uniform per warp
+    const int LPR = 16, RPL = GD_ROWS / 2;
+    int nch = I >> 5;
+    int sl = lane & (LPR - 1), sr = lane / LPR;
+    size_t rb = WF<FMT>::row_bytes(I), rsc = I >> 5;
+    for (int t0 = 0; t0 < count; t0 += GD_TOK) {
+        int pair[GD_TOK];
+#pragma unroll
+        for (int u = 0; u < GD_TOK; u++) pair[u] = t0 + u < count ? __ldg(order + first + t0 + u) : -1;
+        float acc[RPL][GD_TOK];
+#pragma unroll
+        for (int j = 0; j < RPL; j++)
+#pragma unroll
+            for (int u = 0; u < GD_TOK; u++) acc[j][u] = 0.0f;
+        for (int c0 = sl; c0 < nch; c0 += LPR * GD_BATCH) {
+            Chunk<FMT> c[RPL][GD_BATCH];
+#pragma unroll
+            for (int j = 0; j < RPL; j++) {
+                int r = r0 + 2 * j + sr;
+                size_t row = (size_t)e * H + r;
+#pragma unroll
+                for (int b = 0; b < GD_BATCH; b++) {
+                    int ch = c0 + b * LPR;
+                    if (r < H && ch < nch) c[j][b] = load_dchunk<FMT>(dw + row * rb, ds + row * rsc, ch);
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < GD_BATCH; b++) {
+                int ch = c0 + b * LPR;
+                if (ch >= nch) break;
+#pragma unroll
+                for (int u = 0; u < GD_TOK; u++) {
+                    if (pair[u] < 0) break;
+                    const signed char* q = aq + (size_t)pair[u] * I;
+                    const float* d = ad + (size_t)pair[u] * rsc;
+#pragma unroll
+                    for (int j = 0; j < RPL; j++)
+                        if (r0 + 2 * j + sr < H) acc[j][u] += gchunk_dot<FMT>(c[j][b], q, d, ch);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < GD_TOK; u++) {
+            if (pair[u] < 0) break;  // uniform per warp
+#pragma unroll
+            for (int j = 0; j < RPL; j++) {
+                float v = lanes_sum(acc[j][u], LPR);
+                int r = r0 + 2 * j + sr;
+                if (sl == 0 && r < H) out[(size_t)pair[u] * H + r] = v;
+            }
+        }
+    }
+}
+
+#define GGU_ARGS                                                                                                  \
+    const unsigned char *__restrict__ gu, const unsigned short *__restrict__ gs, const signed char *__restrict__ xq, \
+        const float *__restrict__ xd, const int *__restrict__ tiles, const int *__restrict__ order, int k, int I, int H, \
+        float *__restrict__ act
+#define GDOWN_ARGS                                                                                                \
+    const unsigned char *__restrict__ dw, const unsigned short *__restrict__ ds, const signed char *__restrict__ aq, \
+        const float *__restrict__ ad, const int *__restrict__ tiles, const int *__restrict__ order, int I, int H,       \
+        float *__restrict__ out
+extern "C" __global__ void __launch_bounds__(256) moe_grouped_gate_up_q8(GGU_ARGS) {
+    grouped_gate_up_impl<1>(gu, gs, xq, xd, tiles, order, k, I, H, act);
+}
+extern "C" __global__ void __launch_bounds__(256) moe_grouped_gate_up_q4(GGU_ARGS) {
+    grouped_gate_up_impl<2>(gu, gs, xq, xd, tiles, order, k, I, H, act);
+}
+extern "C" __global__ void __launch_bounds__(256) moe_grouped_down_q8(GDOWN_ARGS) {
+    grouped_down_impl<1>(dw, ds, aq, ad, tiles, order, I, H, out);
+}
+extern "C" __global__ void __launch_bounds__(256) moe_grouped_down_q4(GDOWN_ARGS) {
+    grouped_down_impl<2>(dw, ds, aq, ad, tiles, order, I, H, out);
+}
+
 // ---- Grouped expert GEMMs (prefill): pairs sorted by expert, weighted sums combined ----
 
 // Sorts the `pairs` (token, expert) pairs by expert for the grouped GEMMs: `order` lists the

@@ -105,6 +105,41 @@ kernels! {
         ldh: i32,
         accumulate: i32,
     );
+    /// Batched decode MoE (9-128 tokens), per tile of pairs sorted by expert: each expert's
+    /// gate|up rows read once for its pairs, SwiGLU into `act [pairs, I]`.
+    MoeGroupedGateUp {
+        Q8 = "moe_grouped_gate_up_q8",
+        Q4 = "moe_grouped_gate_up_q4",
+    }
+    (
+        gu: Ptr<u8>,
+        gs: Ptr<u16>,
+        xq: Ptr<u8>,
+        xd: Ptr<u8>,
+        tiles: Ptr<i32>,
+        order: Ptr<i32>,
+        k: i32,
+        inter: i32,
+        hidden: i32,
+        act: Ptr<f32>,
+    );
+    /// Batched decode MoE, per tile of pairs sorted by expert: each expert's down rows read
+    /// once for its pairs, unweighted into `out [pairs, H]` (`moe_combine` weighs and adds).
+    MoeGroupedDown {
+        Q8 = "moe_grouped_down_q8",
+        Q4 = "moe_grouped_down_q4",
+    }
+    (
+        dw: Ptr<u8>,
+        ds: Ptr<u16>,
+        aq: Ptr<u8>,
+        ad: Ptr<u8>,
+        tiles: Ptr<i32>,
+        order: Ptr<i32>,
+        inter: i32,
+        hidden: i32,
+        out: Ptr<f32>,
+    );
     /// Sorts the `pairs` (token, expert) pairs by expert for the grouped GEMMs: `order` lists the
     /// pair ids of expert 0, then of expert 1, and so on, and `tiles` the 64-pair tiles.
     MoeGroupByExpert = "moe_group_by_expert"
@@ -135,6 +170,8 @@ pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
     MoeDown::DECLS,
     DecodeMoeGateUp::DECLS,
     DecodeMoeDown::DECLS,
+    MoeGroupedGateUp::DECLS,
+    MoeGroupedDown::DECLS,
     MoeGroupByExpert::DECLS,
     MoeCombine::DECLS,
 ];
