@@ -540,7 +540,7 @@ fn run_load(args: &BenchArgs, url: &str) -> Result<ExitCode> {
         args.prompt_words, args.max_tokens, args.requests
     );
     println!(
-        "{:>7} {:>8} {:>7} {:>10} {:>7} {:>9} {:>9} {:>8} {:>8} {:>10}",
+        "{:>7} {:>8} {:>7} {:>10} {:>7} {:>9} {:>9} {:>8} {:>8} {:>10} {:>12}",
         "clients",
         "requests",
         "failed",
@@ -550,12 +550,13 @@ fn run_load(args: &BenchArgs, url: &str) -> Result<ExitCode> {
         "TTFT p99",
         "ITL p50",
         "ITL p99",
-        "latency"
+        "latency",
+        "stream tok/s"
     );
     let base = reports[0].tokens_per_s;
     for r in &reports {
         println!(
-            "{:>7} {:>8} {:>7} {:>10.2} {:>6.2}x {:>7.0}ms {:>7.0}ms {:>6.1}ms {:>6.1}ms {:>9.2}s",
+            "{:>7} {:>8} {:>7} {:>10.2} {:>6.2}x {:>7.0}ms {:>7.0}ms {:>6.1}ms {:>6.1}ms {:>9.2}s {:>12.1}",
             r.clients,
             r.requests,
             r.failed,
@@ -565,7 +566,8 @@ fn run_load(args: &BenchArgs, url: &str) -> Result<ExitCode> {
             r.ttft_p99_ms,
             r.itl_p50_ms,
             r.itl_p99_ms,
-            r.latency_p50_s
+            r.latency_p50_s,
+            r.stream_decode_tok_s_p50
         );
     }
     let failed: usize = reports.iter().map(|r| r.failed).sum();

@@ -42,6 +42,9 @@ pub struct LoadReport {
     pub itl_p50_ms: f64,
     pub itl_p99_ms: f64,
     pub latency_p50_s: f64,
+    /// One stream's decode rate once its first token arrived (its later tokens over the time
+    /// they took), median over the requests: the figure to set beside `spindle bench`'s decode.
+    pub stream_decode_tok_s_p50: f64,
 }
 
 /// What one streamed request saw.
@@ -160,6 +163,7 @@ async fn measure(target: &Target, options: &LoadOptions, clients: usize) -> Load
         .collect();
     let itl: Vec<f64> = times.iter().flat_map(|t| t.gaps.iter().map(ms)).collect();
     let latency: Vec<f64> = times.iter().map(|t| t.total.as_secs_f64()).collect();
+    let stream_decode: Vec<f64> = times.iter().filter_map(stream_decode_rate).collect();
     LoadReport {
         clients,
         requests: times.len() + failed,
@@ -172,7 +176,17 @@ async fn measure(target: &Target, options: &LoadOptions, clients: usize) -> Load
         itl_p50_ms: percentile(&itl, 50.0),
         itl_p99_ms: percentile(&itl, 99.0),
         latency_p50_s: percentile(&latency, 50.0),
+        stream_decode_tok_s_p50: percentile(&stream_decode, 50.0),
     }
+}
+
+/// Tokens after the first over the time from the first token to the end of the stream; None
+/// for a stream of fewer than two tokens.
+fn stream_decode_rate(t: &RequestTimes) -> Option<f64> {
+    let first = t.first_chunk?;
+    let later = t.completion_tokens.checked_sub(1).filter(|&n| n > 0)?;
+    let span = t.total.checked_sub(first)?.as_secs_f64();
+    (span > 0.0).then(|| later as f64 / span)
 }
 
 /// The `p`th percentile (nearest rank) of `values`; NaN when empty.
@@ -283,6 +297,22 @@ async fn one_request(target: &Target, options: &LoadOptions, n: usize) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_decode_rate_counts_the_tokens_after_the_first() {
+        let t = RequestTimes {
+            first_chunk: Some(Duration::from_millis(100)),
+            gaps: Vec::new(),
+            completion_tokens: 11,
+            total: Duration::from_millis(600),
+        };
+        assert!((stream_decode_rate(&t).unwrap() - 20.0).abs() < 1e-9);
+        let single = RequestTimes {
+            completion_tokens: 1,
+            ..t
+        };
+        assert_eq!(stream_decode_rate(&single), None);
+    }
 
     #[test]
     fn percentiles_by_nearest_rank() {
