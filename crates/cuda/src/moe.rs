@@ -500,19 +500,11 @@ fn routed_grouped(
 ) -> Result<()> {
     let (hidden, inter) = (gu.cols, down.cols);
     let pairs = r.tokens * r.k;
-    let max_tiles = pairs.div_ceil(GROUP_TILE) + r.experts.min(pairs);
-    let order = dev.scratch::<i32>(pairs)?;
-    let tiles = dev.scratch::<i32>(3 * max_tiles)?;
-    kernels::moe::MoeGroupByExpert::launch(
-        dev,
-        Launch::new((1, 1, 1), 1024, (3 * 4 * r.experts) as u32),
-        r.idx.arg(),
-        i(pairs),
-        i(r.experts),
-        order.arg(),
-        tiles.arg(),
-        i(max_tiles),
-    )?;
+    let Grouped {
+        order,
+        tiles,
+        max_tiles,
+    } = group_by_expert(dev, r)?;
     let grouped = |a_div, rows| GemmRows::Grouped {
         tiles: tiles.arg(),
         order: order.arg(),
@@ -550,16 +542,7 @@ fn routed_grouped(
         false,
         grouped(1, hidden),
     )?;
-    kernels::moe::MoeCombine::launch(
-        dev,
-        Launch::elementwise(r.tokens * hidden),
-        out.arg(),
-        r.wt.arg(),
-        y.arg(),
-        i(r.tokens),
-        i(r.k),
-        i(hidden),
-    )
+    combine(dev, r, &out, y, hidden)
 }
 
 /// The most tokens whose routed experts run through [`routed_small`] (above: the grouped
@@ -610,19 +593,11 @@ fn routed_small(
 ) -> Result<()> {
     let (hidden, inter) = (gu.cols, down.cols);
     let pairs = r.tokens * r.k;
-    let max_tiles = pairs.div_ceil(GROUP_TILE) + r.experts.min(pairs);
-    let order = dev.scratch::<i32>(pairs)?;
-    let tiles = dev.scratch::<i32>(3 * max_tiles)?;
-    kernels::moe::MoeGroupByExpert::launch(
-        dev,
-        Launch::new((1, 1, 1), 1024, (3 * 4 * r.experts) as u32),
-        r.idx.arg(),
-        i(pairs),
-        i(r.experts),
-        order.arg(),
-        tiles.arg(),
-        i(max_tiles),
-    )?;
+    let Grouped {
+        order,
+        tiles,
+        max_tiles,
+    } = group_by_expert(dev, r)?;
     let acts = GemmActs::prepare(dev, gu.fmt, x.arg(), hidden, None, r.tokens, hidden)?;
     let (xq, xd) = acts.int8_rows().expect("Q8/Q4 activations are int8");
     let act = dev.scratch::<f32>(pairs * inter)?;
@@ -666,6 +641,47 @@ fn routed_small(
         i(hidden),
         out.arg(),
     )?;
+    combine(dev, r, &out, y, hidden)
+}
+
+/// The (token, expert) pairs of `r` sorted by expert: `order` (pair ids), and `tiles`
+/// (expert, first, count) per tile of at most GROUP_TILE pairs, `max_tiles` of them.
+struct Grouped {
+    order: DevBuf<i32>,
+    tiles: DevBuf<i32>,
+    max_tiles: usize,
+}
+
+fn group_by_expert(dev: &Device, r: &Routes) -> Result<Grouped> {
+    let pairs = r.tokens * r.k;
+    let max_tiles = pairs.div_ceil(GROUP_TILE) + r.experts.min(pairs);
+    let order = dev.scratch::<i32>(pairs)?;
+    let tiles = dev.scratch::<i32>(3 * max_tiles)?;
+    kernels::moe::MoeGroupByExpert::launch(
+        dev,
+        Launch::new((1, 1, 1), 1024, (3 * 4 * r.experts) as u32),
+        r.idx.arg(),
+        i(pairs),
+        i(r.experts),
+        order.arg(),
+        tiles.arg(),
+        i(max_tiles),
+    )?;
+    Ok(Grouped {
+        order,
+        tiles,
+        max_tiles,
+    })
+}
+
+/// `y[t] += Σ_j wt[t·k + j] · out[t·k + j]` over the pairs' rows `out [pairs, hidden]`.
+fn combine(
+    dev: &Device,
+    r: &Routes,
+    out: &DevBuf<f32>,
+    y: &DevBuf<f32>,
+    hidden: usize,
+) -> Result<()> {
     kernels::moe::MoeCombine::launch(
         dev,
         Launch::elementwise(r.tokens * hidden),

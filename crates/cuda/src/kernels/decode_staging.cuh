@@ -161,6 +161,34 @@ __device__ __forceinline__ Chunk<FMT> load_dchunk(const unsigned char* __restric
     return c;
 }
 
+// Σ w·q over one Q8/Q4 chunk and the 32 int8 activations lo (first 16) and hi (last 16), in
+// dp4a steps; Q4 nibbles as stored (0..15: the caller subtracts 8·Σq).
+template <int FMT>
+__device__ __forceinline__ int chunk_isum(const Chunk<FMT>& c, int4 lo, int4 hi) {
+    int dp = 0;
+    if (FMT == 1) {
+        dp = __dp4a((int)c.a.x, lo.x, dp);
+        dp = __dp4a((int)c.a.y, lo.y, dp);
+        dp = __dp4a((int)c.a.z, lo.z, dp);
+        dp = __dp4a((int)c.a.w, lo.w, dp);
+        dp = __dp4a((int)c.b.x, hi.x, dp);
+        dp = __dp4a((int)c.b.y, hi.y, dp);
+        dp = __dp4a((int)c.b.z, hi.z, dp);
+        dp = __dp4a((int)c.b.w, hi.w, dp);
+    } else {
+        const unsigned int m = 0x0f0f0f0fu;
+        dp = __dp4a((int)(c.a.x & m), lo.x, dp);
+        dp = __dp4a((int)(c.a.y & m), lo.y, dp);
+        dp = __dp4a((int)(c.a.z & m), lo.z, dp);
+        dp = __dp4a((int)(c.a.w & m), lo.w, dp);
+        dp = __dp4a((int)((c.a.x >> 4) & m), hi.x, dp);
+        dp = __dp4a((int)((c.a.y >> 4) & m), hi.y, dp);
+        dp = __dp4a((int)((c.a.z >> 4) & m), hi.z, dp);
+        dp = __dp4a((int)((c.a.w >> 4) & m), hi.w, dp);
+    }
+    return dp;
+}
+
 template <int FMT>
 __device__ __forceinline__ float dchunk_dot(const Chunk<FMT>& c, const Staged<FMT>& st, int t, int T, int ch) {
     if (FMT == 0) {
@@ -172,29 +200,8 @@ __device__ __forceinline__ float dchunk_dot(const Chunk<FMT>& c, const Staged<FM
                w[7] * x1.w;
     } else {
         const int4* xq = (const int4*)(st.q(t) + (size_t)ch * 32);
-        int4 lo = xq[0], hi = xq[1];
-        int dp = 0;
-        if (FMT == 1) {
-            dp = __dp4a((int)c.a.x, lo.x, dp);
-            dp = __dp4a((int)c.a.y, lo.y, dp);
-            dp = __dp4a((int)c.a.z, lo.z, dp);
-            dp = __dp4a((int)c.a.w, lo.w, dp);
-            dp = __dp4a((int)c.b.x, hi.x, dp);
-            dp = __dp4a((int)c.b.y, hi.y, dp);
-            dp = __dp4a((int)c.b.z, hi.z, dp);
-            dp = __dp4a((int)c.b.w, hi.w, dp);
-        } else {
-            const unsigned int m = 0x0f0f0f0fu;
-            dp = __dp4a((int)(c.a.x & m), lo.x, dp);
-            dp = __dp4a((int)(c.a.y & m), lo.y, dp);
-            dp = __dp4a((int)(c.a.z & m), lo.z, dp);
-            dp = __dp4a((int)(c.a.w & m), lo.w, dp);
-            dp = __dp4a((int)((c.a.x >> 4) & m), hi.x, dp);
-            dp = __dp4a((int)((c.a.y >> 4) & m), hi.y, dp);
-            dp = __dp4a((int)((c.a.z >> 4) & m), hi.z, dp);
-            dp = __dp4a((int)((c.a.w >> 4) & m), hi.w, dp);
-            dp -= 8 * st.sum(t, T)[ch];
-        }
+        int dp = chunk_isum<FMT>(c, xq[0], xq[1]);
+        if (FMT == 2) dp -= 8 * st.sum(t, T)[ch];
         return c.s * st.d(t, T)[ch] * (float)dp;
     }
 }

@@ -390,18 +390,8 @@ __device__ __forceinline__ float gchunk_dot(const Chunk<FMT>& c, const signed ch
                                             const float* __restrict__ d, int ch) {
     const int4* xq = (const int4*)(q + (size_t)ch * 32);
     int4 lo = __ldg(xq), hi = __ldg(xq + 1);
-    int dp = 0;
-    if (FMT == 1) {
-        dp = __dp4a((int)c.a.x, lo.x, dp);
-        dp = __dp4a((int)c.a.y, lo.y, dp);
-        dp = __dp4a((int)c.a.z, lo.z, dp);
-        dp = __dp4a((int)c.a.w, lo.w, dp);
-        dp = __dp4a((int)c.b.x, hi.x, dp);
-        dp = __dp4a((int)c.b.y, hi.y, dp);
-        dp = __dp4a((int)c.b.z, hi.z, dp);
-        dp = __dp4a((int)c.b.w, hi.w, dp);
-    } else {
-        const unsigned int m = 0x0f0f0f0fu;
+    int dp = chunk_isum<FMT>(c, lo, hi);
+    if (FMT == 2) {
         const int ones = 0x01010101;
         int sum = 0;
         sum = __dp4a(ones, lo.x, sum);
@@ -412,14 +402,6 @@ __device__ __forceinline__ float gchunk_dot(const Chunk<FMT>& c, const signed ch
         sum = __dp4a(ones, hi.y, sum);
         sum = __dp4a(ones, hi.z, sum);
         sum = __dp4a(ones, hi.w, sum);
-        dp = __dp4a((int)(c.a.x & m), lo.x, dp);
-        dp = __dp4a((int)(c.a.y & m), lo.y, dp);
-        dp = __dp4a((int)(c.a.z & m), lo.z, dp);
-        dp = __dp4a((int)(c.a.w & m), lo.w, dp);
-        dp = __dp4a((int)((c.a.x >> 4) & m), hi.x, dp);
-        dp = __dp4a((int)((c.a.y >> 4) & m), hi.y, dp);
-        dp = __dp4a((int)((c.a.z >> 4) & m), hi.z, dp);
-        dp = __dp4a((int)((c.a.w >> 4) & m), hi.w, dp);
         dp -= 8 * sum;
     }
     return c.s * __ldg(d + ch) * (float)dp;
