@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the batched-step work for a GPU machine into DIR (default .device-carry): the GPU test
-# binaries of spindle-cuda (batch, sampling, fixtures, ops, kernels, qwen4, gdn_chunked), the
+# binaries of spindle-cuda (batch, sampling, fixtures, ops, kernels, qwen4, gdn_chunked) and of
+# spindle-runtime's masks_cuda (constrained decoding, as masks-test), the
 # batch_decode example, the spindle CLI with CUDA (NEW=1; `spindle-old` is kept if present),
 # each xz-compressed (the carry limit is 64 MiB), the fixtures and the GPU scripts.
 # On the GPU machine: `bash DIR/batch_run.sh` (PART=tests|bench|ab|all).
@@ -19,6 +20,17 @@ for line in sys.stdin:
     while read -r name exe; do
         cp "$exe" "$dir/$name-test"
         objcopy --strip-debug "$dir/$name-test"
+    done
+# Constrained decoding on the GPU (the runtime's masks_cuda test, on the embedded demo model).
+cargo test --release -p spindle-runtime --features cuda --test masks_cuda --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "masks_cuda":
+        print(m["executable"])' |
+    while read -r exe; do
+        cp "$exe" "$dir/masks-test"
+        objcopy --strip-debug "$dir/masks-test"
     done
 cp "$CARGO_TARGET_DIR/release/examples/batch_decode" "$dir/batch_decode"
 objcopy --strip-debug "$dir/batch_decode"

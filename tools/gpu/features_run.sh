@@ -2,7 +2,7 @@
 # On the GPU machine, from the batch_prepare.sh folder (NEW=1, plus FP8 pairs in fp8/ made by
 # `cargo run --release -p spindle-model --example fp8_checkpoint -- fixtures/F fp8/F-fp8 fp8/F-deq`):
 # PART=tests|formats|prefix|constrained|all (default all).
-# tests: the GPU tests TESTS (default prefix sampling batch fixtures), logs in $OUT;
+# tests: the GPU tests TESTS (default prefix sampling batch fixtures masks), logs in $OUT;
 # formats: GGUF (bf16 against the fixture's reference, Q8_0 against its dequantized copy) and
 #   block FP8 (against its dequantized copy) through `spindle logits --device cuda`;
 # prefix: `spindle serve` on the 35B-A3B shape (LAYERS, default 40, experts zero) at q4 with
@@ -18,7 +18,7 @@ part=${PART:-all}
 T0=$(date +%s); el() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 exe=./spindle
 if [ "$part" = tests ] || [ "$part" = all ]; then
-  for t in ${TESTS:-prefix sampling batch fixtures}; do
+  for t in ${TESTS:-prefix sampling batch fixtures masks}; do
     [ -x ./$t-test ] || continue
     el "== $t"
     SPINDLE_FIXTURES=$PWD/fixtures timeout ${TT:-200} ./$t-test --include-ignored --test-threads=1 --nocapture > "$OUT/$t.log" 2>&1

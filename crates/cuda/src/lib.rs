@@ -57,7 +57,9 @@ pub use error::{CudaError, Result};
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
 pub use kernels::ptx_for;
 pub use prefix::{HostLayer, PrefixLayer};
-pub use sampling::{sample_row_on_host, DeviceSampler, RowSampling, Sampled, MAX_SAMPLE_ROWS};
+pub use sampling::{
+    apply_mask, sample_row_on_host, DeviceSampler, RowSampling, Sampled, MAX_SAMPLE_ROWS,
+};
 pub use session::CudaSession;
 
 /// Prefill runs in pieces of at most this many tokens (grid-dimension limits of the MoE
@@ -514,6 +516,13 @@ impl CudaEngine {
     pub fn download_logits(&self, logits: &BatchLogits) -> Result<Vec<f32>> {
         self.dev
             .download_raw::<f32>(logits.ptr(), logits.rows() * logits.vocab())
+    }
+
+    /// Copies row `row` `[V]` of a batched step's logits to the host (waits for the device).
+    pub fn download_logits_row(&self, logits: &BatchLogits, row: usize) -> Result<Vec<f32>> {
+        assert!(row < logits.rows(), "row {row} of {} logits rows", logits.rows());
+        self.dev
+            .download_raw::<f32>(logits.row_ptr(row), logits.vocab())
     }
 
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache, in

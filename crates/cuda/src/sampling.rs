@@ -14,7 +14,8 @@ use crate::device::{DevBuf, Device};
 use crate::error::{CudaError, Result};
 use crate::kernels::sampling::{
     SampleCollect, SampleCountHistory, SampleHistogram, SamplePick, SampleRowStats,
-    SampleWindowChoose, SAMPLE_BUCKETS, SAMPLE_GREEDY, SAMPLE_PARAM_WORDS, SAMPLE_PENALISE,
+    SampleWindowChoose, SAMPLE_BUCKETS, SAMPLE_GREEDY, SAMPLE_MASKED, SAMPLE_PARAM_WORDS,
+    SAMPLE_PENALISE,
     SAMPLE_PICK_SHARED_BYTES, SAMPLE_PICK_THREADS, SAMPLE_SECOND_ROUND, SAMPLE_UNRESOLVED,
     SAMPLE_WINDOW, SAMPLE_WINDOW_SHARED_BYTES, SAMPLE_WIN_WORDS,
 };
@@ -134,6 +135,23 @@ impl DeviceSampler {
         vocab: usize,
         rows: &[RowSampling<'_>],
     ) -> Result<Vec<Sampled>> {
+        self.sample_rows_masked(dev, logits, vocab, rows, &[])
+    }
+
+    /// [`DeviceSampler::sample_rows_checked`] with a token mask per row: `masks[r]` (absent or
+    /// `None`: every token allowed) holds at least `vocab.div_ceil(32)` words, bit `id % 32` of
+    /// word `id / 32` set for an allowed id. A disallowed token's logit counts as -inf before
+    /// the penalties and everything after them, greedy included (the host's order: the mask,
+    /// then the sampler). The masks go up with the parameters, in the same copy; the finite
+    /// check still reads the raw logits.
+    pub fn sample_rows_masked(
+        &mut self,
+        dev: &Device,
+        logits: u64,
+        vocab: usize,
+        rows: &[RowSampling<'_>],
+        masks: &[Option<&[u32]>],
+    ) -> Result<Vec<Sampled>> {
         let n = rows.len();
         if n == 0 {
             return Ok(Vec::new());
@@ -144,7 +162,7 @@ impl DeviceSampler {
                 i32::MAX
             )));
         }
-        let words = pack_params(rows)?;
+        let words = pack_params(rows, masks, vocab)?;
         let penalised = rows.iter().any(RowSampling::penalises);
         let sampled = rows.iter().any(|r| !r.is_greedy());
         let longest_history = rows
@@ -276,6 +294,9 @@ impl DeviceSampler {
             if *id == SAMPLE_UNRESOLVED || *id == SAMPLE_SECOND_ROUND {
                 let at = logits + (r * vocab * std::mem::size_of::<f32>()) as u64;
                 let mut row = dev.download_raw::<f32>(at, vocab)?;
+                if let Some(Some(bits)) = masks.get(r) {
+                    apply_mask(&mut row, bits);
+                }
                 *id = sample_row_on_host(&mut row, &rows[r]);
                 self.host_rows += 1;
             }
@@ -292,10 +313,27 @@ impl DeviceSampler {
 }
 
 /// Every row's parameters (`SAMPLE_PARAM_WORDS` words, the layout of `SampleRow` in
-/// sampling.cu), then the histories of the penalised rows.
-fn pack_params(rows: &[RowSampling<'_>]) -> Result<Vec<u32>> {
+/// sampling.cu), then the histories of the penalised rows and the masks of the masked ones
+/// (`vocab.div_ceil(32)` words each).
+fn pack_params(rows: &[RowSampling<'_>], masks: &[Option<&[u32]>], vocab: usize) -> Result<Vec<u32>> {
+    let mask_words = vocab.div_ceil(32);
     let mut words = vec![0u32; rows.len() * SAMPLE_PARAM_WORDS];
     for (r, row) in rows.iter().enumerate() {
+        let mask = masks.get(r).copied().flatten();
+        let mask_at = match mask {
+            Some(bits) if bits.len() < mask_words => {
+                return Err(CudaError::Unsupported(format!(
+                    "row {r}'s token mask has {} words; {vocab} logits need {mask_words}",
+                    bits.len()
+                )))
+            }
+            Some(bits) => {
+                let at = words.len();
+                words.extend_from_slice(&bits[..mask_words]);
+                at
+            }
+            None => 0,
+        };
         let greedy = row.is_greedy();
         let penalise = row.penalises();
         let (history_at, history_len) = if penalise {
@@ -313,8 +351,9 @@ fn pack_params(rows: &[RowSampling<'_>]) -> Result<Vec<u32>> {
             )));
         }
         let inv_t = if greedy { 0.0 } else { 1.0 / row.temperature };
-        let flags =
-            if greedy { SAMPLE_GREEDY } else { 0 } | if penalise { SAMPLE_PENALISE } else { 0 };
+        let flags = if greedy { SAMPLE_GREEDY } else { 0 }
+            | if penalise { SAMPLE_PENALISE } else { 0 }
+            | if mask.is_some() { SAMPLE_MASKED } else { 0 };
         let uniform = row.uniform.to_bits();
         let w = &mut words[r * SAMPLE_PARAM_WORDS..(r + 1) * SAMPLE_PARAM_WORDS];
         w[0] = inv_t.to_bits();
@@ -329,6 +368,7 @@ fn pack_params(rows: &[RowSampling<'_>]) -> Result<Vec<u32>> {
         w[9] = history_len as u32;
         w[10] = uniform as u32;
         w[11] = (uniform >> 32) as u32;
+        w[12] = mask_at as u32;
     }
     Ok(words)
 }
@@ -351,13 +391,35 @@ impl CudaEngine {
         logits: u64,
         rows: &[RowSampling<'_>],
     ) -> Result<Vec<Sampled>> {
+        self.sample_rows_masked(logits, rows, &[])
+    }
+
+    /// [`CudaEngine::sample_rows_checked`] with each row's allowed tokens (see
+    /// [`DeviceSampler::sample_rows_masked`]): constrained decoding without the row leaving
+    /// the device.
+    pub fn sample_rows_masked(
+        &self,
+        logits: u64,
+        rows: &[RowSampling<'_>],
+        masks: &[Option<&[u32]>],
+    ) -> Result<Vec<Sampled>> {
         let mut sampler = self.sampler.lock().unwrap_or_else(|e| e.into_inner());
-        sampler.sample_rows_checked(&self.dev, logits, self.config.vocab_size, rows)
+        sampler.sample_rows_masked(&self.dev, logits, self.config.vocab_size, rows, masks)
     }
 }
 
 /// The sampler's scratch, shared by the engine's callers.
 pub(crate) type SharedSampler = Mutex<DeviceSampler>;
+
+/// Sets every logit whose bit in `bits` (bit `id % 32` of word `id / 32`) is clear to -inf:
+/// the mask as the host applies it (`spindle_runtime::generate::apply_mask_words`).
+pub fn apply_mask(logits: &mut [f32], bits: &[u32]) {
+    for (id, logit) in logits.iter_mut().enumerate() {
+        if bits.get(id / 32).is_none_or(|w| w & (1u32 << (id % 32)) == 0) {
+            *logit = f32::NEG_INFINITY;
+        }
+    }
+}
 
 /// The host sampler's algorithm on one row (the penalties are applied to `logits` in place),
 /// with the draw `uniform`: what the device computes, for the rows it leaves to the host.

@@ -501,3 +501,106 @@ fn timing_of_device_sampling_against_downloading_the_rows() {
         );
     }
 }
+
+/// Token masks (constrained decoding): each row's allowed-token bits go up with its
+/// parameters and the kernels read a disallowed logit as -inf. Against the host reference on
+/// the masked row (`spindle_cuda::apply_mask`, then the sampler): every greedy row and every
+/// well-separated sampled row equal, masks of one token, a few, half the vocabulary and all but
+/// the best few, rows without a mask beside them, and the logits buffer unchanged. A mask of
+/// one token forces it at any temperature, even the least likely token of the row.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn masked_device_sampling_matches_the_host_reference_on_the_masked_row() {
+    let dev = device();
+    let mut sampler = DeviceSampler::new();
+    let mut rng = Rng(0x3a5c);
+    for &(vocab, rows) in &[(QWEN_VOCAB, 16), (QWEN_VOCAB, 3), (5000, 64), (70, 9)] {
+        let words = vocab.div_ceil(32);
+        let kinds: Vec<usize> = (0..rows).map(|r| r % 4).collect();
+        let mut logits = Vec::with_capacity(rows * vocab);
+        for &k in &kinds {
+            logits.extend(logits_row(&mut rng, vocab, k));
+        }
+        let histories: Vec<Vec<u32>> = (0..rows)
+            .map(|_| (0..50).map(|_| (rng.unit() * 40.0) as u32).collect())
+            .collect();
+        let specs: Vec<RowSampling<'_>> = (0..rows)
+            .map(|r| {
+                let (temperature, top_k, top_p, min_p, rep, pres, freq) = params(r * 5 + 1);
+                RowSampling {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    repetition_penalty: rep,
+                    presence_penalty: pres,
+                    frequency_penalty: freq,
+                    uniform: uniform(&mut rng),
+                    history: &histories[r],
+                }
+            })
+            .collect();
+        // Row r's mask: none, one token (the row's least likely), a few, half, all but the
+        // best few.
+        let masks: Vec<Option<Vec<u32>>> = (0..rows)
+            .map(|r| {
+                let row = &logits[r * vocab..(r + 1) * vocab];
+                let mut bits = vec![0u32; words];
+                let mut allow = |id: usize| bits[id / 32] |= 1 << (id % 32);
+                match r % 5 {
+                    0 => return None,
+                    1 => {
+                        let worst = (0..vocab)
+                            .filter(|&i| row[i].is_finite())
+                            .min_by(|&a, &b| row[a].total_cmp(&row[b]))
+                            .unwrap_or(0);
+                        allow(worst);
+                    }
+                    2 => (0..7).for_each(|_| allow((rng.unit() * vocab as f32) as usize % vocab)),
+                    3 => (0..vocab).filter(|_| rng.unit() < 0.5).for_each(&mut allow),
+                    _ => {
+                        let mut order: Vec<usize> = (0..vocab).collect();
+                        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+                        order[3.min(vocab - 1)..].iter().for_each(|&i| allow(i));
+                    }
+                }
+                Some(bits)
+            })
+            .collect();
+        let refs: Vec<Option<&[u32]>> = masks.iter().map(|m| m.as_deref()).collect();
+        let buf = dev.upload(&logits).unwrap();
+        let sampled = sampler
+            .sample_rows_masked(&dev, buf.ptr(), vocab, &specs, &refs)
+            .unwrap();
+        let after: Vec<f32> = dev.download(&buf, 0, rows * vocab).unwrap();
+        assert!(
+            after.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "masked sampling modified the logits"
+        );
+        let mut separated = 0;
+        for r in 0..rows {
+            let mut row = logits[r * vocab..(r + 1) * vocab].to_vec();
+            let finite = row.iter().all(|l| l.is_finite());
+            assert_eq!(sampled[r].finite, finite, "row {r}: the flag reads the raw logits");
+            if let Some(bits) = &masks[r] {
+                spindle_cuda::apply_mask(&mut row, bits);
+            }
+            let (want, sep) = reference(&row, &specs[r]);
+            let got = sampled[r].id;
+            if let Some(bits) = &masks[r] {
+                assert!(
+                    bits[got as usize / 32] & (1 << (got % 32)) != 0,
+                    "row {r} (V {vocab}): token {got} is not allowed by its mask"
+                );
+            }
+            if r % 5 == 1 {
+                assert_eq!(got, want, "row {r}: a one-token mask forces its token");
+            }
+            if specs[r].is_greedy() || sep {
+                separated += 1;
+                assert_eq!(got, want, "row {r} of {rows}, V {vocab}: {:?}", specs[r]);
+            }
+        }
+        println!("V {vocab:>6}, {rows:>3} masked rows: {separated} greedy or well separated, all equal");
+    }
+}

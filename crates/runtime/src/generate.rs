@@ -15,8 +15,10 @@ use crate::model::Model;
 use crate::sampling::{Sampler, SamplingParams};
 
 /// How to generate. Everything past `stop` is the logits-processing step between the forward
-/// pass and the sampler ([`SequenceDecoder::step`]); a sequence that sets any of it samples on
-/// the host ([`SequenceDecoder::needs_logits`]).
+/// pass and the sampler ([`SequenceDecoder::step`]). The grammar and the bans before
+/// `min_tokens` become a token mask the sampler applies where the logits are
+/// ([`SequenceDecoder::draw_masked`]); `logit_bias` and `logprobs` need the whole row on the
+/// host ([`SequenceDecoder::needs_logits`]).
 #[derive(Clone, Debug, Default)]
 pub struct GenerateOptions {
     pub sampling: SamplingParams,
@@ -28,7 +30,8 @@ pub struct GenerateOptions {
     pub logit_bias: Vec<(u32, f32)>,
     /// Ids that end generation like EOS (not shown in the text; the finish is [`Finish::Eos`]).
     pub stop_token_ids: Vec<u32>,
-    /// EOS and `stop_token_ids` are banned until this many tokens are generated.
+    /// EOS and `stop_token_ids` are banned, and stop strings not matched, until this many
+    /// tokens are generated (vLLM's `min_tokens`).
     pub min_tokens: usize,
     /// The model's EOS ids do not end generation (they are generated as ordinary tokens).
     pub ignore_eos: bool,
@@ -145,6 +148,11 @@ pub struct SequenceDecoder {
     constraint: Option<Constraint>,
     /// The mask for the next token, computed ahead ([`SequenceDecoder::prepare`]).
     mask: Option<TokenMask>,
+    /// Why the grammar could not give the mask of the token sampled last on the device
+    /// ([`SequenceMask::compute`]): reported by the next [`SequenceDecoder::accept`].
+    mask_failed: Option<RuntimeError>,
+    /// Logits per row (`vocab_size`): the length of a mask.
+    vocab: usize,
     logprobs: Option<usize>,
     token_logprobs: Vec<TokenLogprob>,
     /// Logprobs of tokens not yet reported by [`SequenceDecoder::take_logprobs`].
@@ -212,7 +220,8 @@ impl SequenceDecoder {
         };
         Ok(Self {
             sampler,
-            stream: TextStream::new(model.tokenizer.clone(), &conditions),
+            stream: TextStream::new(model.tokenizer.clone(), &conditions)
+                .with_min_tokens(options.min_tokens),
             history: prompt_ids.to_vec(),
             text: String::new(),
             ids: Vec::new(),
@@ -225,6 +234,8 @@ impl SequenceDecoder {
             min_tokens: options.min_tokens,
             constraint: options.constraint.clone(),
             mask: None,
+            mask_failed: None,
+            vocab,
             logprobs: options.logprobs,
             token_logprobs: Vec::new(),
             reported: 0,
@@ -248,13 +259,12 @@ impl SequenceDecoder {
         self.accept(id, position)
     }
 
-    /// Whether this sequence's tokens must be sampled from host logits: it has a logits step
-    /// (mask, bias, bans) or reports log-probabilities.
+    /// Whether this sequence's tokens must be sampled from its logits row on the host
+    /// ([`SequenceDecoder::step`]): it has a `logit_bias` or reports log-probabilities. Every
+    /// other sequence, grammar and `min_tokens` included, samples where the logits are
+    /// ([`SequenceDecoder::draw_masked`]).
     pub fn needs_logits(&self) -> bool {
-        !self.logit_bias.is_empty()
-            || self.min_tokens > 0
-            || self.constraint.is_some()
-            || self.logprobs.is_some()
+        !self.logit_bias.is_empty() || self.logprobs.is_some()
     }
 
     /// Computes the grammar's mask for the next token now, so that it can run while the
@@ -347,9 +357,45 @@ impl SequenceDecoder {
         })
     }
 
+    /// [`SequenceDecoder::draw`] with the token mask of this step: the draw, and what computes
+    /// the mask (the grammar's allowed tokens, less EOS and the stop token ids before
+    /// `min_tokens`), which the caller runs while the forward pass does (a grammar mask takes
+    /// tens of microseconds to milliseconds). The sampler applies it before everything else
+    /// ([`apply_mask_words`]); with it, the draw and [`SequenceDecoder::accept`] pick what
+    /// [`SequenceDecoder::step`] picks for a sequence without `logit_bias` and `logprobs`
+    /// ([`SequenceDecoder::needs_logits`]). `None` when the sequence will not sample.
+    pub fn draw_masked(&mut self) -> Option<(Draw<'_>, SequenceMask<'_>)> {
+        if !self.wants_token() {
+            return None;
+        }
+        let uniform = self.sampler.next_uniform().unwrap_or(0.0);
+        let mask = SequenceMask {
+            constraint: self.constraint.as_mut(),
+            ready: self.mask.take(),
+            enders: if self.ids.len() < self.min_tokens {
+                &self.enders
+            } else {
+                &[]
+            },
+            vocab: self.vocab,
+            failed: &mut self.mask_failed,
+        };
+        let draw = Draw {
+            params: self.sampler.params(),
+            uniform,
+            history: &self.history,
+        };
+        Some((draw, mask))
+    }
+
     /// [`SequenceDecoder::step`] for a token already chosen (by a device sampler given
-    /// [`SequenceDecoder::draw`]): detokenizes it and checks the stop conditions.
+    /// [`SequenceDecoder::draw`] or [`SequenceDecoder::draw_masked`]): detokenizes it and
+    /// checks the stop conditions. When the grammar failed to give that step's mask, the
+    /// failure is the error here.
     pub fn accept(&mut self, id: u32, position: usize) -> Result<TokenStep> {
+        if let Some(e) = self.mask_failed.take() {
+            return Err(e);
+        }
         if !self.wants_token() {
             return Ok(self.ended());
         }
@@ -433,6 +479,75 @@ impl SequenceDecoder {
             prefill_time,
             decode_time,
             logprobs: self.token_logprobs,
+        }
+    }
+}
+
+/// One step's token mask of one sequence, computed when the caller is ready
+/// ([`SequenceDecoder::draw_masked`]): while the forward pass runs, on another thread.
+pub struct SequenceMask<'a> {
+    constraint: Option<&'a mut Constraint>,
+    /// The grammar's mask when it was computed ahead ([`SequenceDecoder::prepare`]).
+    ready: Option<TokenMask>,
+    /// Ids banned at this step (EOS and stop token ids before `min_tokens`).
+    enders: &'a [u32],
+    vocab: usize,
+    failed: &'a mut Option<RuntimeError>,
+}
+
+impl SequenceMask<'_> {
+    /// Whether the step has a mask at all (a grammar, or bans before `min_tokens`); one that
+    /// has none costs nothing.
+    pub fn is_needed(&self) -> bool {
+        self.constraint.as_ref().is_some_and(|c| c.active()) || !self.enders.is_empty()
+    }
+
+    /// The allowed ids as bits (`vocab.div_ceil(32)` words, bit `id % 32` of word `id / 32`),
+    /// or `None` when every id is allowed. The grammar's mask comes first; EOS and the stop
+    /// token ids are then banned before `min_tokens`, unless the grammar is complete (it may
+    /// only end). A grammar that fails gives an empty mask, and the sequence's next
+    /// [`SequenceDecoder::accept`] reports the failure.
+    pub fn compute(self) -> Option<Vec<u32>> {
+        let words = self.vocab.div_ceil(32);
+        let grammar = match self.ready {
+            Some(mask) => Some(mask),
+            None => match self.constraint {
+                Some(constraint) => match constraint.mask() {
+                    Ok(mask) => mask,
+                    Err(e) => {
+                        *self.failed = Some(e);
+                        return Some(vec![0; words]);
+                    }
+                },
+                None => None,
+            },
+        };
+        let grammar_done = grammar.as_ref().is_some_and(TokenMask::only_eos);
+        let bans = if grammar_done { &[][..] } else { self.enders };
+        if grammar.is_none() && bans.is_empty() {
+            return None;
+        }
+        let mut bits = match &grammar {
+            Some(mask) => mask.words(words),
+            None => vec![u32::MAX; words],
+        };
+        for &id in bans {
+            if let Some(word) = bits.get_mut(id as usize / 32) {
+                *word &= !(1u32 << (id % 32));
+            }
+        }
+        Some(bits)
+    }
+}
+
+/// Sets every logit whose bit in `bits` (bit `id % 32` of word `id / 32`) is clear to -inf:
+/// the host's application of a [`SequenceMask`] (the CUDA sampler applies it as it reads each
+/// logit).
+pub fn apply_mask_words(logits: &mut [f32], bits: &[u32]) {
+    for (id, logit) in logits.iter_mut().enumerate() {
+        let allowed = bits.get(id / 32).is_some_and(|w| w & (1u32 << (id % 32)) != 0);
+        if !allowed {
+            *logit = f32::NEG_INFINITY;
         }
     }
 }

@@ -29,7 +29,8 @@ pub use demo::{demo_dir, DEMO_MODEL_ID};
 pub use device::Device;
 pub use error::{Result, RuntimeError};
 pub use generate::{
-    Completion, Finish, Flow, GenerateOptions, SequenceDecoder, TokenLogprob, TokenStep,
+    Completion, Finish, Flow, GenerateOptions, SequenceDecoder, SequenceMask, TokenLogprob,
+    TokenStep,
 };
 pub use input::InputError;
 pub use model::{Model, PreparedPrompt, Prompt};

@@ -317,14 +317,22 @@ fn bad_grammars_are_refused_by_name() {
 fn constrained_and_free_sequences_batch_as_they_run_alone() {
     let model = demo();
     let scheduler = Scheduler::start(Arc::clone(&model), BatchConfig::default()).unwrap();
-    let prompts = ["one", "a longer prompt here", "three"];
     let seeded = |seed| SamplingParams {
         temperature: 0.9,
         seed: Some(seed),
         ..SamplingParams::default()
     };
+    let prompts = [
+        "one",
+        "a longer prompt here",
+        "three",
+        "three",
+        "four",
+        "five",
+    ];
+    let base = generate(&model, &chat_ids(&model, "four"), &greedy(8));
     let options: Vec<GenerateOptions> = vec![
-        constrained(&model, &Grammar::JsonSchema(person_schema()), 80),
+        constrained(&model, &Grammar::JsonSchema(person_schema()), 200),
         GenerateOptions {
             logprobs: Some(2),
             sampling: seeded(4),
@@ -333,6 +341,22 @@ fn constrained_and_free_sequences_batch_as_they_run_alone() {
         GenerateOptions {
             sampling: seeded(9),
             ..constrained(&model, &Grammar::JsonObject, 60)
+        },
+        // The same seed twice in one batch gives the same text twice.
+        GenerateOptions {
+            sampling: seeded(9),
+            ..constrained(&model, &Grammar::JsonObject, 60)
+        },
+        // Bans before min_tokens (a mask without a grammar): the stop token id that would
+        // end it at its second token cannot until the fifth.
+        GenerateOptions {
+            stop_token_ids: vec![base.ids[1]],
+            min_tokens: 5,
+            ..greedy(8)
+        },
+        GenerateOptions {
+            sampling: seeded(3),
+            ..greedy(12)
         },
     ];
     let alone: Vec<Completion> = prompts
@@ -345,13 +369,257 @@ fn constrained_and_free_sequences_batch_as_they_run_alone() {
         .zip(&options)
         .map(|(p, o)| scheduler.submit(chat_ids(&model, p), o).unwrap())
         .collect();
-    for (handle, want) in handles.into_iter().zip(alone) {
-        let got = handle.wait().unwrap();
+    let got: Vec<Completion> = handles.into_iter().map(|h| h.wait().unwrap()).collect();
+    for (got, want) in got.iter().zip(&alone) {
         assert_eq!(
-            (got.ids, got.text, got.logprobs),
-            (want.ids, want.text, want.logprobs)
+            (&got.ids, &got.text, &got.logprobs),
+            (&want.ids, &want.text, &want.logprobs)
         );
     }
+    // The constrained output parses against its schema.
+    let person: Value = serde_json::from_str(&got[0].text).expect("valid JSON");
+    assert_eq!(person.as_object().unwrap().len(), 4, "{person}");
+    assert_eq!(got[2].ids, got[3].ids);
+    assert!(got[4].ids.len() >= 5, "{:?}", got[4].ids);
+    assert!(!got[4].ids[..4].contains(&base.ids[1]), "{:?}", got[4].ids);
+    assert!(!got[5].text.is_empty());
+}
+
+/// The path every sequence without log-probabilities or a `logit_bias` takes in the batch
+/// scheduler: `SequenceDecoder::draw_masked`, one `Backend::forward_batch_step` for the whole
+/// step (the masks computed by the closure it calls once the forward pass is under way), then
+/// `accept`; sequences that need their row get it from the same batch. Every sequence picks
+/// the tokens the host path (`Model::generate`: the row on the host, masked and sampled
+/// there) picks, grammar, bans before `min_tokens` and seeds included.
+#[test]
+fn masks_applied_where_the_logits_are_pick_what_host_masking_picks() {
+    use spindle_runtime::backend::{BatchItem, Pick, Picked, StepMasks};
+
+    let model = demo();
+    let seeded = |seed, t| SamplingParams {
+        temperature: t,
+        top_k: 40,
+        top_p: 0.95,
+        repetition_penalty: 1.1,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    let base = generate(&model, &chat_ids(&model, "e"), &greedy(8));
+    let runs: Vec<(Vec<u32>, GenerateOptions)> = vec![
+        (
+            chat_ids(&model, "a"),
+            constrained(&model, &Grammar::JsonSchema(person_schema()), 120),
+        ),
+        (
+            chat_ids(&model, "b b"),
+            GenerateOptions {
+                sampling: seeded(7, 1.2),
+                ..constrained(&model, &Grammar::JsonSchema(person_schema()), 120)
+            },
+        ),
+        (
+            chat_ids(&model, "c"),
+            GenerateOptions {
+                sampling: seeded(8, 0.8),
+                ..constrained(&model, &Grammar::Regex(r"[a-z]{2,6}-[0-9]{1,3}".into()), 20)
+            },
+        ),
+        (
+            chat_ids(&model, "d"),
+            GenerateOptions {
+                logprobs: Some(3),
+                sampling: seeded(2, 0.9),
+                ..constrained(&model, &Grammar::JsonObject, 16)
+            },
+        ),
+        (
+            chat_ids(&model, "e"),
+            GenerateOptions {
+                stop_token_ids: vec![base.ids[1]],
+                min_tokens: 4,
+                ..greedy(8)
+            },
+        ),
+        (chat_ids(&model, "f"), greedy(10)),
+    ];
+    let mut sessions: Vec<_> = runs.iter().map(|_| model.new_session().unwrap()).collect();
+    let mut decoders: Vec<SequenceDecoder> = runs
+        .iter()
+        .map(|(prompt, opts)| SequenceDecoder::new(&model, 0, prompt, opts).unwrap())
+        .collect();
+    let mut feed: Vec<Vec<u32>> = runs.iter().map(|(prompt, _)| prompt.clone()).collect();
+    let mut live = vec![true; runs.len()];
+    let mut masked_rows = 0;
+    while live.iter().any(|&l| l) {
+        let active: Vec<usize> = (0..runs.len()).filter(|&n| live[n]).collect();
+        let mut items = Vec::new();
+        let mut picks = Vec::new();
+        let mut masks = Vec::new();
+        for (n, (session, decoder)) in sessions.iter_mut().zip(decoders.iter_mut()).enumerate() {
+            if !live[n] {
+                continue;
+            }
+            items.push(BatchItem {
+                session,
+                ids: &feed[n],
+                want: LogitsFor::Last,
+            });
+            if decoder.needs_logits() {
+                picks.push(Pick::Logits);
+                continue;
+            }
+            let (draw, mask) = decoder.draw_masked().expect("a live sequence samples");
+            masks.push((picks.len(), mask));
+            picks.push(Pick::Sample(draw));
+        }
+        let rows = items.len();
+        let mut called = false;
+        let picked = model.backend.forward_batch_step(&mut items, &picks, || {
+            called = true;
+            let mut out: StepMasks = vec![None; rows];
+            for (n, mask) in masks {
+                out[n] = mask.compute();
+            }
+            masked_rows += out.iter().filter(|m| m.is_some()).count();
+            out
+        });
+        assert!(called, "the masks are asked for once per step");
+        drop(picks);
+        drop(items);
+        for (n, picked) in active.into_iter().zip(picked) {
+            let position = sessions[n].position();
+            let step = match picked.unwrap() {
+                Picked::Token(id) => decoders[n].accept(id, position),
+                Picked::Logits(mut row) => decoders[n].step(&mut row, position),
+                Picked::Nothing => panic!("every item sampled"),
+            }
+            .unwrap();
+            match step.next {
+                Some(next) => feed[n] = vec![next],
+                None => live[n] = false,
+            }
+        }
+    }
+    assert!(masked_rows > 20, "only {masked_rows} rows were masked");
+    for ((prompt, opts), decoder) in runs.iter().zip(decoders) {
+        let want = generate(&model, prompt, opts);
+        let got = decoder.into_completion(Default::default(), Default::default());
+        assert_eq!(
+            (&got.ids, &got.text, &got.logprobs),
+            (&want.ids, &want.text, &want.logprobs),
+            "{:?}",
+            opts.sampling
+        );
+    }
+}
+
+/// A mask that allows one token forces it, even the least likely one at a high temperature;
+/// a mask of two tokens gives the greedy row the likelier; an unmasked row beside them keeps
+/// its arg-max; a row that wants its logits gets them whole.
+#[test]
+fn a_mask_allowing_one_token_forces_it() {
+    use spindle_runtime::backend::{BatchItem, Draw, Pick, Picked};
+
+    let model = demo();
+    let vocab = model.config().vocab_size;
+    let prompt = chat_ids(&model, "Pick one.");
+    let logits = model
+        .backend
+        .forward(&mut model.new_session().unwrap(), &prompt, LogitsFor::Last)
+        .unwrap();
+    let best = argmax(&logits) as u32;
+    let worst = (0..vocab as u32)
+        .min_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]))
+        .unwrap();
+    let second = (0..vocab as u32)
+        .filter(|&id| id != best)
+        .max_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]))
+        .unwrap();
+    let bits = |ids: &[u32]| {
+        let mut words = vec![0u32; vocab.div_ceil(32)];
+        for &id in ids {
+            words[id as usize / 32] |= 1 << (id % 32);
+        }
+        words
+    };
+    let hot = SamplingParams {
+        temperature: 2.0,
+        seed: Some(1),
+        ..SamplingParams::default()
+    };
+    let greedy_params = SamplingParams::default();
+    let mut sessions: Vec<_> = (0..4).map(|_| model.new_session().unwrap()).collect();
+    let mut items: Vec<BatchItem> = sessions
+        .iter_mut()
+        .map(|session| BatchItem {
+            session,
+            ids: &prompt,
+            want: LogitsFor::Last,
+        })
+        .collect();
+    fn draw(params: &SamplingParams) -> Draw<'_> {
+        Draw {
+            params,
+            uniform: 0.999,
+            history: &[],
+        }
+    }
+    let picks = [
+        Pick::Sample(draw(&hot)),
+        Pick::Sample(draw(&greedy_params)),
+        Pick::Sample(draw(&greedy_params)),
+        Pick::Logits,
+    ];
+    let picked = model.backend.forward_batch_step(&mut items, &picks, || {
+        vec![Some(bits(&[worst])), Some(bits(&[worst, second])), None, None]
+    });
+    let picked: Vec<Picked> = picked.into_iter().map(Result::unwrap).collect();
+    assert_eq!(picked[0], Picked::Token(worst));
+    assert_eq!(picked[1], Picked::Token(second));
+    assert_eq!(picked[2], Picked::Token(best));
+    match &picked[3] {
+        Picked::Logits(row) => {
+            assert_eq!(row.len(), vocab);
+            let diff = row
+                .iter()
+                .zip(&logits)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(diff < 1e-3, "the batched row differs from the solo one by {diff}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A stop string in the text of the first `min_tokens` tokens does not end generation (as
+/// vLLM): the first tokens are those of the run without a stop string.
+#[test]
+fn min_tokens_holds_back_stop_strings() {
+    let model = demo();
+    let ids = chat_ids(&model, "Tell me a story.");
+    let base = generate(&model, &ids, &greedy(12));
+    assert_eq!(base.ids.len(), 12, "{:?}", base.finish);
+    // The text of the second token, as a stop string.
+    let early = model.tokenizer.decode(&base.ids[1..2], false).unwrap();
+    assert!(!early.trim().is_empty(), "{early:?}");
+    let stop = GenerateOptions {
+        stop: vec![early.clone()],
+        ..greedy(12)
+    };
+    let stopped = generate(&model, &ids, &stop);
+    assert_eq!(stopped.finish, Finish::Stop(early.clone()));
+    assert!(stopped.ids.len() <= 2, "{:?}", stopped.ids);
+    let held = generate(
+        &model,
+        &ids,
+        &GenerateOptions {
+            min_tokens: 6,
+            ..stop
+        },
+    );
+    assert!(held.ids.len() >= 6, "{:?} {:?}", held.ids, held.finish);
+    assert_eq!(held.ids[..6], base.ids[..6]);
+    assert!(held.text.contains(&early), "{:?}", held.text);
 }
 
 #[test]

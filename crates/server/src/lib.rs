@@ -15,6 +15,7 @@
 
 mod api;
 mod error;
+mod latency;
 mod listen;
 mod memory;
 mod metrics;

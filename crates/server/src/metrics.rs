@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use spindle_runtime::batch::{HistogramSnapshot, SchedulerStats};
+use spindle_runtime::batch::{Histogram, HistogramSnapshot, SchedulerStats};
 use spindle_runtime::{Completion, Finish};
 
 use crate::queue::Scheduler;
@@ -37,8 +38,40 @@ impl ExpertCacheProbe for EngineExperts {
     }
 }
 
+/// The generating APIs the latency histograms are labelled by (`api="..."`).
+pub const APIS: [&str; 5] = ["chat", "completions", "messages", "responses", "ollama"];
+
+/// The API a route belongs to, for the latency histograms: `/v1/chat/completions` is `chat`,
+/// `/v1/completions` `completions`, `/v1/messages` `messages` (Anthropic), `/v1/responses`
+/// `responses`, `/api/chat` and `/api/generate` `ollama`; `None` for the rest.
+pub fn api_of(route: &str) -> Option<&'static str> {
+    match route {
+        "/v1/chat/completions" => Some("chat"),
+        "/v1/completions" => Some("completions"),
+        "/v1/messages" => Some("messages"),
+        "/v1/responses" => Some("responses"),
+        "/api/chat" | "/api/generate" => Some("ollama"),
+        _ => None,
+    }
+}
+
+/// Upper bounds of the latency histograms, seconds.
+const LATENCY_BOUNDS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// One API's latency histograms.
+struct ApiLatency {
+    /// From the request's arrival to the end of its response body (the last streamed event).
+    duration: Histogram,
+    /// From the request's arrival to its first generated text.
+    first_token: Histogram,
+}
+
 #[derive(Default)]
 pub struct Metrics {
+    /// Per API of [`APIS`], in that order (built on first use).
+    latency: std::sync::OnceLock<Vec<ApiLatency>>,
     /// (endpoint, HTTP status) -> requests answered.
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     prompt_tokens: AtomicU64,
@@ -51,6 +84,32 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    fn latency(&self, api: &str) -> Option<&ApiLatency> {
+        let all = self.latency.get_or_init(|| {
+            APIS.iter()
+                .map(|_| ApiLatency {
+                    duration: Histogram::new(&LATENCY_BOUNDS),
+                    first_token: Histogram::new(&LATENCY_BOUNDS),
+                })
+                .collect()
+        });
+        APIS.iter().position(|a| *a == api).map(|n| &all[n])
+    }
+
+    /// A request of `api` ([`APIS`]) answered in `elapsed` (its whole body sent or dropped).
+    pub fn record_duration(&self, api: &str, elapsed: Duration) {
+        if let Some(l) = self.latency(api) {
+            l.duration.observe(elapsed.as_secs_f64());
+        }
+    }
+
+    /// A request of `api` ([`APIS`]) got its first generated text `elapsed` after it arrived.
+    pub fn record_first_token(&self, api: &str, elapsed: Duration) {
+        if let Some(l) = self.latency(api) {
+            l.first_token.observe(elapsed.as_secs_f64());
+        }
+    }
+
     pub fn record_request(&self, endpoint: &str, status: u16) {
         let mut map = self.requests.lock().unwrap_or_else(|e| e.into_inner());
         *map.entry((endpoint.to_owned(), status)).or_default() += 1;
@@ -266,7 +325,42 @@ impl Metrics {
         for (name, help, h) in histograms {
             render_histogram(&mut out, name, help, &h);
         }
+        let by_api = |pick: fn(&ApiLatency) -> &Histogram| -> Vec<(String, HistogramSnapshot)> {
+            APIS.iter()
+                .filter_map(|api| self.latency(api).map(|l| (api.to_string(), pick(l).snapshot())))
+                .collect()
+        };
+        render_labelled_histograms(
+            &mut out,
+            "spindle_request_duration_seconds",
+            "From a generating request's arrival to the end of its response (the last streamed event), by API.",
+            &by_api(|l| &l.duration),
+        );
+        render_labelled_histograms(
+            &mut out,
+            "spindle_api_time_to_first_token_seconds",
+            "From a generating request's arrival to its first generated text, by API.",
+            &by_api(|l| &l.first_token),
+        );
         out
+    }
+}
+
+/// Histograms of one name, one per `api` label, in the Prometheus text format.
+fn render_labelled_histograms(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    series: &[(String, HistogramSnapshot)],
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (api, h) in series {
+        for (bound, n) in h.bounds.iter().zip(&h.cumulative) {
+            let _ = writeln!(out, "{name}_bucket{{api=\"{api}\",le=\"{bound}\"}} {n}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{api=\"{api}\",le=\"+Inf\"}} {}", h.count);
+        let _ = writeln!(out, "{name}_sum{{api=\"{api}\"}} {}", h.sum);
+        let _ = writeln!(out, "{name}_count{{api=\"{api}\"}} {}", h.count);
     }
 }
 

@@ -13,6 +13,7 @@ use spindle_runtime::batch::{SeqEvent, SequenceGuard};
 use spindle_runtime::{Completion, Finish, Flow, GenerateOptions, RuntimeError, TokenLogprob};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::latency::{current_origin, RequestOrigin};
 use crate::metrics::Metrics;
 use crate::queue::Slot;
 use crate::state::AppState;
@@ -89,6 +90,8 @@ pub fn spawn_choices(
         };
     }
     let slot = Arc::new(Mutex::new((Some(slot), n)));
+    // The request's API and arrival, taken by the first choice to generate text.
+    let origin = Arc::new(Mutex::new(current_origin()));
     let mut guards = Vec::with_capacity(n);
     for (index, options) in choices.into_iter().enumerate() {
         let sink = forward_events(
@@ -97,6 +100,7 @@ pub fn spawn_choices(
             Arc::clone(&slot),
             Arc::clone(&state.metrics),
             Arc::clone(&state.cancel_all),
+            Arc::clone(&origin),
         );
         match state.engine.submit_with(prompt_ids.clone(), &options, sink) {
             Ok(guard) => guards.push(guard),
@@ -126,16 +130,22 @@ fn release(slot: &Mutex<(Option<Slot>, usize)>) {
 /// (stopping the sequence when the client is gone or the server stops); at the end the slot
 /// is freed (after the request's last choice) and the generation counted before the client
 /// hears of it, so a client that reads the answer and then the metrics sees the slot free.
+/// The request's first text (of any choice) records its time to first token by API.
 fn forward_events(
     index: usize,
     tx: UnboundedSender<(usize, GenEvent)>,
     slot: Arc<Mutex<(Option<Slot>, usize)>>,
     metrics: Arc<Metrics>,
     cancel_all: Arc<AtomicBool>,
+    origin: Arc<Mutex<Option<RequestOrigin>>>,
 ) -> Box<dyn FnMut(SeqEvent) -> Flow + Send> {
     let mut ended = false;
     Box::new(move |event| match event {
         SeqEvent::Text(text) => {
+            let first = origin.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(origin) = first {
+                metrics.record_first_token(origin.api, origin.arrived.elapsed());
+            }
             let gone = tx.send((index, GenEvent::Text(text))).is_err();
             if gone || cancel_all.load(Ordering::Acquire) {
                 Flow::Stop

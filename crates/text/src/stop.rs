@@ -121,6 +121,8 @@ pub struct TextStream {
     stops: StopStrings,
     eos_ids: Vec<u32>,
     max_tokens: Option<usize>,
+    /// Stop strings are not matched in the text of the first `min_tokens` tokens.
+    min_tokens: usize,
     generated: usize,
     finished: Option<FinishReason>,
 }
@@ -135,9 +137,18 @@ impl TextStream {
             stops: StopStrings::new(&conditions.stop_strings),
             eos_ids: conditions.eos_ids.clone(),
             max_tokens: conditions.max_tokens,
+            min_tokens: 0,
             generated: 0,
             finished: None,
         }
+    }
+
+    /// The stream with stop strings ignored in the text of the first `min_tokens` tokens (as
+    /// vLLM's `min_tokens`: a stop string there neither ends generation nor is cut from the
+    /// text; it is matched only in text that comes after them).
+    pub fn with_min_tokens(mut self, min_tokens: usize) -> Self {
+        self.min_tokens = min_tokens;
+        self
     }
 
     /// Why the stream ended, once it has.
@@ -163,7 +174,14 @@ impl TextStream {
             return self.end(String::new(), FinishReason::Eos(id));
         }
         let delta = self.detokenizer.push(id)?;
-        let scan = self.stops.push(&delta);
+        let scan = if self.generated <= self.min_tokens {
+            StopScan {
+                text: delta,
+                matched: None,
+            }
+        } else {
+            self.stops.push(&delta)
+        };
         if let Some(stop) = scan.matched {
             return Ok(self.finish_with(scan.text, FinishReason::StopString(stop)));
         }

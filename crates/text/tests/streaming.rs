@@ -176,3 +176,36 @@ fn control_tokens_are_hidden_and_markup_reaches_the_parser() {
         r#"{"city":"東京","days":3}"#
     );
 }
+
+/// `min_tokens` (as vLLM's): a stop string in the text of the first `min_tokens` tokens does
+/// not end the stream and stays in the text; one after them does.
+#[test]
+fn stop_strings_are_not_matched_within_min_tokens() {
+    let tokenizer = qwen_tokenizer();
+    let ids = tokenizer.encode("one cat, two cat, three", true).unwrap();
+    let conditions = StopConditions {
+        stop_strings: vec!["cat".to_string()],
+        ..Default::default()
+    };
+    // Without min_tokens the first "cat" stops it.
+    let (text, reason, _) = run_stream(&ids, &conditions);
+    assert_eq!(text, "one ");
+    assert_eq!(reason, Some(FinishReason::StopString("cat".into())));
+    // The first "cat" ends within the first min_tokens tokens: the second stops it.
+    let first_cat = (1..=ids.len())
+        .find(|&n| tokenizer.decode(&ids[..n], false).unwrap().contains("cat"))
+        .unwrap();
+    let mut stream = TextStream::new(tokenizer.clone(), &conditions).with_min_tokens(first_cat);
+    let mut text = String::new();
+    let mut reason = None;
+    for &id in &ids {
+        let delta = stream.push(id).unwrap();
+        text.push_str(&delta.text);
+        if delta.finished.is_some() {
+            reason = delta.finished;
+            break;
+        }
+    }
+    assert_eq!(text, "one cat, two ");
+    assert_eq!(reason, Some(FinishReason::StopString("cat".into())));
+}

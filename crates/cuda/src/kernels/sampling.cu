@@ -28,6 +28,7 @@
 #define SAMPLE_PARAM_WORDS 16
 #define SAMPLE_GREEDY 1u
 #define SAMPLE_PENALISE 2u
+#define SAMPLE_MASKED 4u
 #define SAMPLE_UNRESOLVED 0xffffffffu
 // The top bit of a slice's candidate count: the slice's raw logits hold a NaN or an infinity.
 #define SAMPLE_NON_FINITE_BIT 0x80000000u
@@ -41,12 +42,13 @@ struct SampleRow {
     float repetition;
     float presence;
     float frequency;
-    unsigned flags;        // SAMPLE_GREEDY, SAMPLE_PENALISE
+    unsigned flags;        // SAMPLE_GREEDY, SAMPLE_PENALISE, SAMPLE_MASKED
     unsigned history_at;   // word offset of the row's history in the parameter buffer
     unsigned history_len;
     unsigned uniform_lo;   // the draw in [0, 1), f64 bits
     unsigned uniform_hi;
-    unsigned pad[4];
+    unsigned mask_at;      // word offset of the row's allowed-token bits (SAMPLE_MASKED)
+    unsigned pad[3];
 };
 
 __device__ __forceinline__ SampleRow sample_params(const unsigned* params, int row) {
@@ -65,11 +67,15 @@ __device__ __forceinline__ float sample_unkey(unsigned k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-// The logit of element `at` after the row's penalties (the host's apply_penalties, rounded the
-// same way: no fused multiply-add).
-__device__ __forceinline__ float sample_logit(const float* __restrict__ logits,
-                                              const unsigned* __restrict__ counts, size_t at,
+// The logit of token `i` (element `at`) after the row's mask (a token whose bit is clear is
+// -inf, as the host's apply_mask_words sets it before anything else) and penalties (the host's
+// apply_penalties, rounded the same way: no fused multiply-add; a masked -inf stays -inf).
+__device__ __forceinline__ float sample_logit(const unsigned* __restrict__ params,
+                                              const float* __restrict__ logits,
+                                              const unsigned* __restrict__ counts, size_t at, int i,
                                               const SampleRow& p) {
+    if ((p.flags & SAMPLE_MASKED) && !((params[p.mask_at + ((unsigned)i >> 5)] >> (i & 31)) & 1u))
+        return -SP_INF;
     float l = logits[at];
     if (p.flags & SAMPLE_PENALISE) {
         unsigned c = counts[at];
@@ -151,7 +157,7 @@ extern "C" __global__ void sample_row_stats(const unsigned* __restrict__ params,
     unsigned gk = 0u, gi = 0xffffffffu, mk = 0u, n = 0u, bad = 0u;
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         if (!isfinite(logits[base + i])) bad = SAMPLE_NON_FINITE_BIT;
-        float l = sample_logit(logits, counts, base + i, p);
+        float l = sample_logit(params, logits, counts, base + i, i, p);
         // The host's argmax compares with >, so -0 and +0 tie.
         sample_better(gk, gi, sample_key(l == 0.0f ? 0.0f : l), (unsigned)i);
         if (!greedy && sample_candidate(l)) {
@@ -204,7 +210,7 @@ extern "C" __global__ void sample_histogram(const unsigned* __restrict__ params,
     int chunk = (vocab + split - 1) / split;
     int lo = blockIdx.x * chunk, hi = min(vocab, lo + chunk);
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        float l = sample_logit(logits, counts, base + i, p);
+        float l = sample_logit(params, logits, counts, base + i, i, p);
         if (!sample_candidate(l)) continue;
         float d = sample_distance(__fmul_rn(l, p.inv_t), m);
         int b = sample_bucket(d);
@@ -454,7 +460,7 @@ extern "C" __global__ void sample_collect(const unsigned* __restrict__ params, c
     double above = 0.0, below = 0.0;
     unsigned n_above = 0u;
     for (int i = first + threadIdx.x; i < last; i += blockDim.x) {
-        float l = sample_logit(logits, counts, base + i, p);
+        float l = sample_logit(params, logits, counts, base + i, i, p);
         if (!sample_candidate(l)) continue;
         float s = __fmul_rn(l, p.inv_t);
         int b = sample_bucket(sample_distance(s, m));

@@ -14,6 +14,8 @@ pub const SAMPLE_PARAM_WORDS: usize = 16;
 pub const SAMPLE_GREEDY: u32 = 1;
 /// Parameter flag: the row has penalties and a history (`SAMPLE_PENALISE`).
 pub const SAMPLE_PENALISE: u32 = 2;
+/// Parameter flag: the row has allowed-token bits (`SAMPLE_MASKED`).
+pub const SAMPLE_MASKED: u32 = 4;
 /// What `sample_pick` writes for a row the host must sample (`SAMPLE_UNRESOLVED`).
 pub const SAMPLE_UNRESOLVED: u32 = u32::MAX;
 /// What round 1 of `sample_pick` writes for a row whose draw takes round 2
@@ -129,6 +131,7 @@ mod tests {
         assert_eq!(define("SAMPLE_PARAM_WORDS"), SAMPLE_PARAM_WORDS as u64);
         assert_eq!(define("SAMPLE_GREEDY"), SAMPLE_GREEDY as u64);
         assert_eq!(define("SAMPLE_PENALISE"), SAMPLE_PENALISE as u64);
+        assert_eq!(define("SAMPLE_MASKED"), SAMPLE_MASKED as u64);
         assert_eq!(define("SAMPLE_UNRESOLVED"), SAMPLE_UNRESOLVED as u64);
         assert_eq!(define("SAMPLE_WIN_WORDS"), SAMPLE_WIN_WORDS as u64);
         assert_eq!(define("SAMPLE_SECOND_ROUND"), SAMPLE_SECOND_ROUND as u64);

@@ -53,6 +53,14 @@ pub fn cuda_refusal(dir: &Path, options: &LoadOptions) -> Option<String> {
     None
 }
 
+/// One item's result of [`CudaBackend::forward_batch_step`]: the sampled token (and whether
+/// the raw row was finite), and the whole row when it was asked for.
+#[cfg(feature = "cuda")]
+pub(super) struct StepRow {
+    pub sampled: spindle_cuda::Sampled,
+    pub logits: Option<Vec<f32>>,
+}
+
 /// The CUDA engine and the lock that serializes its use.
 ///
 /// One engine has one stream and one scratch arena, and captures decode steps as CUDA graphs
@@ -158,21 +166,43 @@ impl CudaBackend {
     }
 
     /// One batched step over checked input whose next tokens the device sampler chooses from
-    /// each item's last row; only the ids (and whether each row was finite) come back.
-    pub(super) fn forward_batch_sampled(
+    /// each item's last row (`rows[n]`); only the ids (and whether each row was finite) come
+    /// back, with the whole row of the items `whole` names. `masks` (one entry per item: its
+    /// allowed-token bits, or `None`) is called once the step is launched, so it runs on the
+    /// host while the GPU runs the forward pass; the masks are then uploaded and applied by the
+    /// sampling kernels as they read the logits.
+    pub(super) fn forward_batch_step(
         &self,
         items: &mut [spindle_cuda::CudaBatchItem<'_>],
         rows: &[spindle_cuda::RowSampling<'_>],
-    ) -> Result<Vec<spindle_cuda::Sampled>> {
+        whole: &[bool],
+        masks: impl FnOnce() -> Vec<Option<Vec<u32>>>,
+    ) -> Result<Vec<StepRow>> {
         let _held = self.held();
         let logits = self.engine.forward_batch_device(items)?;
-        let mut ids = Vec::with_capacity(rows.len());
+        // The forward pass is queued on the GPU: the host computes the masks meanwhile.
+        let masks = masks();
+        let mut sampled = Vec::with_capacity(rows.len());
         for (k, chunk) in rows.chunks(spindle_cuda::MAX_SAMPLE_ROWS).enumerate() {
             let first = k * spindle_cuda::MAX_SAMPLE_ROWS;
             let at = logits.row_ptr(logits.item_rows(first).start);
-            ids.extend(self.engine.sample_rows_checked(at, chunk)?);
+            let chunk_masks: Vec<Option<&[u32]>> = (first..first + chunk.len())
+                .map(|n| masks.get(n).and_then(|m| m.as_deref()))
+                .collect();
+            sampled.extend(self.engine.sample_rows_masked(at, chunk, &chunk_masks)?);
         }
-        Ok(ids)
+        sampled
+            .into_iter()
+            .enumerate()
+            .map(|(n, sampled)| {
+                let logits = if whole.get(n).copied().unwrap_or(false) {
+                    Some(self.engine.download_logits_row(&logits, n)?)
+                } else {
+                    None
+                };
+                Ok(StepRow { sampled, logits })
+            })
+            .collect()
     }
 
     /// One decode step of a checked token, the next token chosen on the device.

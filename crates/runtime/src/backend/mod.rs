@@ -98,6 +98,30 @@ pub struct Draw<'a> {
     pub history: &'a [u32],
 }
 
+/// What one item of [`Backend::forward_batch_step`] wants from its last logits row.
+pub enum Pick<'a> {
+    /// Its next token, chosen where the logits are with this draw, after the item's mask (if
+    /// the step's masks give it one).
+    Sample(Draw<'a>),
+    /// The row itself on the host (a sequence that needs the whole distribution: its
+    /// log-probabilities, a `logit_bias`).
+    Logits,
+    /// Nothing (a prompt chunk before the last: its row gives no token).
+    Nothing,
+}
+
+/// What one item of [`Backend::forward_batch_step`] got, as its [`Pick`] asked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Picked {
+    Token(u32),
+    Logits(Vec<f32>),
+    Nothing,
+}
+
+/// Each item's allowed-token bits for [`Backend::forward_batch_step`] (`None`: every token
+/// allowed; bit `id % 32` of word `id / 32`, `vocab_size.div_ceil(32)` words), in item order.
+pub type StepMasks = Vec<Option<Vec<u32>>>;
+
 /// One sequence's share of a batched step ([`Backend::forward_batch`]).
 pub struct BatchItem<'a> {
     pub session: &'a mut BackendSession,
@@ -288,62 +312,142 @@ impl Backend {
     /// [`crate::sampling::Sampler`] took, and the ids its penalties count), and only the token
     /// comes back. The choice is [`crate::sampling::Sampler::sample_with`]'s on every backend
     /// (on CUDA the device sampler reproduces it). Every item must want [`LogitsFor::Last`].
+    /// [`Backend::forward_batch_step`] without masks, every item sampled.
     pub fn forward_batch_sampled(
         &self,
         items: &mut [BatchItem<'_>],
         draws: &[Draw<'_>],
     ) -> Vec<Result<u32>> {
-        assert_eq!(items.len(), draws.len(), "one draw per item");
+        let picks: Vec<Pick<'_>> = draws
+            .iter()
+            .map(|d| {
+                Pick::Sample(Draw {
+                    params: d.params,
+                    uniform: d.uniform,
+                    history: d.history,
+                })
+            })
+            .collect();
+        self.forward_batch_step(items, &picks, Vec::new)
+            .into_iter()
+            .map(|picked| match picked? {
+                Picked::Token(id) => Ok(id),
+                other => Err(RuntimeError::Request(format!(
+                    "a sampled step gave {other:?} instead of a token"
+                ))),
+            })
+            .collect()
+    }
+
+    /// One forward batch over every item of a step, each item's last row used as `picks[n]`
+    /// asks: sampled where the logits are (on CUDA only the id comes back), returned whole, or
+    /// dropped. `masks` gives each item's allowed tokens ([`StepMasks`]; applied to the
+    /// items that sample, before penalties, temperature and the filters, greedy included: a
+    /// disallowed token's logit is -inf) and is called once the forward pass is under way: on
+    /// CUDA after the step is launched, so the host computes grammar masks while the GPU runs
+    /// the step, then the masks are uploaded and the sampling kernels read them; on the CPU
+    /// after the forward pass. The choice is [`crate::sampling::Sampler::sample_with`]'s after
+    /// [`crate::generate::apply_mask_words`] on every backend. Every item must want
+    /// [`LogitsFor::Last`]. An item refused (or failing) leaves the others running.
+    pub fn forward_batch_step(
+        &self,
+        items: &mut [BatchItem<'_>],
+        picks: &[Pick<'_>],
+        masks: impl FnOnce() -> StepMasks,
+    ) -> Vec<Result<Picked>> {
+        assert_eq!(items.len(), picks.len(), "one pick per item");
         assert!(
             items.iter().all(|item| item.want == LogitsFor::Last),
             "a sampled step takes each item's last row"
         );
         match self {
-            Backend::Cpu(_) => self
-                .forward_batch(items)
-                .into_iter()
-                .zip(draws)
-                .map(|(logits, draw)| {
-                    let mut logits = logits?;
-                    let mut sampler = Sampler::new(SamplingParams {
-                        seed: Some(0),
-                        ..draw.params.clone()
-                    })?;
-                    Ok(sampler.sample_with(&mut logits, draw.history, Some(draw.uniform)))
-                })
-                .collect(),
+            Backend::Cpu(_) => {
+                let rows = self.forward_batch(items);
+                let masks = masks();
+                rows.into_iter()
+                    .zip(picks)
+                    .enumerate()
+                    .map(|(n, (logits, pick))| {
+                        let mut logits = logits?;
+                        Ok(match pick {
+                            Pick::Nothing => Picked::Nothing,
+                            Pick::Logits => Picked::Logits(logits),
+                            Pick::Sample(draw) => {
+                                if let Some(Some(bits)) = masks.get(n) {
+                                    crate::generate::apply_mask_words(&mut logits, bits);
+                                }
+                                let mut sampler = Sampler::new(SamplingParams {
+                                    seed: Some(0),
+                                    ..draw.params.clone()
+                                })?;
+                                Picked::Token(sampler.sample_with(
+                                    &mut logits,
+                                    draw.history,
+                                    Some(draw.uniform),
+                                ))
+                            }
+                        })
+                    })
+                    .collect()
+            }
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => {
                 let mut results = self.check_batch(items);
                 let (order, mut batch) = self.cuda_items(items, &mut results);
+                let greedy = SamplingParams::default();
                 let rows: Vec<spindle_cuda::RowSampling> = order
                     .iter()
                     .map(|&n| {
-                        let d = &draws[n];
+                        // A row whose token is not wanted is sampled greedily (the cheapest
+                        // path) and dropped.
+                        let (d, uniform, history) = match &picks[n] {
+                            Pick::Sample(d) => (d.params, d.uniform, d.history),
+                            Pick::Logits | Pick::Nothing => (&greedy, 0.0, &[][..]),
+                        };
                         spindle_cuda::RowSampling {
-                            temperature: d.params.temperature,
-                            top_k: d.params.top_k,
-                            top_p: d.params.top_p,
-                            min_p: d.params.min_p,
-                            repetition_penalty: d.params.repetition_penalty,
-                            presence_penalty: d.params.presence_penalty,
-                            frequency_penalty: d.params.frequency_penalty,
-                            uniform: d.uniform,
-                            history: d.history,
+                            temperature: d.temperature,
+                            top_k: d.top_k,
+                            top_p: d.top_p,
+                            min_p: d.min_p,
+                            repetition_penalty: d.repetition_penalty,
+                            presence_penalty: d.presence_penalty,
+                            frequency_penalty: d.frequency_penalty,
+                            uniform,
+                            history,
                         }
                     })
                     .collect();
-                let ids = if batch.is_empty() {
+                let whole: Vec<bool> = order
+                    .iter()
+                    .map(|&n| matches!(picks[n], Pick::Logits))
+                    .collect();
+                let step = if batch.is_empty() {
                     Ok(Vec::new())
                 } else {
-                    c.forward_batch_sampled(&mut batch, &rows)
+                    let order = &order;
+                    c.forward_batch_step(&mut batch, &rows, &whole, move || {
+                        let mut all = masks();
+                        all.resize(order.iter().max().map_or(0, |&n| n + 1), None);
+                        // Only sampled rows read a mask.
+                        order
+                            .iter()
+                            .map(|&n| match picks[n] {
+                                Pick::Sample(_) => all[n].take(),
+                                Pick::Logits | Pick::Nothing => None,
+                            })
+                            .collect()
+                    })
                 };
                 drop(batch);
-                match ids {
-                    Ok(ids) => {
-                        for (n, sampled) in order.into_iter().zip(ids) {
-                            results[n] = Some(if sampled.finite {
-                                Ok(sampled.id)
+                match step {
+                    Ok(rows) => {
+                        for (n, row) in order.into_iter().zip(rows) {
+                            results[n] = Some(if row.sampled.finite {
+                                Ok(match (&picks[n], row.logits) {
+                                    (Pick::Sample(_), _) => Picked::Token(row.sampled.id),
+                                    (Pick::Logits, Some(logits)) => Picked::Logits(logits),
+                                    (Pick::Logits, None) | (Pick::Nothing, _) => Picked::Nothing,
+                                })
                             } else {
                                 // The step succeeded: the session is past the item's tokens,
                                 // and the row sampled is its last.
@@ -364,10 +468,7 @@ impl Backend {
                 }
                 results
                     .into_iter()
-                    .map(|r| match r.expect("every item has a result") {
-                        Ok(id) => Ok(id),
-                        Err(e) => Err(e),
-                    })
+                    .map(|r| r.expect("every item has a result"))
                     .collect()
             }
         }

@@ -13,12 +13,13 @@ use spindle_cpu::LogitsFor;
 
 use super::plan::{plan_step, Work};
 use super::stats::SchedulerStats;
-use crate::backend::{Backend, BackendSession, BatchItem, Draw};
+use crate::backend::{Backend, BackendSession, BatchItem, Pick, Picked, StepMasks};
 use crate::error::{Result, RuntimeError};
-use crate::generate::{Completion, Flow, GenerateOptions, SequenceDecoder, TokenLogprob};
+use crate::generate::{
+    Completion, Flow, GenerateOptions, SequenceDecoder, SequenceMask, TokenLogprob,
+};
 use crate::model::Model;
 use crate::prefix::{snapshot_points, PrefixCache, PrefixCacheConfig};
-use crate::sampling::SamplingParams;
 
 /// How the scheduler batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,13 +108,6 @@ struct Request {
 /// Answer tokens whose state a new sequence is given room for at admission when its request
 /// sets no `max_tokens` (past it, its state grows as it decodes).
 const RESERVED_ANSWER_TOKENS: usize = 1024;
-
-/// What a step gives a sequence: its logits row to sample on the host, or the token the
-/// device sampler chose ([`crate::Backend::samples_on_device`]).
-enum Choice {
-    Logits(Vec<f32>),
-    Token(u32),
-}
 
 /// A sequence with a session, being prefilled or decoded.
 struct Sequence {
@@ -671,11 +665,13 @@ impl EngineLoop {
             .set_occupancy(self.running.len(), self.waiting.len(), bytes);
     }
 
-    /// One batched forward step over the running sequences, then each one's token. On a
-    /// backend that samples on the device, a sequence with a logits-processing step (a grammar,
-    /// a bias, bans, log-probabilities) is fed in a second batch that returns its logits to
-    /// the host. On a device backend, grammar masks for the next token are computed on a
-    /// worker thread while the forward pass runs.
+    /// One batched forward step over the running sequences, then each one's token: every fed
+    /// sequence is in ONE forward batch. A sequence samples where the logits are (on CUDA
+    /// only its token comes back) with its token mask (a grammar, bans before `min_tokens`);
+    /// the masks are computed by worker threads while the forward pass runs on the device
+    /// (on the CPU, whose forward pass takes every core, after it). A sequence that needs its
+    /// whole row (log-probabilities, a `logit_bias`) gets the row back from the same batch and
+    /// samples on the host.
     fn step(&mut self) {
         let work: Vec<Work> = self
             .running
@@ -684,13 +680,13 @@ impl EngineLoop {
             .collect();
         let take = plan_step(&work, self.config.token_budget);
         let started = Instant::now();
-        let on_device = self.model.backend.samples_on_device();
-        let greedy = SamplingParams::default();
-        // Each fed sequence's index and whether its row comes back as logits.
-        let mut order: Vec<(usize, bool)> = Vec::with_capacity(take.len());
-        let mut device_items = Vec::with_capacity(take.len());
-        let mut host_items = Vec::with_capacity(take.len());
-        let mut draws = Vec::with_capacity(take.len());
+        // Each fed sequence's index.
+        let mut order: Vec<usize> = Vec::with_capacity(take.len());
+        let mut items = Vec::with_capacity(take.len());
+        let mut picks = Vec::with_capacity(take.len());
+        // The masks to compute during the step, with their item's index.
+        let mut to_mask: Vec<(usize, SequenceMask<'_>)> = Vec::new();
+        // Host-sampled sequences whose grammar mask is computed during the step too.
         let mut to_prepare: Vec<&mut SequenceDecoder> = Vec::new();
         for (n, sequence) in self.running.iter_mut().enumerate() {
             if take[n] == 0 {
@@ -718,80 +714,55 @@ impl EngineLoop {
                     &prompt[*fed..*fed + take[n]]
                 }
             };
-            let item = BatchItem {
+            order.push(n);
+            items.push(BatchItem {
                 session,
                 ids,
                 want: LogitsFor::Last,
-            };
-            let host = !on_device || decoder.needs_logits();
-            order.push((n, host));
-            if host {
-                host_items.push(item);
-                // On a device backend the host is idle while the step runs: the grammar's
-                // mask is computed then. On the CPU the forward pass takes every core, so
-                // the mask is computed when the sequence samples.
-                if on_device && samples && decoder.has_constraint() {
+            });
+            let pick = if !samples {
+                Pick::Nothing
+            } else if decoder.needs_logits() {
+                if decoder.has_constraint() {
                     to_prepare.push(decoder);
                 }
-                continue;
-            }
-            device_items.push(item);
-            // A row that gives no token (a prompt chunk before the last) is drawn greedily
-            // and dropped, without touching the sequence's random stream.
-            let draw = samples.then(|| decoder.draw()).flatten();
-            draws.push(draw.unwrap_or(Draw {
-                params: &greedy,
-                uniform: 0.0,
-                history: &[],
-            }));
+                Pick::Logits
+            } else {
+                match decoder.draw_masked() {
+                    Some((draw, mask)) => {
+                        if mask.is_needed() {
+                            to_mask.push((picks.len(), mask));
+                        }
+                        Pick::Sample(draw)
+                    }
+                    // An ended sequence's row is dropped.
+                    None => Pick::Nothing,
+                }
+            };
+            picks.push(pick);
         }
-        let backend = &self.model.backend;
-        let (device_rows, host_rows) = std::thread::scope(|scope| {
-            let masks = (!to_prepare.is_empty()).then(|| {
-                scope.spawn(move || {
-                    // A failure is met again, and reported, when the sequence samples.
-                    to_prepare.into_par_iter().for_each(|d| {
-                        let _ = d.prepare();
-                    })
-                })
-            });
-            let device_rows = if device_items.is_empty() {
-                Vec::new()
-            } else {
-                backend.forward_batch_sampled(&mut device_items, &draws)
-            };
-            let host_rows = if host_items.is_empty() {
-                Vec::new()
-            } else {
-                backend.forward_batch(&mut host_items)
-            };
-            if let Some(masks) = masks {
-                if masks.join().is_err() {
-                    tracing::error!("a grammar mask worker panicked");
-                }
+        let fed = items.len();
+        let masks = move || -> StepMasks {
+            let mut masks: StepMasks = vec![None; fed];
+            if to_mask.is_empty() && to_prepare.is_empty() {
+                return masks;
             }
-            (device_rows, host_rows)
-        });
-        let (mut device_rows, mut host_rows) = (device_rows.into_iter(), host_rows.into_iter());
-        let missing = || Err(RuntimeError::Request("the step returned no row".into()));
-        let results: Vec<Result<Choice>> = order
-            .iter()
-            .map(|&(_, host)| {
-                if host {
-                    host_rows
-                        .next()
-                        .map_or_else(missing, |r| r.map(Choice::Logits))
-                } else {
-                    device_rows
-                        .next()
-                        .map_or_else(missing, |r| r.map(Choice::Token))
-                }
-            })
-            .collect();
-        let order: Vec<usize> = order.into_iter().map(|(n, _)| n).collect();
-        drop(draws);
-        drop(device_items);
-        drop(host_items);
+            let computed: Vec<(usize, Option<Vec<u32>>)> = to_mask
+                .into_par_iter()
+                .map(|(n, mask)| (n, mask.compute()))
+                .collect();
+            // A failure is met again, and reported, when the sequence samples.
+            to_prepare.into_par_iter().for_each(|d| {
+                let _ = d.prepare();
+            });
+            for (n, mask) in computed {
+                masks[n] = mask;
+            }
+            masks
+        };
+        let results = self.model.backend.forward_batch_step(&mut items, &picks, masks);
+        drop(picks);
+        drop(items);
         self.stats
             .record_step(order.len(), take.iter().sum::<usize>());
         let now = Instant::now();
@@ -800,8 +771,8 @@ impl EngineLoop {
         let mut snapshots = Vec::new();
         for (n, result) in order.into_iter().zip(results) {
             let sequence = &mut self.running[n];
-            let choice = match result {
-                Ok(choice) => choice,
+            let picked = match result {
+                Ok(picked) => picked,
                 Err(e) => {
                     ended.push((n, Some(e)));
                     continue;
@@ -821,7 +792,7 @@ impl EngineLoop {
                 }
                 Work::Decode => sequence.decoded.push(sequence.next[0]),
             }
-            match self.token(n, choice, now) {
+            match self.token(n, picked, now) {
                 Ok(true) => {}
                 Ok(false) => ended.push((n, None)),
                 Err(e) => ended.push((n, Some(e))),
@@ -846,13 +817,16 @@ impl EngineLoop {
     /// Takes sequence `n`'s next token (sampled here from its logits, or already chosen on
     /// the device) and sends its text. False when the sequence ended (a stop condition, or its
     /// sink stopped it).
-    fn token(&mut self, n: usize, choice: Choice, now: Instant) -> Result<bool> {
+    fn token(&mut self, n: usize, picked: Picked, now: Instant) -> Result<bool> {
         let sequence = &mut self.running[n];
         let position = sequence.session.position();
         let decoder = &mut sequence.request.decoder;
-        let step = match choice {
-            Choice::Logits(mut logits) => decoder.step(&mut logits, position)?,
-            Choice::Token(id) => decoder.accept(id, position)?,
+        let step = match picked {
+            Picked::Logits(mut logits) => decoder.step(&mut logits, position)?,
+            Picked::Token(id) => decoder.accept(id, position)?,
+            // A sequence that samples no more (`max_tokens` 0): `accept` ends it without
+            // reading the id.
+            Picked::Nothing => decoder.accept(0, position)?,
         };
         if sequence.request.decoder.generated() > 0 {
             match sequence.last_token {

@@ -16,6 +16,7 @@ mod tokens;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
@@ -29,6 +30,7 @@ use serde_json::Value;
 use spindle_runtime::{GenerateOptions, PreparedPrompt, Prompt, RuntimeError};
 
 use crate::error::ApiError;
+use crate::latency::{with_origin, RequestOrigin, TimedBody};
 use crate::listen::LocalAddr;
 use crate::memory::{release_freed_memory, LARGE_REQUEST_BYTES};
 use crate::queue::Ticket;
@@ -97,7 +99,8 @@ async fn method_not_allowed(request: Request) -> ApiError {
     }
 }
 
-/// Counts every answered request by endpoint (the route, never the raw path) and status.
+/// Counts every answered request by endpoint (the route, never the raw path) and status; a
+/// generating API's request is also timed ([`crate::latency`]).
 async fn count_request(
     State(state): State<Arc<AppState>>,
     request: Request,
@@ -107,11 +110,25 @@ async fn count_request(
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "other".to_owned(), |p| p.as_str().to_owned());
-    let response = next.run(request).await;
+    let Some(api) = crate::metrics::api_of(&endpoint) else {
+        let response = next.run(request).await;
+        state
+            .metrics
+            .record_request(&endpoint, response.status().as_u16());
+        return response;
+    };
+    // A generating API's request: its handler knows where it came from (for the time to its
+    // first token), and its body records the whole duration when it ends.
+    let origin = RequestOrigin {
+        api,
+        arrived: Instant::now(),
+    };
+    let response = with_origin(origin, next.run(request)).await;
     state
         .metrics
         .record_request(&endpoint, response.status().as_u16());
-    response
+    let metrics = Arc::clone(&state.metrics);
+    response.map(|body| TimedBody::wrap(body, origin, metrics))
 }
 
 /// With `--api-key`, every endpoint but `/health` needs the key, as `Authorization: Bearer

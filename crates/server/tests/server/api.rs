@@ -150,3 +150,42 @@ async fn models_health_and_named_model() {
     assert_eq!((status, body["model"].as_str()), (200, Some("my-model")));
     server.stop().await;
 }
+
+/// `/metrics` times generating requests by API: the whole request
+/// (`spindle_request_duration_seconds`) and its first generated text
+/// (`spindle_api_time_to_first_token_seconds`), labelled `api="chat"`, `"completions"`, ...;
+/// a streamed request is timed to its last event, and other endpoints are not timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_histograms_are_labelled_by_api() {
+    let server = TestServer::start(|_| {}).await;
+    let (status, _) = server.post("/v1/chat/completions", &chat("Hi", 6)).await;
+    assert_eq!(status, 200);
+    let mut streamed = chat("Hello", 6);
+    streamed["stream"] = json!(true);
+    let (status, _) = server.post_stream("/v1/chat/completions", &streamed).await;
+    assert_eq!(status, 200);
+    let (status, _) = server
+        .post(
+            "/v1/completions",
+            &json!({"model": "m", "prompt": "Once", "max_tokens": 4, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let metrics = server.metrics().await;
+    let count = |name: &str, api: &str| metric(&metrics, &format!("{name}_count{{api=\"{api}\"}}"));
+    assert_eq!(count("spindle_request_duration_seconds", "chat"), 2.0);
+    assert_eq!(count("spindle_request_duration_seconds", "completions"), 1.0);
+    assert_eq!(count("spindle_request_duration_seconds", "messages"), 0.0);
+    assert_eq!(count("spindle_request_duration_seconds", "ollama"), 0.0);
+    assert_eq!(count("spindle_api_time_to_first_token_seconds", "chat"), 2.0);
+    assert_eq!(count("spindle_api_time_to_first_token_seconds", "completions"), 1.0);
+    let sum = |name: &str, api: &str| metric(&metrics, &format!("{name}_sum{{api=\"{api}\"}}"));
+    // The first token comes before the end of the request.
+    assert!(
+        sum("spindle_api_time_to_first_token_seconds", "chat")
+            <= sum("spindle_request_duration_seconds", "chat")
+    );
+    assert!(sum("spindle_request_duration_seconds", "chat") > 0.0);
+    assert!(metrics.contains("spindle_request_duration_seconds_bucket{api=\"responses\",le=\"+Inf\"} 0"));
+    server.stop().await;
+}
