@@ -266,8 +266,9 @@ impl Session {
                 "a broken session's state cannot be cached ({cause})"
             ));
         }
-        // A restored session starts text-only at delta 0; image state is never cached.
-        if self.rope != RopeCursor::default() {
+        // A restored session starts at delta 0 with no image fed: state that depends on an
+        // image is never cached (images queued but not reached yet do not count).
+        if self.rope.images_started > 0 {
             return Err(
                 "a session past an image's pads cannot be cached (its rotary positions are not its token positions)".into(),
             );

@@ -81,6 +81,8 @@ pub enum TokenRole {
 pub struct RopeCursor {
     pub delta: i64,
     pub pending: std::collections::VecDeque<PendingImage>,
+    /// Images whose first pad has been fed: a sequence's state depends on them from then on.
+    pub images_started: usize,
 }
 
 /// Why a sequence's tokens could not be placed.
@@ -118,6 +120,7 @@ impl RopeCursor {
         image_token: u32,
     ) -> Result<(Vec<TokenRole>, Vec<[usize; 3]>), PlacementError> {
         let mut delta = self.delta;
+        let mut started = self.images_started;
         let mut image = 0;
         let (mut placed, mut base) = self.pending.front().map_or((0, 0), |p| (p.placed, p.base));
         let mut roles = Vec::with_capacity(ids.len());
@@ -129,6 +132,7 @@ impl RopeCursor {
                     let features = &p.features;
                     if placed == 0 {
                         base = here as usize;
+                        started += 1;
                     }
                     roles.push(TokenRole::Image { image, row: placed });
                     positions.push(features.position(base, placed));
@@ -155,6 +159,7 @@ impl RopeCursor {
             }
         }
         self.delta = delta;
+        self.images_started = started;
         self.pending.drain(..image);
         if let Some(front) = self.pending.front_mut() {
             front.placed = placed;
@@ -172,8 +177,8 @@ pub fn rope_index(
     images: &[Arc<ImageFeatures>],
 ) -> Result<(Vec<[usize; 3]>, i64), PlacementError> {
     let mut cursor = RopeCursor {
-        delta: 0,
         pending: images.iter().cloned().map(PendingImage::new).collect(),
+        ..RopeCursor::default()
     };
     let (_, positions) = cursor.place(ids, 0, image_token)?;
     Ok((positions, cursor.delta))
@@ -229,8 +234,8 @@ mod tests {
         let (whole, delta) = rope_index(&ids, 5, &images).unwrap();
         for cut in 0..ids.len() {
             let mut cursor = RopeCursor {
-                delta: 0,
                 pending: images.iter().cloned().map(PendingImage::new).collect(),
+                ..RopeCursor::default()
             };
             let (_, mut a) = cursor.place(&ids[..cut], 0, 5).unwrap();
             let (_, b) = cursor.place(&ids[cut..], cut, 5).unwrap();
