@@ -140,6 +140,17 @@ impl VisionConfig {
         Ok(geometry)
     }
 
+    /// Bytes of the tower as the CPU engine holds it: the matrices as stored (bf16), the
+    /// position table, biases and norms copied as f32.
+    pub fn loaded_bytes(&self) -> usize {
+        let (d, i, row) = (self.hidden, self.intermediate, self.patch_row());
+        let wide = d * self.merge * self.merge;
+        let matrices = d * row + self.depth * (3 * d * d + d * d + i * d + d * i)
+            + wide * wide
+            + self.out_hidden * wide;
+        matrices * 2 + (self.parameters() - matrices) * 4
+    }
+
     /// Parameters of the tower (every matrix and vector), for the memory plan.
     pub fn parameters(&self) -> usize {
         let (d, i, row) = (self.hidden, self.intermediate, self.patch_row());
@@ -262,5 +273,69 @@ fn token(top: &Fields, key: &str, default: u32) -> Result<u32> {
         None => Ok(default),
         Some(n) => u32::try_from(n)
             .map_err(|_| top.err(format!("{key} = {n}: not a token id"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ModelConfig;
+    use std::path::Path;
+
+    const RELEASED: &str = include_str!("../../../../fixtures/configs/qwen3_6_35b_a3b.config.json");
+
+    fn with(edit: impl FnOnce(&mut serde_json::Value)) -> crate::Result<ModelConfig> {
+        let mut v: serde_json::Value = serde_json::from_str(RELEASED).unwrap();
+        edit(&mut v);
+        ModelConfig::from_json_str(&v.to_string(), Path::new("config.json"))
+    }
+
+    #[test]
+    fn the_released_vision_config_parses() {
+        let config = with(|_| {}).unwrap();
+        let v = config.vision.unwrap();
+        assert_eq!((v.depth, v.hidden, v.heads, v.intermediate), (27, 1152, 16, 4304));
+        assert_eq!((v.patch, v.temporal, v.merge, v.pos_side), (16, 2, 2, 48));
+        assert_eq!((v.out_hidden, v.rope_theta, v.patch_row()), (2048, 10000.0, 1536));
+        assert_eq!(v.tokens.image, 248_056);
+        assert_eq!(v.tokens.vision_start, Some(248_053));
+    }
+
+    #[test]
+    fn disagreeing_vision_fields_are_refused_by_name() {
+        let err = |edit: fn(&mut serde_json::Value)| with(edit).unwrap_err().to_string();
+        let m = err(|v| v["vision_config"]["deepstack_visual_indexes"] = serde_json::json!([8]));
+        assert!(m.contains("deepstack_visual_indexes"), "{m}");
+        let m = err(|v| v["vision_config"]["out_hidden_size"] = 5120.into());
+        assert!(m.contains("out_hidden_size 5120") && m.contains("2048"), "{m}");
+        let m = err(|v| v["vision_config"]["num_position_embeddings"] = 2300.into());
+        assert!(m.contains("num_position_embeddings = 2300"), "{m}");
+        let m = err(|v| v["vision_config"]["num_heads"] = 7.into());
+        assert!(m.contains("num_heads 7"), "{m}");
+        let m = err(|v| v["vision_config"]["hidden_act"] = "gelu".into());
+        assert!(m.contains("hidden_act"), "{m}");
+    }
+
+    #[test]
+    fn geometry_reads_the_preprocessor_config() {
+        let v = with(|_| {}).unwrap().vision.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        // Without the file: the released values.
+        assert_eq!(v.geometry(dir.path()).unwrap(), spindle_vision::Geometry::default());
+        let file = dir.path().join("preprocessor_config.json");
+        std::fs::write(
+            &file,
+            r#"{"size": {"longest_edge": 1000000, "shortest_edge": 4096}, "patch_size": 16,
+                "image_mean": [0.4, 0.5, 0.6], "image_std": [0.2, 0.3, 0.4]}"#,
+        )
+        .unwrap();
+        let g = v.geometry(dir.path()).unwrap();
+        assert_eq!((g.min_pixels, g.max_pixels), (4096, 1_000_000));
+        assert_eq!((g.mean, g.std), ([0.4, 0.5, 0.6], [0.2, 0.3, 0.4]));
+        std::fs::write(&file, r#"{"patch_size": 14}"#).unwrap();
+        let m = v.geometry(dir.path()).unwrap_err().to_string();
+        assert!(m.contains("patch_size = 14") && m.contains("16"), "{m}");
+        std::fs::write(&file, r#"{"image_std": [0.5, 0.0, 0.5]}"#).unwrap();
+        let m = v.geometry(dir.path()).unwrap_err().to_string();
+        assert!(m.contains("image_std"), "{m}");
     }
 }
