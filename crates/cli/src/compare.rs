@@ -121,6 +121,7 @@ fn dtype_name(v: &Values) -> &str {
     match v {
         Values::F32(_) => "F32",
         Values::I64(_) => "I64",
+        Values::U8(_) => "U8",
         Values::Other(d) => d,
     }
 }

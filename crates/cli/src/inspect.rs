@@ -123,6 +123,13 @@ fn print_plan(plan: &MemoryPlan, quant: WeightFormat) {
     for (class, bytes, format) in &plan.classes {
         println!("  {:<18} {:>12}  {format}", class.name(), gb(*bytes));
     }
+    if plan.vision_bytes > 0 {
+        println!(
+            "  {:<18} {:>12}  bf16 (image input; --no-vision skips it)",
+            "vision tower",
+            gb(plan.vision_bytes)
+        );
+    }
     println!(
         "  {:<18} {:>12}  at {} tokens",
         "kv + gdn state",
@@ -171,6 +178,7 @@ fn plan_json(plan: &MemoryPlan, quant: WeightFormat) -> Value {
         "context": plan.context,
         "classes": classes,
         "state_bytes": plan.state_bytes,
+        "vision_bytes": plan.vision_bytes,
         "expert_record_bytes": plan.record_bytes,
         "moe_layers": plan.moe_layers,
         "peak_rss_bytes": {

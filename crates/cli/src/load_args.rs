@@ -47,6 +47,11 @@ pub struct LoadArgs {
     /// that goes non-finite still fails, naming the layer (on the CPU).
     #[arg(long)]
     pub check_weights: bool,
+
+    /// Leave the vision tower (`model.visual.*`) unloaded: saves its memory (about 0.9 GB on
+    /// the released Qwen3.5/3.6 checkpoints); image prompts are then refused.
+    #[arg(long)]
+    pub no_vision: bool,
 }
 
 fn parse_quant(s: &str) -> Result<WeightFormat, String> {
@@ -94,6 +99,7 @@ impl LoadArgs {
                 Verify::Sizes
             },
             check_weights: self.check_weights,
+            no_vision: self.no_vision,
             ..LoadOptions::default()
         }
     }

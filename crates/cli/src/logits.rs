@@ -7,9 +7,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use spindle_cpu::GreedyRun;
+use spindle_cpu::{GreedyRun, LogitsFor};
 use spindle_model::ModelConfig;
 use spindle_runtime::{Backend, Device};
+use spindle_vision::{PreparedImage, Rgb8};
 
 use crate::compare::compare;
 use crate::tensor_file::{self, Tensor, Values};
@@ -31,7 +32,10 @@ pub struct LogitsArgs {
     pub tokens: Option<TokenIds>,
 
     /// Take the prompt from the `prompt_ids` tensor of a safetensors file (e.g. a fixture's
-    /// reference.safetensors).
+    /// reference.safetensors). When the file also holds images `image_0`, `image_1`, ... (u8
+    /// [h, w, 3], sides multiples of 32), they are patchified and placed on the prompt's
+    /// `<|image_pad|>` tokens in order, and `vision_embeds` (the tower's merged features) is
+    /// written too.
     #[arg(long, value_name = "FILE")]
     pub tokens_from: Option<PathBuf>,
 
@@ -92,6 +96,10 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
         (None, Some(path)) => prompt_ids_from(path)?,
         (None, None) => bail!("give the prompt with --tokens or --tokens-from"),
     };
+    let images = match &args.tokens_from {
+        Some(path) => images_from(path)?,
+        None => Vec::new(),
+    };
     // Read the reference before the (possibly long) run so a bad path fails fast.
     let reference = match &args.compare {
         Some(path) => Some(tensor_file::read(path)?),
@@ -111,7 +119,7 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
     // Before the (possibly long) run, so a bad --out fails fast.
     spindle_model::fs::check_output(&args.out, &[&args.model], false)
         .with_context(|| format!("--out {}", args.out.display()))?;
-    let (config, run) = run_on_device(args, &prompt)?;
+    let (config, run, embeds) = run_on_device(args, &prompt, &images)?;
     let config = &config;
 
     let (t, v, g) = (prompt.len(), config.vocab_size, run.gen_ids.len());
@@ -131,6 +139,13 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
             Tensor::i64(vec![g], run.gen_ids.iter().map(|&id| id as i64).collect()),
         ));
         tensors.push(("decode_logits", Tensor::f32(vec![g, v], run.decode_logits)));
+    }
+    if let Some(embeds) = embeds {
+        let rows = embeds.len() / config.hidden_size;
+        tensors.push((
+            "vision_embeds",
+            Tensor::f32(vec![rows, config.hidden_size], embeds),
+        ));
     }
     tensor_file::write_atomic(&args.out, &tensors)?;
     println!("wrote {}", args.out.display());
@@ -184,8 +199,13 @@ pub fn run(args: &LogitsArgs) -> Result<ExitCode> {
     }
 }
 
-/// Loads the model on `--device` and runs the prompt and its greedy continuation.
-fn run_on_device(args: &LogitsArgs, prompt: &[u32]) -> Result<(ModelConfig, GreedyRun)> {
+/// Loads the model on `--device` and runs the prompt (its pads taking `images`) and its
+/// greedy continuation; with images also returns their merged features `[tokens, H]`.
+fn run_on_device(
+    args: &LogitsArgs,
+    prompt: &[u32],
+    images: &[Rgb8],
+) -> Result<(ModelConfig, GreedyRun, Option<Vec<f32>>)> {
     let (onto, on) = if args.device == Device::Cpu {
         (String::new(), String::new())
     } else {
@@ -199,11 +219,72 @@ fn run_on_device(args: &LogitsArgs, prompt: &[u32]) -> Result<(ModelConfig, Gree
         .with_context(|| format!("cannot load the model at {}{onto}", args.model.display()))?;
     log_loaded(args, backend.config(), started, &backend.device_name());
     let started = Instant::now();
-    let run = backend
-        .greedy(prompt, args.decode)
-        .with_context(|| format!("cannot run the model at {}{on}", args.model.display()))?;
+    let cannot_run = || format!("cannot run the model at {}{on}", args.model.display());
+    if images.is_empty() {
+        let run = backend.greedy(prompt, args.decode).with_context(cannot_run)?;
+        log_done(args, prompt, started);
+        return Ok((backend.config().clone(), run, None));
+    }
+    let prepared = prepare_images(&backend, &args.model, images)?;
+    backend.check_images(prompt, &prepared).with_context(cannot_run)?;
+    let features = backend.encode_images(&prepared).with_context(cannot_run)?;
+    let mut session = backend.new_session().with_context(cannot_run)?;
+    backend
+        .attach_images(&mut session, &features)
+        .with_context(cannot_run)?;
+    let run = GreedyRun::collect(
+        backend.config().vocab_size,
+        prompt,
+        args.decode,
+        spindle_kernels::softmax::argmax,
+        |ids, want: LogitsFor| backend.forward(&mut session, ids, want),
+    )
+    .with_context(cannot_run)?;
     log_done(args, prompt, started);
-    Ok((backend.config().clone(), run))
+    let embeds = features.iter().flat_map(|f| f.rows.iter().copied()).collect();
+    Ok((backend.config().clone(), run, Some(embeds)))
+}
+
+/// `images` normalised and cut into patch rows for the model's tower (`vision_config`, and
+/// `preprocessor_config.json` when the model directory has one).
+fn prepare_images(backend: &Backend, dir: &Path, images: &[Rgb8]) -> Result<Vec<PreparedImage>> {
+    let vision = backend.config().vision.as_ref().with_context(|| {
+        format!(
+            "the reference holds images but the model at {} takes none (no vision_config)",
+            dir.display()
+        )
+    })?;
+    let geometry = vision.geometry(dir)?;
+    images
+        .iter()
+        .enumerate()
+        .map(|(k, image)| {
+            spindle_vision::patchify(image, &geometry).with_context(|| format!("image_{k}"))
+        })
+        .collect()
+}
+
+/// The images `image_0`, `image_1`, ... (u8 [h, w, 3]) of a safetensors file, in order.
+fn images_from(path: &Path) -> Result<Vec<Rgb8>> {
+    let tensors = tensor_file::read(path)?;
+    let mut images = Vec::new();
+    while let Some(tensor) = tensors.get(&format!("image_{}", images.len())) {
+        let k = images.len();
+        let (Values::U8(data), [height, width, 3]) = (&tensor.values, tensor.shape.as_slice())
+        else {
+            bail!(
+                "--tokens-from {}: `image_{k}` must be a u8 tensor [h, w, 3], found shape {:?}",
+                path.display(),
+                tensor.shape
+            );
+        };
+        images.push(Rgb8 {
+            width: *width,
+            height: *height,
+            data: data.clone(),
+        });
+    }
+    Ok(images)
 }
 
 fn log_loaded(args: &LogitsArgs, config: &ModelConfig, started: Instant, device: &str) {

@@ -1,5 +1,5 @@
 //! Reading and writing the small safetensors files of `spindle logits` (the layout of the
-//! fixtures' `reference.safetensors`): f32 and i64 tensors, written atomically.
+//! fixtures' `reference.safetensors`): f32, i64 and u8 tensors, written atomically.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -15,6 +15,8 @@ use safetensors::{Dtype, SafeTensors};
 pub enum Values {
     F32(Vec<f32>),
     I64(Vec<i64>),
+    /// Raw bytes (a reference's images, `image_k` u8 [h, w, 3]).
+    U8(Vec<u8>),
     /// A dtype `spindle logits` neither writes nor compares; kept so messages can name it.
     Other(String),
 }
@@ -46,6 +48,7 @@ impl Tensor {
         Ok(match &self.values {
             Values::F32(v) => (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
             Values::I64(v) => (Dtype::I64, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            Values::U8(v) => (Dtype::U8, v.clone()),
             Values::Other(dtype) => bail!("cannot write a tensor of dtype {dtype}"),
         })
     }
@@ -74,6 +77,7 @@ pub fn read(path: &Path) -> Result<BTreeMap<String, Tensor>> {
                     .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
                     .collect(),
             ),
+            Dtype::U8 => Values::U8(data.to_vec()),
             other => Values::Other(format!("{other:?}")),
         };
         out.insert(

@@ -143,6 +143,49 @@ fn logits_reproduce_qwen4_exp() {
     reproduces_reference("qwen4_exp");
 }
 
+/// With images in the reference (`image_0`, `image_1`), `spindle logits` patchifies them, places
+/// them on the prompt's pads and writes `vision_embeds`: every tensor matches transformers
+/// within 1e-4. With `--no-vision` the same run is refused by name.
+#[test]
+fn logits_place_the_references_images_and_write_vision_embeds() {
+    for name in ["qwen3_5_dense_vision", "qwen3_5_moe_vision"] {
+        let dir = fixture(name);
+        let reference_path = dir.join("reference.safetensors");
+        let out_dir = tempfile::tempdir().unwrap();
+        let out = out_dir.path().join("logits.safetensors");
+        let args = [
+            "logits",
+            "--model",
+            p(&dir),
+            "--tokens-from",
+            p(&reference_path),
+            "--decode",
+            "6",
+            "--out",
+            p(&out),
+        ];
+        let compare = ["--compare", p(&reference_path), "--tolerance", "1e-4"];
+        let output = spindle(&[&args[..], &compare[..]].concat());
+        let stdout = text(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{name}: {}\n{stdout}\n{}",
+            output.status,
+            text(&output.stderr)
+        );
+        assert!(stdout.contains("vision_embeds") && stdout.contains("match"), "{stdout}");
+        let written_bytes = std::fs::read(&out).unwrap();
+        let written = SafeTensors::deserialize(&written_bytes).unwrap();
+        let (shape, _) = f32s(&written, "vision_embeds");
+        assert_eq!(shape, [19, 64]);
+
+        let output = spindle(&[&args[..], &["--no-vision"][..]].concat());
+        let stderr = text(&output.stderr);
+        assert!(!output.status.success());
+        assert!(stderr.contains("--no-vision"), "{stderr}");
+    }
+}
+
 #[test]
 fn logits_with_explicit_tokens_and_no_decode_write_prompt_and_prefill_only() {
     let dir = fixture("qwen3_5_dense");

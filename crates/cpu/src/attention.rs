@@ -12,7 +12,15 @@ use crate::qwen4::qsa;
 use crate::session::KvCache;
 use spindle_model::weights::AttentionWeights;
 
-use crate::batch::{for_each_seq, split_rows, Span};
+use crate::batch::{for_each_seq, split_rows, RopeSpan, Span};
+
+/// The rotary embedding of the attention layers: the frequencies, and the interleaved mRoPE
+/// sections for rows with 3-D positions.
+#[derive(Clone, Copy)]
+pub struct Rope<'a> {
+    pub freqs: &'a RopeFreqs,
+    pub mrope_section: &'a [usize],
+}
 use crate::linear::LinearExt;
 
 /// Runs a step's tokens through one attention layer. `x` is the normed input `[N, H]` of every
@@ -25,7 +33,7 @@ pub fn forward(
     w: &AttentionWeights,
     shape: &AttentionConfig,
     qsa: Option<&QsaConfig>,
-    rope: &RopeFreqs,
+    rope: Rope,
     eps: f32,
     x: &[f32],
     seqs: Vec<(Span, &mut KvCache)>,
@@ -53,7 +61,7 @@ pub fn forward(
             Some((iw, cfg, qk)) => {
                 let width = qsa::projection_width(cfg);
                 let rows = &qk[span.rows.start * width..span.rows.end * width];
-                qsa::select(iw, cfg, rope, eps, &mut cache.indexer, rows, span.start)
+                qsa::select(iw, cfg, rope.freqs, eps, &mut cache.indexer, rows, span.start)
             }
             None => vec![None; span.tokens()],
         };
@@ -78,7 +86,7 @@ struct Projected {
 fn core(
     w: &AttentionWeights,
     shape: &AttentionConfig,
-    rope: &RopeFreqs,
+    rope: Rope,
     eps: f32,
     cache: &mut KvCache,
     projected: &Projected,
@@ -97,7 +105,10 @@ fn core(
     let mut q = vec![0.0f32; tokens * n_h * d];
     let mut gate = vec![0.0f32; tokens * n_h * d];
     for t in 0..tokens {
-        let (cos, sin) = rope.cos_sin(start + t);
+        let (cos, sin) = match &span.rope {
+            RopeSpan::Text(first) => rope.freqs.cos_sin(first + t),
+            RopeSpan::Mrope(positions) => rope.freqs.cos_sin_mrope(positions[t], rope.mrope_section),
+        };
         for h in 0..n_h {
             let src = &q_full[(t * n_h + h) * 2 * d..][..2 * d];
             let qh = &mut q[(t * n_h + h) * d..][..d];

@@ -7,6 +7,7 @@
 //! them; per-sequence work runs on a [`Span`] of those rows with that sequence's own state.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
@@ -14,14 +15,70 @@ use crate::error::{first_non_finite_row, EngineError, NonFiniteSite, Result};
 use crate::session::Session;
 use crate::BatchItem;
 use spindle_model::forward::LogitsFor;
+use spindle_model::mrope::{ImageFeatures, TokenRole};
 
 /// Where a sequence's new tokens sit in the step's rows, and its first new position.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Span {
     /// Row range in the step's `[N, ·]` blocks.
     pub rows: Range<usize>,
-    /// Absolute position of the first of those rows.
+    /// Absolute position (cache index) of the first of those rows.
     pub start: usize,
+    /// The rotary positions of the rows.
+    pub rope: RopeSpan,
+}
+
+/// The rotary positions of a span's rows (shared docs `VISION.md` §4.3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RopeSpan {
+    /// Text only: row t rotates by position `first + t` (the cache index, plus rope_delta
+    /// after an image).
+    Text(usize),
+    /// Rows holding image tokens: each row's (T, H, W) position.
+    Mrope(Vec<[usize; 3]>),
+}
+
+/// One image row that replaces a token's embedding: row `token` of the sequence's new tokens
+/// takes row `row` of `features`.
+#[derive(Clone, Debug)]
+pub struct ImageRow {
+    pub token: usize,
+    pub features: Arc<ImageFeatures>,
+    pub row: usize,
+}
+
+/// Places `ids` on `session`'s rotary positions and pending images (advancing its cursor):
+/// the span's positions and the rows whose embeddings image features replace. Text-only
+/// sessions take the fast path (no allocation). `image_token` is `None` for a model without
+/// image input.
+fn place(
+    session: &mut Session,
+    ids: &[u32],
+    image_token: Option<u32>,
+) -> Result<(RopeSpan, Vec<ImageRow>)> {
+    let position = session.position;
+    let cursor = &mut session.rope;
+    match image_token {
+        Some(image_token) if !cursor.is_text_only() => {
+            let images: Vec<Arc<ImageFeatures>> =
+                cursor.pending.iter().map(|p| p.features.clone()).collect();
+            let (roles, positions) = cursor.place(ids, position, image_token)?;
+            let rows = roles
+                .iter()
+                .enumerate()
+                .filter_map(|(token, role)| match *role {
+                    TokenRole::Image { image, row } => Some(ImageRow {
+                        token,
+                        features: images[image].clone(),
+                        row,
+                    }),
+                    TokenRole::Text => None,
+                })
+                .collect();
+            Ok((RopeSpan::Mrope(positions), rows))
+        }
+        _ => Ok((RopeSpan::Text(cursor.text_position(position)), Vec::new())),
+    }
 }
 
 impl Span {
@@ -40,6 +97,8 @@ pub struct Seq<'s> {
     /// The session's position when the step began (errors count tokens from it).
     pub origin: usize,
     pub span: Span,
+    /// Rows whose embeddings image features replace.
+    pub images: Vec<ImageRow>,
 }
 
 /// The sequences still running in a step, and the results of those that finished or failed.
@@ -52,6 +111,14 @@ impl<'s> Step<'s> {
     /// Lays the items' tokens out one after another. A session broken by an earlier step gets
     /// its [`EngineError::BrokenSession`] at once and takes no rows.
     pub fn new(items: &'s mut [BatchItem<'_>]) -> Self {
+        Self::with_images(items, None)
+    }
+
+    /// [`Step::new`] for a model with image input: each sequence's tokens are placed on its
+    /// pending images (`image_token` pads take image rows, 3-D positions). A sequence whose
+    /// tokens do not fit its images (text inside an image's pads) gets its error and takes no
+    /// rows; its session is unchanged.
+    pub fn with_images(items: &'s mut [BatchItem<'_>], image_token: Option<u32>) -> Self {
         let mut results: Vec<Option<Result<Vec<f32>>>> = (0..items.len()).map(|_| None).collect();
         let mut seqs = Vec::with_capacity(items.len());
         let mut next_row = 0;
@@ -63,6 +130,13 @@ impl<'s> Step<'s> {
                 continue;
             }
             let start = it.session.position;
+            let (rope, images) = match place(it.session, it.ids, image_token) {
+                Ok(placed) => placed,
+                Err(e) => {
+                    results[item] = Some(Err(e));
+                    continue;
+                }
+            };
             let rows = next_row..next_row + it.ids.len();
             next_row = rows.end;
             seqs.push(Seq {
@@ -71,7 +145,8 @@ impl<'s> Step<'s> {
                 ids: it.ids,
                 want: it.want,
                 origin: start,
-                span: Span { rows, start },
+                span: Span { rows, start, rope },
+                images,
             });
         }
         Step { seqs, results }

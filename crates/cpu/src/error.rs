@@ -25,6 +25,14 @@ pub enum EngineError {
         token: usize,
         position: usize,
     },
+
+    /// Image input the model cannot take: no tower loaded, or an image that does not fit it.
+    #[error("{0}")]
+    Image(String),
+
+    /// A step's tokens do not fit the sequence's pending images (text inside an image's pads).
+    #[error(transparent)]
+    Placement(#[from] spindle_model::mrope::PlacementError),
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;

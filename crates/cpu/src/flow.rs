@@ -36,6 +36,8 @@ fn norm_rows(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 struct Ctx<'a> {
     config: &'a ModelConfig,
     rope: &'a RopeFreqs,
+    /// `mrope_section` for rows with 3-D positions (empty for a text-only model).
+    mrope_section: &'a [usize],
     eps: f32,
     hidden: usize,
     /// Residual streams: 1, or hc_count for qwen4_exp.
@@ -99,7 +101,10 @@ fn mixer(ctx: &Ctx, index: usize, layer: &LayerWeights, step: &mut Step, x: &[f3
                 w,
                 &config.attention,
                 config.qsa.as_ref(),
-                ctx.rope,
+                attention::Rope {
+                    freqs: ctx.rope,
+                    mrope_section: ctx.mrope_section,
+                },
                 ctx.eps,
                 x,
                 seqs,
@@ -190,10 +195,15 @@ fn add_ple(ctx: &Ctx, w: &PleWeights, ordinal: usize, step: &mut Step, h: &mut [
 /// rule, attention, QSA, PLE n-grams and conv, positions) on each sequence's rows and state.
 /// Each sequence's rows are computed as they would be alone, up to the matmul path chosen for
 /// the step's number of rows; a sequence whose rows go non-finite fails alone.
+///
+/// With `image_token` (a model whose vision tower is loaded), each sequence's pads take the
+/// rows of its pending images in place of their embeddings, and its rows rotate by 3-D
+/// positions (shared docs `VISION.md` §4).
 pub fn forward(
     config: &ModelConfig,
     weights: &ModelWeights,
     rope: &RopeFreqs,
+    image_token: Option<u32>,
     items: &mut [BatchItem],
 ) -> Vec<Result<Vec<f32>>> {
     let hidden = config.hidden_size;
@@ -201,12 +211,13 @@ pub fn forward(
     let ctx = Ctx {
         config,
         rope,
+        mrope_section: config.rope.mrope_section.as_deref().unwrap_or(&[]),
         eps: config.rms_norm_eps as f32,
         hidden,
         streams,
     };
     let width = streams * hidden;
-    let mut step = Step::new(items);
+    let mut step = Step::with_images(items, image_token);
     if step.seqs.is_empty() {
         return step.into_results();
     }
@@ -219,6 +230,15 @@ pub fn forward(
         embed.row_to_f32(id as usize, &mut row[..hidden]);
         for s in 1..streams {
             row.copy_within(..hidden, s * hidden);
+        }
+    }
+    // Image features replace their pads' embeddings (VISION.md §4.1).
+    for seq in &step.seqs {
+        for image in &seq.images {
+            let row = &mut h[(seq.span.rows.start + image.token) * width..][..width];
+            for s in 0..streams {
+                row[s * hidden..(s + 1) * hidden].copy_from_slice(image.features.row(image.row));
+            }
         }
     }
     step.check_rows(&mut h, width, NonFiniteSite::Embedding);

@@ -12,6 +12,7 @@ mod gdn;
 pub mod linear;
 pub mod qwen4;
 pub mod session;
+pub mod vision;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -28,7 +29,9 @@ use spindle_model::experts::pool::ReadPool;
 use spindle_model::experts::{
     CachePolicy, ExpertCounters, ExpertResidency, ExpertStats, StreamOptions,
 };
-use spindle_model::weights::{self, ModelWeights};
+use spindle_model::mrope::{ImageFeatures, PendingImage};
+use spindle_model::weights::{self, ModelWeights, VisionWeights};
+use spindle_vision::PreparedImage;
 
 pub use error::{first_non_finite_row, EngineError, NonFiniteSite, Result};
 pub use linear::LinearExt;
@@ -61,6 +64,8 @@ pub struct LoadOptions {
     pub context: usize,
     /// Scan every stored weight for NaN and infinity before running (`--check-weights`).
     pub check_weights: bool,
+    /// Leave the vision tower unloaded (`--no-vision`): image prompts are then refused.
+    pub no_vision: bool,
 }
 
 /// One sequence's share of a batched step ([`Engine::forward_batch`]).
@@ -84,6 +89,8 @@ pub struct Engine {
     install: Option<Install>,
     placement: Placement,
     expert_counters: Arc<ExpertCounters>,
+    /// The vision tower, or why image input is not available.
+    vision: std::result::Result<VisionWeights, String>,
 }
 
 impl Engine {
@@ -118,6 +125,7 @@ impl Engine {
             }
         });
         let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
+        let vision = load_vision(&checkpoint, &config, options)?;
         // A checkpoint's experts are memory-mapped (bf16) or quantized into the heap.
         let placement = match (options.experts, options.quant) {
             (ExpertResidency::Mapped, WeightFormat::Bf16) => Placement::Mapped,
@@ -131,6 +139,7 @@ impl Engine {
             install: None,
             placement,
             expert_counters: Arc::new(ExpertCounters::default()),
+            vision,
         })
     }
 
@@ -181,6 +190,7 @@ impl Engine {
         };
         let weights = weights::load_from(&source, &config)?;
         let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
+        let vision = load_vision(&checkpoint, &config, options)?;
         Ok(Engine {
             config,
             weights,
@@ -189,6 +199,7 @@ impl Engine {
             install: Some(install),
             placement,
             expert_counters: counters,
+            vision,
         })
     }
 
@@ -263,7 +274,62 @@ impl Engine {
                     .all(|&id| (id as usize) < self.config.vocab_size)),
             "unchecked input to Engine::forward_batch (spindle_runtime::Backend checks it)"
         );
-        flow::forward(&self.config, &self.weights, &self.rope, items)
+        let image_token = self.vision.as_ref().ok().and_then(|_| self.config.vision.as_ref()).map(|v| v.tokens.image);
+        flow::forward(&self.config, &self.weights, &self.rope, image_token, items)
+    }
+
+    /// The vision tower's weights, or why image input is not available (no `vision_config`,
+    /// no `model.visual.*` tensors, `--no-vision`, ...).
+    pub fn vision(&self) -> Result<(&VisionWeights, &spindle_model::VisionConfig)> {
+        match (&self.vision, &self.config.vision) {
+            (Ok(w), Some(c)) => Ok((w, c)),
+            (Err(why), _) => Err(EngineError::Image(why.clone())),
+            (Ok(_), None) => unreachable!("a tower is loaded only with a vision_config"),
+        }
+    }
+
+    /// Bytes of the vision tower's weights as loaded (0 without one).
+    pub fn vision_bytes(&self) -> usize {
+        self.vision.as_ref().map_or(0, VisionWeights::size_bytes)
+    }
+
+    /// Runs `images` through the vision tower (shared docs `VISION.md` §3), each on its own:
+    /// the features that replace their pads. An image that does not fit the tower is refused
+    /// by its index.
+    pub fn encode_images(&self, images: &[PreparedImage]) -> Result<Vec<Arc<ImageFeatures>>> {
+        let (w, config) = self.vision()?;
+        for (k, image) in images.iter().enumerate() {
+            vision::check_image(config, image, k)?;
+        }
+        Ok(images
+            .iter()
+            .map(|image| Arc::new(vision::encode(w, config, image)))
+            .collect())
+    }
+
+    /// [`Engine::encode_images`] for one image, keeping the tower's intermediates.
+    pub fn trace_image(&self, image: &PreparedImage) -> Result<vision::TowerTrace> {
+        let (w, config) = self.vision()?;
+        vision::check_image(config, image, 0)?;
+        Ok(vision::trace(w, config, image))
+    }
+
+    /// Queues `features` on `session`: the next `<|image_pad|>` tokens fed to it take their
+    /// rows, image after image, and the positions after each image follow `VISION.md` §4.2.
+    /// The prompt's pads must match (front ends check it: `spindle_runtime`'s prompt check).
+    pub fn attach_images(&self, session: &mut Session, features: &[Arc<ImageFeatures>]) -> Result<()> {
+        self.vision()?;
+        if let Some(bad) = features.iter().find(|f| f.hidden != self.config.hidden_size) {
+            return Err(EngineError::Image(format!(
+                "image features of width {} for a model of hidden size {}",
+                bad.hidden, self.config.hidden_size
+            )));
+        }
+        session
+            .rope
+            .pending
+            .extend(features.iter().cloned().map(PendingImage::new));
+        Ok(())
     }
 
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache.
@@ -277,6 +343,40 @@ impl Engine {
             |ids, want| self.forward(&mut session, ids, want),
         )
     }
+}
+
+/// The vision tower of `checkpoint` when the model can take images, else why not (the reason
+/// image prompts are refused with). A tower that is present but malformed is an error.
+fn load_vision(
+    checkpoint: &Checkpoint,
+    config: &ModelConfig,
+    options: &LoadOptions,
+) -> Result<std::result::Result<VisionWeights, String>> {
+    let Some(vision) = &config.vision else {
+        return Ok(Err("this model takes no images: config.json has no vision_config".into()));
+    };
+    if options.no_vision {
+        return Ok(Err("the vision tower was not loaded (--no-vision): image input is off".into()));
+    }
+    if !weights::vision::has_vision_tower(checkpoint) {
+        return Ok(Err(format!(
+            "{} holds no vision tower (model.visual.* tensors): image input is off",
+            checkpoint.dir().display()
+        )));
+    }
+    if vision.tokens.image as usize >= config.vocab_size {
+        return Ok(Err(format!(
+            "image_token_id {} is outside the vocabulary (vocab_size {}): image input is off",
+            vision.tokens.image, config.vocab_size
+        )));
+    }
+    if config.rope.mrope_section.is_none() {
+        return Ok(Err(
+            "text_config.rope_parameters has no mrope_section (3-D positions): image input is off"
+                .into(),
+        ));
+    }
+    Ok(Ok(weights::load_vision(checkpoint, vision)?))
 }
 
 /// Resolves `--experts` for an install: `auto` keeps every expert resident when the plan fits

@@ -1,6 +1,7 @@
 //! One sequence's state: the KV cache of each attention layer and the conv and recurrent
 //! state of each GDN layer (f32).
 
+use spindle_model::mrope::RopeCursor;
 use spindle_model::{MixerKind, ModelConfig};
 
 use crate::qwen4::IndexerCache;
@@ -45,6 +46,9 @@ pub struct Session {
     pub ple: Option<PleState>,
     /// Why the state is incomplete, after a step failed part-way (no further steps run).
     pub broken: Option<String>,
+    /// Rotary positions apart from the cache index after an image (rope_delta), and the
+    /// images whose pads are still to come (shared docs `VISION.md` §4).
+    pub rope: RopeCursor,
 }
 
 impl Session {
@@ -74,6 +78,7 @@ impl Session {
             layers,
             ple,
             broken: None,
+            rope: RopeCursor::default(),
         }
     }
 
@@ -256,12 +261,19 @@ impl Session {
     }
 
     fn check_capturable(&self) -> Result<(), String> {
-        match &self.broken {
-            Some(cause) => Err(format!(
+        if let Some(cause) = &self.broken {
+            return Err(format!(
                 "a broken session's state cannot be cached ({cause})"
-            )),
-            None => Ok(()),
+            ));
         }
+        // A restored session starts at delta 0 with no image fed: state that depends on an
+        // image is never cached (images queued but not reached yet do not count).
+        if self.rope.images_started > 0 {
+            return Err(
+                "a session past an image's pads cannot be cached (its rotary positions are not its token positions)".into(),
+            );
+        }
+        Ok(())
     }
 
     /// A session at `state.position` rebuilt from a prefix: the KV rows of `segments` (which

@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{fixture, Reference};
-use spindle_cpu::batch::Span;
+use spindle_cpu::batch::{RopeSpan, Span};
 use spindle_cpu::session::LayerState;
 use spindle_cpu::{BatchItem, Engine, EngineError, LoadOptions, LogitsFor, NonFiniteSite, Session};
 use spindle_kernels::softmax::argmax;
@@ -509,11 +509,13 @@ fn spans_follow_the_items() {
         vec![
             Span {
                 rows: 0..3,
-                start: 7
+                start: 7,
+                rope: RopeSpan::Text(7),
             },
             Span {
                 rows: 3..4,
-                start: 0
+                start: 0,
+                rope: RopeSpan::Text(0),
             }
         ]
     );

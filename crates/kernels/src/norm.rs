@@ -8,6 +8,19 @@ fn inv_rms(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean_sq + eps).sqrt()
 }
 
+/// LayerNorm with mean and bias (the vision tower's, eps 1e-6): `out = (x − mean) ·
+/// rsqrt(var + eps) · w + b`, statistics in f64 over the row.
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    debug_assert_eq!(x.len(), w.len());
+    let n = x.len() as f64;
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    let inv = 1.0 / (var + eps as f64).sqrt();
+    for (((o, &v), &g), &c) in out.iter_mut().zip(x).zip(w).zip(b) {
+        *o = ((v as f64 - mean) * inv) as f32 * g + c;
+    }
+}
+
 /// Zero-centred RMSNorm: `out = x · rsqrt(mean(x²) + eps) · (1 + w)`.
 pub fn rms_norm_zc(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     debug_assert_eq!(x.len(), w.len());

@@ -15,6 +15,7 @@ pub mod fs;
 pub mod gguf;
 pub mod install;
 pub mod layout;
+pub mod mrope;
 pub mod names;
 pub mod ngram;
 pub mod quant;
@@ -26,11 +27,12 @@ pub mod writer;
 pub use checkpoint::Checkpoint;
 pub use config::{
     AttentionConfig, Family, FfnKind, GdnConfig, GdnGate, HyperConfig, LayerSpec, MixerKind,
-    ModelConfig, MoeConfig, PleConfig, QsaConfig, RopeConfig,
+    ModelConfig, MoeConfig, PleConfig, QsaConfig, RopeConfig, VisionConfig, VisionTokens,
 };
 pub use error::{ModelError, Result};
 pub use names::{ExpertLayout, TensorNames};
 pub use tensor::{DType, Matrix};
+pub use weights::VisionWeights;
 /// The expert store (residency, slot cache, read pool) is part of the weight tree; the short
 /// path is kept for the front ends that configure it.
 pub use weights::experts;

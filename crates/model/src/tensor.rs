@@ -154,6 +154,17 @@ impl Matrix {
         self.storage.bytes()
     }
 
+    /// The same bytes viewed as `[rows, cols]` (a row-major reshape; the element count must
+    /// agree), e.g. a Conv3d kernel `[D, C, T, P, P]` as `[D, C·T·P·P]`.
+    pub fn reshaped(&self, rows: usize, cols: usize) -> Matrix {
+        assert_eq!(rows * cols, self.rows * self.cols, "reshape changes the element count");
+        Matrix {
+            rows,
+            cols,
+            ..self.clone()
+        }
+    }
+
     /// Rows `[first, first + count)` as a matrix sharing the same bytes.
     pub fn rows_slice(&self, first: usize, count: usize) -> Matrix {
         assert!(first + count <= self.rows, "row slice out of range");

@@ -38,6 +38,11 @@ pub enum RuntimeError {
     #[error("{0}")]
     Request(String),
 
+    /// Image input the request got wrong or the model cannot take: pads without images (or
+    /// the reverse), no vision tower, a backend without one. The request's fault: a 400.
+    #[error("{0}")]
+    Image(String),
+
     /// A structured-output grammar (JSON Schema, regex, choice, Lark) that cannot be compiled
     /// or run, in llguidance's words.
     #[error("invalid grammar: {0}")]

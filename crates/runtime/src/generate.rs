@@ -11,6 +11,7 @@ use spindle_text::{FinishReason, StopConditions, TextStream};
 use crate::backend::{BackendSession, Draw};
 use crate::constraint::{Constraint, TokenMask};
 use crate::error::{Result, RuntimeError};
+use crate::images::TokenPrompt;
 use crate::model::Model;
 use crate::sampling::{Sampler, SamplingParams};
 
@@ -640,6 +641,32 @@ impl Model {
         Ok(out)
     }
 
+    /// Checks `prompt`'s image pads against its images, runs the images through the vision
+    /// tower and queues their features on `session`, so that feeding `prompt.ids` next places
+    /// them (a no-op for a prompt without images). Refused by name: pads without images or
+    /// the reverse, a model or backend without a vision tower.
+    pub fn attach_images(&self, session: &mut BackendSession, prompt: &TokenPrompt) -> Result<()> {
+        self.backend.check_images(&prompt.ids, &prompt.images)?;
+        if prompt.images.is_empty() {
+            return Ok(());
+        }
+        let features = self.backend.encode_images(&prompt.images)?;
+        self.backend.attach_images(session, &features)
+    }
+
+    /// [`Model::generate`] for a prompt that may hold images: [`Model::attach_images`], then
+    /// the ids are fed and generation runs as for any prompt.
+    pub fn generate_prompt(
+        &self,
+        session: &mut BackendSession,
+        prompt: &TokenPrompt,
+        options: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str) -> Flow,
+    ) -> Result<Completion> {
+        self.attach_images(session, prompt)?;
+        self.generate(session, &prompt.ids, options, on_text)
+    }
+
     /// Feeds `prompt_ids` to `session` and generates until a stop condition, calling
     /// `on_text` with every visible delta (possibly empty strings are skipped). The same loop
     /// runs on every backend: only the forward pass is the backend's; each token goes through
@@ -651,6 +678,10 @@ impl Model {
         options: &GenerateOptions,
         on_text: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<Completion> {
+        if session.pending_images() == 0 {
+            // Pads with no image queued ([`Model::attach_images`]) are refused by name.
+            self.backend.check_images(prompt_ids, &[])?;
+        }
         let mut decoder = SequenceDecoder::new(self, session.position(), prompt_ids, options)?;
         let started = Instant::now();
         let mut logits = self.backend.forward(session, prompt_ids, LogitsFor::Last)?;

@@ -16,6 +16,7 @@ pub mod demo;
 pub mod device;
 pub mod error;
 pub mod generate;
+pub mod images;
 pub mod input;
 pub mod measure;
 pub mod model;
@@ -32,5 +33,6 @@ pub use generate::{
     Completion, Finish, Flow, GenerateOptions, SequenceDecoder, SequenceMask, TokenLogprob,
     TokenStep,
 };
+pub use images::{check_image_pads, TokenPrompt};
 pub use input::InputError;
 pub use model::{Model, PreparedPrompt, Prompt};

@@ -250,7 +250,9 @@ impl ApiError {
             RuntimeError::Text(
                 e @ (TextError::TemplateRender { .. } | TextError::InvalidTemplateArgument { .. }),
             ) => Self::invalid(param, e.to_string()),
-            RuntimeError::EmptyPrompt => Self::invalid(param, err.to_string()),
+            RuntimeError::EmptyPrompt | RuntimeError::Image(_) => {
+                Self::invalid(param, err.to_string())
+            }
             RuntimeError::PromptTooLong { .. }
             | RuntimeError::Text(TextError::TooManyTokens { .. }) => {
                 Self::invalid(param, err.to_string()).with_code("context_length_exceeded")

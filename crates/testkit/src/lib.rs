@@ -112,6 +112,25 @@ impl Reference {
         (v.shape().to_vec(), data)
     }
 
+    /// An i64 tensor (positions, deltas, grids): (shape, values).
+    pub fn i64(&self, name: &str) -> (Vec<usize>, Vec<i64>) {
+        let v = self.view(name);
+        assert_eq!(v.dtype(), Dtype::I64, "{name} dtype");
+        let data = v
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect();
+        (v.shape().to_vec(), data)
+    }
+
+    /// A u8 tensor (an image `[h, w, 3]`): (shape, values).
+    pub fn u8(&self, name: &str) -> (Vec<usize>, Vec<u8>) {
+        let v = self.view(name);
+        assert_eq!(v.dtype(), Dtype::U8, "{name} dtype");
+        (v.shape().to_vec(), v.data().to_vec())
+    }
+
     /// An i64 tensor of token ids.
     pub fn ids(&self, name: &str) -> Vec<u32> {
         let v = self.view(name);

@@ -10,8 +10,10 @@ use serde_json::{Map, Value};
 use crate::error::{ModelError, Result};
 
 mod qwen4;
+mod vision;
 
 pub use qwen4::{GdnGate, HyperConfig, PleConfig, QsaConfig};
+pub use vision::{VisionConfig, VisionTokens};
 
 /// The model families spindle knows (`model_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +155,8 @@ pub struct ModelConfig {
     /// Block-FP8 weights (`quantization_config`, MODEL_MATH §9); the checkpoint dequantizes
     /// them when read.
     pub fp8: Option<crate::fp8::BlockFp8>,
+    /// The vision tower (`vision_config`) and image token ids, when the checkpoint has them.
+    pub vision: Option<VisionConfig>,
 }
 
 impl ModelConfig {
@@ -409,6 +413,10 @@ fn parse(value: &Value, path: &Path) -> Result<ModelConfig> {
         None => 262_144,
     };
     let extras = qwen4::parse(&f, family, &layers, &attention, &rope, &eos_token_ids)?;
+    let vision = match family {
+        Family::Qwen35Dense | Family::Qwen35Moe => vision::parse(&top_fields, hidden_size)?,
+        _ => None,
+    };
 
     Ok(ModelConfig {
         family,
@@ -430,6 +438,7 @@ fn parse(value: &Value, path: &Path) -> Result<ModelConfig> {
         ple: extras.ple,
         qsa: extras.qsa,
         fp8,
+        vision,
     })
 }
 

@@ -37,6 +37,10 @@ pub struct MemoryPlan {
     pub context: usize,
     /// Largest decode-time work buffers (the logits row, the hidden rows): small next to the rest.
     pub work_bytes: u64,
+    /// The vision tower (`vision_config`) as the CPU engine loads it, read only when an image
+    /// is encoded. Counted whenever config.json has a tower: `--no-vision` and installs (which
+    /// do not keep it) need this much less.
+    pub vision_bytes: u64,
 }
 
 impl MemoryPlan {
@@ -133,13 +137,18 @@ impl MemoryPlan {
             state_bytes: state_bytes(config, context),
             context,
             work_bytes: (config.vocab_size * 4 * 2 + config.hidden_size * 64 * 4) as u64,
+            vision_bytes: config.vision.as_ref().map_or(0, |v| v.loaded_bytes() as u64),
         }
     }
 
     /// Peak resident memory (bytes) one session needs with the experts in `residency`. For
     /// `Mapped` this is the upper bound, every expert page cached; the kernel may keep fewer.
     pub fn peak_rss(&self, residency: Residency) -> u64 {
-        let base = BASE_OVERHEAD_BYTES + self.dense_bytes + self.state_bytes + self.work_bytes;
+        let base = BASE_OVERHEAD_BYTES
+            + self.dense_bytes
+            + self.state_bytes
+            + self.work_bytes
+            + self.vision_bytes;
         base + match residency {
             Residency::Resident | Residency::Mapped => self.expert_bytes,
             Residency::Streamed { slots } => self.streamed_bytes(slots),
@@ -255,6 +264,7 @@ impl MemoryPlan {
             .checked_add(plan.dense_bytes)?
             .checked_add(plan.state_bytes)?
             .checked_add(plan.work_bytes)?
+            .checked_add(plan.vision_bytes)?
             .checked_add(plan.expert_bytes.max(all_slots))?;
         Some(plan)
     }
@@ -274,4 +284,35 @@ pub fn checked_state_bytes(config: &ModelConfig, context: usize) -> Option<u64> 
     // The rest does not depend on the context: add it as state_bytes at one token does.
     let fixed = state_bytes(config, 0);
     total.checked_add(fixed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_counts_the_released_vision_tower() {
+        let path = std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/configs/qwen3_6_35b_a3b.config.json"
+        ));
+        let config = ModelConfig::from_file(path).unwrap();
+        let vision = config.vision.as_ref().unwrap();
+        // VISION.md §1.4: 446.6 M parameters with out_hidden 2048.
+        assert_eq!(vision.parameters() / 100_000, 4466);
+        let plan = MemoryPlan::new(&config, WeightFormat::Bf16, 4096);
+        // Mostly bf16 matrices (2 bytes), a few f32 vectors: 0.89-0.91 GB.
+        assert!(
+            (890_000_000..910_000_000).contains(&plan.vision_bytes),
+            "{}",
+            plan.vision_bytes
+        );
+        let mut text_only = config.clone();
+        text_only.vision = None;
+        let without = MemoryPlan::new(&text_only, WeightFormat::Bf16, 4096);
+        assert_eq!(
+            plan.peak_rss(Residency::Resident) - without.peak_rss(Residency::Resident),
+            plan.vision_bytes
+        );
+    }
 }

@@ -14,6 +14,7 @@ mod moe;
 pub mod packed;
 mod qwen4;
 mod source;
+pub mod vision;
 
 pub use attention::{AttentionWeights, IndexerWeights};
 pub use gdn::{GdnProjection, GdnWeights};
@@ -23,6 +24,7 @@ pub use mlp::MlpWeights;
 pub use moe::MoeWeights;
 pub use qwen4::{HyperWeights, NgramTable, PleWeights};
 pub use source::Source;
+pub use vision::{load_vision, VisionWeights};
 
 use crate::quant::WeightFormat;
 

@@ -14,7 +14,9 @@ use spindle_cpu::experts::load::Placement;
 use spindle_cpu::experts::{ExpertCounters, ExpertStats};
 use spindle_cpu::{Engine, GreedyRun, LoadOptions, LogitsFor, Session};
 use spindle_kernels::softmax::argmax;
+use spindle_model::mrope::ImageFeatures;
 use spindle_model::ModelConfig;
+use spindle_vision::PreparedImage;
 
 pub use crate::device::Device;
 use crate::error::{Result, RuntimeError};
@@ -23,6 +25,11 @@ use crate::measure::{measure_read_bandwidth, KernelTime};
 use crate::prefix::{PrefixKv, PrefixState};
 use crate::sampling::{Sampler, SamplingParams};
 pub use cuda::cuda_refusal;
+
+/// Why CUDA refuses image prompts for now.
+#[cfg(feature = "cuda")]
+const CUDA_VISION: &str =
+    "the vision tower runs on the CPU backend only; CUDA support is not built yet (use --device cpu for image prompts)";
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaSessionGuard};
 
@@ -75,6 +82,15 @@ impl BackendSession {
         match self {
             BackendSession::Cpu(_) => &[],
             BackendSession::Cuda(s) => s.history(),
+        }
+    }
+
+    /// Images queued on the session whose pads have not all been fed yet.
+    pub fn pending_images(&self) -> usize {
+        match self {
+            BackendSession::Cpu(s) => s.rope.pending.len(),
+            #[cfg(feature = "cuda")]
+            BackendSession::Cuda(_) => 0,
         }
     }
 
@@ -568,6 +584,62 @@ impl Backend {
             #[cfg(feature = "cuda")]
             (backend, _) => Err(backend.foreign_session()),
         }
+    }
+
+    /// Checks that `ids` and `images` can run together here: every `<|image_pad|>` has its
+    /// image and the reverse ([`crate::images::check_image_pads`]), and, with images, that this
+    /// backend has a vision tower loaded. Refused by name, before anything runs.
+    pub fn check_images(&self, ids: &[u32], images: &[PreparedImage]) -> Result<()> {
+        crate::images::check_image_pads(self.config(), ids, images)?;
+        if images.is_empty() {
+            return Ok(());
+        }
+        match self {
+            Backend::Cpu(e) => e
+                .vision()
+                .map(|_| ())
+                .map_err(|e| RuntimeError::Image(e.to_string())),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => Err(RuntimeError::Image(CUDA_VISION.into())),
+        }
+    }
+
+    /// Runs `images` through the vision tower: the features that replace their pads (shared
+    /// docs `VISION.md` §3). An image that does not fit the tower is refused by its index.
+    pub fn encode_images(&self, images: &[PreparedImage]) -> Result<Vec<Arc<ImageFeatures>>> {
+        match self {
+            Backend::Cpu(e) => e
+                .encode_images(images)
+                .map_err(|e| RuntimeError::Image(e.to_string())),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => Err(RuntimeError::Image(CUDA_VISION.into())),
+        }
+    }
+
+    /// Queues image `features` on `session`: the next `<|image_pad|>` tokens fed to it take
+    /// their rows, and the rotary positions after each image follow `VISION.md` §4.
+    pub fn attach_images(
+        &self,
+        session: &mut BackendSession,
+        features: &[Arc<ImageFeatures>],
+    ) -> Result<()> {
+        if features.is_empty() {
+            return Ok(());
+        }
+        match (self, session) {
+            (Backend::Cpu(e), BackendSession::Cpu(s)) => e
+                .attach_images(s, features)
+                .map_err(|e| RuntimeError::Image(e.to_string())),
+            #[cfg(feature = "cuda")]
+            (Backend::Cuda(_), _) => Err(RuntimeError::Image(CUDA_VISION.into())),
+            #[cfg(feature = "cuda")]
+            (backend, _) => Err(backend.foreign_session()),
+        }
+    }
+
+    /// Bytes of the vision tower's weights as loaded (0 without one, or on CUDA).
+    pub fn vision_bytes(&self) -> usize {
+        self.cpu().map_or(0, Engine::vision_bytes)
     }
 
     /// Whether sessions of this backend can be captured into and restored from the prefix

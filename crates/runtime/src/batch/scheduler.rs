@@ -14,6 +14,9 @@ use spindle_cpu::LogitsFor;
 use super::plan::{plan_step, Work};
 use super::stats::SchedulerStats;
 use crate::backend::{Backend, BackendSession, BatchItem, Pick, Picked, StepMasks};
+use crate::images::TokenPrompt;
+use spindle_model::mrope::ImageFeatures;
+use spindle_vision::PreparedImage;
 use crate::error::{Result, RuntimeError};
 use crate::generate::{
     Completion, Flow, GenerateOptions, SequenceDecoder, SequenceMask, TokenLogprob,
@@ -93,6 +96,14 @@ enum Command {
 struct Request {
     /// The ids to prefill: the prompt, and after a preemption also what was generated.
     prompt: Vec<u32>,
+    /// The images of the prompt's pads, as submitted (encoded at the first admission).
+    images: Vec<PreparedImage>,
+    /// Their features, kept until the sequence ends (a recompute after a preemption feeds
+    /// them again).
+    features: Option<Vec<Arc<ImageFeatures>>>,
+    /// The index of the first image pad: a prefix cache keyed by ids never restores or
+    /// captures state past it (every image's pads have the same id).
+    first_image_pad: Option<usize>,
     /// When its last token was sampled, kept across a preemption (so the first token after
     /// it counts as an inter-token gap, not a second first token).
     last_token: Option<Instant>,
@@ -103,6 +114,19 @@ struct Request {
     /// Prompt tokens restored from the prefix cache at its first admission (what its usage
     /// reports; a recompute after a preemption does not change it).
     cached: Option<usize>,
+}
+
+impl Request {
+    /// The most prompt tokens a cached prefix may cover for this request: all of them, or for a
+    /// prompt with images only those before the first image pad.
+    fn cache_limit(&self) -> usize {
+        self.first_image_pad.unwrap_or(usize::MAX)
+    }
+
+    /// Whether a session holding this request's first `tokens` tokens may be cached.
+    fn cacheable(&self, tokens: usize) -> bool {
+        tokens <= self.cache_limit()
+    }
 }
 
 /// Answer tokens whose state a new sequence is given room for at admission when its request
@@ -274,22 +298,34 @@ impl Scheduler {
         &self.model
     }
 
-    /// Queues `prompt_ids` (fed to a fresh session) to generate with `options`; events go to
-    /// `sink` on the engine thread. Refused at once: an empty prompt, one that leaves no room
-    /// to generate, invalid sampling parameters.
+    /// Queues `prompt` (its ids fed to a fresh session, its images on their pads) to generate
+    /// with `options`; events go to `sink` on the engine thread. Refused at once: an empty
+    /// prompt, one that leaves no room to generate, invalid sampling parameters, image pads
+    /// that do not match the images (or images the backend cannot take). The images run
+    /// through the vision tower when the sequence is admitted.
     pub fn submit_with(
         &self,
-        prompt_ids: Vec<u32>,
+        prompt: impl Into<TokenPrompt>,
         options: &GenerateOptions,
         sink: EventSink,
     ) -> Result<SequenceGuard> {
-        if prompt_ids.is_empty() {
+        let prompt = prompt.into();
+        if prompt.ids.is_empty() {
             return Err(RuntimeError::EmptyPrompt);
         }
+        self.model.backend.check_images(&prompt.ids, &prompt.images)?;
+        let first_image_pad = prompt.first_image_pad(self.model.config());
+        let TokenPrompt {
+            ids: prompt_ids,
+            images,
+        } = prompt;
         let decoder = SequenceDecoder::new(&self.model, 0, &prompt_ids, options)?;
         let cancel = Arc::new(AtomicBool::new(false));
         let request = Request {
             prompt: prompt_ids,
+            images,
+            features: None,
+            first_image_pad,
             last_token: None,
             decoder,
             sink,
@@ -309,7 +345,7 @@ impl Scheduler {
     /// [`Scheduler::submit_with`] with the events on a channel.
     pub fn submit(
         &self,
-        prompt_ids: Vec<u32>,
+        prompt: impl Into<TokenPrompt>,
         options: &GenerateOptions,
     ) -> Result<SequenceHandle> {
         let (tx, events) = channel();
@@ -317,7 +353,7 @@ impl Scheduler {
             Ok(()) => Flow::Continue,
             Err(_) => Flow::Stop,
         });
-        let guard = self.submit_with(prompt_ids, options, sink)?;
+        let guard = self.submit_with(prompt, options, sink)?;
         Ok(SequenceHandle { events, guard })
     }
 
@@ -544,10 +580,13 @@ impl EngineLoop {
             decoded,
             ..
         } = self.running.remove(n);
-        // Its state so far is cached, so the recompute resumes from it.
+        // Its state so far is cached, so the recompute resumes from it (unless it is past an
+        // image's pads, which ids alone do not key).
         if let Some(prefix) = self.prefix.as_mut() {
             let tokens = [&request.prompt[..fed], &decoded].concat();
-            prefix.remember(&self.model.backend, &self.stats, &session, &tokens);
+            if request.cacheable(tokens.len()) {
+                prefix.remember(&self.model.backend, &self.stats, &session, &tokens);
+            }
         }
         drop(session);
         // The prompt as submitted, then everything generated (after an earlier preemption the
@@ -583,7 +622,13 @@ impl EngineLoop {
             // are allocated now, so running out of memory keeps this sequence waiting instead
             // of failing a step that others share.
             let room = request.decoder.room(RESERVED_ANSWER_TOKENS);
-            let session = match self.restore_prefix(&request.prompt, request.prompt.len() + room) {
+            let mut request = request;
+            if let Err(e) = self.encode_images(&mut request) {
+                (request.sink)(SeqEvent::Done(Err(e)));
+                continue;
+            }
+            let limit = request.cache_limit();
+            let session = match self.restore_prefix(&request.prompt, limit, request.prompt.len() + room) {
                 Some((session, cached)) => Ok((session, cached)),
                 None => self
                     .model
@@ -592,7 +637,12 @@ impl EngineLoop {
                     .map(|session| (session, 0)),
             };
             match session {
-                Ok((session, cached)) => {
+                Ok((mut session, cached)) => {
+                    let features = request.features.as_deref().unwrap_or_default();
+                    if let Err(e) = self.model.backend.attach_images(&mut session, features) {
+                        (request.sink)(SeqEvent::Done(Err(e)));
+                        continue;
+                    }
                     let snapshots = match &self.prefix {
                         Some(p) => snapshot_points(
                             &request.prompt,
@@ -600,10 +650,11 @@ impl EngineLoop {
                             p.config.interval,
                             &p.config.markers,
                         )
-                        .into(),
+                        .into_iter()
+                        .filter(|&point| point <= limit)
+                        .collect(),
                         None => VecDeque::new(),
                     };
-                    let mut request = request;
                     request.cached.get_or_insert(cached);
                     // A recompute after a preemption counts too: its hits save prefill work.
                     self.stats
@@ -622,7 +673,6 @@ impl EngineLoop {
                     })
                 }
                 Err(e) if self.running.is_empty() => {
-                    let mut request = request;
                     (request.sink)(SeqEvent::Done(Err(e)));
                 }
                 Err(e) => {
@@ -638,13 +688,27 @@ impl EngineLoop {
     /// token to prefill (its logits give the first token), and that prefix's length; `None`
     /// without a cache, on a miss, or when restoring fails (logged: the prompt is prefilled
     /// from nothing, which gives the same answer).
+    /// Runs a request's images through the vision tower at its first admission (the
+    /// features stay with it, across preemptions, until it ends).
+    fn encode_images(&self, request: &mut Request) -> Result<()> {
+        if request.images.is_empty() || request.features.is_some() {
+            return Ok(());
+        }
+        let features = self.model.backend.encode_images(&request.images)?;
+        request.features = Some(features);
+        Ok(())
+    }
+
+    /// A session holding the longest cached prefix of `prompt` of at most `limit` tokens
+    /// (and never the whole prompt: its last token is fed to get logits).
     fn restore_prefix(
         &mut self,
         prompt: &[u32],
+        limit: usize,
         capacity: usize,
     ) -> Option<(BackendSession, usize)> {
         let prefix = self.prefix.as_mut()?;
-        let hit = prefix.cache.lookup(prompt, prompt.len() - 1)?;
+        let hit = prefix.cache.lookup(prompt, limit.min(prompt.len() - 1))?;
         let ids = &prompt[..hit.tokens];
         match self
             .model
@@ -879,7 +943,9 @@ impl EngineLoop {
         if let Some(prefix) = self.prefix.as_mut() {
             if error.is_none() && !self.stopping && fed == request.prompt.len() {
                 let tokens = [&request.prompt[..], &decoded].concat();
-                prefix.remember(&self.model.backend, &self.stats, &session, &tokens);
+                if request.cacheable(tokens.len()) {
+                    prefix.remember(&self.model.backend, &self.stats, &session, &tokens);
+                }
             }
         }
         drop(session);

@@ -1,0 +1,298 @@
+//! The Qwen3.5/3.6 vision tower on the CPU (shared docs `VISION.md` §3): patch embedding,
+//! the learned position table interpolated per image, 27 pre-norm ViT blocks with 2-D rotary
+//! attention bidirectional within the image, and the 2x2 patch merger. Each image runs on
+//! its own (attention never crosses images); rows stay in the 2x2-block-major order of
+//! [`PreparedImage`] throughout, so 4 consecutive rows are one merged token.
+
+use rayon::prelude::*;
+use spindle_kernels::activation::{gelu_erf, gelu_tanh};
+use spindle_kernels::attention::{attend, HeadCache};
+use spindle_kernels::norm::layer_norm;
+use spindle_kernels::rope::apply_partial_rope;
+use spindle_model::mrope::ImageFeatures;
+use spindle_model::weights::vision::{BiasedLinear, LayerNormWeights, VisionBlock};
+use spindle_model::{VisionConfig, VisionWeights};
+use spindle_vision::PreparedImage;
+
+use crate::error::{EngineError, Result};
+use crate::linear::LinearExt;
+
+/// LayerNorm eps of the tower (hard-coded 1e-6 in transformers, §1.1).
+const EPS: f32 = 1e-6;
+
+/// One image through the tower with its intermediates (for the fixture tests and
+/// `spindle logits`): `[N, D]` after patch + position embedding, `[N, D]` after the last block,
+/// and the merged features.
+pub struct TowerTrace {
+    pub patch_embed: Vec<f32>,
+    pub blocks_out: Vec<f32>,
+    pub features: ImageFeatures,
+}
+
+/// Checks that `image` fits the tower: row width, a grid divisible by the merge size, and as
+/// many pixel values as the grid says.
+pub fn check_image(config: &VisionConfig, image: &PreparedImage, index: usize) -> Result<()> {
+    let g = image.grid;
+    let m = config.merge;
+    let bad = |why: String| Err(EngineError::Image(format!("image {index}: {why}")));
+    if image.row_len != config.patch_row() {
+        return bad(format!(
+            "patch rows of {} values, but the vision tower takes {} (channels x temporal x patch²)",
+            image.row_len,
+            config.patch_row()
+        ));
+    }
+    if g.t == 0 || g.h == 0 || g.w == 0 || g.h % m != 0 || g.w % m != 0 {
+        return bad(format!(
+            "grid {}x{}x{} patches: every side must be positive and h, w multiples of the merge size {m}",
+            g.t, g.h, g.w
+        ));
+    }
+    if image.pixels.len() != g.patches() * image.row_len {
+        return bad(format!(
+            "{} pixel values for {} patches of {}",
+            image.pixels.len(),
+            g.patches(),
+            image.row_len
+        ));
+    }
+    Ok(())
+}
+
+/// The tower's output for `image`: its merged features `[tokens, out_hidden]`.
+pub fn encode(w: &VisionWeights, config: &VisionConfig, image: &PreparedImage) -> ImageFeatures {
+    trace(w, config, image).features
+}
+
+/// [`encode`] keeping the intermediates. `image` must have passed [`check_image`].
+pub fn trace(w: &VisionWeights, config: &VisionConfig, image: &PreparedImage) -> TowerTrace {
+    let (t, gh, gw) = (image.grid.t, image.grid.h, image.grid.w);
+    let n = t * gh * gw;
+    let d = config.hidden;
+    let coords = patch_coords(gh, gw, config.merge, t);
+
+    // §3.1-3.2: patch embedding, plus the interpolated position table.
+    let mut h = forward_biased(&w.patch_embed, &image.pixels, n);
+    let pe = interpolated_positions(&w.pos_embed, config.pos_side, d, gh, gw, &coords);
+    h.iter_mut().zip(&pe).for_each(|(a, b)| *a += b);
+    let patch_embed = h.clone();
+
+    // §3.3: the 2-D rotary angles of every row, [r·inv, c·inv].
+    let rope = VisionRope::new(config.head_dim(), config.rope_theta, &coords);
+    for block in &w.blocks {
+        run_block(block, config, &rope, &mut h, n);
+    }
+    let blocks_out = h.clone();
+
+    // §3.5: LayerNorm over D, 4 consecutive rows grouped, fc1, erf-GELU, fc2.
+    let z = layer_norm_rows(&h, &w.merger_norm);
+    let m2 = config.merge * config.merge;
+    let mut y = forward_biased(&w.merger_fc1, &z, n / m2);
+    y.iter_mut().for_each(|v| *v = gelu_erf(*v));
+    let rows = forward_biased(&w.merger_fc2, &y, n / m2);
+    TowerTrace {
+        patch_embed,
+        blocks_out,
+        features: ImageFeatures {
+            rows,
+            hidden: config.out_hidden,
+            frames: t,
+            height: gh / config.merge,
+            width: gw / config.merge,
+        },
+    }
+}
+
+/// (row, column) in patches of every row, in the 2x2-block-major order of §2.3, frame after
+/// frame.
+fn patch_coords(gh: usize, gw: usize, m: usize, frames: usize) -> Vec<(usize, usize)> {
+    let mut coords = Vec::with_capacity(frames * gh * gw);
+    for _ in 0..frames {
+        for bh in 0..gh / m {
+            for bw in 0..gw / m {
+                for ih in 0..m {
+                    for iw in 0..m {
+                        coords.push((bh * m + ih, bw * m + iw));
+                    }
+                }
+            }
+        }
+    }
+    coords
+}
+
+/// §3.2: the S x S table bilinearly interpolated (align_corners=True) to the image's
+/// gh x gw patch grid, one row per entry of `coords`.
+fn interpolated_positions(
+    table: &[f32],
+    side: usize,
+    d: usize,
+    gh: usize,
+    gw: usize,
+    coords: &[(usize, usize)],
+) -> Vec<f32> {
+    let axis = |i: usize, size: usize| -> (usize, usize, f64) {
+        let x = if size == 1 {
+            0.0
+        } else {
+            i as f64 * (side - 1) as f64 / (size - 1) as f64
+        };
+        let lo = (x.floor() as usize).min(side - 1);
+        (lo, (lo + 1).min(side - 1), x - lo as f64)
+    };
+    let mut out = vec![0.0f32; coords.len() * d];
+    out.par_chunks_mut(d)
+        .zip(coords.par_iter())
+        .for_each(|(row, &(r, c))| {
+            let (y0, y1, dy) = axis(r, gh);
+            let (x0, x1, dx) = axis(c, gw);
+            let corners = [
+                (y0 * side + x0, (1.0 - dy) * (1.0 - dx)),
+                (y0 * side + x1, (1.0 - dy) * dx),
+                (y1 * side + x0, dy * (1.0 - dx)),
+                (y1 * side + x1, dy * dx),
+            ];
+            for (k, o) in row.iter_mut().enumerate() {
+                let v: f64 = corners
+                    .iter()
+                    .map(|&(at, weight)| weight * table[at * d + k] as f64)
+                    .sum();
+                *o = v as f32;
+            }
+        });
+    out
+}
+
+/// cos and sin of every row's 2-D rotary angles: `[N, d/2]` each, the first d/4 from the
+/// patch row, the next d/4 from its column (θ_v^(−2j/(d/2)), j < d/4). Applied as rotate_half
+/// over the whole head, which is [`apply_partial_rope`] with d/2 angles.
+struct VisionRope {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
+}
+
+impl VisionRope {
+    fn new(head_dim: usize, theta: f64, coords: &[(usize, usize)]) -> Self {
+        let (half, quarter) = (head_dim / 2, head_dim / 4);
+        let inv: Vec<f64> = (0..quarter)
+            .map(|j| 1.0 / theta.powf(2.0 * j as f64 / half as f64))
+            .collect();
+        let mut cos = Vec::with_capacity(coords.len() * half);
+        let mut sin = Vec::with_capacity(coords.len() * half);
+        for &(r, c) in coords {
+            for (axis, &f) in std::iter::repeat_n(r, quarter)
+                .chain(std::iter::repeat_n(c, quarter))
+                .zip(inv.iter().cycle())
+            {
+                // transformers computes the angles in float32 (§6.2 point 11).
+                let angle = axis as f32 * f as f32;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        VisionRope { cos, sin, half }
+    }
+
+    fn apply(&self, row: usize, head: &mut [f32]) {
+        let at = row * self.half..(row + 1) * self.half;
+        apply_partial_rope(head, &self.cos[at.clone()], &self.sin[at]);
+    }
+}
+
+/// §3.4: `h += proj(attn(LN1(h)))`, `h += fc2(gelu_tanh(fc1(LN2(h))))` over the image's rows.
+fn run_block(block: &VisionBlock, config: &VisionConfig, rope: &VisionRope, h: &mut [f32], n: usize) {
+    let (d, heads) = (config.hidden, config.heads);
+    let hd = config.head_dim();
+    let a = layer_norm_rows(h, &block.norm1);
+    let qkv = forward_biased(&block.qkv, &a, n);
+    // [N, 3, heads, hd] → q, k, v each [N, heads, hd]; q and k rotated.
+    let mut q = vec![0.0f32; n * d];
+    let mut k = vec![0.0f32; n * d];
+    let mut v = vec![0.0f32; n * d];
+    q.par_chunks_mut(d)
+        .zip(k.par_chunks_mut(d))
+        .zip(v.par_chunks_mut(d))
+        .enumerate()
+        .for_each(|(row, ((qr, kr), vr))| {
+            let src = &qkv[row * 3 * d..(row + 1) * 3 * d];
+            qr.copy_from_slice(&src[..d]);
+            kr.copy_from_slice(&src[d..2 * d]);
+            vr.copy_from_slice(&src[2 * d..]);
+            for head in 0..heads {
+                rope.apply(row, &mut qr[head * hd..(head + 1) * hd]);
+                rope.apply(row, &mut kr[head * hd..(head + 1) * hd]);
+            }
+        });
+    let keys = HeadCache {
+        data: &k,
+        heads,
+        head_dim: hd,
+    };
+    let values = HeadCache {
+        data: &v,
+        heads,
+        head_dim: hd,
+    };
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut o = vec![0.0f32; n * d];
+    o.par_chunks_mut(hd)
+        .enumerate()
+        .for_each_init(Vec::new, |scores, (at, out)| {
+            let (row, head) = (at / heads, at % heads);
+            let qh = &q[row * d + head * hd..][..hd];
+            attend(qh, keys, values, head, 0..n, scale, scores, out);
+        });
+    let attn = forward_biased(&block.proj, &o, n);
+    h.iter_mut().zip(&attn).for_each(|(x, y)| *x += y);
+
+    let m = layer_norm_rows(h, &block.norm2);
+    let mut up = forward_biased(&block.fc1, &m, n);
+    up.par_iter_mut().for_each(|x| *x = gelu_tanh(*x));
+    let down = forward_biased(&block.fc2, &up, n);
+    h.iter_mut().zip(&down).for_each(|(x, y)| *x += y);
+}
+
+fn layer_norm_rows(x: &[f32], w: &LayerNormWeights) -> Vec<f32> {
+    let d = w.weight.len();
+    let mut out = vec![0.0f32; x.len()];
+    out.par_chunks_mut(d)
+        .zip(x.par_chunks(d))
+        .for_each(|(o, row)| layer_norm(row, &w.weight, &w.bias, EPS, o));
+    out
+}
+
+/// `x [tokens, in] · Wᵀ + b`.
+fn forward_biased(layer: &BiasedLinear, x: &[f32], tokens: usize) -> Vec<f32> {
+    let mut y = layer.weight.forward(x, tokens);
+    add_bias(&mut y, &layer.bias);
+    y
+}
+
+fn add_bias(y: &mut [f32], bias: &[f32]) {
+    y.par_chunks_mut(bias.len())
+        .for_each(|row| row.iter_mut().zip(bias).for_each(|(a, b)| *a += b));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coords_are_block_major() {
+        let c = patch_coords(2, 4, 2, 1);
+        assert_eq!(
+            c,
+            vec![(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3)]
+        );
+    }
+
+    #[test]
+    fn interpolation_hits_the_table_corners_and_midpoints() {
+        // A 2x2 table with one channel: values 0, 1, 2, 3; a 3x3 grid samples midpoints.
+        let table = [0.0f32, 1.0, 2.0, 3.0];
+        let coords: Vec<(usize, usize)> = (0..3).flat_map(|r| (0..3).map(move |c| (r, c))).collect();
+        let pe = interpolated_positions(&table, 2, 1, 3, 3, &coords);
+        assert_eq!(pe, vec![0.0, 0.5, 1.0, 1.0, 1.5, 2.0, 2.0, 2.5, 3.0]);
+    }
+}
