@@ -137,7 +137,10 @@ impl MemoryPlan {
             state_bytes: state_bytes(config, context),
             context,
             work_bytes: (config.vocab_size * 4 * 2 + config.hidden_size * 64 * 4) as u64,
-            vision_bytes: config.vision.as_ref().map_or(0, |v| v.loaded_bytes() as u64),
+            vision_bytes: config
+                .vision
+                .as_ref()
+                .map_or(0, |v| v.loaded_bytes() as u64),
         }
     }
 
