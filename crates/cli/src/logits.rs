@@ -221,12 +221,16 @@ fn run_on_device(
     let started = Instant::now();
     let cannot_run = || format!("cannot run the model at {}{on}", args.model.display());
     if images.is_empty() {
-        let run = backend.greedy(prompt, args.decode).with_context(cannot_run)?;
+        let run = backend
+            .greedy(prompt, args.decode)
+            .with_context(cannot_run)?;
         log_done(args, prompt, started);
         return Ok((backend.config().clone(), run, None));
     }
     let prepared = prepare_images(&backend, &args.model, images)?;
-    backend.check_images(prompt, &prepared).with_context(cannot_run)?;
+    backend
+        .check_images(prompt, &prepared)
+        .with_context(cannot_run)?;
     let features = backend.encode_images(&prepared).with_context(cannot_run)?;
     let mut session = backend.new_session().with_context(cannot_run)?;
     backend
@@ -241,7 +245,10 @@ fn run_on_device(
     )
     .with_context(cannot_run)?;
     log_done(args, prompt, started);
-    let embeds = features.iter().flat_map(|f| f.rows.iter().copied()).collect();
+    let embeds = features
+        .iter()
+        .flat_map(|f| f.rows.iter().copied())
+        .collect();
     Ok((backend.config().clone(), run, Some(embeds)))
 }
 

@@ -173,7 +173,10 @@ fn logits_place_the_references_images_and_write_vision_embeds() {
             output.status,
             text(&output.stderr)
         );
-        assert!(stdout.contains("vision_embeds") && stdout.contains("match"), "{stdout}");
+        assert!(
+            stdout.contains("vision_embeds") && stdout.contains("match"),
+            "{stdout}"
+        );
         let written_bytes = std::fs::read(&out).unwrap();
         let written = SafeTensors::deserialize(&written_bytes).unwrap();
         let (shape, _) = f32s(&written, "vision_embeds");

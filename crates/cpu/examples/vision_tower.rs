@@ -16,7 +16,9 @@ use spindle_vision::{Grid, PreparedImage};
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let side: usize = args.next().map_or(256, |s| s.parse().expect("SIDE: pixels"));
+    let side: usize = args
+        .next()
+        .map_or(256, |s| s.parse().expect("SIDE: pixels"));
     let config = args.next().map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -25,7 +27,12 @@ fn main() {
     });
     let config = ModelConfig::from_file(&config).unwrap_or_else(|e| panic!("{e}"));
     let v = config.vision.expect("a config with vision_config");
-    assert_eq!(side % (v.patch * v.merge), 0, "SIDE must be a multiple of {}", v.patch * v.merge);
+    assert_eq!(
+        side % (v.patch * v.merge),
+        0,
+        "SIDE must be a multiple of {}",
+        v.patch * v.merge
+    );
     let mut rng = Rng(7);
     let started = Instant::now();
     let mut linear = |rows: usize, cols: usize| BiasedLinear {

@@ -61,7 +61,15 @@ pub fn forward(
             Some((iw, cfg, qk)) => {
                 let width = qsa::projection_width(cfg);
                 let rows = &qk[span.rows.start * width..span.rows.end * width];
-                qsa::select(iw, cfg, rope.freqs, eps, &mut cache.indexer, rows, span.start)
+                qsa::select(
+                    iw,
+                    cfg,
+                    rope.freqs,
+                    eps,
+                    &mut cache.indexer,
+                    rows,
+                    span.start,
+                )
             }
             None => vec![None; span.tokens()],
         };
@@ -107,7 +115,9 @@ fn core(
     for t in 0..tokens {
         let (cos, sin) = match &span.rope {
             RopeSpan::Text(first) => rope.freqs.cos_sin(first + t),
-            RopeSpan::Mrope(positions) => rope.freqs.cos_sin_mrope(positions[t], rope.mrope_section),
+            RopeSpan::Mrope(positions) => {
+                rope.freqs.cos_sin_mrope(positions[t], rope.mrope_section)
+            }
         };
         for h in 0..n_h {
             let src = &q_full[(t * n_h + h) * 2 * d..][..2 * d];

@@ -274,7 +274,12 @@ impl Engine {
                     .all(|&id| (id as usize) < self.config.vocab_size)),
             "unchecked input to Engine::forward_batch (spindle_runtime::Backend checks it)"
         );
-        let image_token = self.vision.as_ref().ok().and_then(|_| self.config.vision.as_ref()).map(|v| v.tokens.image);
+        let image_token = self
+            .vision
+            .as_ref()
+            .ok()
+            .and_then(|_| self.config.vision.as_ref())
+            .map(|v| v.tokens.image);
         flow::forward(&self.config, &self.weights, &self.rope, image_token, items)
     }
 
@@ -317,9 +322,16 @@ impl Engine {
     /// Queues `features` on `session`: the next `<|image_pad|>` tokens fed to it take their
     /// rows, image after image, and the positions after each image follow `VISION.md` §4.2.
     /// The prompt's pads must match (front ends check it: `spindle_runtime`'s prompt check).
-    pub fn attach_images(&self, session: &mut Session, features: &[Arc<ImageFeatures>]) -> Result<()> {
+    pub fn attach_images(
+        &self,
+        session: &mut Session,
+        features: &[Arc<ImageFeatures>],
+    ) -> Result<()> {
         self.vision()?;
-        if let Some(bad) = features.iter().find(|f| f.hidden != self.config.hidden_size) {
+        if let Some(bad) = features
+            .iter()
+            .find(|f| f.hidden != self.config.hidden_size)
+        {
             return Err(EngineError::Image(format!(
                 "image features of width {} for a model of hidden size {}",
                 bad.hidden, self.config.hidden_size
@@ -353,10 +365,14 @@ fn load_vision(
     options: &LoadOptions,
 ) -> Result<std::result::Result<VisionWeights, String>> {
     let Some(vision) = &config.vision else {
-        return Ok(Err("this model takes no images: config.json has no vision_config".into()));
+        return Ok(Err(
+            "this model takes no images: config.json has no vision_config".into(),
+        ));
     };
     if options.no_vision {
-        return Ok(Err("the vision tower was not loaded (--no-vision): image input is off".into()));
+        return Ok(Err(
+            "the vision tower was not loaded (--no-vision): image input is off".into(),
+        ));
     }
     if !weights::vision::has_vision_tower(checkpoint) {
         return Ok(Err(format!(

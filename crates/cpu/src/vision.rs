@@ -201,7 +201,13 @@ impl VisionRope {
 }
 
 /// §3.4: `h += proj(attn(LN1(h)))`, `h += fc2(gelu_tanh(fc1(LN2(h))))` over the image's rows.
-fn run_block(block: &VisionBlock, config: &VisionConfig, rope: &VisionRope, h: &mut [f32], n: usize) {
+fn run_block(
+    block: &VisionBlock,
+    config: &VisionConfig,
+    rope: &VisionRope,
+    h: &mut [f32],
+    n: usize,
+) {
     let (d, heads) = (config.hidden, config.heads);
     let hd = config.head_dim();
     let a = layer_norm_rows(h, &block.norm1);
@@ -283,7 +289,16 @@ mod tests {
         let c = patch_coords(2, 4, 2, 1);
         assert_eq!(
             c,
-            vec![(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3)]
+            vec![
+                (0, 0),
+                (0, 1),
+                (1, 0),
+                (1, 1),
+                (0, 2),
+                (0, 3),
+                (1, 2),
+                (1, 3)
+            ]
         );
     }
 
@@ -291,7 +306,8 @@ mod tests {
     fn interpolation_hits_the_table_corners_and_midpoints() {
         // A 2x2 table with one channel: values 0, 1, 2, 3; a 3x3 grid samples midpoints.
         let table = [0.0f32, 1.0, 2.0, 3.0];
-        let coords: Vec<(usize, usize)> = (0..3).flat_map(|r| (0..3).map(move |c| (r, c))).collect();
+        let coords: Vec<(usize, usize)> =
+            (0..3).flat_map(|r| (0..3).map(move |c| (r, c))).collect();
         let pe = interpolated_positions(&table, 2, 1, 3, 3, &coords);
         assert_eq!(pe, vec![0.0, 0.5, 1.0, 1.0, 1.5, 2.0, 2.0, 2.5, 3.0]);
     }

@@ -128,14 +128,23 @@ fn tower_intermediates_match_transformers() {
 fn positions_and_rope_delta_match_get_rope_index() {
     for name in FIXTURES {
         let case = Case::load(name);
-        let (positions, delta) = rope_index(&case.prompt, case.image_token(), &case.features()).unwrap();
+        let (positions, delta) =
+            rope_index(&case.prompt, case.image_token(), &case.features()).unwrap();
         let (shape, expected) = case.reference.i64("position_ids");
         let t = shape[1];
         for row in 0..3 {
             let ours: Vec<i64> = positions.iter().map(|p| p[row] as i64).collect();
-            assert_eq!(ours, expected[row * t..(row + 1) * t], "{name}: position_ids row {row}");
+            assert_eq!(
+                ours,
+                expected[row * t..(row + 1) * t],
+                "{name}: position_ids row {row}"
+            );
         }
-        assert_eq!(vec![delta], case.reference.i64("rope_delta").1, "{name}: rope_delta");
+        assert_eq!(
+            vec![delta],
+            case.reference.i64("rope_delta").1,
+            "{name}: rope_delta"
+        );
 
         // After the prompt (and each generated token) a session continues at cache index + delta.
         let mut session = case.session();
@@ -187,17 +196,29 @@ fn logits_with_images_match_transformers() {
         }
         let decode_err = max_abs_diff(&decode, &decode_ref);
         println!("{name}: prefill max|Δ| {prefill_err:.2e}, decode max|Δ| {decode_err:.2e}");
-        assert!(prefill_err < LOGITS_TOLERANCE, "{name}: prefill logits differ by {prefill_err}");
+        assert!(
+            prefill_err < LOGITS_TOLERANCE,
+            "{name}: prefill logits differ by {prefill_err}"
+        );
         assert_eq!(gen, expected_gen, "{name}: greedy tokens");
-        assert!(decode_err < LOGITS_TOLERANCE, "{name}: decode logits differ by {decode_err}");
+        assert!(
+            decode_err < LOGITS_TOLERANCE,
+            "{name}: decode logits differ by {decode_err}"
+        );
 
         // One pass over prompt + gen[..G-1] reproduces full_logits.
         let mut all = case.prompt.clone();
         all.extend_from_slice(&expected_gen[..expected_gen.len() - 1]);
         let mut session = case.session();
-        let full = case.engine.forward(&mut session, &all, LogitsFor::All).unwrap();
+        let full = case
+            .engine
+            .forward(&mut session, &all, LogitsFor::All)
+            .unwrap();
         let full_err = max_abs_diff(&full, &full_ref);
-        assert!(full_err < LOGITS_TOLERANCE, "{name}: full logits differ by {full_err}");
+        assert!(
+            full_err < LOGITS_TOLERANCE,
+            "{name}: full logits differ by {full_err}"
+        );
     }
 }
 
@@ -211,7 +232,12 @@ fn prefill_in_chunks_cut_inside_images_equals_one_pass() {
         .unwrap();
     // Cuts inside the first image (pads 6..21), between, inside the second (27..31), and a
     // token at a time through the second.
-    for cuts in [vec![9], vec![6, 21], vec![3, 12, 29], (26..33).collect::<Vec<_>>()] {
+    for cuts in [
+        vec![9],
+        vec![6, 21],
+        vec![3, 12, 29],
+        (26..33).collect::<Vec<_>>(),
+    ] {
         let mut session = case.session();
         let mut logits = Vec::new();
         let mut from = 0;
@@ -225,7 +251,10 @@ fn prefill_in_chunks_cut_inside_images_equals_one_pass() {
         }
         let err = max_abs_diff(&logits, &at_once);
         // Chunks take other matmul paths than one pass (float rounding only, ~1e-5).
-        assert!(err < 5e-5, "cuts {cuts:?}: chunked prefill differs by {err}");
+        assert!(
+            err < 5e-5,
+            "cuts {cuts:?}: chunked prefill differs by {err}"
+        );
         assert_eq!(session.rope, whole.rope, "cuts {cuts:?}: rope state");
         assert!(session.rope.pending.is_empty());
     }

@@ -49,10 +49,18 @@ mod tests {
     fn gelus_match_their_formulas_in_f64() {
         for i in -60..=60 {
             let x = i as f64 / 10.0;
-            let tanh = 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh());
+            let tanh = 0.5
+                * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh());
             let erf = 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
-            assert!((gelu_tanh(x as f32) as f64 - tanh).abs() < 1e-5, "tanh gelu at {x}");
-            assert!((gelu_erf(x as f32) as f64 - erf).abs() < 1e-5, "erf gelu at {x}");
+            assert!(
+                (gelu_tanh(x as f32) as f64 - tanh).abs() < 1e-5,
+                "tanh gelu at {x}"
+            );
+            assert!(
+                (gelu_erf(x as f32) as f64 - erf).abs() < 1e-5,
+                "erf gelu at {x}"
+            );
         }
         // The two differ visibly, so mixing them up shows.
         assert!((gelu_tanh(-2.0) - gelu_erf(-2.0)).abs() > 1e-4);

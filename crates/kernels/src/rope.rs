@@ -85,7 +85,10 @@ mod tests {
         assert_eq!(freqs.cos_sin_mrope([17; 3], &section), freqs.cos_sin(17));
         let (c, _) = freqs.cos_sin_mrope([3, 5, 7], &section);
         let at = |p: usize, j: usize| freqs.cos_sin(p).0[j];
-        assert_eq!((c[0], c[1], c[2], c[31]), (at(3, 0), at(5, 1), at(7, 2), at(5, 31)));
+        assert_eq!(
+            (c[0], c[1], c[2], c[31]),
+            (at(3, 0), at(5, 1), at(7, 2), at(5, 31))
+        );
     }
 
     #[test]

@@ -35,7 +35,11 @@ impl ImageFeatures {
     pub fn position(&self, base: usize, i: usize) -> [usize; 3] {
         let plane = self.height * self.width;
         let (frame, rest) = (i / plane, i % plane);
-        [base + frame, base + rest / self.width, base + rest % self.width]
+        [
+            base + frame,
+            base + rest / self.width,
+            base + rest % self.width,
+        ]
     }
 
     /// How far the image moves the position counter: max(h', w') (§4.2).
@@ -252,7 +256,14 @@ mod tests {
         cursor.pending.push_back(PendingImage::new(image(2, 2)));
         let before = cursor.clone();
         let err = cursor.place(&[1, 5, 5, 9, 5, 5], 0, 5).unwrap_err();
-        assert!(matches!(err, PlacementError::Interrupted { placed: 2, token: 3, .. }));
+        assert!(matches!(
+            err,
+            PlacementError::Interrupted {
+                placed: 2,
+                token: 3,
+                ..
+            }
+        ));
         assert_eq!(cursor, before);
     }
 

@@ -157,7 +157,11 @@ impl Matrix {
     /// The same bytes viewed as `[rows, cols]` (a row-major reshape; the element count must
     /// agree), e.g. a Conv3d kernel `[D, C, T, P, P]` as `[D, C·T·P·P]`.
     pub fn reshaped(&self, rows: usize, cols: usize) -> Matrix {
-        assert_eq!(rows * cols, self.rows * self.cols, "reshape changes the element count");
+        assert_eq!(
+            rows * cols,
+            self.rows * self.cols,
+            "reshape changes the element count"
+        );
         Matrix {
             rows,
             cols,

@@ -88,7 +88,11 @@ pub fn check_image_pads(config: &ModelConfig, ids: &[u32], images: &[PreparedIma
     // Each image's pads are consecutive.
     let mut at = 0;
     for (k, &n) in wanted.iter().enumerate() {
-        let start = at + ids[at..].iter().position(|&id| id == pad).expect("counted above");
+        let start = at
+            + ids[at..]
+                .iter()
+                .position(|&id| id == pad)
+                .expect("counted above");
         if let Some(gap) = ids[start..start + n].iter().position(|&id| id != pad) {
             return refuse(format!(
                 "image {k} takes {n} consecutive <|image_pad|> tokens from position {start}, but \
@@ -117,7 +121,11 @@ mod tests {
         PreparedImage {
             pixels: Vec::new(),
             row_len: 1536,
-            grid: Grid { t: 1, h: 2 * h, w: 2 * w },
+            grid: Grid {
+                t: 1,
+                h: 2 * h,
+                w: 2 * w,
+            },
         }
     }
 
@@ -135,16 +143,27 @@ mod tests {
     fn mismatches_are_refused_by_name() {
         let config = config();
         let message = |ids: &[u32], images: &[PreparedImage]| {
-            check_image_pads(&config, ids, images).unwrap_err().to_string()
+            check_image_pads(&config, ids, images)
+                .unwrap_err()
+                .to_string()
         };
         let m = message(&[1, 5, 5, 2], &[]);
-        assert!(m.contains("2 <|image_pad|>") && m.contains("no image was given"), "{m}");
+        assert!(
+            m.contains("2 <|image_pad|>") && m.contains("no image was given"),
+            "{m}"
+        );
         let m = message(&[1, 2], &[image(1, 1)]);
-        assert!(m.contains("0 <|image_pad|>") && m.contains("image 0: 1"), "{m}");
+        assert!(
+            m.contains("0 <|image_pad|>") && m.contains("image 0: 1"),
+            "{m}"
+        );
         let m = message(&[5, 5, 5], &[image(2, 2)]);
         assert!(m.contains("3 <|image_pad|>") && m.contains("take 4"), "{m}");
         let m = message(&[5, 5, 7, 5, 5], &[image(2, 2)]);
-        assert!(m.contains("image 0 takes 4 consecutive") && m.contains("position 2"), "{m}");
+        assert!(
+            m.contains("image 0 takes 4 consecutive") && m.contains("position 2"),
+            "{m}"
+        );
     }
 
     #[test]
@@ -152,7 +171,9 @@ mod tests {
         let dir = crate::demo_dir().unwrap();
         let config = ModelConfig::from_dir(&dir).unwrap();
         check_image_pads(&config, &[1, 2], &[]).unwrap();
-        let m = check_image_pads(&config, &[1, 2], &[image(1, 1)]).unwrap_err().to_string();
+        let m = check_image_pads(&config, &[1, 2], &[image(1, 1)])
+            .unwrap_err()
+            .to_string();
         assert!(m.contains("no vision_config"), "{m}");
     }
 }

@@ -79,13 +79,17 @@ fn generate_prompt_gives_transformers_greedy_tokens() {
     let (prompt, expected) = fixture_prompt();
     let mut session = model.new_session().unwrap();
     let completion = model
-        .generate_prompt(&mut session, &prompt, &greedy(expected.len()), &mut |_| Flow::Continue)
+        .generate_prompt(&mut session, &prompt, &greedy(expected.len()), &mut |_| {
+            Flow::Continue
+        })
         .unwrap();
     assert_eq!(completion.ids, expected);
     // The same ids without their images are refused, not run as ordinary tokens.
     let mut session = model.new_session().unwrap();
     let err = model
-        .generate(&mut session, &prompt.ids, &greedy(2), &mut |_| Flow::Continue)
+        .generate(&mut session, &prompt.ids, &greedy(2), &mut |_| {
+            Flow::Continue
+        })
         .unwrap_err();
     assert!(matches!(err, RuntimeError::Image(_)), "{err}");
     assert!(err.to_string().contains("no image was given"), "{err}");
@@ -109,12 +113,19 @@ fn the_scheduler_runs_image_prompts_in_chunks_and_through_preemption() {
     )
     .unwrap();
     let handles: Vec<_> = (0..2)
-        .map(|_| scheduler.submit(prompt.clone(), &greedy(expected.len())).unwrap())
+        .map(|_| {
+            scheduler
+                .submit(prompt.clone(), &greedy(expected.len()))
+                .unwrap()
+        })
         .collect();
     for handle in handles {
         assert_eq!(handle.wait().unwrap().ids, expected);
     }
-    assert!(scheduler.stats().preemptions() > 0, "no sequence was preempted");
+    assert!(
+        scheduler.stats().preemptions() > 0,
+        "no sequence was preempted"
+    );
 }
 
 #[test]
@@ -130,11 +141,16 @@ fn the_prefix_cache_never_restores_another_images_state() {
     let cold = {
         let mut session = model.new_session().unwrap();
         model
-            .generate_prompt(&mut session, &changed, &greedy(expected.len()), &mut |_| Flow::Continue)
+            .generate_prompt(&mut session, &changed, &greedy(expected.len()), &mut |_| {
+                Flow::Continue
+            })
             .unwrap()
             .ids
     };
-    assert_ne!(cold, expected, "the changed image must change the answer for this test");
+    assert_ne!(
+        cold, expected,
+        "the changed image must change the answer for this test"
+    );
 
     let scheduler = Scheduler::start_with_prefix_cache(
         Arc::clone(&model),
@@ -146,15 +162,34 @@ fn the_prefix_cache_never_restores_another_images_state() {
         }),
     )
     .unwrap();
-    let first = scheduler.submit(prompt.clone(), &greedy(expected.len())).unwrap().wait().unwrap();
+    let first = scheduler
+        .submit(prompt.clone(), &greedy(expected.len()))
+        .unwrap()
+        .wait()
+        .unwrap();
     assert_eq!(first.ids, expected);
-    let second = scheduler.submit(changed, &greedy(expected.len())).unwrap().wait().unwrap();
-    assert_eq!(second.ids, cold, "a cached prefix past an image pad was restored");
+    let second = scheduler
+        .submit(changed, &greedy(expected.len()))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(
+        second.ids, cold,
+        "a cached prefix past an image pad was restored"
+    );
     // Only the text before the first pad (position 6) could come from the cache.
     let first_pad = prompt.ids.iter().position(|&id| id == 5).unwrap();
-    assert!(second.cached_tokens > 0 && second.cached_tokens <= first_pad, "{}", second.cached_tokens);
+    assert!(
+        second.cached_tokens > 0 && second.cached_tokens <= first_pad,
+        "{}",
+        second.cached_tokens
+    );
     // A text-only prompt sharing the prefix still hits it.
-    let text: Vec<u32> = prompt.ids[..first_pad].iter().copied().chain([7, 8]).collect();
+    let text: Vec<u32> = prompt.ids[..first_pad]
+        .iter()
+        .copied()
+        .chain([7, 8])
+        .collect();
     let third = scheduler.submit(text, &greedy(2)).unwrap().wait().unwrap();
     assert!(third.cached_tokens > 0);
 }
@@ -169,9 +204,21 @@ fn the_scheduler_refuses_pads_that_do_not_match_the_images() {
         Ok(_) => panic!("accepted"),
     };
     let m = refused(TokenPrompt::from(prompt.ids.clone()));
-    assert!(m.contains("19 <|image_pad|>") && m.contains("no image was given"), "{m}");
+    assert!(
+        m.contains("19 <|image_pad|>") && m.contains("no image was given"),
+        "{m}"
+    );
     let m = refused(TokenPrompt::new(vec![1, 2, 3], prompt.images.clone()));
-    assert!(m.contains("0 <|image_pad|>") && m.contains("image 0: 15"), "{m}");
-    let m = refused(TokenPrompt::new(prompt.ids.clone(), vec![prompt.images[0].clone()]));
-    assert!(m.contains("19 <|image_pad|>") && m.contains("take 15"), "{m}");
+    assert!(
+        m.contains("0 <|image_pad|>") && m.contains("image 0: 15"),
+        "{m}"
+    );
+    let m = refused(TokenPrompt::new(
+        prompt.ids.clone(),
+        vec![prompt.images[0].clone()],
+    ));
+    assert!(
+        m.contains("19 <|image_pad|>") && m.contains("take 15"),
+        "{m}"
+    );
 }

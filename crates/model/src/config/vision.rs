@@ -72,10 +72,12 @@ impl VisionConfig {
         if !path.is_file() {
             return Ok(geometry);
         }
-        let text = crate::fs::read_bounded_to_string(&path, crate::fs::CONFIG_LIMIT)
-            .map_err(|error| ModelError::Io {
-                path: path.clone(),
-                error,
+        let text =
+            crate::fs::read_bounded_to_string(&path, crate::fs::CONFIG_LIMIT).map_err(|error| {
+                ModelError::Io {
+                    path: path.clone(),
+                    error,
+                }
             })?;
         let value: Value = serde_json::from_str(&text).map_err(|error| ModelError::Json {
             path: path.clone(),
@@ -92,7 +94,9 @@ impl VisionConfig {
                     .as_u64()
                     .filter(|&n| n > 0)
                     .map(|n| Some(n as usize))
-                    .ok_or_else(|| bad(format!("size.{key} = {v}: expected a positive pixel count"))),
+                    .ok_or_else(|| {
+                        bad(format!("size.{key} = {v}: expected a positive pixel count"))
+                    }),
             }
         };
         if let Some(n) = pixels("shortest_edge")? {
@@ -107,7 +111,10 @@ impl VisionConfig {
                 geometry.min_pixels, geometry.max_pixels
             )));
         }
-        for (key, target) in [("image_mean", &mut geometry.mean), ("image_std", &mut geometry.std)] {
+        for (key, target) in [
+            ("image_mean", &mut geometry.mean),
+            ("image_std", &mut geometry.std),
+        ] {
             match value.get(key) {
                 None | Some(Value::Null) => {}
                 Some(v) => {
@@ -128,7 +135,11 @@ impl VisionConfig {
                 }
             }
         }
-        for (key, want) in [("patch_size", self.patch), ("temporal_patch_size", self.temporal), ("merge_size", self.merge)] {
+        for (key, want) in [
+            ("patch_size", self.patch),
+            ("temporal_patch_size", self.temporal),
+            ("merge_size", self.merge),
+        ] {
             if let Some(v) = value.get(key).filter(|v| !v.is_null()) {
                 if v.as_u64() != Some(want as u64) {
                     return Err(bad(format!(
@@ -145,7 +156,8 @@ impl VisionConfig {
     pub fn loaded_bytes(&self) -> usize {
         let (d, i, row) = (self.hidden, self.intermediate, self.patch_row());
         let wide = d * self.merge * self.merge;
-        let matrices = d * row + self.depth * (3 * d * d + d * d + i * d + d * i)
+        let matrices = d * row
+            + self.depth * (3 * d * d + d * d + i * d + d * i)
             + wide * wide
             + self.out_hidden * wide;
         matrices * 2 + (self.parameters() - matrices) * 4
@@ -271,8 +283,7 @@ pub(super) fn parse(top: &Fields, text_hidden: usize) -> Result<Option<VisionCon
 fn token(top: &Fields, key: &str, default: u32) -> Result<u32> {
     match top.opt_usize(key)? {
         None => Ok(default),
-        Some(n) => u32::try_from(n)
-            .map_err(|_| top.err(format!("{key} = {n}: not a token id"))),
+        Some(n) => u32::try_from(n).map_err(|_| top.err(format!("{key} = {n}: not a token id"))),
     }
 }
 
@@ -293,9 +304,15 @@ mod tests {
     fn the_released_vision_config_parses() {
         let config = with(|_| {}).unwrap();
         let v = config.vision.unwrap();
-        assert_eq!((v.depth, v.hidden, v.heads, v.intermediate), (27, 1152, 16, 4304));
+        assert_eq!(
+            (v.depth, v.hidden, v.heads, v.intermediate),
+            (27, 1152, 16, 4304)
+        );
         assert_eq!((v.patch, v.temporal, v.merge, v.pos_side), (16, 2, 2, 48));
-        assert_eq!((v.out_hidden, v.rope_theta, v.patch_row()), (2048, 10000.0, 1536));
+        assert_eq!(
+            (v.out_hidden, v.rope_theta, v.patch_row()),
+            (2048, 10000.0, 1536)
+        );
         assert_eq!(v.tokens.image, 248_056);
         assert_eq!(v.tokens.vision_start, Some(248_053));
     }
@@ -306,7 +323,10 @@ mod tests {
         let m = err(|v| v["vision_config"]["deepstack_visual_indexes"] = serde_json::json!([8]));
         assert!(m.contains("deepstack_visual_indexes"), "{m}");
         let m = err(|v| v["vision_config"]["out_hidden_size"] = 5120.into());
-        assert!(m.contains("out_hidden_size 5120") && m.contains("2048"), "{m}");
+        assert!(
+            m.contains("out_hidden_size 5120") && m.contains("2048"),
+            "{m}"
+        );
         let m = err(|v| v["vision_config"]["num_position_embeddings"] = 2300.into());
         assert!(m.contains("num_position_embeddings = 2300"), "{m}");
         let m = err(|v| v["vision_config"]["num_heads"] = 7.into());
@@ -320,7 +340,10 @@ mod tests {
         let v = with(|_| {}).unwrap().vision.unwrap();
         let dir = tempfile::tempdir().unwrap();
         // Without the file: the released values.
-        assert_eq!(v.geometry(dir.path()).unwrap(), spindle_vision::Geometry::default());
+        assert_eq!(
+            v.geometry(dir.path()).unwrap(),
+            spindle_vision::Geometry::default()
+        );
         let file = dir.path().join("preprocessor_config.json");
         std::fs::write(
             &file,

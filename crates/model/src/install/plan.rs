@@ -137,7 +137,10 @@ impl MemoryPlan {
             state_bytes: state_bytes(config, context),
             context,
             work_bytes: (config.vocab_size * 4 * 2 + config.hidden_size * 64 * 4) as u64,
-            vision_bytes: config.vision.as_ref().map_or(0, |v| v.loaded_bytes() as u64),
+            vision_bytes: config
+                .vision
+                .as_ref()
+                .map_or(0, |v| v.loaded_bytes() as u64),
         }
     }
 
@@ -298,8 +301,8 @@ mod tests {
         ));
         let config = ModelConfig::from_file(path).unwrap();
         let vision = config.vision.as_ref().unwrap();
-        // VISION.md §1.4: 446.6 M parameters with out_hidden 2048.
-        assert_eq!(vision.parameters() / 100_000, 4466);
+        // VISION.md §1.4: 15,239,504 per block, 446.6 M in all with out_hidden 2048.
+        assert_eq!(vision.parameters(), 446_571_248);
         let plan = MemoryPlan::new(&config, WeightFormat::Bf16, 4096);
         // Mostly bf16 matrices (2 bytes), a few f32 vectors: 0.89-0.91 GB.
         assert!(

@@ -55,7 +55,12 @@ impl VisionWeights {
             .blocks
             .iter()
             .map(|b| {
-                norm(&b.norm1) + lin(&b.qkv) + lin(&b.proj) + norm(&b.norm2) + lin(&b.fc1) + lin(&b.fc2)
+                norm(&b.norm1)
+                    + lin(&b.qkv)
+                    + lin(&b.proj)
+                    + norm(&b.norm2)
+                    + lin(&b.fc1)
+                    + lin(&b.fc2)
             })
             .sum();
         lin(&self.patch_embed)

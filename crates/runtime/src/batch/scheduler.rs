@@ -14,15 +14,15 @@ use spindle_cpu::LogitsFor;
 use super::plan::{plan_step, Work};
 use super::stats::SchedulerStats;
 use crate::backend::{Backend, BackendSession, BatchItem, Pick, Picked, StepMasks};
-use crate::images::TokenPrompt;
-use spindle_model::mrope::ImageFeatures;
-use spindle_vision::PreparedImage;
 use crate::error::{Result, RuntimeError};
 use crate::generate::{
     Completion, Flow, GenerateOptions, SequenceDecoder, SequenceMask, TokenLogprob,
 };
+use crate::images::TokenPrompt;
 use crate::model::Model;
 use crate::prefix::{snapshot_points, PrefixCache, PrefixCacheConfig};
+use spindle_model::mrope::ImageFeatures;
+use spindle_vision::PreparedImage;
 
 /// How the scheduler batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,7 +313,9 @@ impl Scheduler {
         if prompt.ids.is_empty() {
             return Err(RuntimeError::EmptyPrompt);
         }
-        self.model.backend.check_images(&prompt.ids, &prompt.images)?;
+        self.model
+            .backend
+            .check_images(&prompt.ids, &prompt.images)?;
         let first_image_pad = prompt.first_image_pad(self.model.config());
         let TokenPrompt {
             ids: prompt_ids,
@@ -628,14 +630,15 @@ impl EngineLoop {
                 continue;
             }
             let limit = request.cache_limit();
-            let session = match self.restore_prefix(&request.prompt, limit, request.prompt.len() + room) {
-                Some((session, cached)) => Ok((session, cached)),
-                None => self
-                    .model
-                    .backend
-                    .new_session_with_capacity(request.prompt.len() + room)
-                    .map(|session| (session, 0)),
-            };
+            let session =
+                match self.restore_prefix(&request.prompt, limit, request.prompt.len() + room) {
+                    Some((session, cached)) => Ok((session, cached)),
+                    None => self
+                        .model
+                        .backend
+                        .new_session_with_capacity(request.prompt.len() + room)
+                        .map(|session| (session, 0)),
+                };
             match session {
                 Ok((mut session, cached)) => {
                     let features = request.features.as_deref().unwrap_or_default();
