@@ -328,7 +328,7 @@ impl Backend {
     /// [`crate::sampling::Sampler`] took, and the ids its penalties count), and only the token
     /// comes back. The choice is [`crate::sampling::Sampler::sample_with`]'s on every backend
     /// (on CUDA the device sampler reproduces it). Every item must want [`LogitsFor::Last`].
-    /// [`Backend::forward_batch_step`] without masks, every item sampled.
+    /// This is [`Backend::forward_batch_step`] with every item sampled and no masks.
     pub fn forward_batch_sampled(
         &self,
         items: &mut [BatchItem<'_>],
