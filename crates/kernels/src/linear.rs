@@ -4,16 +4,23 @@
 //! - One token, or a few (< [`gemm_min_tokens`]): each weight row is read once and dotted with
 //!   every token while it sits in L1. Q8/Q4 rows are dotted in integers with the tokens
 //!   quantized to int8 per group of 32 ([`QuantizedActs`]), as llama.cpp does.
-//! - More tokens (prefill), on AVX-512: panel GEMMs. Each task takes a panel of 16 weight
-//!   rows, transposes it once so that one register holds a column of the 16 rows, and
-//!   multiplies it with every token, 16 rows per accumulator register:
-//!   - Q8/Q4 from 4 tokens: int8 `vpdpbusd` on the codes with the tokens quantized per group
-//!     of 32 (the same activations the per-row dots see), 8 tokens per register tile;
+//! - On AVX-512, panel GEMMs. Each task takes a panel of 16 weight rows, transposes it so
+//!   that one register holds a column of the 16 rows, and multiplies it with every token, 16
+//!   rows per accumulator register:
+//!   - Q8/Q4 from one token on: int8 `vpdpbusd` on the codes with the tokens quantized per
+//!     group of 32, each output the exact int32 dot of every group scaled and accumulated in
+//!     group order ([`matmul_int8_exact_ref`]). Up to 8 tokens (decode, and batches of
+//!     decoding sequences) the panel is transposed in registers as it is read; beyond, it is
+//!     unpacked once into a packed copy and multiplied by tiles of 8 tokens. One arithmetic
+//!     for every token count: a token's outputs are the same bits alone, in a batch of
+//!     decoding sequences, or in a prompt, so a batched step sends all its rows through one
+//!     pass over the weights;
 //!   - f32/bf16/f16 from 32 tokens: f32 FMAs, 24 tokens per register tile, one fused
 //!     multiply-add after another along the row (between 4 and 32 tokens float weights keep
 //!     the 4×4-tile GEMM below, which needs no transposition).
 //!
-//!   `SPINDLE_GEMM=legacy` turns the panel GEMMs off.
+//!   `SPINDLE_GEMM=legacy` turns the panel GEMMs off (Q8/Q4 decode then takes the per-row
+//!   dots, whose rounding differs: the earlier arithmetic, for A/B measurements).
 //! - More tokens elsewhere (AVX2, scalar, or legacy): a blocked GEMM. Each task takes a block of
 //!   rows, dequantizes it once into f32 scratch and runs a register-tiled kernel (4 tokens × 4
 //!   rows on AVX-512, in passes of 1024 columns that stay in L1) over all tokens.
@@ -323,7 +330,7 @@ pub fn matmul_with(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]
 pub enum Path {
     /// Per-row dot products (one token: [`matvec`]).
     Dots,
-    /// The int8 panel GEMM (Q8/Q4 on AVX-512 VNNI).
+    /// The int8 panel GEMM (Q8/Q4 on AVX-512 VNNI, every token count).
     Int8Gemm,
     /// The f32 panel GEMM (AVX-512).
     F32Panels,
@@ -480,7 +487,13 @@ fn by_panels(
     if rows * cols * tokens < SERIAL_WORK {
         buf.chunks_mut(chunk).enumerate().for_each(task);
     } else {
-        buf.par_chunks_mut(chunk).enumerate().for_each(task);
+        // About four tasks per thread, as in `matvec_with` (a decode step runs hundreds of
+        // these calls, most of them small).
+        let per_task = (panels / (4 * rayon::current_num_threads())).max(1);
+        buf.par_chunks_mut(chunk)
+            .with_min_len(per_task)
+            .enumerate()
+            .for_each(task);
     }
     let scatter = |(t, yt): (usize, &mut [f32])| {
         for (p, ys) in yt.chunks_mut(PANEL_ROWS).enumerate() {
