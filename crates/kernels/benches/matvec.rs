@@ -269,14 +269,15 @@ fn prefill_cold_experts(filter: &str) {
 
 /// Decode-sized Q4 matmuls (1-8 tokens: one sequence, or a batch of decoding sequences) with
 /// the weights in DRAM: 8192×2048 cycling through 64 copies (an LM head's rows, 600 MB), and
-/// 512×2048 through 512 (routed experts, 300 MB). Run once as is and once with
+/// 512×2048 through 512 (routed experts, 300 MB), and one 512×2048 in cache. Run once as is and once with
 /// `SPINDLE_GEMM=legacy` (the per-row dots) to compare the kernels in one session.
 fn decode_cold(filter: &str) {
     let isa = Isa::best();
-    for (rows, cols, copies) in [(8192usize, 2048usize, 64usize), (512, 2048, 512)] {
+    for (rows, cols, copies) in [(8192usize, 2048usize, 64usize), (512, 2048, 512), (512, 2048, 1)] {
         let mut mats: Vec<QuantizedMatrix> = Vec::new();
         for tokens in [1usize, 2, 4, 8] {
-            let line = format!("decode cold {rows}x{cols} t={tokens} q4 {isa:?}");
+            let heat = if copies == 1 { "hot" } else { "cold" };
+            let line = format!("decode {heat} {rows}x{cols} t={tokens} q4 {isa:?}");
             if !line.contains(filter) {
                 continue;
             }

@@ -17,8 +17,8 @@ use spindle_model::quant::{GROUP, Q4_GROUP_BYTES};
 
 /// Most tokens per call of [`q_panel_direct`] (one accumulator register per token).
 pub(crate) const DIRECT_TOKENS: usize = 8;
-/// How far ahead of its loads each row is prefetched, in bytes.
-const PREFETCH_AHEAD: usize = 512;
+/// Extra distance of the next-panel prefetch, in bytes.
+const PREFETCH_SHIFT: usize = 0;
 
 /// `out [tokens, 16]` = 16 full weight rows (`codes`, f16 `scales [16, cols/32]`) times every
 /// token of `acts` (at most [`DIRECT_TOKENS`]), `corr [tokens, cols/32]` = −offset · Σ codes
@@ -87,15 +87,18 @@ fn direct<const T: usize>(
         transpose16(&mut dw);
         for gb in (g0..g0 + n).step_by(step) {
             let m = step.min(g0 + n - gb);
-            // The rows' bytes PREFETCH_AHEAD further on, so that the 16 interleaved streams
-            // reach DRAM ahead of use (a prefetch never faults; past the row it reads the next).
+            // The next panel's bytes (the 16 rows after these, contiguous), one kilobyte per
+            // kilobyte read here, in address order: the loads below walk 16 rows at once,
+            // which the hardware prefetchers do not follow as they follow one stream (a
+            // prefetch never faults, so past the matrix's end it only wastes a slot).
             let (base, row_bytes, at) = match codes {
                 QCodes::Q8(q) => (q.as_ptr() as *const u8, cols, gb * GROUP),
                 QCodes::Q4(q) => (q.as_ptr(), cols / 2, gb * Q4_GROUP_BYTES),
             };
+            let next = base.wrapping_add(PANEL_ROWS * row_bytes + at * PANEL_ROWS);
             for r in 0..PANEL_ROWS {
-                let p = base.wrapping_add(r * row_bytes + at + PREFETCH_AHEAD);
-                _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+                let p = next.wrapping_add(r * 64 + PREFETCH_SHIFT);
+                _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
             }
             // Dword j of every row: group gb + j/4 (Q4) or gb + j/8 (Q8).
             // SAFETY: 16 rows of `row_bytes`; groups gb..gb+m are within each row.
