@@ -273,7 +273,11 @@ fn prefill_cold_experts(filter: &str) {
 /// `SPINDLE_GEMM=legacy` (the per-row dots) to compare the kernels in one session.
 fn decode_cold(filter: &str) {
     let isa = Isa::best();
-    for (rows, cols, copies) in [(8192usize, 2048usize, 64usize), (512, 2048, 512), (512, 2048, 1)] {
+    for (rows, cols, copies) in [
+        (8192usize, 2048usize, 64usize),
+        (512, 2048, 512),
+        (512, 2048, 1),
+    ] {
         let mut mats: Vec<QuantizedMatrix> = Vec::new();
         for tokens in [1usize, 2, 4, 8] {
             let heat = if copies == 1 { "hot" } else { "cold" };

@@ -478,7 +478,10 @@ fn int8_gemm_matches_its_exact_reference_bit_for_bit() {
     }
     #[cfg(target_arch = "x86_64")]
     if Isa::Avx512.available() && panel_gemms(Isa::Avx512) {
-        assert!(tested, "AVX-512 VNNI is here but no Q8/Q4 matmul took the int8 GEMM");
+        assert!(
+            tested,
+            "AVX-512 VNNI is here but no Q8/Q4 matmul took the int8 GEMM"
+        );
     }
     let _ = tested;
 }
@@ -497,7 +500,11 @@ fn quantized_rows_get_the_same_bits_alone_and_in_a_batch() {
         for isa in Isa::all_available() {
             // Every path except the f32 GEMM of paths without the int8 one keeps rows apart.
             let most = 16.min(gemm_min_tokens_with(isa, &w).max(2) - 1);
-            let most = if path_for(isa, &w, 1) == Path::Int8Gemm { 16 } else { most };
+            let most = if path_for(isa, &w, 1) == Path::Int8Gemm {
+                16
+            } else {
+                most
+            };
             for tokens in 2..=most {
                 let x = vec(&mut rng, tokens * cols, 1.0);
                 let mut batch = vec![0.0f32; tokens * rows];

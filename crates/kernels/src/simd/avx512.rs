@@ -647,7 +647,12 @@ pub(crate) fn pack_panel(
 /// `p` must point to 16 rows of `row_bytes` readable bytes, and `start + 4·dwords ≤ row_bytes`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn load_rows(p: *const u8, row_bytes: usize, start: usize, dwords: usize) -> [__m512i; 16] {
+pub(crate) unsafe fn load_rows(
+    p: *const u8,
+    row_bytes: usize,
+    start: usize,
+    dwords: usize,
+) -> [__m512i; 16] {
     let mask: __mmask16 = if dwords >= 16 {
         0xFFFF
     } else {

@@ -105,9 +105,7 @@ fn direct<const T: usize>(
             let v = unsafe {
                 match codes {
                     QCodes::Q8(q) => load_rows(q.as_ptr() as *const u8, cols, gb * GROUP, 8 * m),
-                    QCodes::Q4(q) => {
-                        load_rows(q.as_ptr(), cols / 2, gb * Q4_GROUP_BYTES, 4 * m)
-                    }
+                    QCodes::Q4(q) => load_rows(q.as_ptr(), cols / 2, gb * Q4_GROUP_BYTES, 4 * m),
                 }
             };
             for gi in 0..m {
