@@ -267,6 +267,55 @@ fn prefill_cold_experts(filter: &str) {
     }
 }
 
+/// Decode-sized Q4 matmuls (1-8 tokens: one sequence, or a batch of decoding sequences) with
+/// the weights in DRAM: 8192×2048 cycling through 64 copies (an LM head's rows, 600 MB), and
+/// 512×2048 through 512 (routed experts, 300 MB), and one 512×2048 in cache. Run once as is and once with
+/// `SPINDLE_GEMM=legacy` (the per-row dots) to compare the kernels in one session.
+fn decode_cold(filter: &str) {
+    let isa = Isa::best();
+    for (rows, cols, copies) in [
+        (8192usize, 2048usize, 64usize),
+        (512, 2048, 512),
+        (512, 2048, 1),
+    ] {
+        let mut mats: Vec<QuantizedMatrix> = Vec::new();
+        for tokens in [1usize, 2, 4, 8] {
+            let heat = if copies == 1 { "hot" } else { "cold" };
+            let line = format!("decode {heat} {rows}x{cols} t={tokens} q4 {isa:?}");
+            if !line.contains(filter) {
+                continue;
+            }
+            if mats.is_empty() {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(2000);
+                let f32s: Vec<f32> = (0..rows * cols)
+                    .map(|_| rng.random_range(-0.05..0.05f32))
+                    .collect();
+                let q = QuantizedMatrix::quantize(&f32s, rows, cols, WeightFormat::Q4);
+                mats = (0..copies).map(|_| q.clone()).collect();
+            }
+            let x: Vec<f32> = (0..tokens * cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect();
+            let mut y = vec![0.0f32; rows * tokens];
+            let mut i = 0;
+            let (secs, cpu) = time_cpu(Duration::from_millis(1500), || {
+                matmul_with(isa, &mats[i % copies].mat(), &x, tokens, &mut y);
+                black_box(&y);
+                i += 1;
+            });
+            let bytes = mats[0].mat().size_bytes() as f64;
+            let ops = 2.0 * (rows * cols * tokens) as f64;
+            println!(
+                "{line:<38} {:8.1} µs {:6.1} GB/s {:6.1} GOP/s {:6.1} GOP per CPU-s",
+                secs * 1e6,
+                bytes / secs / 1e9,
+                ops / secs / 1e9,
+                ops / cpu / 1e9
+            );
+        }
+    }
+}
+
 fn main() {
     let filter = std::env::args()
         .skip(1)
@@ -280,6 +329,7 @@ fn main() {
     bandwidth(&filter);
     prefill_shapes(&filter);
     prefill_cold_experts(&filter);
+    decode_cold(&filter);
     let isas = Isa::all_available();
     for (rows, cols) in [(2048usize, 2048usize), (8192, 2048)] {
         let wanted = ["matvec", "matmul"]

@@ -4,16 +4,23 @@
 //! - One token, or a few (< [`gemm_min_tokens`]): each weight row is read once and dotted with
 //!   every token while it sits in L1. Q8/Q4 rows are dotted in integers with the tokens
 //!   quantized to int8 per group of 32 ([`QuantizedActs`]), as llama.cpp does.
-//! - More tokens (prefill), on AVX-512: panel GEMMs. Each task takes a panel of 16 weight
-//!   rows, transposes it once so that one register holds a column of the 16 rows, and
-//!   multiplies it with every token, 16 rows per accumulator register:
-//!   - Q8/Q4 from 4 tokens: int8 `vpdpbusd` on the codes with the tokens quantized per group
-//!     of 32 (the same activations the per-row dots see), 8 tokens per register tile;
+//! - On AVX-512, panel GEMMs. Each task takes a panel of 16 weight rows, transposes it so
+//!   that one register holds a column of the 16 rows, and multiplies it with every token, 16
+//!   rows per accumulator register:
+//!   - Q8/Q4 from one token on: int8 `vpdpbusd` on the codes with the tokens quantized per
+//!     group of 32, each output the exact int32 dot of every group scaled and accumulated in
+//!     group order ([`matmul_int8_exact_ref`]). Up to 8 tokens (decode, and batches of
+//!     decoding sequences) the panel is transposed in registers as it is read; beyond, it is
+//!     unpacked once into a packed copy and multiplied by tiles of 8 tokens. One arithmetic
+//!     for every token count: a token's outputs are the same bits alone, in a batch of
+//!     decoding sequences, or in a prompt, so a batched step sends all its rows through one
+//!     pass over the weights;
 //!   - f32/bf16/f16 from 32 tokens: f32 FMAs, 24 tokens per register tile, one fused
 //!     multiply-add after another along the row (between 4 and 32 tokens float weights keep
 //!     the 4×4-tile GEMM below, which needs no transposition).
 //!
-//!   `SPINDLE_GEMM=legacy` turns the panel GEMMs off.
+//!   `SPINDLE_GEMM=legacy` turns the panel GEMMs off (Q8/Q4 decode then takes the per-row
+//!   dots, whose rounding differs: the earlier arithmetic, for A/B measurements).
 //! - More tokens elsewhere (AVX2, scalar, or legacy): a blocked GEMM. Each task takes a block of
 //!   rows, dequantizes it once into f32 scratch and runs a register-tiled kernel (4 tokens × 4
 //!   rows on AVX-512, in passes of 1024 columns that stay in L1) over all tokens.
@@ -28,6 +35,8 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use crate::quant::QuantizedActs;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::avx512_direct::DIRECT_TOKENS;
 use crate::simd::{self, scalar, Isa};
 use spindle_model::quant::view::{MatRef, Weights};
 use spindle_model::quant::GROUP;
@@ -85,10 +94,11 @@ const QUANT_GEMM_MIN_TOKENS: usize = 32;
 /// From this many tokens on, f32/bf16/f16 weights go through the f32 panel GEMM (AVX-512)
 /// rather than the 4×4-tile GEMM, whose lack of weight packing wins for fewer tokens.
 const FLOAT_PANEL_MIN_TOKENS: usize = 32;
-/// The int8 GEMM (AVX-512 VNNI) against per-row int8 dots (`benches/matvec.rs`, 512×2048 q4):
-/// at 2 tokens with the weights in DRAM the dots win (65 vs 38 GOP per CPU-second), at 4 they
-/// tie cold and the GEMM wins in cache (~180 vs ~95).
-const INT8_GEMM_MIN_TOKENS: usize = 4;
+/// Q8/Q4 on AVX-512 VNNI take the int8 GEMM from one token on: its arithmetic is the one
+/// every token count shares (so a decoding sequence's logits are the same bits alone and in a
+/// batch, and a batch shares each panel's unpacking across its rows), and up to
+/// [`DIRECT_TOKENS`] tokens it reads the weights in place rather than packing them first.
+const INT8_GEMM_MIN_TOKENS: usize = 1;
 /// Below this many multiply-adds a call stays on the calling thread.
 const SERIAL_WORK: usize = 1 << 15;
 
@@ -255,6 +265,9 @@ pub fn matvec_with(isa: Isa, w: &MatRef, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), w.cols, "matvec input length");
     assert_eq!(y.len(), w.rows, "matvec output length");
     assert!(isa.available(), "this CPU cannot run the {isa:?} kernels");
+    if path_for(isa, w, 1) == Path::Int8Gemm {
+        return gemm_int8(isa, w, x, 1, y);
+    }
     let acts = Acts::new(isa, w, x);
     // About four tasks per thread: enough to balance, few enough that scheduling stays small
     // next to the row dots (a decode step runs hundreds of these matvecs).
@@ -317,7 +330,7 @@ pub fn matmul_with(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]
 pub enum Path {
     /// Per-row dot products (one token: [`matvec`]).
     Dots,
-    /// The int8 panel GEMM (Q8/Q4 on AVX-512 VNNI).
+    /// The int8 panel GEMM (Q8/Q4 on AVX-512 VNNI, every token count).
     Int8Gemm,
     /// The f32 panel GEMM (AVX-512).
     F32Panels,
@@ -328,10 +341,10 @@ pub enum Path {
 /// The path [`matmul_with`] takes for `tokens` tokens of `w` on `isa`.
 pub fn path_for(isa: Isa, w: &MatRef, tokens: usize) -> Path {
     let quantized = matches!(w.weights, Weights::Q8 { .. } | Weights::Q4 { .. });
-    if tokens == 1 || tokens < gemm_min_tokens_with(isa, w) {
-        Path::Dots
-    } else if quantized && int8_gemm(isa) {
+    if quantized && int8_gemm(isa) {
         Path::Int8Gemm
+    } else if tokens == 1 || tokens < gemm_min_tokens_with(isa, w) {
+        Path::Dots
     } else if panel_gemms(isa) && tokens >= FLOAT_PANEL_MIN_TOKENS {
         Path::F32Panels
     } else {
@@ -474,7 +487,13 @@ fn by_panels(
     if rows * cols * tokens < SERIAL_WORK {
         buf.chunks_mut(chunk).enumerate().for_each(task);
     } else {
-        buf.par_chunks_mut(chunk).enumerate().for_each(task);
+        // About four tasks per thread, as in `matvec_with` (a decode step runs hundreds of
+        // these calls, most of them small).
+        let per_task = (panels / (4 * rayon::current_num_threads())).max(1);
+        buf.par_chunks_mut(chunk)
+            .with_min_len(per_task)
+            .enumerate()
+            .for_each(task);
     }
     let scatter = |(t, yt): (usize, &mut [f32])| {
         for (p, ys) in yt.chunks_mut(PANEL_ROWS).enumerate() {
@@ -490,11 +509,15 @@ fn by_panels(
 }
 
 /// Y = X·Wᵀ for Q8/Q4 weights with int8 activations on AVX-512 VNNI: 16-row panels are
-/// unpacked once each and multiplied with every token (`simd::avx512::gemm_q_panel`).
+/// unpacked once each and multiplied with every token (`simd::avx512::gemm_q_panel`), or for
+/// up to [`DIRECT_TOKENS`] tokens read in place (`simd::avx512_direct::q_panel_direct`, the
+/// same arithmetic bit for bit). Each output: per group the exact int32 dot, then
+/// `acc = fma(f32(isum)·d_x, d_w, acc)` in group order ([`matmul_int8_exact_ref`]).
 fn gemm_int8(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use simd::avx512::{gemm_q_panel, pack_panel, Panel, QCodes};
+        use simd::avx512::{gemm_q_panel, pack_panel, Panel, QCodes, PANEL_ROWS};
+        use simd::avx512_direct::q_panel_direct;
         thread_local! {
             static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
         }
@@ -514,6 +537,10 @@ fn gemm_int8(isa: Isa, w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
                 _ => unreachable!("gemm_int8 takes Q8/Q4 weights"),
             };
             let scales = &scales[a / GROUP..b / GROUP];
+            if n == PANEL_ROWS && tokens <= DIRECT_TOKENS {
+                // SAFETY: isa is Avx512 and `matmul_with` asserted it is available.
+                return unsafe { q_panel_direct(codes, scales, &acts, &corr, out) };
+            }
             PANEL.with(|panel| {
                 let mut panel = panel.borrow_mut();
                 // SAFETY: isa is Avx512 and `matmul_with` asserted it is available.
@@ -618,6 +645,55 @@ pub fn matmul_quantized_ref(w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32])
     for r in 0..w.rows {
         for t in 0..tokens {
             y[t * w.rows + r] = row_dot(Isa::Scalar, w, r, &acts, t);
+        }
+    }
+}
+
+/// Scalar reference of the int8 GEMM's arithmetic (Q8/Q4 on AVX-512 VNNI, every token count),
+/// which the fast path must match bit for bit: activations quantized per token
+/// ([`QuantizedActs::quantize`]); for each output, per group of 32 the exact integer dot
+/// `isum` of the signed codes with the token's codes, then `acc = fma(f32(isum)·d_x, d_w, acc)`
+/// in group order from zero.
+pub fn matmul_int8_exact_ref(w: &MatRef, x: &[f32], tokens: usize, y: &mut [f32]) {
+    use spindle_model::quant::blocks::f16_to_f32;
+    use spindle_model::quant::Q4_GROUP_BYTES;
+    let (rows, cols) = (w.rows, w.cols);
+    let groups = cols / GROUP;
+    assert!(x.len() == tokens * cols && y.len() == tokens * rows);
+    let acts = QuantizedActs::quantize(x, cols);
+    let mut codes = vec![0i32; cols];
+    for r in 0..rows {
+        let scales = match w.weights {
+            Weights::Q8 { qs, scales } => {
+                let row = &qs[r * cols..(r + 1) * cols];
+                codes.iter_mut().zip(row).for_each(|(c, &q)| *c = q as i32);
+                &scales[r * groups..(r + 1) * groups]
+            }
+            Weights::Q4 { qs, scales } => {
+                let row = &qs[r * cols / 2..(r + 1) * cols / 2];
+                for (g, bytes) in row.chunks_exact(Q4_GROUP_BYTES).enumerate() {
+                    for (j, &b) in bytes.iter().enumerate() {
+                        codes[g * GROUP + j] = (b & 0xF) as i32 - 8;
+                        codes[g * GROUP + j + Q4_GROUP_BYTES] = (b >> 4) as i32 - 8;
+                    }
+                }
+                &scales[r * groups..(r + 1) * groups]
+            }
+            _ => panic!("matmul_int8_exact_ref takes Q8/Q4 weights"),
+        };
+        for t in 0..tokens {
+            let (xq, xd, _) = acts.token(t);
+            let mut acc = 0.0f32;
+            for g in 0..groups {
+                let span = g * GROUP..(g + 1) * GROUP;
+                let isum: i32 = codes[span.clone()]
+                    .iter()
+                    .zip(&xq[span])
+                    .map(|(&c, &q)| c * q as i32)
+                    .sum();
+                acc = (isum as f32 * xd[g]).mul_add(f16_to_f32(scales[g]), acc);
+            }
+            y[t * rows + r] = acc;
         }
     }
 }

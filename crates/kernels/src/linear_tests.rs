@@ -437,3 +437,89 @@ fn neon_runs_on_aarch64() {
     assert!(Isa::all_available().contains(&Isa::Neon));
     assert_eq!(Isa::best(), Isa::Neon);
 }
+
+/// The int8 GEMM (every Q8/Q4 token count on AVX-512 VNNI, from one token on) gives exactly
+/// the bits of its scalar reference, through both of its kernels (weights read in place for
+/// up to 8 tokens, packed panels beyond) and on partial panels (rows not a multiple of 16).
+#[test]
+fn int8_gemm_matches_its_exact_reference_bit_for_bit() {
+    let mut rng = rng(51);
+    let mut tested = false;
+    for &(rows, cols) in &[(16, 32), (37, 160), (70, 544), (33, 2048)] {
+        let values = vec(&mut rng, rows * cols, 1.0);
+        for format in [WeightFormat::Q8, WeightFormat::Q4] {
+            let q = QuantizedMatrix::quantize(&values, rows, cols, format);
+            let w = q.mat();
+            for isa in Isa::all_available() {
+                if path_for(isa, &w, 1) != Path::Int8Gemm {
+                    continue;
+                }
+                tested = true;
+                for tokens in [1, 2, 3, 4, 5, 7, 8, 9, 16, 17] {
+                    let x = vec(&mut rng, tokens * cols, 1.0);
+                    let mut want = vec![0.0f32; tokens * rows];
+                    matmul_int8_exact_ref(&w, &x, tokens, &mut want);
+                    let mut got = vec![f32::NAN; tokens * rows];
+                    matmul_with(isa, &w, &x, tokens, &mut got);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{isa:?} {format:?} {rows}x{cols} tokens={tokens}"
+                    );
+                    if tokens == 1 {
+                        let mut mv = vec![f32::NAN; rows];
+                        matvec_with(isa, &w, &x, &mut mv);
+                        assert_eq!(bits(&mv), bits(&want), "{isa:?} {format:?} matvec");
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx512.available() && panel_gemms(Isa::Avx512) {
+        assert!(
+            tested,
+            "AVX-512 VNNI is here but no Q8/Q4 matmul took the int8 GEMM"
+        );
+    }
+    let _ = tested;
+}
+
+/// A token's outputs are the same bits whether it is multiplied alone or among up to 15
+/// others, for Q8/Q4 at every batch size a decode step sees, on every path this CPU runs:
+/// a decoding sequence's logits never depend on its neighbours.
+#[test]
+fn quantized_rows_get_the_same_bits_alone_and_in_a_batch() {
+    let mut rng = rng(53);
+    let (rows, cols) = (45, 320);
+    let values = vec(&mut rng, rows * cols, 1.0);
+    for format in [WeightFormat::Q8, WeightFormat::Q4] {
+        let q = QuantizedMatrix::quantize(&values, rows, cols, format);
+        let w = q.mat();
+        for isa in Isa::all_available() {
+            // Every path except the f32 GEMM of paths without the int8 one keeps rows apart.
+            let most = 16.min(gemm_min_tokens_with(isa, &w).max(2) - 1);
+            let most = if path_for(isa, &w, 1) == Path::Int8Gemm {
+                16
+            } else {
+                most
+            };
+            for tokens in 2..=most {
+                let x = vec(&mut rng, tokens * cols, 1.0);
+                let mut batch = vec![0.0f32; tokens * rows];
+                matmul_with(isa, &w, &x, tokens, &mut batch);
+                for t in 0..tokens {
+                    let mut alone = vec![0.0f32; rows];
+                    matvec_with(isa, &w, &x[t * cols..(t + 1) * cols], &mut alone);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&batch[t * rows..(t + 1) * rows]),
+                        bits(&alone),
+                        "{isa:?} {format:?} token {t} of {tokens}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -499,7 +499,7 @@ pub(crate) fn quantize_acts(
 /// Transposes a 16×16 matrix of 32-bit elements held one row per register.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-fn transpose16(r: &mut [__m512i; 16]) {
+pub(crate) fn transpose16(r: &mut [__m512i; 16]) {
     let mut t = [_mm512_setzero_si512(); 16];
     for i in 0..8 {
         t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
@@ -647,7 +647,12 @@ pub(crate) fn pack_panel(
 /// `p` must point to 16 rows of `row_bytes` readable bytes, and `start + 4·dwords ≤ row_bytes`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn load_rows(p: *const u8, row_bytes: usize, start: usize, dwords: usize) -> [__m512i; 16] {
+pub(crate) unsafe fn load_rows(
+    p: *const u8,
+    row_bytes: usize,
+    start: usize,
+    dwords: usize,
+) -> [__m512i; 16] {
     let mask: __mmask16 = if dwords >= 16 {
         0xFFFF
     } else {
@@ -714,11 +719,19 @@ fn q_tile<const T: usize>(
             // the dword reads stay within the group's 32 codes.
             unsafe {
                 let xp = xq.add(tok * cols + g * GROUP) as *const i32;
+                // Two independent chains of exact integer sums (the order of the terms does
+                // not change the result; the chains hide the latency at few tokens).
                 let mut isum = _mm512_set1_epi32(*xc.add(tok * groups + g));
+                let mut odd = _mm512_setzero_si512();
                 for (s, &ws) in w.iter().enumerate() {
                     let x = _mm512_set1_epi32(xp.add(s).read_unaligned());
-                    isum = _mm512_dpbusd_epi32(isum, ws, x);
+                    if s % 2 == 0 {
+                        isum = _mm512_dpbusd_epi32(isum, ws, x);
+                    } else {
+                        odd = _mm512_dpbusd_epi32(odd, ws, x);
+                    }
                 }
+                let isum = _mm512_add_epi32(isum, odd);
                 let scaled = _mm512_mul_ps(
                     _mm512_cvtepi32_ps(isum),
                     _mm512_set1_ps(*xd.add(tok * groups + g)),
