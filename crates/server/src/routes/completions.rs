@@ -57,7 +57,7 @@ pub async fn handle(
         }
     };
     let slot = ticket.start().await;
-    let prepared = prepare(&state, prompt, body_bytes, "prompt").await?;
+    let prepared = prepare(&state, prompt, Vec::new(), body_bytes, "prompt").await?;
     if prepared.ids.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt has no tokens"));
     }
