@@ -118,7 +118,10 @@ async fn a_text_only_model_refuses_images_by_field() {
         )
         .await;
     assert_eq!(status, 400);
-    assert_eq!(error(&body).0, "messages[0].images[0]");
+    // Ollama's errors are {"error": "message"}; the message names the field.
+    let message = body["error"].as_str().unwrap_or_default();
+    assert!(message.starts_with("messages[0].images[0]: "), "{body}");
+    assert!(message.contains("no vision tower"), "{body}");
     server.stop().await;
 }
 
