@@ -4,6 +4,7 @@
 mod bench;
 mod compare;
 mod convert;
+mod images;
 mod inspect;
 mod load_args;
 mod loadgen;

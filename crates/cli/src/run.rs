@@ -1,6 +1,7 @@
 //! `spindle run`: one completion, or an interactive chat when no prompt is given on a
 //! terminal. Text streams to stdout; timings go to stderr.
 
+use spindle_runtime::images::TokenPrompt;
 use std::io::{BufRead, IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,6 +14,7 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 use spindle_runtime::{Completion, Conversation, Device, Flow, GenerateOptions, Model, Prompt};
 
+use crate::images;
 use crate::model_dir;
 use crate::sampling_args::SamplingArgs;
 use crate::terminal;
@@ -42,6 +44,12 @@ pub struct RunArgs {
     /// System message for the chat template.
     #[arg(long)]
     pub system: Option<String>,
+
+    /// An image file (PNG, JPEG, WebP, GIF) for the prompt (repeatable; in order, before the
+    /// prompt's text). Needs a model with a vision tower and a prompt (not --raw, not the
+    /// interactive chat).
+    #[arg(long, value_name = "FILE", conflicts_with = "raw")]
+    pub image: Vec<PathBuf>,
 
     /// Ask the model to think first (sets the template's enable_thinking / force_thinking).
     #[arg(long, conflicts_with = "no_think")]
@@ -174,6 +182,12 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
              stdin, or leave it out on a terminal for an interactive chat"
         );
     }
+    if prompt.is_none() && !args.image.is_empty() {
+        anyhow::bail!(
+            "--image needs a prompt (spindle run --image FILE \"...\"): the interactive chat \
+             takes no images"
+        );
+    }
     let model = load(args)?;
     match prompt {
         Some(text) => one_shot(args, &model, text),
@@ -192,7 +206,8 @@ fn one_shot(args: &RunArgs, model: &Model, text: String) -> Result<ExitCode> {
         if let Some(system) = &args.system {
             messages.push(json!({"role": "system", "content": system}));
         }
-        messages.push(json!({"role": "user", "content": text}));
+        let content = images::user_content(&text, args.image.len());
+        messages.push(json!({"role": "user", "content": content}));
         Prompt::Chat {
             messages: Value::Array(messages),
             tools: None,
@@ -201,16 +216,51 @@ fn one_shot(args: &RunArgs, model: &Model, text: String) -> Result<ExitCode> {
         }
     };
     let prepared = model.prepare(&prompt)?;
+    let prompt = engine_prompt(args, model, prepared.ids)?;
     let mut session = model.new_session()?;
-    let completion = model.generate(
+    let completion = model.generate_prompt(
         &mut session,
-        &prepared.ids,
+        &prompt,
         &args.options(model),
         &mut stdout_sink(None),
     )?;
     println!();
     print_stats(model, &completion);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The prompt as the engine takes it: with `--image`, each image prepared and its
+/// `<|image_pad|>` expanded, then handed to [`spindle_server::engine_prompt`] (the one place
+/// prompts with images go to the engine). A vision model's prompt without images is checked
+/// to hold no image placeholder.
+fn engine_prompt(args: &RunArgs, model: &Model, ids: Vec<u32>) -> Result<TokenPrompt> {
+    let dir = &model.dir;
+    if args.image.is_empty() {
+        if let Some(input) = spindle_vision::ImageInput::from_model_dir(dir)? {
+            let ids = spindle_vision::expand_image_pads(
+                &ids,
+                input.image_token_id,
+                &[],
+                input.geometry.merge,
+            )?;
+            return Ok(ids.into());
+        }
+        return Ok(ids.into());
+    }
+    let context = model.config().max_position_embeddings;
+    let (input, prepared) = images::load(&args.image, dir, context)?;
+    let ids = spindle_vision::expand_image_pads(
+        &ids,
+        input.image_token_id,
+        &prepared,
+        input.geometry.merge,
+    )?;
+    let total = ids.len();
+    model
+        .backend
+        .check_images(&ids, &prepared)
+        .with_context(|| format!("the prompt has {total} tokens"))?;
+    Ok(spindle_server::engine_prompt(ids, prepared))
 }
 
 fn chat(args: &RunArgs, model: &Model) -> Result<ExitCode> {

@@ -305,4 +305,11 @@ pub enum ServerError {
 
     #[error("invalid server option: {0}")]
     Option(String),
+
+    #[error("{}: the model's image input cannot be read", path.display())]
+    ImageInput {
+        path: PathBuf,
+        #[source]
+        source: spindle_vision::VisionError,
+    },
 }

@@ -16,6 +16,7 @@
 mod api;
 mod error;
 mod latency;
+mod images;
 mod listen;
 mod memory;
 mod metrics;
@@ -40,6 +41,7 @@ use spindle_runtime::{demo_dir, Device, Model, DEMO_MODEL_ID};
 use tokio::net::TcpListener;
 
 pub use error::{ApiError, ServerError};
+pub use images::engine_prompt;
 pub use metrics::{AllResident, EngineExperts, ExpertCacheProbe};
 pub use spindle_runtime;
 
@@ -224,6 +226,12 @@ impl Server {
                 "--token-budget must be positive".into(),
             ));
         }
+        let images = spindle_vision::ImageInput::from_model_dir(&model.dir).map_err(|source| {
+            ServerError::ImageInput {
+                path: model.dir.clone(),
+                source,
+            }
+        })?;
         let prefix_cache = match config.prefix_cache {
             Some(PrefixCacheOptions { bytes, interval }) => {
                 if interval == 0 {
@@ -246,6 +254,7 @@ impl Server {
         )?;
         let state = AppState {
             engine,
+            images,
             model,
             model_id: config.model_id,
             created: response::now_s(),

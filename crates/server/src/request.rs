@@ -10,6 +10,7 @@ use spindle_runtime::sampling::SamplingParams;
 use spindle_runtime::{GenerateOptions, Grammar, ToolSpec};
 
 use crate::error::ApiError;
+use crate::images::{self, Content, RequestImage};
 
 /// Fields shared by `/v1/chat/completions` and `/v1/completions`. `model` is not read: one
 /// model is served, whatever a request names.
@@ -146,6 +147,8 @@ pub struct ChatRequest {
     pub vars: Map<String, Value>,
     /// At most one tool call is returned (`parallel_tool_calls: false`).
     pub single_tool_call: bool,
+    /// The images of `image_url` parts, in the order the template writes their placeholders.
+    pub images: Vec<RequestImage>,
 }
 
 /// A checked completion request.
@@ -562,11 +565,12 @@ impl RawChat {
                 "messages must hold at least one message",
             ));
         }
+        let mut images = Vec::new();
         let messages = self
             .messages
             .iter()
             .enumerate()
-            .map(|(i, m)| m.to_template(i))
+            .map(|(i, m)| m.to_template(i, &mut images))
             .collect::<Result<Vec<_>, _>>()?;
         let (tools, tool_grammar) = self.checked_tools()?;
         if let Some(grammar) = tool_grammar {
@@ -588,6 +592,7 @@ impl RawChat {
             tools,
             vars,
             single_tool_call: self.parallel_tool_calls == Some(false),
+            images,
         })
     }
 
@@ -681,11 +686,19 @@ fn tool_json(tool: &RawTool) -> Value {
 }
 
 impl RawMessage {
-    /// The message as the chat template reads it: text content, `developer` as `system`, tool
-    /// call arguments as objects.
-    fn to_template(&self, index: usize) -> Result<Value, ApiError> {
+    /// The message as the chat template reads it: text content (with `{"type": "image"}`
+    /// items where a user message has images, whose bytes go to `images`), `developer` as
+    /// `system`, tool call arguments as objects.
+    fn to_template(&self, index: usize, images: &mut Vec<RequestImage>) -> Result<Value, ApiError> {
         let at = |field: &str| format!("messages[{index}].{field}");
-        let content = content_text(self.content.as_ref(), &at("content"))?;
+        let before = images.len();
+        let content = content_parts(self.content.as_ref(), &at("content"), images)?;
+        if images.len() > before && self.role != Role::User {
+            return Err(ApiError::invalid(
+                images[before].param.clone(),
+                "images are only read in user messages",
+            ));
+        }
         let role = match self.role {
             Role::System | Role::Developer => "system",
             Role::User => "user",
@@ -708,7 +721,10 @@ impl RawMessage {
         }
         let mut m = Map::new();
         m.insert("role".into(), Value::String(role.into()));
-        m.insert("content".into(), Value::String(content.unwrap_or_default()));
+        m.insert(
+            "content".into(),
+            content.unwrap_or_else(|| Value::String(String::new())),
+        );
         if let Some(name) = &self.name {
             m.insert("name".into(), Value::String(name.clone()));
         }
@@ -741,38 +757,93 @@ impl RawMessage {
     }
 }
 
-/// Message content: a string, or a list of `{"type": "text", "text": ...}` parts joined.
-fn content_text(content: Option<&Value>, param: &str) -> Result<Option<String>, ApiError> {
+/// Message content: a string, or a list of parts: `{"type": "text", "text": ...}` (joined)
+/// and `{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}`, whose
+/// bytes go to `images` and which the template sees as `{"type": "image"}`. Content without
+/// images is the joined text, exactly as before images were read.
+fn content_parts(
+    content: Option<&Value>,
+    param: &str,
+    images: &mut Vec<RequestImage>,
+) -> Result<Option<Value>, ApiError> {
     match content {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::String(s)) => Ok(Some(Value::String(s.clone()))),
         Some(Value::Array(parts)) => {
-            let mut text = String::new();
+            let mut content = Content::default();
             for (k, part) in parts.iter().enumerate() {
                 let kind = part.get("type").and_then(Value::as_str);
                 match (kind, part.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => text.push_str(t),
-                    (Some(kind @ ("image_url" | "image" | "input_audio" | "video")), _) => {
+                    (Some("text"), Some(t)) => content.push_text(t),
+                    (Some("image_url"), _) => {
+                        images.push(image_url_part(part, &format!("{param}[{k}]"))?);
+                        content.push_image();
+                    }
+                    (Some(kind @ ("image" | "input_audio" | "video" | "file")), _) => {
                         return Err(ApiError::invalid(
                             format!("{param}[{k}]"),
-                            format!("{kind} content is not supported: this server reads text only"),
+                            format!(
+                                "{kind} content is not supported: this server reads text and \
+                                 image_url parts (data: URLs)"
+                            ),
                         ))
                     }
                     _ => {
                         return Err(ApiError::invalid(
                             format!("{param}[{k}]"),
-                            "a content part must be {\"type\": \"text\", \"text\": \"...\"}",
+                            "a content part must be {\"type\": \"text\", \"text\": \"...\"} \
+                             or {\"type\": \"image_url\", \"image_url\": {\"url\": \"data:...\"}}",
                         ))
                     }
                 }
             }
-            Ok(Some(text))
+            Ok(Some(content.into_value()))
         }
         Some(_) => Err(ApiError::invalid(
             param,
-            "content must be a string or a list of text parts",
+            "content must be a string or a list of content parts",
         )),
     }
+}
+
+/// An `image_url` part: `{"url": "data:..."}` (or the URL as a bare string, which some
+/// clients send). `detail` is accepted and ignored: it changes nothing here, every image is
+/// read at the processor's own resolution (`smart_resize`).
+fn image_url_part(part: &Value, param: &str) -> Result<RequestImage, ApiError> {
+    let field = format!("{param}.image_url");
+    let url = match part.get("image_url") {
+        Some(Value::String(url)) => url.as_str(),
+        Some(Value::Object(o)) => {
+            if let Some(detail) = o.get("detail").filter(|d| !d.is_null()) {
+                if !matches!(detail.as_str(), Some("auto" | "low" | "high")) {
+                    return Err(ApiError::invalid(
+                        format!("{field}.detail"),
+                        format!(
+                            "{field}.detail must be \"auto\", \"low\" or \"high\", not {detail}"
+                        ),
+                    ));
+                }
+            }
+            o.get("url").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid(
+                    format!("{field}.url"),
+                    format!("{field}.url (a data: URL) is required"),
+                )
+            })?
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                &field,
+                format!("{field} must be {{\"url\": \"data:image/png;base64,...\"}}"),
+            ))
+        }
+    };
+    let url_param = if part["image_url"].is_string() {
+        field
+    } else {
+        format!("{field}.url")
+    };
+    images::from_url(url, &url_param)
 }
 
 /// Tool call arguments for the template: an object, from a JSON string or an object.

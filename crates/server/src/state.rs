@@ -11,6 +11,9 @@ use crate::queue::Scheduler;
 
 pub struct AppState {
     pub model: Arc<Model>,
+    /// How the model reads images (`vision_config`, `image_token_id`, the preprocessor's
+    /// bounds); `None` for a text-only checkpoint, which refuses images.
+    pub images: Option<spindle_vision::ImageInput>,
     /// The id `/v1/models` lists and responses carry.
     pub model_id: String,
     /// When the server started (Unix seconds), for `/v1/models`.

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use spindle_runtime::batch::{SeqEvent, SequenceGuard};
+use spindle_runtime::images::TokenPrompt;
 use spindle_runtime::{Completion, Finish, Flow, GenerateOptions, RuntimeError, TokenLogprob};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
@@ -62,10 +63,10 @@ impl Generation {
 pub fn spawn_generation(
     state: &Arc<AppState>,
     slot: Slot,
-    prompt_ids: Vec<u32>,
+    prompt: TokenPrompt,
     options: GenerateOptions,
 ) -> Generation {
-    spawn_choices(state, slot, prompt_ids, vec![options])
+    spawn_choices(state, slot, prompt, vec![options])
 }
 
 /// Submits one sequence per entry of `choices` (`n` > 1), all at once so the scheduler runs
@@ -73,7 +74,7 @@ pub fn spawn_generation(
 pub fn spawn_choices(
     state: &Arc<AppState>,
     slot: Slot,
-    prompt_ids: Vec<u32>,
+    prompt: TokenPrompt,
     choices: Vec<GenerateOptions>,
 ) -> Generation {
     let (tx, events) = unbounded_channel();
@@ -81,7 +82,7 @@ pub fn spawn_choices(
     if state.cancel_all.load(Ordering::Acquire) {
         drop(slot);
         for index in 0..n {
-            let _ = tx.send((index, GenEvent::Done(Ok(cancelled(prompt_ids.len())))));
+            let _ = tx.send((index, GenEvent::Done(Ok(cancelled(prompt.ids.len())))));
         }
         return Generation {
             events,
@@ -102,7 +103,7 @@ pub fn spawn_choices(
             Arc::clone(&state.cancel_all),
             Arc::clone(&origin),
         );
-        match state.engine.submit_with(prompt_ids.clone(), &options, sink) {
+        match state.engine.submit_with(prompt.clone(), &options, sink) {
             Ok(guard) => guards.push(guard),
             Err(e) => {
                 release(&slot);

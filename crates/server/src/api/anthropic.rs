@@ -1,5 +1,6 @@
 //! Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`): content
-//! blocks (`text`, `thinking`, `tool_use`, `tool_result`) to the chat template's messages,
+//! blocks (`text`, `image` with a base64 source, `thinking`, `tool_use`, `tool_result`) to the
+//! chat template's messages,
 //! `thinking` to the template's reasoning switch, and a parsed answer back to blocks.
 
 use serde_json::{json, Map, Value};
@@ -12,6 +13,7 @@ use super::{
     template_tool_call, text_of, Constraint, Fields,
 };
 use crate::error::ApiError;
+use crate::images::{self, Content, RequestImage};
 use crate::request::{Generation, RawCommon};
 use crate::response::unique_id;
 
@@ -70,6 +72,8 @@ pub struct MessagesRequest {
     pub messages: Value,
     pub tools: Option<Value>,
     pub vars: Map<String, Value>,
+    /// The `image` blocks' images, in order.
+    pub images: Vec<RequestImage>,
 }
 
 /// Parses a `/v1/messages` body (`count_only`: a `count_tokens` body, which has no
@@ -120,8 +124,9 @@ pub fn parse(
             "messages must hold at least one message",
         ));
     }
+    let mut images = Vec::new();
     for (i, message) in raw.iter().enumerate() {
-        messages.extend(template_messages(message, i)?);
+        messages.extend(template_messages(message, i, &mut images)?);
     }
     refuse_prefill(&messages, &format!("messages[{}].role", raw.len() - 1))?;
     let (tools, constraint) = tools(field("tools"), field("tool_choice"))?;
@@ -139,6 +144,7 @@ pub fn parse(
         messages: Value::Array(messages),
         tools,
         vars,
+        images,
     })
 }
 
@@ -221,8 +227,13 @@ fn thinking(value: Option<&Value>, max_tokens: Option<i64>) -> Result<bool, ApiE
 
 /// One Anthropic message as template messages: a user message's `tool_result` blocks become
 /// `tool` messages (in order, before its text), an assistant's `thinking` its
-/// `reasoning_content` and its `tool_use` blocks its `tool_calls`.
-fn template_messages(message: &Value, i: usize) -> Result<Vec<Value>, ApiError> {
+/// `reasoning_content` and its `tool_use` blocks its `tool_calls`; a user's `image` blocks
+/// become the template's image items, their bytes going to `images`.
+fn template_messages(
+    message: &Value,
+    i: usize,
+    images: &mut Vec<RequestImage>,
+) -> Result<Vec<Value>, ApiError> {
     let at = |field: &str| format!("messages[{i}].{field}");
     let role = match message.get("role").and_then(Value::as_str) {
         Some(r @ ("user" | "assistant")) => r,
@@ -247,7 +258,7 @@ fn template_messages(message: &Value, i: usize) -> Result<Vec<Value>, ApiError> 
         }
     };
     let (mut out, mut text, mut reasoning, mut calls) =
-        (Vec::new(), String::new(), String::new(), Vec::new());
+        (Vec::new(), Content::default(), String::new(), Vec::new());
     for (j, block) in blocks.iter().enumerate() {
         let param = at(&format!("content[{j}]"));
         let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
@@ -260,7 +271,11 @@ fn template_messages(message: &Value, i: usize) -> Result<Vec<Value>, ApiError> 
             })
         };
         match (role, kind) {
-            (_, "text") => text.push_str(string("text")?),
+            (_, "text") => text.push_text(string("text")?),
+            ("user", "image") => {
+                images.push(image_block(block, &param)?);
+                text.push_image();
+            }
             ("assistant", "thinking") => reasoning.push_str(string("thinking")?),
             ("assistant", "tool_use") => {
                 let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
@@ -292,14 +307,14 @@ fn template_messages(message: &Value, i: usize) -> Result<Vec<Value>, ApiError> 
                     format!("{param}.type"),
                     format!(
                     "a {role} message's {kind:?} block is not supported: this server reads text, \
-                         thinking, tool_use (assistant) and tool_result (user) blocks"
+                         image (user), thinking, tool_use (assistant) and tool_result (user) blocks"
                 ),
                 ))
             }
         }
     }
     if role == "assistant" {
-        let mut m = json!({"role": "assistant", "content": text});
+        let mut m = json!({"role": "assistant", "content": text.into_value()});
         if !reasoning.is_empty() {
             m["reasoning_content"] = Value::String(reasoning);
         }
@@ -308,9 +323,47 @@ fn template_messages(message: &Value, i: usize) -> Result<Vec<Value>, ApiError> 
         }
         out.push(m);
     } else if !text.is_empty() || out.is_empty() {
-        out.push(json!({"role": "user", "content": text}));
+        out.push(json!({"role": "user", "content": text.into_value()}));
     }
     Ok(out)
+}
+
+/// An `image` block: `{"source": {"type": "base64", "media_type": "image/png", "data": ...}}`.
+/// URL and file sources are refused: the server fetches nothing.
+fn image_block(block: &Value, param: &str) -> Result<RequestImage, ApiError> {
+    let source = block.get("source").filter(|s| s.is_object()).ok_or_else(|| {
+        ApiError::invalid(
+            format!("{param}.source"),
+            "an image block needs a source: {\"type\": \"base64\", \"media_type\": \"image/png\", \"data\": \"...\"}",
+        )
+    })?;
+    let at = |field: &str| format!("{param}.source.{field}");
+    match source.get("type").and_then(Value::as_str) {
+        Some("base64") => {}
+        Some("url") => {
+            return Err(ApiError::invalid(
+                at("type"),
+                "remote image URLs are not fetched: send a base64 source",
+            ))
+        }
+        other => {
+            return Err(ApiError::invalid(
+                at("type"),
+                format!(
+                    "image source type {} is not supported: send a base64 source",
+                    other.map_or("(missing)".to_owned(), |t| format!("{t:?}"))
+                ),
+            ))
+        }
+    }
+    if let Some(media_type) = source.get("media_type").and_then(Value::as_str) {
+        images::check_media_type(media_type, &at("media_type"))?;
+    }
+    let data = source
+        .get("data")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid(at("data"), "a base64 image source needs data"))?;
+    images::from_base64(data, &at("data"))
 }
 
 /// The tools the template sees after `tool_choice`, and the constraint a forcing choice asks.
@@ -512,6 +565,24 @@ mod tests {
         assert_eq!(
             param(
                 json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]})
+            ),
+            "messages[0].content[0].source.type"
+        );
+        assert_eq!(
+            param(
+                json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]})
+            ),
+            "messages[0].content[0].source.type"
+        );
+        assert_eq!(
+            param(
+                json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "%%"}}]}]})
+            ),
+            "messages[0].content[0].source.data"
+        );
+        assert_eq!(
+            param(
+                json!({"max_tokens": 5, "messages": [{"role": "assistant", "content": [{"type": "image", "source": {"type": "base64", "data": "aGk="}}]}]})
             ),
             "messages[0].content[0].type"
         );

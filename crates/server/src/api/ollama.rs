@@ -1,5 +1,6 @@
 //! Ollama's API (`/api/chat`, `/api/generate`): messages and `options` to the chat template
-//! and sampling, `think` to the template's reasoning switch, `format` to a constraint.
+//! and sampling, `think` to the template's reasoning switch, `format` to a constraint,
+//! `images` (base64) to the template's image items, placed before the message's text.
 
 use serde_json::{json, Map, Value};
 use spindle_runtime::sampling::SamplingParams;
@@ -10,6 +11,7 @@ use super::{
     template_tool, template_tool_call, Constraint, Fields,
 };
 use crate::error::ApiError;
+use crate::images::{self, Content, RequestImage};
 use crate::request::{Generation, RawCommon};
 
 /// The fields `POST /api/chat` accepts.
@@ -25,7 +27,7 @@ pub const CHAT_FIELDS: Fields = Fields {
 pub const GENERATE_FIELDS: Fields = Fields {
     endpoint: "/api/generate",
     read: &[
-        "model", "prompt", "system", "stream", "raw", "format", "options", "think",
+        "model", "prompt", "system", "stream", "raw", "format", "options", "think", "images",
     ],
     ignored: &["keep_alive"],
 };
@@ -66,6 +68,8 @@ pub const OPTION_FIELDS: Fields = Fields {
 pub struct OllamaRequest {
     pub generation: Generation,
     pub prompt: Prompt,
+    /// The messages' (or the prompt's) `images`, in order.
+    pub images: Vec<RequestImage>,
 }
 
 /// Sampling from `options` (Ollama's names), `stream` (default true), `format` and `think`
@@ -155,10 +159,11 @@ pub fn parse_chat(body: &Value, defaults: &SamplingParams) -> Result<OllamaReque
         .and_then(Value::as_array)
         .filter(|m| !m.is_empty())
         .ok_or_else(|| ApiError::invalid("messages", "messages must be a non-empty list"))?;
+    let mut images = Vec::new();
     let messages = raw
         .iter()
         .enumerate()
-        .map(|(i, m)| template_message(m, i))
+        .map(|(i, m)| template_message(m, i, &mut images))
         .collect::<Result<Vec<_>, _>>()?;
     refuse_prefill(&messages, &format!("messages[{}].role", raw.len() - 1))?;
     let tools = match body.get("tools") {
@@ -196,11 +201,44 @@ pub fn parse_chat(body: &Value, defaults: &SamplingParams) -> Result<OllamaReque
             vars,
             add_generation_prompt: true,
         },
+        images,
     })
 }
 
-/// An Ollama message as the template reads it.
-fn template_message(message: &Value, i: usize) -> Result<Value, ApiError> {
+/// `images`: a list of base64 strings, decoded into `out` (errors name `images[k]` under
+/// `param`). Returns how many there were.
+fn base64_images(
+    value: Option<&Value>,
+    param: &str,
+    out: &mut Vec<RequestImage>,
+) -> Result<usize, ApiError> {
+    let list = match value {
+        None | Some(Value::Null) => return Ok(0),
+        Some(Value::Array(list)) => list,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                param,
+                format!("{param} must be a list of base64-encoded images"),
+            ))
+        }
+    };
+    for (k, item) in list.iter().enumerate() {
+        let at = format!("{param}[{k}]");
+        let data = item.as_str().ok_or_else(|| {
+            ApiError::invalid(&at, format!("{at} must be a base64-encoded image"))
+        })?;
+        out.push(images::from_base64(data, &at)?);
+    }
+    Ok(list.len())
+}
+
+/// An Ollama message as the template reads it; its `images` (user messages only) go to
+/// `images` and before its text in the content.
+fn template_message(
+    message: &Value,
+    i: usize,
+    images: &mut Vec<RequestImage>,
+) -> Result<Value, ApiError> {
     let at = |field: &str| format!("messages[{i}].{field}");
     let role = match message.get("role").and_then(Value::as_str) {
         Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
@@ -211,22 +249,23 @@ fn template_message(message: &Value, i: usize) -> Result<Value, ApiError> {
             ))
         }
     };
-    if message
-        .get("images")
-        .and_then(Value::as_array)
-        .is_some_and(|i| !i.is_empty())
-    {
+    let mut content = Content::default();
+    let count = base64_images(message.get("images"), &at("images"), images)?;
+    if count > 0 && role != "user" {
         return Err(ApiError::invalid(
             at("images"),
-            "images are not supported: this server reads text only",
+            "images are only read in user messages",
         ));
     }
-    let content = match message.get("content") {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
+    for _ in 0..count {
+        content.push_image();
+    }
+    match message.get("content") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) => content.push_text(s),
         Some(_) => return Err(ApiError::invalid(at("content"), "content must be a string")),
     };
-    let mut m = json!({"role": role, "content": content});
+    let mut m = json!({"role": role, "content": content.into_value()});
     if let Some(thinking) = message.get("thinking").and_then(Value::as_str) {
         m["reasoning_content"] = Value::String(thinking.to_owned());
     }
@@ -271,7 +310,15 @@ pub fn parse_generate(
         return Ok(None);
     }
     let system: Option<String> = optional(body, "system", "")?;
+    let mut images = Vec::new();
+    let count = base64_images(body.get("images"), "images", &mut images)?;
     let prompt = if optional(body, "raw", "")?.unwrap_or(false) {
+        if count > 0 {
+            return Err(ApiError::invalid(
+                "images",
+                "images need the chat template to place them: not with raw",
+            ));
+        }
         if system.is_some() {
             return Err(ApiError::invalid(
                 "system",
@@ -293,7 +340,12 @@ pub fn parse_generate(
             .into_iter()
             .map(|s| json!({"role": "system", "content": s}))
             .collect();
-        messages.push(json!({"role": "user", "content": prompt}));
+        let mut content = Content::default();
+        for _ in 0..count {
+            content.push_image();
+        }
+        content.push_text(&prompt);
+        messages.push(json!({"role": "user", "content": content.into_value()}));
         Prompt::Chat {
             messages: Value::Array(messages),
             tools: None,
@@ -301,7 +353,11 @@ pub fn parse_generate(
             add_generation_prompt: true,
         }
     };
-    Ok(Some(OllamaRequest { generation, prompt }))
+    Ok(Some(OllamaRequest {
+        generation,
+        prompt,
+        images,
+    }))
 }
 
 #[cfg(test)]
@@ -373,9 +429,34 @@ mod tests {
             "think"
         );
         assert_eq!(
-            param_chat(json!({"messages": [{"role": "user", "content": "x", "images": ["aa"]}]})),
+            param_chat(json!({"messages": [{"role": "user", "content": "x", "images": ["a!a"]}]})),
+            "messages[0].images[0]"
+        );
+        assert_eq!(
+            param_chat(
+                json!({"messages": [{"role": "system", "content": "x", "images": ["aGk="]}]})
+            ),
             "messages[0].images"
         );
+        let r = parse_chat(
+            &json!({"messages": [{"role": "user", "content": "what?", "images": ["aGk="]}]}),
+            &SamplingParams::default(),
+        )
+        .unwrap();
+        assert_eq!(r.images[0].bytes, b"hi");
+        match &r.prompt {
+            Prompt::Chat { messages, .. } => assert_eq!(
+                messages[0]["content"],
+                json!([{"type": "image"}, {"type": "text", "text": "what?"}])
+            ),
+            other => panic!("{other:?}"),
+        }
+        let e = parse_generate(
+            &json!({"prompt": "x", "raw": true, "images": ["aGk="]}),
+            &SamplingParams::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("images"));
         let e = parse_generate(
             &json!({"prompt": "x", "suffix": "y"}),
             &SamplingParams::default(),

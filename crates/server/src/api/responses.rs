@@ -14,6 +14,7 @@ use super::{
     template_tool, template_tool_call, text_of, Constraint, Fields,
 };
 use crate::error::ApiError;
+use crate::images::{self, Content, RequestImage};
 use crate::request::{Generation, RawCommon};
 use crate::response::unique_id;
 
@@ -60,6 +61,8 @@ pub struct ResponsesRequest {
     pub vars: Map<String, Value>,
     /// The request's settings as the response object repeats them.
     pub echo: Map<String, Value>,
+    /// The user messages' `input_image` parts, in order.
+    pub images: Vec<RequestImage>,
 }
 
 pub fn parse(body: &Value, defaults: &SamplingParams) -> Result<ResponsesRequest, ApiError> {
@@ -103,9 +106,10 @@ pub fn parse(body: &Value, defaults: &SamplingParams) -> Result<ResponsesRequest
             .ok_or_else(|| ApiError::invalid("instructions", "instructions must be a string"))?;
         messages.push(json!({"role": "system", "content": text}));
     }
+    let mut images = Vec::new();
     match field("input") {
         Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
-        Some(Value::Array(items)) => input_items(items, &mut messages)?,
+        Some(Value::Array(items)) => input_items(items, &mut messages, &mut images)?,
         _ => return refuse("input", "input must be a string or a list of items"),
     }
     let (tools, constraint) = tools(field("tools"), field("tool_choice"))?;
@@ -184,12 +188,63 @@ pub fn parse(body: &Value, defaults: &SamplingParams) -> Result<ResponsesRequest
         tools,
         vars,
         echo,
+        images,
     })
+}
+
+/// A user message's content: text parts and `input_image` parts (`image_url` a data: URL;
+/// `detail` changes nothing here, `file_id` is refused), as the template's items.
+fn user_content(
+    content: &Value,
+    param: &str,
+    images: &mut Vec<RequestImage>,
+) -> Result<Value, ApiError> {
+    let Value::Array(parts) = content else {
+        return Ok(Value::String(text_of(content, TEXT_PARTS, param)?));
+    };
+    let mut out = Content::default();
+    for (k, part) in parts.iter().enumerate() {
+        let at = format!("{param}[{k}]");
+        match part.get("type").and_then(Value::as_str) {
+            Some("input_image") => {
+                if part.get("file_id").is_some_and(|f| !f.is_null()) {
+                    return Err(ApiError::invalid(
+                        format!("{at}.file_id"),
+                        "file ids are not supported (this server stores no files): send image_url as a data: URL",
+                    ));
+                }
+                let url = part
+                    .get("image_url")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            format!("{at}.image_url"),
+                            "an input_image part needs image_url (a data: URL)",
+                        )
+                    })?;
+                images.push(images::from_url(url, &format!("{at}.image_url"))?);
+                out.push_image();
+            }
+            _ => out.push_text(
+                &text_of(&Value::Array(vec![part.clone()]), TEXT_PARTS, param).map_err(|e| {
+                    ApiError {
+                        param: Some(at.clone()),
+                        ..e
+                    }
+                })?,
+            ),
+        }
+    }
+    Ok(out.into_value())
 }
 
 /// Input items as template messages: consecutive `reasoning` and `function_call` items join
 /// the assistant message they belong to; `function_call_output` items become `tool` messages.
-fn input_items(items: &[Value], messages: &mut Vec<Value>) -> Result<(), ApiError> {
+fn input_items(
+    items: &[Value],
+    messages: &mut Vec<Value>,
+    images: &mut Vec<RequestImage>,
+) -> Result<(), ApiError> {
     // The assistant turn being built from reasoning, message and function_call items.
     let mut turn: Option<Value> = None;
     let flush = |turn: &mut Option<Value>, messages: &mut Vec<Value>| messages.extend(turn.take());
@@ -214,6 +269,12 @@ fn input_items(items: &[Value], messages: &mut Vec<Value>) -> Result<(), ApiErro
                 let content = item
                     .get("content")
                     .ok_or_else(|| ApiError::invalid(at("content"), "a message needs content"))?;
+                if role == "user" {
+                    flush(&mut turn, messages);
+                    let content = user_content(content, &at("content"), images)?;
+                    messages.push(json!({"role": "user", "content": content}));
+                    continue;
+                }
                 let text = text_of(content, TEXT_PARTS, &at("content"))?;
                 if role == "assistant" {
                     let mut m = assistant(&mut turn);
@@ -494,6 +555,25 @@ mod tests {
         assert_eq!(
             param(json!({"input": [{"type": "input_image"}]})),
             "input[0].type"
+        );
+        let image = |part: Value| json!({"input": [{"role": "user", "content": [part]}]});
+        assert_eq!(
+            param(image(
+                json!({"type": "input_image", "image_url": "https://x/y.png"})
+            )),
+            "input[0].content[0].image_url"
+        );
+        assert_eq!(
+            param(image(json!({"type": "input_image", "file_id": "file_1"}))),
+            "input[0].content[0].file_id"
+        );
+        let r = parse_ok(json!({"input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "what is "},
+            {"type": "input_image", "image_url": "data:image/png;base64,aGk=", "detail": "low"}]}]}));
+        assert_eq!(r.images[0].bytes, b"hi");
+        assert_eq!(
+            r.messages[0]["content"],
+            json!([{"type": "text", "text": "what is "}, {"type": "image"}])
         );
         assert_eq!(
             param(json!({"input": "hi", "top_logprobs": 2})),

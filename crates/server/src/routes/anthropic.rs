@@ -54,9 +54,18 @@ pub async fn messages(
 ) -> Result<Response, ApiError> {
     let (mut request, ticket, body_bytes) = read_request(&state, &headers, body, false).await?;
     let prompt = chat_prompt(&mut request);
+    let images = std::mem::take(&mut request.images);
     let generation = request.generation;
-    let started =
-        start_generation(&state, ticket, prompt, body_bytes, "messages", &generation).await?;
+    let started = start_generation(
+        &state,
+        ticket,
+        prompt,
+        images,
+        body_bytes,
+        "messages",
+        &generation,
+    )
+    .await?;
     let id = unique_id("msg_");
     if generation.stream {
         let events = MessageEvents {
@@ -89,7 +98,7 @@ pub async fn messages(
 }
 
 /// `{"input_tokens": n}`: the prompt's tokens as it would be prefilled (generation prompt
-/// included).
+/// included, each image's pads expanded to its token count).
 pub async fn count_tokens(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -97,8 +106,9 @@ pub async fn count_tokens(
 ) -> Result<Response, ApiError> {
     let (mut request, ticket, body_bytes) = read_request(&state, &headers, body, true).await?;
     let prompt = chat_prompt(&mut request);
+    let images = std::mem::take(&mut request.images);
     let _slot = ticket.start().await;
-    let prepared = prepare(&state, prompt, body_bytes, "messages").await?;
+    let prepared = prepare(&state, prompt, images, body_bytes, "messages").await?;
     Ok(Json(json!({"input_tokens": prepared.ids.len()})).into_response())
 }
 

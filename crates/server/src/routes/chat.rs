@@ -13,6 +13,7 @@ use spindle_text::{parse_output, OutputParser, ParseEvent};
 
 use super::{admit_and_read, check_message_count, check_prompt_fits, choice_options, prepare};
 use crate::error::ApiError;
+use crate::images::request_engine_prompt;
 use crate::request::{check_fields, from_value, RawChat, RawCommon, CHAT_FIELDS, IGNORED_FIELDS};
 use crate::response::{
     finish_reason, now_s, unique_id, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion,
@@ -48,12 +49,13 @@ pub async fn handle(
         add_generation_prompt: true,
     };
     let slot = ticket.start().await;
-    let prepared = prepare(&state, prompt, body_bytes, "messages").await?;
+    let prepared = prepare(&state, prompt, request.images, body_bytes, "messages").await?;
     check_prompt_fits(&state, prepared.ids.len(), "messages")?;
     let generation = request.generation;
     let options = choice_options(&state, &generation, prepared.starts_in_reasoning).await?;
     let top_logprobs = generation.options.logprobs;
-    let events = spawn_choices(&state, slot, prepared.ids, options);
+    let ids = request_engine_prompt(&state, prepared.ids, prepared.images, "messages")?;
+    let events = spawn_choices(&state, slot, ids, options);
     let (id, created) = (unique_id("chatcmpl-"), now_s());
     if generation.stream {
         let formatter = ChatChunks {

@@ -57,7 +57,7 @@ pub async fn handle(
         }
     };
     let slot = ticket.start().await;
-    let prepared = prepare(&state, prompt, body_bytes, "prompt").await?;
+    let prepared = prepare(&state, prompt, Vec::new(), body_bytes, "prompt").await?;
     if prepared.ids.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt has no tokens"));
     }
@@ -94,7 +94,7 @@ pub async fn handle(
         None
     };
     let options = choice_options(&state, &generation, false).await?;
-    let events = spawn_choices(&state, slot, prepared.ids, options);
+    let events = spawn_choices(&state, slot, prepared.ids.into(), options);
     let mut chunks = TextChunks {
         id: unique_id("cmpl-"),
         created: now_s(),

@@ -26,11 +26,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::Value;
+use spindle_vision::{ImageInput, PreparedImage};
 
 use spindle_runtime::{GenerateOptions, PreparedPrompt, Prompt, RuntimeError};
 
 use crate::error::ApiError;
 use crate::latency::{with_origin, RequestOrigin, TimedBody};
+use crate::images::{
+    check_model_reads_images, expand_pads, prepare_images, request_engine_prompt, RequestImage,
+};
 use crate::listen::LocalAddr;
 use crate::memory::{release_freed_memory, LARGE_REQUEST_BYTES};
 use crate::queue::Ticket;
@@ -274,23 +278,51 @@ async fn discard_body(state: &AppState, body: Body) -> bool {
         .unwrap_or(false)
 }
 
+/// A request's prompt, rendered and tokenized, with its images prepared for the tower and
+/// their pads expanded in `ids`.
+pub(crate) struct Prepared {
+    pub ids: Vec<u32>,
+    /// In the order of their pads in `ids`.
+    pub images: Vec<PreparedImage>,
+    /// The prompt ends inside an open `<think>`: the answer starts as reasoning.
+    pub starts_in_reasoning: bool,
+}
+
 /// Renders and tokenizes a prompt on a blocking thread (the caller holds a generation slot,
-/// so at most `--parallel` prompts are prepared at once). After a large request the freed
-/// memory of the rendering and tokenizing is given back to the OS.
+/// so at most `--parallel` prompts are prepared at once), and prepares its `images` (decode,
+/// resize, patchify; errors name each image's field) and expands their pads. After a large
+/// request the freed memory of the rendering and tokenizing is given back to the OS.
 async fn prepare(
     state: &AppState,
     prompt: Prompt,
+    images: Vec<RequestImage>,
     body_bytes: usize,
     param: &str,
-) -> Result<PreparedPrompt, ApiError> {
+) -> Result<Prepared, ApiError> {
+    check_model_reads_images(state.images.as_ref(), &images)?;
     let model = Arc::clone(&state.model);
+    let input = state.images.clone();
+    let param_owned = param.to_owned();
     let (cancel, _cancel_when_dropped) = spindle_text::Cancel::with_guard();
     tokio::task::spawn_blocking(move || {
-        let prepared = model.prepare_cancellable(&prompt, &cancel).map(|mut p| {
-            p.text = String::new();
-            p
-        });
+        let prepared = model
+            .prepare_cancellable(&prompt, &cancel)
+            .map_err(|e| ApiError::from_prepare(e, &param_owned));
         drop(prompt);
+        let prepared = prepared.and_then(|p| match &input {
+            Some(input) if !images.is_empty() => {
+                let context = model.config().max_position_embeddings;
+                let prepared_images = prepare_images(&images, input, context)?;
+                drop(images);
+                let ids = expand_pads(&p.ids, input, &prepared_images, &param_owned)?;
+                Ok(Prepared {
+                    ids,
+                    images: prepared_images,
+                    starts_in_reasoning: p.starts_in_reasoning,
+                })
+            }
+            _ => plain(p, input.as_ref(), &param_owned),
+        });
         if body_bytes >= LARGE_REQUEST_BYTES {
             release_freed_memory();
         }
@@ -298,7 +330,20 @@ async fn prepare(
     })
     .await
     .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))?
-    .map_err(|e| ApiError::from_prepare(e, param))
+}
+
+/// A prompt without images; an image placeholder in it (a vision model's template writes one
+/// only for an image) is refused, as a pad without an image would run as an ordinary token.
+fn plain(p: PreparedPrompt, input: Option<&ImageInput>, param: &str) -> Result<Prepared, ApiError> {
+    let ids = match input {
+        Some(input) => expand_pads(&p.ids, input, &[], param)?,
+        None => p.ids,
+    };
+    Ok(Prepared {
+        ids,
+        images: Vec::new(),
+        starts_in_reasoning: p.starts_in_reasoning,
+    })
 }
 
 /// Admits a generation request to the queue: 503 while shutting down, 429 when full.
@@ -336,25 +381,28 @@ pub(crate) struct Started {
     pub prompt_tokens: usize,
 }
 
-/// Waits for a generation slot, prepares `prompt` (errors name `param`), checks that it fits
-/// the context, compiles the generation's constraint (see [`choice_options`]) and submits it.
+/// Waits for a generation slot, prepares `prompt` and its `images` (errors name `param`, or
+/// the image's field), checks that it fits the context, compiles the generation's constraint
+/// (see [`choice_options`]) and submits it.
 pub(crate) async fn start_generation(
     state: &Arc<AppState>,
     ticket: Ticket,
     prompt: Prompt,
+    images: Vec<RequestImage>,
     body_bytes: usize,
     param: &str,
     generation: &Generation,
 ) -> Result<Started, ApiError> {
     let slot = ticket.start().await;
-    let prepared = prepare(state, prompt, body_bytes, param).await?;
+    let prepared = prepare(state, prompt, images, body_bytes, param).await?;
     check_prompt_fits(state, prepared.ids.len(), param)?;
     let options = choice_options(state, generation, prepared.starts_in_reasoning)
         .await?
         .swap_remove(0);
     let prompt_tokens = prepared.ids.len();
+    let ids = request_engine_prompt(state, prepared.ids, prepared.images, param)?;
     Ok(Started {
-        events: spawn_generation(state, slot, prepared.ids, options),
+        events: spawn_generation(state, slot, ids, options),
         starts_in_reasoning: prepared.starts_in_reasoning,
         prompt_tokens,
     })

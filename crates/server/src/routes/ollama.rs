@@ -83,6 +83,7 @@ async fn answer(
         state,
         ticket,
         request.prompt,
+        request.images,
         body_bytes,
         param,
         &generation,

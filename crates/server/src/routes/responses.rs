@@ -43,8 +43,16 @@ pub async fn handle(
         add_generation_prompt: true,
     };
     let generation = request.generation;
-    let started =
-        start_generation(&state, ticket, prompt, body_bytes, "input", &generation).await?;
+    let started = start_generation(
+        &state,
+        ticket,
+        prompt,
+        request.images,
+        body_bytes,
+        "input",
+        &generation,
+    )
+    .await?;
     let (id, created) = (unique_id("resp_"), now_s());
     if generation.stream {
         let events = ResponseEvents {

@@ -67,7 +67,9 @@ pub async fn tokenize(
             text: content,
             special_tokens,
         };
-        prepare(&state, prompt, body_bytes, "content").await?.ids
+        prepare(&state, prompt, Vec::new(), body_bytes, "content")
+            .await?
+            .ids
     };
     let tokens: Vec<Value> = if with_pieces {
         let tokenizer = &state.model.tokenizer;

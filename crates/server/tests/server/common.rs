@@ -28,6 +28,15 @@ pub struct TestServer {
 impl TestServer {
     pub async fn start(configure: impl FnOnce(&mut ServerConfig)) -> Self {
         let (model, id) = demo();
+        Self::start_with(model, id, configure).await
+    }
+
+    /// A server over `model`, served as `id`.
+    pub async fn start_with(
+        model: Arc<Model>,
+        id: String,
+        configure: impl FnOnce(&mut ServerConfig),
+    ) -> Self {
         let mut config = ServerConfig::new(id);
         configure(&mut config);
         let server = Server::new(model, config).expect("valid config");
