@@ -255,11 +255,11 @@ fn engine_prompt(args: &RunArgs, model: &Model, ids: Vec<u32>) -> Result<TokenPr
         &prepared,
         input.geometry.merge,
     )?;
-    let total = ids.len();
+    let pads = ids.iter().filter(|&&id| id == input.image_token_id).count();
     model
         .backend
         .check_images(&ids, &prepared)
-        .with_context(|| format!("the prompt has {total} tokens"))?;
+        .with_context(|| format!("the prompt's {pads} image tokens were placed"))?;
     Ok(spindle_server::engine_prompt(ids, prepared))
 }
 

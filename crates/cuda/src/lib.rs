@@ -520,7 +520,11 @@ impl CudaEngine {
 
     /// Copies row `row` `[V]` of a batched step's logits to the host (waits for the device).
     pub fn download_logits_row(&self, logits: &BatchLogits, row: usize) -> Result<Vec<f32>> {
-        assert!(row < logits.rows(), "row {row} of {} logits rows", logits.rows());
+        assert!(
+            row < logits.rows(),
+            "row {row} of {} logits rows",
+            logits.rows()
+        );
         self.dev
             .download_raw::<f32>(logits.row_ptr(row), logits.vocab())
     }

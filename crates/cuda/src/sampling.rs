@@ -15,9 +15,8 @@ use crate::error::{CudaError, Result};
 use crate::kernels::sampling::{
     SampleCollect, SampleCountHistory, SampleHistogram, SamplePick, SampleRowStats,
     SampleWindowChoose, SAMPLE_BUCKETS, SAMPLE_GREEDY, SAMPLE_MASKED, SAMPLE_PARAM_WORDS,
-    SAMPLE_PENALISE,
-    SAMPLE_PICK_SHARED_BYTES, SAMPLE_PICK_THREADS, SAMPLE_SECOND_ROUND, SAMPLE_UNRESOLVED,
-    SAMPLE_WINDOW, SAMPLE_WINDOW_SHARED_BYTES, SAMPLE_WIN_WORDS,
+    SAMPLE_PENALISE, SAMPLE_PICK_SHARED_BYTES, SAMPLE_PICK_THREADS, SAMPLE_SECOND_ROUND,
+    SAMPLE_UNRESOLVED, SAMPLE_WINDOW, SAMPLE_WINDOW_SHARED_BYTES, SAMPLE_WIN_WORDS,
 };
 use crate::kernels::{i, p, Launch};
 use crate::CudaEngine;
@@ -315,7 +314,11 @@ impl DeviceSampler {
 /// Every row's parameters (`SAMPLE_PARAM_WORDS` words, the layout of `SampleRow` in
 /// sampling.cu), then the histories of the penalised rows and the masks of the masked ones
 /// (`vocab.div_ceil(32)` words each).
-fn pack_params(rows: &[RowSampling<'_>], masks: &[Option<&[u32]>], vocab: usize) -> Result<Vec<u32>> {
+fn pack_params(
+    rows: &[RowSampling<'_>],
+    masks: &[Option<&[u32]>],
+    vocab: usize,
+) -> Result<Vec<u32>> {
     let mask_words = vocab.div_ceil(32);
     let mut words = vec![0u32; rows.len() * SAMPLE_PARAM_WORDS];
     for (r, row) in rows.iter().enumerate() {
@@ -415,7 +418,10 @@ pub(crate) type SharedSampler = Mutex<DeviceSampler>;
 /// the mask as the host applies it (`spindle_runtime::generate::apply_mask_words`).
 pub fn apply_mask(logits: &mut [f32], bits: &[u32]) {
     for (id, logit) in logits.iter_mut().enumerate() {
-        if bits.get(id / 32).is_none_or(|w| w & (1u32 << (id % 32)) == 0) {
+        if bits
+            .get(id / 32)
+            .is_none_or(|w| w & (1u32 << (id % 32)) == 0)
+        {
             *logit = f32::NEG_INFINITY;
         }
     }

@@ -574,14 +574,20 @@ fn masked_device_sampling_matches_the_host_reference_on_the_masked_row() {
             .unwrap();
         let after: Vec<f32> = dev.download(&buf, 0, rows * vocab).unwrap();
         assert!(
-            after.iter().zip(&logits).all(|(a, b)| a.to_bits() == b.to_bits()),
+            after
+                .iter()
+                .zip(&logits)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
             "masked sampling modified the logits"
         );
         let mut separated = 0;
         for r in 0..rows {
             let mut row = logits[r * vocab..(r + 1) * vocab].to_vec();
             let finite = row.iter().all(|l| l.is_finite());
-            assert_eq!(sampled[r].finite, finite, "row {r}: the flag reads the raw logits");
+            assert_eq!(
+                sampled[r].finite, finite,
+                "row {r}: the flag reads the raw logits"
+            );
             if let Some(bits) = &masks[r] {
                 spindle_cuda::apply_mask(&mut row, bits);
             }
@@ -601,6 +607,8 @@ fn masked_device_sampling_matches_the_host_reference_on_the_masked_row() {
                 assert_eq!(got, want, "row {r} of {rows}, V {vocab}: {:?}", specs[r]);
             }
         }
-        println!("V {vocab:>6}, {rows:>3} masked rows: {separated} greedy or well separated, all equal");
+        println!(
+            "V {vocab:>6}, {rows:>3} masked rows: {separated} greedy or well separated, all equal"
+        );
     }
 }

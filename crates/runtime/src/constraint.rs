@@ -351,7 +351,13 @@ impl TokenMask {
     /// The allowed ids as `words` bit words (bit `id % 32` of word `id / 32`; ids past the
     /// grammar's vocabulary are not allowed; bits past the model's vocabulary are never read).
     pub fn words(&self, words: usize) -> Vec<u32> {
-        let mut bits: Vec<u32> = self.allowed.as_slice().iter().copied().take(words).collect();
+        let mut bits: Vec<u32> = self
+            .allowed
+            .as_slice()
+            .iter()
+            .copied()
+            .take(words)
+            .collect();
         bits.resize(words, 0);
         bits
     }

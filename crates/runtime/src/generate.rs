@@ -546,7 +546,9 @@ impl SequenceMask<'_> {
 /// logit).
 pub fn apply_mask_words(logits: &mut [f32], bits: &[u32]) {
     for (id, logit) in logits.iter_mut().enumerate() {
-        let allowed = bits.get(id / 32).is_some_and(|w| w & (1u32 << (id % 32)) != 0);
+        let allowed = bits
+            .get(id / 32)
+            .is_some_and(|w| w & (1u32 << (id % 32)) != 0);
         if !allowed {
             *logit = f32::NEG_INFINITY;
         }

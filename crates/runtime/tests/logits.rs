@@ -571,7 +571,12 @@ fn a_mask_allowing_one_token_forces_it() {
         Pick::Logits,
     ];
     let picked = model.backend.forward_batch_step(&mut items, &picks, || {
-        vec![Some(bits(&[worst])), Some(bits(&[worst, second])), None, None]
+        vec![
+            Some(bits(&[worst])),
+            Some(bits(&[worst, second])),
+            None,
+            None,
+        ]
     });
     let picked: Vec<Picked> = picked.into_iter().map(Result::unwrap).collect();
     assert_eq!(picked[0], Picked::Token(worst));
@@ -585,7 +590,10 @@ fn a_mask_allowing_one_token_forces_it() {
                 .zip(&logits)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0f32, f32::max);
-            assert!(diff < 1e-3, "the batched row differs from the solo one by {diff}");
+            assert!(
+                diff < 1e-3,
+                "the batched row differs from the solo one by {diff}"
+            );
         }
         other => panic!("{other:?}"),
     }

@@ -15,7 +15,9 @@ use spindle_cpu::{LoadOptions, LogitsFor};
 use spindle_runtime::backend::{BatchItem, Draw, Pick, Picked};
 use spindle_runtime::batch::{BatchConfig, Scheduler};
 use spindle_runtime::sampling::SamplingParams;
-use spindle_runtime::{demo_dir, Completion, Device, Flow, GenerateOptions, Grammar, Model, Prompt};
+use spindle_runtime::{
+    demo_dir, Completion, Device, Flow, GenerateOptions, Grammar, Model, Prompt,
+};
 
 fn gpu_demo() -> Arc<Model> {
     let dir = demo_dir().expect("the demo unpacks");
@@ -94,7 +96,11 @@ fn device_masked_greedy_equals_host_masked_greedy() {
         ),
         (
             chat_ids(&model, "A code."),
-            constrained(&model, &Grammar::Regex(r"[a-z]{2,6}-[0-9]{1,3}".into()), greedy(20)),
+            constrained(
+                &model,
+                &Grammar::Regex(r"[a-z]{2,6}-[0-9]{1,3}".into()),
+                greedy(20),
+            ),
         ),
         (
             chat_ids(&model, "Any object."),
@@ -232,7 +238,10 @@ fn mixed_batches_equal_solo_runs() {
         if run.1.sampling.seed.is_none() {
             // Greedy: the host path picks the same tokens.
             let host = host_path(&model, &run.0, &run.1);
-            assert_eq!(together[n].ids, host.ids, "sequence {n} against the host path");
+            assert_eq!(
+                together[n].ids, host.ids,
+                "sequence {n} against the host path"
+            );
         }
     }
     assert!(together[3].ids.len() >= 4, "{:?}", together[3].ids);

@@ -15,8 +15,8 @@
 
 mod api;
 mod error;
-mod latency;
 mod images;
+mod latency;
 mod listen;
 mod memory;
 mod metrics;

@@ -327,7 +327,10 @@ impl Metrics {
         }
         let by_api = |pick: fn(&ApiLatency) -> &Histogram| -> Vec<(String, HistogramSnapshot)> {
             APIS.iter()
-                .filter_map(|api| self.latency(api).map(|l| (api.to_string(), pick(l).snapshot())))
+                .filter_map(|api| {
+                    self.latency(api)
+                        .map(|l| (api.to_string(), pick(l).snapshot()))
+                })
                 .collect()
         };
         render_labelled_histograms(
@@ -358,7 +361,11 @@ fn render_labelled_histograms(
         for (bound, n) in h.bounds.iter().zip(&h.cumulative) {
             let _ = writeln!(out, "{name}_bucket{{api=\"{api}\",le=\"{bound}\"}} {n}");
         }
-        let _ = writeln!(out, "{name}_bucket{{api=\"{api}\",le=\"+Inf\"}} {}", h.count);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{api=\"{api}\",le=\"+Inf\"}} {}",
+            h.count
+        );
         let _ = writeln!(out, "{name}_sum{{api=\"{api}\"}} {}", h.sum);
         let _ = writeln!(out, "{name}_count{{api=\"{api}\"}} {}", h.count);
     }

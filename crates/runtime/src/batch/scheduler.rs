@@ -827,7 +827,10 @@ impl EngineLoop {
             }
             masks
         };
-        let results = self.model.backend.forward_batch_step(&mut items, &picks, masks);
+        let results = self
+            .model
+            .backend
+            .forward_batch_step(&mut items, &picks, masks);
         drop(picks);
         drop(items);
         self.stats

@@ -31,10 +31,10 @@ use spindle_vision::{ImageInput, PreparedImage};
 use spindle_runtime::{GenerateOptions, PreparedPrompt, Prompt, RuntimeError};
 
 use crate::error::ApiError;
-use crate::latency::{with_origin, RequestOrigin, TimedBody};
 use crate::images::{
     check_model_reads_images, expand_pads, prepare_images, request_engine_prompt, RequestImage,
 };
+use crate::latency::{with_origin, RequestOrigin, TimedBody};
 use crate::listen::LocalAddr;
 use crate::memory::{release_freed_memory, LARGE_REQUEST_BYTES};
 use crate::queue::Ticket;

@@ -174,11 +174,20 @@ async fn latency_histograms_are_labelled_by_api() {
     let metrics = server.metrics().await;
     let count = |name: &str, api: &str| metric(&metrics, &format!("{name}_count{{api=\"{api}\"}}"));
     assert_eq!(count("spindle_request_duration_seconds", "chat"), 2.0);
-    assert_eq!(count("spindle_request_duration_seconds", "completions"), 1.0);
+    assert_eq!(
+        count("spindle_request_duration_seconds", "completions"),
+        1.0
+    );
     assert_eq!(count("spindle_request_duration_seconds", "messages"), 0.0);
     assert_eq!(count("spindle_request_duration_seconds", "ollama"), 0.0);
-    assert_eq!(count("spindle_api_time_to_first_token_seconds", "chat"), 2.0);
-    assert_eq!(count("spindle_api_time_to_first_token_seconds", "completions"), 1.0);
+    assert_eq!(
+        count("spindle_api_time_to_first_token_seconds", "chat"),
+        2.0
+    );
+    assert_eq!(
+        count("spindle_api_time_to_first_token_seconds", "completions"),
+        1.0
+    );
     let sum = |name: &str, api: &str| metric(&metrics, &format!("{name}_sum{{api=\"{api}\"}}"));
     // The first token comes before the end of the request.
     assert!(
@@ -186,6 +195,7 @@ async fn latency_histograms_are_labelled_by_api() {
             <= sum("spindle_request_duration_seconds", "chat")
     );
     assert!(sum("spindle_request_duration_seconds", "chat") > 0.0);
-    assert!(metrics.contains("spindle_request_duration_seconds_bucket{api=\"responses\",le=\"+Inf\"} 0"));
+    assert!(metrics
+        .contains("spindle_request_duration_seconds_bucket{api=\"responses\",le=\"+Inf\"} 0"));
     server.stop().await;
 }
