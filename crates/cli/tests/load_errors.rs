@@ -35,7 +35,12 @@ fn load_fails_naming(dir: &Path, needles: &[&str]) -> String {
 #[test]
 fn config_hidden_size_disagreeing_with_the_weights() {
     let tmp = copy_fixture("qwen3_5_dense");
-    edit_config(tmp.path(), |c| c["text_config"]["hidden_size"] = 32.into());
+    // The vision tower's output width follows the text width (a disagreement between the two
+    // is refused before any tensor is read), so both change and the weights disagree.
+    edit_config(tmp.path(), |c| {
+        c["text_config"]["hidden_size"] = 32.into();
+        c["vision_config"]["out_hidden_size"] = 32.into();
+    });
     load_fails_naming(
         tmp.path(),
         &[
@@ -44,6 +49,16 @@ fn config_hidden_size_disagreeing_with_the_weights() {
             "[512, 64]",
             "[512, 32]",
         ],
+    );
+}
+
+#[test]
+fn vision_width_disagreeing_with_the_text_width_is_refused_by_field() {
+    let tmp = copy_fixture("qwen3_5_dense");
+    edit_config(tmp.path(), |c| c["text_config"]["hidden_size"] = 32.into());
+    load_fails_naming(
+        tmp.path(),
+        &["config.json", "vision_config.out_hidden_size 64", "hidden_size is 32"],
     );
 }
 
