@@ -1,5 +1,6 @@
 //! GGUF files of the fixtures (`fixtures/gguf/`, written by `tools/gguf_from_fixture.py` in
-//! llama.cpp's converter layout): bf16 files reproduce transformers' logits, quantized files
+//! llama.cpp's converter layout, and `fixtures/gguf/llama_cpp/` by llama.cpp's converter
+//! itself): bf16 files reproduce transformers' logits, quantized files
 //! their exactly dequantized copy, directly, quantized on load and converted to an install.
 
 mod common;
@@ -63,6 +64,20 @@ fn qwen35_split_bf16_gguf_matches_transformers() {
 #[test]
 fn qwen3next_bf16_gguf_matches_transformers() {
     check_against_reference("qwen3_next_moe.bf16.gguf", "qwen3_next_moe");
+}
+
+/// Files written by llama.cpp's own converter (`convert_hf_to_gguf.py` of the tree PyPI's
+/// `llama-cpp-python` 0.3.36 carries, through `tools/gpu/llama_convert.py`, bf16, no
+/// vocabulary), not by spindle's re-implementation of its transforms.
+#[test]
+fn gguf_files_from_llama_cpps_converter_match_transformers() {
+    for (file, fixture) in [
+        ("llama_cpp/qwen3_5_moe.bf16.gguf", "qwen3_5_moe"),
+        ("llama_cpp/qwen3_5_dense.bf16.gguf", "qwen3_5_dense"),
+        ("llama_cpp/qwen3_next_moe.bf16.gguf", "qwen3_next_moe"),
+    ] {
+        check_against_reference(file, fixture);
+    }
 }
 
 fn same_run(a: &Engine, b: &Engine, what: &str) {
