@@ -63,6 +63,6 @@ mod tests {
             );
         }
         // The two differ visibly, so mixing them up shows.
-        assert!((gelu_tanh(-2.0) - gelu_erf(-2.0)).abs() > 1e-4);
+        assert!((gelu_tanh(-3.0) - gelu_erf(-3.0)).abs() > 3e-4);
     }
 }
