@@ -440,3 +440,17 @@ impl Constraint {
         self.after.is_none() && self.matcher.is_stopped()
     }
 }
+
+/// Sets every logit whose bit in `bits` (bit `id % 32` of word `id / 32`) is clear to -inf:
+/// the host's application of a sequence's token mask (the CUDA sampler applies it as it reads each
+/// logit).
+pub fn apply_mask_words(logits: &mut [f32], bits: &[u32]) {
+    for (id, logit) in logits.iter_mut().enumerate() {
+        let allowed = bits
+            .get(id / 32)
+            .is_some_and(|w| w & (1u32 << (id % 32)) != 0);
+        if !allowed {
+            *logit = f32::NEG_INFINITY;
+        }
+    }
+}

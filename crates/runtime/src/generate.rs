@@ -541,19 +541,7 @@ impl SequenceMask<'_> {
     }
 }
 
-/// Sets every logit whose bit in `bits` (bit `id % 32` of word `id / 32`) is clear to -inf:
-/// the host's application of a [`SequenceMask`] (the CUDA sampler applies it as it reads each
-/// logit).
-pub fn apply_mask_words(logits: &mut [f32], bits: &[u32]) {
-    for (id, logit) in logits.iter_mut().enumerate() {
-        let allowed = bits
-            .get(id / 32)
-            .is_some_and(|w| w & (1u32 << (id % 32)) != 0);
-        if !allowed {
-            *logit = f32::NEG_INFINITY;
-        }
-    }
-}
+pub use crate::constraint::apply_mask_words;
 
 /// The most alternatives a token's log-probability is reported with (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;

@@ -363,7 +363,7 @@ impl Backend {
     /// CUDA after the step is launched, so the host computes grammar masks while the GPU runs
     /// the step, then the masks are uploaded and the sampling kernels read them; on the CPU
     /// after the forward pass. The choice is [`crate::sampling::Sampler::sample_with`]'s after
-    /// [`crate::generate::apply_mask_words`] on every backend. Every item must want
+    /// [`crate::constraint::apply_mask_words`] on every backend. Every item must want
     /// [`LogitsFor::Last`]. An item refused (or failing) leaves the others running.
     pub fn forward_batch_step(
         &self,
@@ -390,7 +390,7 @@ impl Backend {
                             Pick::Logits => Picked::Logits(logits),
                             Pick::Sample(draw) => {
                                 if let Some(Some(bits)) = masks.get(n) {
-                                    crate::generate::apply_mask_words(&mut logits, bits);
+                                    crate::constraint::apply_mask_words(&mut logits, bits);
                                 }
                                 let mut sampler = Sampler::new(SamplingParams {
                                     seed: Some(0),
