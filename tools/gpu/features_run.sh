@@ -54,7 +54,7 @@ prepare_model() {
 }
 serve() {  # serve PORT EXTRA...: starts a server in the background, waits for /health
   local port=$1; shift
-  RUST_LOG=warn "$exe" serve --model "$model" --device cuda --quant q4 --parallel 16 --port $port "$@" > "$OUT/serve-$port.log" 2>&1 &
+  RUST_LOG=${SERVE_LOG:-warn} "$exe" serve --model "$model" --device cuda --quant q4 --parallel 16 --port $port "$@" > "$OUT/serve-$port.log" 2>&1 &
   for _ in $(seq 1 360); do curl -sf http://127.0.0.1:$port/health > /dev/null && return; sleep 0.5; done
   echo "server on $port did not start"; tail -5 "$OUT/serve-$port.log"
 }

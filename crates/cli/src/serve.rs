@@ -55,7 +55,9 @@ pub struct ServeArgs {
     /// requests, so a request that starts with a prefix served before (a system prompt, a
     /// chat's history) prefills only the rest. Least recently used entries are evicted past
     /// it. Default: a quarter of the memory available once the model is loaded (MemAvailable,
-    /// or the cgroup limit when lower). The CPU backend only; on CUDA the server runs without.
+    /// or the cgroup limit when lower); on CUDA, where the cache lives in device memory (a
+    /// piece the GPU has no room for goes to the host), at most a quarter of the free device
+    /// memory. qwen4_exp on CUDA runs without a cache.
     #[arg(long, value_name = "BYTES", conflicts_with = "no_prefix_cache")]
     prefix_cache: Option<u64>,
     /// Serve without a prefix cache: every request is prefilled from nothing.
@@ -148,7 +150,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         prefix_cache: (!args.no_prefix_cache).then(|| PrefixCacheOptions {
             bytes: args
                 .prefix_cache
-                .unwrap_or_else(|| PrefixCacheOptions::from_free_memory().bytes),
+                .unwrap_or_else(|| model.backend.prefix_cache_default_bytes()),
             interval: args.prefix_cache_interval,
         }),
         queue: args.queue,

@@ -58,7 +58,11 @@ fn vision_width_disagreeing_with_the_text_width_is_refused_by_field() {
     edit_config(tmp.path(), |c| c["text_config"]["hidden_size"] = 32.into());
     load_fails_naming(
         tmp.path(),
-        &["config.json", "vision_config.out_hidden_size 64", "hidden_size is 32"],
+        &[
+            "config.json",
+            "vision_config.out_hidden_size 64",
+            "hidden_size is 32",
+        ],
     );
 }
 

@@ -241,6 +241,33 @@ fn core(
     {
         return Ok(());
     }
+    // A short chunk deep into the cache (a prompt's tail after a cached prefix, a small
+    // chunk): the tiled kernel runs one block per 8 queries and KV head, too few blocks to
+    // spread thousands of keys over the GPU (18 tokens after 4,000 cached took ~2.6 ms per
+    // layer), so flash-decoding runs it per group of 8 rows instead, each group split over
+    // the keys.
+    if selection.is_none() && start_dev == 0 && tokens <= SPLIT_GROUPS_MAX_TOKENS {
+        let rows = n_h * d;
+        let mut all = true;
+        for (t0, n) in crate::io::row_groups(tokens) {
+            all &= attend_split(
+                dev,
+                heads,
+                (q.at(t0 * rows), gate.at(t0 * rows), out.at(t0 * rows)),
+                (cache.keys.arg(), cache.values.arg(), cache.partials.arg()),
+                cache.capacity,
+                n,
+                start + t0,
+                p(0),
+            )?;
+            if !all {
+                break;
+            }
+        }
+        if all {
+            return Ok(());
+        }
+    }
     let (keys, values) = (cache.keys.arg(), cache.values.arg());
     let tiled = selection.is_none()
         && tokens > MATVEC_MAX_TOKENS
@@ -265,6 +292,10 @@ fn core(
     }
     Ok(())
 }
+
+/// The longest chunk whose attention runs as flash-decoding per group of
+/// [`MATVEC_MAX_TOKENS`] rows rather than through the tiled prefill kernel.
+const SPLIT_GROUPS_MAX_TOKENS: usize = 64;
 
 /// Query heads, KV heads and head size.
 #[derive(Clone, Copy)]

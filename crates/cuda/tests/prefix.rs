@@ -2,9 +2,10 @@
 //! (key and value rows in two segments, the GDN state at the cut) and rebuilt in a new session
 //! continues exactly as the original: the same logits, bit for bit, over a prompt chunk and
 //! greedy decode steps, on every fixture the CUDA prefix cache covers. qwen4_exp is refused by
-//! name. Needs a CUDA GPU: `cargo test --release -p spindle-cuda --test prefix -- --ignored`.
+//! name. The same pieces kept in device buffers (the server's default) restore alike. Needs a
+//! CUDA GPU: `cargo test --release -p spindle-cuda --test prefix -- --ignored`.
 
-use spindle_cuda::{CudaEngine, HostLayer, PrefixLayer};
+use spindle_cuda::{CudaEngine, HostLayer, PrefixLayer, Rows};
 use spindle_model::forward::LogitsFor;
 
 fn pseudo_random(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -67,17 +68,37 @@ fn check(name: &str, cut: usize, split: usize) {
                 }),
                 None,
             ) => PrefixLayer::Attention {
-                keys: vec![keys, k2],
-                values: vec![values, v2],
+                keys: vec![Rows::Host(keys), Rows::Host(k2)],
+                values: vec![Rows::Host(values), Rows::Host(v2)],
             },
-            (None, None, Some(HostLayer::Gdn { conv, recurrent })) => {
-                PrefixLayer::Gdn { conv, recurrent }
-            }
+            (None, None, Some(HostLayer::Gdn { conv, recurrent })) => PrefixLayer::Gdn {
+                conv: Rows::Host(conv),
+                recurrent: Rows::Host(recurrent),
+            },
             _ => panic!("{name}: layer kinds differ between the captures"),
         })
         .collect();
     let mut restored = engine.session_from_prefix(cut, &layers, 64).unwrap();
     assert_eq!(restored.position, cut);
+
+    // The same pieces kept on the device: the rows split in two halves sharing their buffers.
+    let (head, tail) = engine.stash_kv_rows(&original, 0).unwrap().split_at(split);
+    let stashed = engine.stash_recurrent(&original).unwrap();
+    let device_layers: Vec<PrefixLayer> = (0..stashed.layer_count())
+        .map(|n| match stashed.layer(n) {
+            Some([conv, recurrent]) => PrefixLayer::Gdn { conv, recurrent },
+            None => {
+                let rows: Vec<[Rows; 2]> =
+                    [&head, &tail].iter().filter_map(|s| s.rows(n)).collect();
+                PrefixLayer::Attention {
+                    keys: rows.iter().map(|[k, _]| *k).collect(),
+                    values: rows.iter().map(|[_, v]| *v).collect(),
+                }
+            }
+        })
+        .collect();
+    let mut on_device = engine.session_from_prefix(cut, &device_layers, 64).unwrap();
+    drop((head, tail, stashed));
 
     let rest = &prompt[cut..];
     let a = engine.forward(&mut original, rest, LogitsFor::All).unwrap();
@@ -85,6 +106,13 @@ fn check(name: &str, cut: usize, split: usize) {
     assert_eq!(
         a, b,
         "{name}: the rest of the prompt after a restored prefix differs"
+    );
+    let c = engine
+        .forward(&mut on_device, rest, LogitsFor::All)
+        .unwrap();
+    assert_eq!(
+        a, c,
+        "{name}: the rest of the prompt after a prefix restored on the device differs"
     );
     let mut next = spindle_kernels::softmax::argmax(&a[a.len() - vocab..]) as u32;
     for step in 0..4 {
@@ -97,6 +125,13 @@ fn check(name: &str, cut: usize, split: usize) {
         assert_eq!(
             a, b,
             "{name}: decode step {step} after a restored prefix differs"
+        );
+        let c = engine
+            .forward(&mut on_device, &[next], LogitsFor::Last)
+            .unwrap();
+        assert_eq!(
+            a, c,
+            "{name}: decode step {step} after a prefix restored on the device differs"
         );
         next = spindle_kernels::softmax::argmax(&a) as u32;
     }

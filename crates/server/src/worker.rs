@@ -90,6 +90,11 @@ pub fn spawn_choices(
             _guards: Vec::new(),
         };
     }
+    tracing::debug!(
+        prompt = prompt.ids.len(),
+        choices = n,
+        "submitting a request"
+    );
     let slot = Arc::new(Mutex::new((Some(slot), n)));
     // The request's API and arrival, taken by the first choice to generate text.
     let origin = Arc::new(Mutex::new(current_origin()));

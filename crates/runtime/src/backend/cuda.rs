@@ -19,6 +19,10 @@ use spindle_cpu::LogitsFor;
 use crate::error::{Result, RuntimeError};
 #[cfg(feature = "cuda")]
 use crate::measure::KernelTime;
+#[cfg(feature = "cuda")]
+use crate::prefix::{PrefixKv, PrefixState};
+#[cfg(feature = "cuda")]
+use spindle_cuda::Rows;
 
 /// Why `options` (or the directory) cannot be run by the CUDA backend, naming the option at
 /// fault: the CUDA engine reads Hugging Face checkpoints only and keeps every expert in GPU
@@ -226,12 +230,24 @@ impl CudaBackend {
         }
     }
 
-    /// The attention layers' key and value rows of tokens `[from, position)`, copied to the
-    /// host in the CPU session's layout.
-    pub(super) fn capture_kv(&self, session: &CudaSessionGuard, from: usize) -> Result<KvSegment> {
+    /// The attention layers' key and value rows of tokens `[from, position)`, for the prefix
+    /// cache: copied into device buffers of their own, or (when `device` is false, or the
+    /// device has no room for them) to the host in the CPU session's layout.
+    pub(super) fn capture_kv(
+        &self,
+        session: &CudaSessionGuard,
+        from: usize,
+        device: bool,
+    ) -> Result<PrefixKv> {
         let _held = self.held();
+        if device {
+            match self.engine.stash_kv_rows(&session.session, from) {
+                Ok(kv) => return Ok(PrefixKv::Device(kv)),
+                Err(e) => tracing::debug!("KV rows cached on the host: {e}"),
+            }
+        }
         let layers = self.engine.read_kv_rows(&session.session, from)?;
-        Ok(KvSegment {
+        Ok(PrefixKv::Host(KvSegment {
             start: from,
             end: session.session.position,
             layers: layers
@@ -245,14 +261,25 @@ impl CudaBackend {
                     _ => None,
                 })
                 .collect(),
-        })
+        }))
     }
 
-    /// Every GDN layer's state at the session's position, copied to the host.
-    pub(super) fn capture_state(&self, session: &CudaSessionGuard) -> Result<BoundaryState> {
+    /// Every GDN layer's state at the session's position, for the prefix cache: on the
+    /// device, or on the host (as [`Self::capture_kv`]).
+    pub(super) fn capture_state(
+        &self,
+        session: &CudaSessionGuard,
+        device: bool,
+    ) -> Result<PrefixState> {
         let _held = self.held();
+        if device {
+            match self.engine.stash_recurrent(&session.session) {
+                Ok(state) => return Ok(PrefixState::Device(state)),
+                Err(e) => tracing::debug!("GDN state cached on the host: {e}"),
+            }
+        }
         let layers = self.engine.read_recurrent(&session.session)?;
-        Ok(BoundaryState {
+        Ok(PrefixState::Host(BoundaryState {
             position: session.session.position,
             layers: layers
                 .into_iter()
@@ -264,47 +291,59 @@ impl CudaBackend {
                 })
                 .collect(),
             ple: None,
-        })
+        }))
     }
 
     /// A new session holding a cached prefix (see `Backend::restore_prefix`), its caches
-    /// allocated for `capacity` tokens.
+    /// allocated for `capacity` tokens; the pieces may be on the host or the device, in any mix.
     pub(super) fn restore(
         &self,
-        segments: &[&KvSegment],
-        state: &BoundaryState,
+        segments: &[&PrefixKv],
+        state: &PrefixState,
         ids: &[u32],
         capacity: usize,
     ) -> Result<CudaSessionGuard> {
+        let layer_count = match state {
+            PrefixState::Host(h) => h.layers.len(),
+            PrefixState::Device(d) => d.layer_count(),
+        };
         let mut position = 0;
         for segment in segments {
-            if segment.start != position || segment.layers.len() != state.layers.len() {
+            let layers = match segment {
+                PrefixKv::Host(h) => h.layers.len(),
+                PrefixKv::Device(_) => layer_count,
+            };
+            if segment.start() != position || layers != layer_count {
                 return Err(crate::error::RuntimeError::Request(format!(
                     "cached prefix segments do not join up at position {position}"
                 )));
             }
-            position = segment.end;
+            position = segment.end();
         }
-        if position != state.position || state.ple.is_some() {
+        let ple = matches!(state, PrefixState::Host(h) if h.ple.is_some());
+        if position != state.position() || ple {
             return Err(crate::error::RuntimeError::Request(format!(
                 "a cached prefix's segments end at {position} but its state is at {}",
-                state.position
+                state.position()
             )));
         }
-        let layers: Vec<spindle_cuda::PrefixLayer> = state
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(n, gdn)| match gdn {
-                Some(g) => spindle_cuda::PrefixLayer::Gdn {
-                    conv: &g.conv,
-                    recurrent: &g.recurrent,
-                },
+        let gdn = |n: usize| -> Option<[Rows<'_>; 2]> {
+            match state {
+                PrefixState::Host(h) => h.layers[n]
+                    .as_ref()
+                    .map(|g| [Rows::Host(&g.conv), Rows::Host(&g.recurrent)]),
+                PrefixState::Device(d) => d.layer(n),
+            }
+        };
+        let layers: Vec<spindle_cuda::PrefixLayer> = (0..layer_count)
+            .map(|n| match gdn(n) {
+                Some([conv, recurrent]) => spindle_cuda::PrefixLayer::Gdn { conv, recurrent },
                 None => {
-                    let rows = || segments.iter().filter_map(move |s| s.layers[n].as_ref());
+                    let rows: Vec<[Rows; 2]> =
+                        segments.iter().filter_map(|s| kv_rows(s, n)).collect();
                     spindle_cuda::PrefixLayer::Attention {
-                        keys: rows().map(|r| r.keys.as_slice()).collect(),
-                        values: rows().map(|r| r.values.as_slice()).collect(),
+                        keys: rows.iter().map(|[k, _]| *k).collect(),
+                        values: rows.iter().map(|[_, v]| *v).collect(),
                     }
                 }
             })
@@ -312,7 +351,7 @@ impl CudaBackend {
         let _held = self.held();
         let session = self
             .engine
-            .session_from_prefix(state.position, &layers, capacity)?;
+            .session_from_prefix(state.position(), &layers, capacity)?;
         Ok(CudaSessionGuard {
             session: ManuallyDrop::new(session),
             lock: Arc::clone(&self.lock),
@@ -386,6 +425,17 @@ impl Drop for CudaSessionGuard {
         let _held = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: `session` is dropped exactly once, here, and never used afterwards.
         unsafe { ManuallyDrop::drop(&mut self.session) }
+    }
+}
+
+/// Layer `n`'s keys and values in `segment` (`None` for a GDN layer), wherever they are.
+#[cfg(feature = "cuda")]
+fn kv_rows(segment: &PrefixKv, n: usize) -> Option<[Rows<'_>; 2]> {
+    match segment {
+        PrefixKv::Host(h) => h.layers[n]
+            .as_ref()
+            .map(|r| [Rows::Host(&r.keys), Rows::Host(&r.values)]),
+        PrefixKv::Device(d) => d.rows(n),
     }
 }
 

@@ -26,6 +26,14 @@ use crate::prefix::{PrefixKv, PrefixState};
 use crate::sampling::{Sampler, SamplingParams};
 pub use cuda::cuda_refusal;
 
+/// Whether CUDA keeps prefix-cache pieces in device memory (the default) rather than on the
+/// host: `SPINDLE_PREFIX_ON_HOST=1` keeps them on the host (for A/B measurements, or a GPU whose
+/// memory is needed elsewhere). A piece the device has no room for goes to the host anyway.
+#[cfg(feature = "cuda")]
+fn prefix_on_device() -> bool {
+    std::env::var("SPINDLE_PREFIX_ON_HOST").map_or(true, |v| v != "1")
+}
+
 /// Why CUDA refuses image prompts for now.
 #[cfg(feature = "cuda")]
 const CUDA_VISION: &str =
@@ -637,6 +645,22 @@ impl Backend {
         }
     }
 
+    /// The prefix cache's size when none is given: a quarter of the host memory this process
+    /// may use ([`crate::prefix::PrefixCacheConfig::default_capacity`]), and on CUDA, whose
+    /// cache lives in device memory, at most a quarter of the device memory free now (the
+    /// sequences' own state needs the rest). Call it once the model is loaded.
+    pub fn prefix_cache_default_bytes(&self) -> u64 {
+        let host = crate::prefix::PrefixCacheConfig::default_capacity();
+        match self {
+            Backend::Cpu(_) => host,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => match c.engine().free_device_bytes() {
+                Ok((free, _)) if prefix_on_device() => host.min(free as u64 / 4),
+                _ => host,
+            },
+        }
+    }
+
     /// Bytes of the vision tower's weights as loaded (0 without one, or on CUDA).
     pub fn vision_bytes(&self) -> usize {
         self.cpu().map_or(0, Engine::vision_bytes)
@@ -667,7 +691,7 @@ impl Backend {
                 .map_err(RuntimeError::Request),
             #[cfg(feature = "cuda")]
             (Backend::Cuda(c), BackendSession::Cuda(s)) => {
-                c.capture_kv(s, from).map(PrefixKv::Host)
+                c.capture_kv(s, from, prefix_on_device())
             }
             #[cfg(feature = "cuda")]
             (backend, _) => Err(backend.foreign_session()),
@@ -683,9 +707,7 @@ impl Backend {
                 .map(PrefixState::Host)
                 .map_err(RuntimeError::Request),
             #[cfg(feature = "cuda")]
-            (Backend::Cuda(c), BackendSession::Cuda(s)) => {
-                c.capture_state(s).map(PrefixState::Host)
-            }
+            (Backend::Cuda(c), BackendSession::Cuda(s)) => c.capture_state(s, prefix_on_device()),
             #[cfg(feature = "cuda")]
             (backend, _) => Err(backend.foreign_session()),
         }
@@ -702,30 +724,41 @@ impl Backend {
         ids: &[u32],
         capacity: usize,
     ) -> Result<BackendSession> {
-        let PrefixState::Host(state) = state;
-        let segments: Vec<_> = segments
-            .iter()
-            .map(|s| match s {
-                PrefixKv::Host(s) => s,
-            })
-            .collect();
-        if ids.len() != state.position {
+        if ids.len() != state.position() {
             return Err(RuntimeError::Request(format!(
                 "a cached prefix of {} tokens was given {} ids",
-                state.position,
+                state.position(),
                 ids.len()
             )));
         }
         match self {
             Backend::Cpu(e) => {
                 let _grown_as_filled = capacity;
+                let on_host = || {
+                    RuntimeError::Request(
+                        "a cached prefix held on a GPU was given to the CPU backend".into(),
+                    )
+                };
+                #[allow(irrefutable_let_patterns)]
+                let PrefixState::Host(state) = state
+                else {
+                    return Err(on_host());
+                };
+                let segments = segments
+                    .iter()
+                    .map(|s| match s {
+                        PrefixKv::Host(s) => Ok(s),
+                        #[cfg(feature = "cuda")]
+                        PrefixKv::Device(_) => Err(on_host()),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
                 Session::restore(e.config(), &segments, state)
                     .map(BackendSession::Cpu)
                     .map_err(RuntimeError::Request)
             }
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c
-                .restore(&segments, state, ids, capacity)
+                .restore(segments, state, ids, capacity)
                 .map(|s| BackendSession::Cuda(Box::new(s))),
         }
     }

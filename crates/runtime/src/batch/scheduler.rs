@@ -630,6 +630,7 @@ impl EngineLoop {
                 continue;
             }
             let limit = request.cache_limit();
+            let opened = Instant::now();
             let session =
                 match self.restore_prefix(&request.prompt, limit, request.prompt.len() + room) {
                     Some((session, cached)) => Ok((session, cached)),
@@ -641,6 +642,12 @@ impl EngineLoop {
                 };
             match session {
                 Ok((mut session, cached)) => {
+                    tracing::debug!(
+                        prompt = request.prompt.len(),
+                        cached,
+                        "admitted: session opened in {:?}",
+                        opened.elapsed()
+                    );
                     let features = request.features.as_deref().unwrap_or_default();
                     if let Err(e) = self.model.backend.attach_images(&mut session, features) {
                         (request.sink)(SeqEvent::Done(Err(e)));
@@ -836,6 +843,12 @@ impl EngineLoop {
         self.stats
             .record_step(order.len(), take.iter().sum::<usize>());
         let now = Instant::now();
+        tracing::debug!(
+            sequences = order.len(),
+            tokens = take.iter().sum::<usize>(),
+            "step: forward in {:?}",
+            now - started
+        );
         let mut ended: Vec<(usize, Option<RuntimeError>)> = Vec::new();
         // Sequences whose prefill reached a snapshot point this step.
         let mut snapshots = Vec::new();
@@ -870,10 +883,15 @@ impl EngineLoop {
         }
         // Before the sampled tokens are fed: the sessions are exactly at the snapshot points.
         if let Some(prefix) = self.prefix.as_mut() {
+            let taken = Instant::now();
+            let count = snapshots.len();
             for n in snapshots {
                 let sequence = &self.running[n];
                 let tokens = &sequence.request.prompt[..sequence.fed];
                 prefix.remember(&self.model.backend, &self.stats, &sequence.session, tokens);
+            }
+            if count > 0 {
+                tracing::debug!("step: {count} snapshots taken in {:?}", taken.elapsed());
             }
         }
         // Highest index first, so the others keep theirs; the rest keep their order.

@@ -1,7 +1,7 @@
 //! The pieces of a cached prefix ([`crate::Backend::capture_kv`],
-//! [`crate::Backend::capture_state`], [`crate::Backend::restore_prefix`]), in host memory in
-//! the CPU session's layout, which the CUDA session's caches share row for row: both backends
-//! capture into and restore from the same pieces.
+//! [`crate::Backend::capture_state`], [`crate::Backend::restore_prefix`]): in host memory in
+//! the CPU session's layout, which the CUDA session's caches share row for row, or (CUDA) in
+//! device buffers of their own, captured and restored without crossing the bus.
 
 use spindle_cpu::session::{BoundaryState, KvSegment};
 
@@ -9,30 +9,40 @@ use spindle_cpu::session::{BoundaryState, KvSegment};
 #[derive(Clone, Debug)]
 pub enum PrefixKv {
     Host(KvSegment),
+    #[cfg(feature = "cuda")]
+    Device(spindle_cuda::DeviceKv),
 }
 
 /// The state valid only at one position (GDN conv and recurrent state, PLE state).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub enum PrefixState {
     Host(BoundaryState),
+    #[cfg(feature = "cuda")]
+    Device(spindle_cuda::DeviceState),
 }
 
 impl PrefixKv {
     pub fn start(&self) -> usize {
         match self {
             PrefixKv::Host(s) => s.start,
+            #[cfg(feature = "cuda")]
+            PrefixKv::Device(d) => d.start(),
         }
     }
 
     pub fn end(&self) -> usize {
         match self {
             PrefixKv::Host(s) => s.end,
+            #[cfg(feature = "cuda")]
+            PrefixKv::Device(d) => d.end(),
         }
     }
 
     pub fn bytes(&self) -> u64 {
         match self {
             PrefixKv::Host(s) => s.bytes() as u64,
+            #[cfg(feature = "cuda")]
+            PrefixKv::Device(d) => d.bytes() as u64,
         }
     }
 
@@ -43,6 +53,11 @@ impl PrefixKv {
                 let (a, b) = s.split_at(at);
                 (PrefixKv::Host(a), PrefixKv::Host(b))
             }
+            #[cfg(feature = "cuda")]
+            PrefixKv::Device(d) => {
+                let (a, b) = d.split_at(at);
+                (PrefixKv::Device(a), PrefixKv::Device(b))
+            }
         }
     }
 }
@@ -51,12 +66,16 @@ impl PrefixState {
     pub fn position(&self) -> usize {
         match self {
             PrefixState::Host(s) => s.position,
+            #[cfg(feature = "cuda")]
+            PrefixState::Device(d) => d.position(),
         }
     }
 
     pub fn bytes(&self) -> u64 {
         match self {
             PrefixState::Host(s) => s.bytes() as u64,
+            #[cfg(feature = "cuda")]
+            PrefixState::Device(d) => d.bytes() as u64,
         }
     }
 }
