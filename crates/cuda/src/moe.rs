@@ -42,14 +42,19 @@ pub fn moe(
             }
         }
     }
-    // A small batch inside a batched step: the decode kernels per group of MATVEC_MAX_TOKENS
-    // rows (the grouped GEMM pads every expert's tile to TENSOR_GEMM_TOKENS rows).
-    // Every row of these comes out bit for bit as in a step of its own (the decode kernels'
-    // arithmetic), so a sequence's logits do not depend on its neighbours. Larger steps take
-    // the general path below: the tensor-core GEMMs, or in a step of decoding sequences only
-    // (up to 128) the routed experts grouped by expert (`routed_small`), the same sums in
-    // another order.
-    if tokens <= dev.small_batch_rows()
+    // A small batch inside a batched step, experts not grouped above (bf16, a shared expert
+    // in another format, a step with prompt rows): the decode kernels per group of
+    // MATVEC_MAX_TOKENS rows (the grouped GEMM pads every expert's tile to TENSOR_GEMM_TOKENS
+    // rows). Every row of these comes out bit for bit as in a step of its own (the decode
+    // kernels' arithmetic), so a sequence's logits do not depend on its neighbours. Larger
+    // steps take the general path below: the tensor-core GEMMs, or in a step of decoding
+    // sequences only (up to 128) the routed experts grouped by expert (`routed_small`), the
+    // same sums in another order.
+    let batch_rows = match dev.small_batch_rows() {
+        0 => 0,
+        rows => rows.max(MOE_MATVEC_ROWS),
+    };
+    if tokens <= batch_rows
         && DecodePlan::new(dev, config, w, MATVEC_MAX_TOKENS).is_some()
     {
         let hidden = config.hidden_size;
@@ -185,13 +190,18 @@ impl DecodePlan {
     }
 }
 
+/// Inside a batched step (the device's small-batch limit set), MoE blocks of up to this many
+/// rows (or up to that limit, if higher) that are not grouped run the decode kernels per
+/// MATVEC_MAX_TOKENS rows.
+const MOE_MATVEC_ROWS: usize = 32;
+
 /// Tokens (warps) per `moe_route_warps` block.
 const ROUTE_WARPS: usize = 8;
 
 /// The most rows of a batched decode step whose MoE blocks run through
 /// [`moe_decode_grouped`]; `SPINDLE_CUDA_GROUPED_DECODE_ROWS` overrides it (0: never, for A/B
-/// measurements: steps of up to 32 rows then run the decode kernels per MATVEC_MAX_TOKENS
-/// rows, larger ones `moe_general`).
+/// measurements: steps of up to MOE_MATVEC_ROWS rows then run the decode kernels per
+/// MATVEC_MAX_TOKENS rows, larger ones `moe_general`).
 fn grouped_decode_max_rows() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
@@ -470,7 +480,8 @@ fn moe_decode_grouped(
     let (part, first) = plan.shared_gate_up.expect("checked by groupable");
     let (sgu, sgs) = row_ptrs(&w.input.parts[part].1, first);
     let (sdw, sds) = row_ptrs(&w.shared_down.parts[0].1, 0);
-    let dense_tiles = tokens.div_ceil(GROUP_TILE) as u32;
+    // The shared expert in tiles of MATVEC_MAX_TOKENS rows (`grouped_tile`).
+    let dense_tiles = tokens.div_ceil(MATVEC_MAX_TOKENS) as u32;
 
     // SwiGLU of every pair (8 warps of GS_ROWS = 2 rows per block) and of the shared expert.
     let acts = GemmActs::prepare(dev, plan.fmt, x, hidden, None, tokens, hidden)?;

@@ -401,13 +401,14 @@ extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q4(DDOWN_ARGS)
 #define GD_BATCH 2     // down: chunks per row and lane in flight
 
 // The block's tile: (expert, first, count) from `tiles` (pairs sorted by expert), or with
-// dense > 0 one matrix for all `dense` rows (the shared expert: "expert" 0, pair = row, the
-// rows of tile blockIdx.y).
+// dense > 0 one matrix for all `dense` rows (the shared expert: "expert" 0, pair = row, rows
+// blockIdx.y·MATVEC_MAX_TOKENS on: a small matrix, read again per tile from L2, in enough
+// blocks to fill the GPU).
 __device__ __forceinline__ void grouped_tile(const int* __restrict__ tiles, int dense, int& e, int& first, int& count) {
     if (dense > 0) {
         e = 0;
-        first = blockIdx.y * TENSOR_GEMM_TOKENS;
-        count = max(0, min(TENSOR_GEMM_TOKENS, dense - first));
+        first = blockIdx.y * MATVEC_MAX_TOKENS;
+        count = max(0, min(MATVEC_MAX_TOKENS, dense - first));
     } else {
         const int* tile = tiles + 3 * blockIdx.y;
         e = tile[0];
