@@ -121,7 +121,7 @@ pub struct CudaEngine {
     workspace_bytes: usize,
     /// Batched steps of more than MATVEC_MAX_TOKENS but at most this many rows run their
     /// projections and MoE blocks as decode matvecs per 8 rows rather than GEMMs
-    /// (`SPINDLE_CUDA_BATCH_MATVEC_ROWS`, default 16; 0: always GEMMs).
+    /// (`SPINDLE_CUDA_BATCH_MATVEC_ROWS`, default 32; 0: always GEMMs).
     batch_matvec_rows: usize,
     /// Batched steps' shared state: scratch arena, decode graphs per bucket, the pad sequence.
     /// Held for the length of a batched step.

@@ -54,9 +54,7 @@ pub fn moe(
         0 => 0,
         rows => rows.max(MOE_MATVEC_ROWS),
     };
-    if tokens <= batch_rows
-        && DecodePlan::new(dev, config, w, MATVEC_MAX_TOKENS).is_some()
-    {
+    if tokens <= batch_rows && DecodePlan::new(dev, config, w, MATVEC_MAX_TOKENS).is_some() {
         let hidden = config.hidden_size;
         let y = match io {
             Io::Split(_) => Some(dev.scratch::<f32>(tokens * hidden)?),
