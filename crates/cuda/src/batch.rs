@@ -27,8 +27,13 @@ use crate::{attention, gdn, CudaBatchItem, CudaEngine};
 /// Batch-size buckets of the decode graphs.
 pub const BUCKETS: [usize; 7] = [2, 4, 8, 16, 32, 64, 128];
 
-/// Batched steps of up to this many rows run their projections and MoE blocks as decode
-/// matvecs per MATVEC_MAX_TOKENS rows (see `CudaEngine::set_batch_matvec_rows`).
+/// Batched steps of up to this many rows run their dense projections as decode matvecs per
+/// MATVEC_MAX_TOKENS rows, each row bit for bit as decoded alone (see
+/// `CudaEngine::set_batch_matvec_rows`); larger steps the tensor-core GEMM. The GEMM would be
+/// faster from 17 rows on (8-layer 35B-A3B q4 on the H200, experts grouped: 5.06 against
+/// 6.80 ms a step at 32), but its rows are not a solo run's: on the q8 fixtures one int8
+/// activation code flips and a sequence's logits move by up to 0.055 (the batch test's
+/// decode-only steps of 24 sequences), far past the 1e-4 a batch may differ by.
 pub const DEFAULT_MATVEC_ROWS: usize = 32;
 
 /// Eager batched steps of at most this many rows use the engine's arena.

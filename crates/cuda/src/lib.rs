@@ -244,6 +244,12 @@ impl CudaEngine {
             .clear_graphs();
     }
 
+    /// The largest batched step (in rows) whose projections run as decode matvecs per 8 rows.
+    #[doc(hidden)]
+    pub fn batch_matvec_rows(&self) -> usize {
+        self.batch_matvec_rows
+    }
+
     /// Turns CUDA graphs on or off for later steps (tests compare both paths; on by default
     /// unless `SPINDLE_CUDA_NO_GRAPHS` is set or the profiler runs).
     #[doc(hidden)]

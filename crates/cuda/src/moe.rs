@@ -1,7 +1,9 @@
 //! The MoE block with a shared expert on the device (MODEL_MATH §1.6). Routing (softmax,
 //! top-k, renormalisation) runs on the device; decode runs the whole block in three launches
-//! (router rows, experts' gate/up with routing, experts' down into the residual); prefill
-//! sorts the (token, expert) pairs by expert and runs grouped tensor-core GEMMs.
+//! (router rows, experts' gate/up with routing, experts' down into the residual); a batched
+//! step of decoding sequences groups the experts with each row's decode arithmetic
+//! (`grouped`); prefill sorts the (token, expert) pairs by expert and runs grouped
+//! tensor-core GEMMs.
 
 use spindle_model::ModelConfig;
 
@@ -10,7 +12,7 @@ use crate::error::Result;
 use crate::gemm::{tensor_gemm, tensor_gemm_ok, GemmActs, GemmRows, GROUP_TILE};
 use crate::io::{row_groups, Io};
 use crate::kernels::moe::{DecodeMoeDown, DecodeMoeGateUp};
-use crate::kernels::moe::{MoeDown, MoeGateUp, MoeGroupedDown, MoeGroupedGateUp};
+use crate::kernels::moe::{MoeDown, MoeGateUp};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS, MOE_MAX_K};
 use crate::linear::{decode_linear, linear, project};
 use crate::matrix::{DevPart, DeviceLayout};
@@ -18,6 +20,10 @@ use crate::matvec::{staged_bytes, DecodeIn, DecodeOut};
 use crate::norm::norm_rows;
 use crate::weights::GpuMoe;
 use spindle_model::quant::WeightFormat;
+
+mod grouped;
+use grouped::moe_decode_grouped;
+use grouped::{grouped_decode_max_rows, grouped_down_kernel, grouped_gate_up_kernel};
 
 /// The MoE block for `[tokens, H]`: sigmoid-gated shared expert plus the weighted top-k
 /// experts (input and output as `io`).
@@ -33,16 +39,28 @@ pub fn moe(
             return moe_decode(dev, config, w, io, tokens, &plan);
         }
     }
-    // A small batch inside a batched step: the decode kernels per group of MATVEC_MAX_TOKENS
-    // rows (the grouped GEMM pads every expert's tile to TENSOR_GEMM_TOKENS rows).
-    // Every row of these comes out bit for bit as in a step of its own (the decode kernels'
-    // arithmetic), so a sequence's logits do not depend on its neighbours. Larger steps take
-    // the general path below: the tensor-core GEMMs, or in a step of decoding sequences only
-    // (up to 128) the routed experts grouped by expert (`routed_small`), the same sums in
-    // another order.
-    if tokens <= dev.small_batch_rows()
-        && DecodePlan::new(dev, config, w, MATVEC_MAX_TOKENS).is_some()
-    {
+    // A batched step of decoding sequences: each chosen expert read once for all its rows,
+    // every row's arithmetic that of the same row decoded alone.
+    if tokens > MATVEC_MAX_TOKENS && tokens <= grouped_decode_max_rows() && dev.decode_step() {
+        if let Some(plan) = DecodePlan::new(dev, config, w, 1) {
+            if plan.groupable(dev, config) {
+                return moe_decode_grouped(dev, config, w, io, tokens, &plan);
+            }
+        }
+    }
+    // A small batch inside a batched step, experts not grouped above (bf16, a shared expert
+    // in another format, a step with prompt rows): the decode kernels per group of
+    // MATVEC_MAX_TOKENS rows (the grouped GEMM pads every expert's tile to TENSOR_GEMM_TOKENS
+    // rows). Every row of these comes out bit for bit as in a step of its own (the decode
+    // kernels' arithmetic), so a sequence's logits do not depend on its neighbours. Larger
+    // steps take the general path below: the tensor-core GEMMs, or in a step of decoding
+    // sequences only (up to 128) the routed experts grouped by expert (`routed_small`), the
+    // same sums in another order.
+    let batch_rows = match dev.small_batch_rows() {
+        0 => 0,
+        rows => rows.max(MOE_MATVEC_ROWS),
+    };
+    if tokens <= batch_rows && DecodePlan::new(dev, config, w, MATVEC_MAX_TOKENS).is_some() {
         let hidden = config.hidden_size;
         let y = match io {
             Io::Split(_) => Some(dev.scratch::<f32>(tokens * hidden)?),
@@ -157,6 +175,11 @@ impl DecodePlan {
         })
     }
 }
+
+/// Inside a batched step (the device's small-batch limit set), MoE blocks of up to this many
+/// rows (or up to that limit, if higher) that are not grouped run the decode kernels per
+/// MATVEC_MAX_TOKENS rows.
+const MOE_MATVEC_ROWS: usize = 32;
 
 fn gate_up_kernel(fmt: WeightFormat) -> DecodeMoeGateUp {
     match fmt {
@@ -601,10 +624,7 @@ fn routed_small(
     let acts = GemmActs::prepare(dev, gu.fmt, x.arg(), hidden, None, r.tokens, hidden)?;
     let (xq, xd) = acts.int8_rows().expect("Q8/Q4 activations are int8");
     let act = dev.scratch::<f32>(pairs * inter)?;
-    let gate_up = match gu.fmt {
-        WeightFormat::Q8 => MoeGroupedGateUp::Q8,
-        _ => MoeGroupedGateUp::Q4,
-    };
+    let gate_up = grouped_gate_up_kernel(gu.fmt);
     // 8 warps of GS_ROWS (2) rows per block.
     gate_up.launch(
         dev,
@@ -619,14 +639,12 @@ fn routed_small(
         i(inter),
         i(hidden),
         act.arg(),
+        i(0),
     )?;
     let acts = GemmActs::prepare(dev, down.fmt, act.arg(), inter, None, pairs, inter)?;
     let (aq, ad) = acts.int8_rows().expect("Q8/Q4 activations are int8");
     let out = dev.scratch::<f32>(pairs * hidden)?;
-    let down_kernel = match down.fmt {
-        WeightFormat::Q8 => MoeGroupedDown::Q8,
-        _ => MoeGroupedDown::Q4,
-    };
+    let down_kernel = grouped_down_kernel(down.fmt);
     // 8 warps of GD_ROWS (8) rows per block.
     down_kernel.launch(
         dev,
@@ -640,6 +658,7 @@ fn routed_small(
         i(inter),
         i(hidden),
         out.arg(),
+        i(0),
     )?;
     combine(dev, r, &out, y, hidden)
 }

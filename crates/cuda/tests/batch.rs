@@ -2,8 +2,11 @@
 //! sequence run alone: on every fixture, at bf16, q8 and q4, batches of sequences that differ
 //! (prompt chunks mixed with decodes, a sequence joining mid-way, one finishing early, steps
 //! of more than `MATVEC_MAX_TOKENS` decoding sequences) give every sequence the logits of its
-//! solo run within 1e-4 and the same greedy tokens. Decode-only steps replay the engine's
-//! bucket graphs (padded to 4 and 16 rows here) where the model allows, and run eagerly from
+//! solo run within 1e-4 and the same greedy tokens; steps of decoding sequences only (24
+//! of them, and 40 with the projections as decode matvecs up to 64 rows; the MoE blocks'
+//! experts grouped) give the solo run's logits bit for bit.
+//! Decode-only steps replay the engine's
+//! bucket graphs (padded to 4, 16, 32 and 64 rows here) where the model allows, and run eagerly from
 //! the device tables with graphs off.
 //! Needs a CUDA GPU: `cargo test --release -p spindle-cuda --test batch -- --ignored`.
 
@@ -213,6 +216,49 @@ fn wide(vocab: usize) -> Vec<Plan> {
         .collect()
 }
 
+/// `n` sequences of one-token prompts decoding together, every step decode-only: half of them
+/// leave after step 3, so the steps hold `n`, then about `n / 2` rows.
+fn decoding(n: usize, vocab: usize) -> Vec<Plan> {
+    (0..n)
+        .map(|s| Plan {
+            prompt: pseudo_random(1, vocab, 500 + s as u64),
+            chunks: vec![1],
+            all: vec![false],
+            join: 0,
+            leave: if s % 2 == 0 { 3 } else { 5 },
+        })
+        .collect()
+}
+
+/// As [`check`], but every logit of every step the same bits as the solo run's: decode-only
+/// steps whose projections run as decode matvecs (up to the engine's batch matvec rows)
+/// compute each row as a row alone.
+fn check_exact(
+    name: &str,
+    quant: WeightFormat,
+    scenario: &str,
+    engine: &CudaEngine,
+    plans: &[Plan],
+) {
+    let (solo, _) = run(engine, plans, false);
+    let (batch, _) = run(engine, plans, true);
+    for n in 0..plans.len() {
+        for (step, (a, b)) in solo[n].iter().zip(&batch[n]).enumerate() {
+            let err = max_abs_diff(a, b);
+            assert!(
+                err == 0.0,
+                "{name} {} {scenario}: sequence {n}, its step {step}: batched logits differ from solo by {err}",
+                quant.name()
+            );
+        }
+    }
+    println!(
+        "{name} {} {scenario}: {} sequences, batched logits bit for bit the solo ones",
+        quant.name(),
+        plans.len()
+    );
+}
+
 fn check(name: &str, quant: WeightFormat, scenario: &str, engine: &CudaEngine, plans: &[Plan]) {
     let (solo, solo_tokens) = run(engine, plans, false);
     let (batch, batch_tokens) = run(engine, plans, true);
@@ -251,9 +297,28 @@ fn check_family(name: &str) {
         let prompt = pseudo_random(30, vocab, 3);
         check(name, quant, "mixed", &engine, &mixed(&prompt, vocab));
         check(name, quant, "wide", &engine, &wide(vocab));
+        check_exact(name, quant, "decoding 24", &engine, &decoding(24, vocab));
+        // Steps of 33-64 rows, their projections as decode matvecs too.
+        let default_rows = engine.batch_matvec_rows();
+        engine.set_batch_matvec_rows(64);
+        check_exact(
+            name,
+            quant,
+            "decoding 40, matvecs",
+            &engine,
+            &decoding(40, vocab),
+        );
+        engine.set_batch_matvec_rows(default_rows);
         // Batched decode without graphs (the eager table path) against solo runs without.
         engine.set_graphs(false);
         check(name, quant, "wide, no graphs", &engine, &wide(vocab));
+        check_exact(
+            name,
+            quant,
+            "decoding 24, no graphs",
+            &engine,
+            &decoding(24, vocab),
+        );
     }
 }
 

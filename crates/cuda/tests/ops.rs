@@ -118,6 +118,8 @@ const OPS: &[Op] = &[
             "moe_grouped_down_q4",
             "moe_group_by_expert",
             "moe_combine",
+            "moe_route_warps",
+            "moe_combine_slots",
         ],
         run: moe,
     },
@@ -827,6 +829,35 @@ fn moe(dev: &Device, rng: &mut Rng) -> Vec<Check> {
                 .unwrap()
             };
             out.push(check(shape.clone(), &run(), &want, bound));
+            if case == 2 && format != WeightFormat::Bf16 {
+                // The shared expert in the experts' format rides in their launches, and a
+                // batched decode step then groups the experts (`moe_route_warps`, the grouped
+                // kernels, `moe_combine_slots`): every row bit for bit that row decoded alone.
+                let input_q = random_matrix(rng, format, input_rows, hidden);
+                let block = |x: &[f32], tokens: usize| {
+                    testing::moe_block_of(
+                        dev,
+                        &config,
+                        &input_q,
+                        &shared_down,
+                        &gate_up,
+                        &down,
+                        x,
+                        tokens,
+                    )
+                    .unwrap()
+                };
+                let batched = block(&x, tokens);
+                dev.set_decode_step(false);
+                let alone: Vec<f32> = x.chunks(hidden).flat_map(|row| block(row, 1)).collect();
+                dev.set_decode_step(true);
+                out.push(check(
+                    format!("grouped decode step vs each row alone, {shape}"),
+                    &batched,
+                    &alone,
+                    f32::MIN_POSITIVE,
+                ));
+            }
             if tokens > 8 && tensor_cores {
                 dev.set_tensor_cores(false);
                 let got = run();

@@ -137,8 +137,6 @@ extern "C" __global__ void moe_down_q4(DOWN_ARGS) { moe_down_impl<2>(down, ds, a
 
 // ---- Mixture of experts, decode (MODEL_MATH §1.6) ----
 
-#define DOWN_BATCH 8  // chunks per lane in flight in the down projections
-
 // Routing of one token by one warp (MODEL_MATH §1.6): softmax over the E logits in `row`, top-k
 // by repeated argmax (ties to the lower index, as the CPU), optional renormalisation. `pr` is
 // E floats of shared scratch; the chosen experts and weights go to idx[0..k), wt[0..k).
@@ -281,9 +279,18 @@ __device__ __forceinline__ void decode_moe_gate_up_impl(const unsigned char* __r
     }
 }
 
+// The down half of a token's MoE sum, in one order on every path, so that a token's output does
+// not depend on which kernels ran it (this decode kernel, or the grouped kernels and
+// moe_combine_slots of a batched step): each slot's dot product d (the routed experts j, then
+// the shared expert) by DSLOT_LANES lanes over the row's chunks (lane l: chunks l, l + 16, ...
+// in order, then lanes_sum: the grouped down kernel's arithmetic), then
+// y (+)= fma(g_shared, d_shared, fma(wt_k-1, d_k-1, ... fma(wt_0, d_0, 0))).
+#define DSLOT_LANES 16
+#define DSLOT_BATCH 5  // slots per half-warp in flight (a warp: 2·DSLOT_BATCH slots)
+
 // h[t·ldh + r] (+)= Σ_j wt[t·k + j]·(down_{idx[t·k+j]}[r] · act_{t·k+j}) + sigmoid(sg[t·ldsg])·(sdown[r] · act_s[t])
-// (the shared term when sdown is not null). One warp per (t, r): the lanes share the chunks of
-// all k (+1) rows, so every lane has DOWN_BATCH loads in flight.
+// (the shared term when sdown is not null), summed as above. One warp per (t, r): its two
+// halves take the slots in turn, DSLOT_BATCH slots' chunks in flight per lane.
 template <int FMT>
 __device__ __forceinline__ void decode_moe_down_impl(const unsigned char* __restrict__ dw, const unsigned short* __restrict__ ds,
                                                      const unsigned char* __restrict__ sdw, const unsigned short* __restrict__ sds,
@@ -307,44 +314,53 @@ __device__ __forceinline__ void decode_moe_down_impl(const unsigned char* __rest
     if (sdw) stage_rows<FMT>(act_s, Is, T, Is, nullptr, 0.0f, nullptr, dsm + routed_bytes);
     Staged<FMT> st{dsm, I};
     Staged<FMT> sst{dsm + routed_bytes, Is};
-    int lane = threadIdx.x & 31;
+    int lane = threadIdx.x & 31, half = lane / DSLOT_LANES, sl = lane & (DSLOT_LANES - 1);
     int warps = gridDim.x * (blockDim.x >> 5);
-    int nch = row_chunks<FMT>(I), nchs = row_chunks<FMT>(Is);
+    int nch = row_chunks<FMT>(I), nchs = sdw ? row_chunks<FMT>(Is) : 0;
+    int most = max(nch, nchs);
     size_t rb = WF<FMT>::row_bytes(I), rsc = I >> 5;
     size_t srb = WF<FMT>::row_bytes(Is), srsc = Is >> 5;
-    int routed_chunks = k * nch;
-    int all_chunks = routed_chunks + (sdw ? nchs : 0);
+    int slots = k + (sdw ? 1 : 0);
     for (int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); item < T * H; item += warps) {
         int t = item / H, r = item - t * H;
-        float acc = 0.0f;
-        for (int c0 = lane; c0 < all_chunks; c0 += 32 * DOWN_BATCH) {
-            Chunk<FMT> c[DOWN_BATCH];
+        float total = 0.0f;
+        for (int s0 = 0; s0 < slots; s0 += 2 * DSLOT_BATCH) {
+            float acc[DSLOT_BATCH];
 #pragma unroll
-            for (int u = 0; u < DOWN_BATCH; u++) {
-                int q = c0 + u * 32;
-                if (q < routed_chunks) {
-                    int j = q / nch, ch = q - j * nch;
-                    size_t row = (size_t)sidx[t * k + j] * H + r;
-                    c[u] = load_dchunk<FMT>(dw + row * rb, ds + row * rsc, ch);
-                } else if (q < all_chunks) {
-                    c[u] = load_dchunk<FMT>(sdw + (size_t)r * srb, sds + (size_t)r * srsc, q - routed_chunks);
+            for (int u = 0; u < DSLOT_BATCH; u++) acc[u] = 0.0f;
+            for (int ch = sl; ch < most; ch += DSLOT_LANES) {
+                Chunk<FMT> c[DSLOT_BATCH];
+#pragma unroll
+                for (int u = 0; u < DSLOT_BATCH; u++) {
+                    int s = s0 + 2 * u + half;
+                    if (s < k && ch < nch) {
+                        size_t row = (size_t)sidx[t * k + s] * H + r;
+                        c[u] = load_dchunk<FMT>(dw + row * rb, ds + row * rsc, ch);
+                    } else if (s == k && ch < nchs) {
+                        c[u] = load_dchunk<FMT>(sdw + (size_t)r * srb, sds + (size_t)r * srsc, ch);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < DSLOT_BATCH; u++) {
+                    int s = s0 + 2 * u + half;
+                    if (s < k && ch < nch)
+                        acc[u] += dchunk_dot<FMT>(c[u], st, t * k + s, T * k, ch);
+                    else if (s == k && ch < nchs)
+                        acc[u] += dchunk_dot<FMT>(c[u], sst, t, T, ch);
                 }
             }
 #pragma unroll
-            for (int u = 0; u < DOWN_BATCH; u++) {
-                int q = c0 + u * 32;
-                if (q < routed_chunks) {
-                    int j = q / nch, ch = q - j * nch;
-                    acc += swt[t * k + j] * dchunk_dot<FMT>(c[u], st, t * k + j, T * k, ch);
-                } else if (q < all_chunks) {
-                    acc += ssg[t] * dchunk_dot<FMT>(c[u], sst, t, T, q - routed_chunks);
-                }
+            for (int u = 0; u < DSLOT_BATCH; u++) {
+                float v = lanes_sum(acc[u], DSLOT_LANES);
+                float v0 = __shfl_sync(0xffffffffu, v, 0), v1 = __shfl_sync(0xffffffffu, v, DSLOT_LANES);
+                int s = s0 + 2 * u;
+                if (s < slots) total = __fmaf_rn(s < k ? swt[t * k + s] : ssg[t], v0, total);
+                if (s + 1 < slots) total = __fmaf_rn(s + 1 < k ? swt[t * k + s + 1] : ssg[t], v1, total);
             }
         }
-        acc = warp_sum(acc);
         if (lane == 0) {
             float* out = h + (size_t)t * ldh + r;
-            *out = accumulate ? *out + acc : acc;
+            *out = accumulate ? *out + total : total;
         }
     }
 }
@@ -384,6 +400,29 @@ extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q4(DDOWN_ARGS)
 #define GD_TOK 2       // down: pairs per pass over the weight chunks
 #define GD_BATCH 2     // down: chunks per row and lane in flight
 
+// The block's tile: (expert, first, count) from `tiles` (pairs sorted by expert), or with
+// dense > 0 one matrix for all `dense` rows (the shared expert: "expert" 0, pair = row, rows
+// blockIdx.y·MATVEC_MAX_TOKENS on: a small matrix, read again per tile from L2, in enough
+// blocks to fill the GPU).
+__device__ __forceinline__ void grouped_tile(const int* __restrict__ tiles, int dense, int& e, int& first, int& count) {
+    if (dense > 0) {
+        e = 0;
+        first = blockIdx.y * MATVEC_MAX_TOKENS;
+        count = max(0, min(MATVEC_MAX_TOKENS, dense - first));
+    } else {
+        const int* tile = tiles + 3 * blockIdx.y;
+        e = tile[0];
+        first = tile[1];
+        count = tile[2];
+    }
+}
+
+// Pair `n` of the block's tile (-1 past its count): order[first + n], or first + n when dense.
+__device__ __forceinline__ int grouped_pair(const int* __restrict__ order, int first, int n, int count) {
+    if (n >= count) return -1;
+    return order ? __ldg(order + first + n) : first + n;
+}
+
 // One Q8/Q4 chunk against the int8 activations of one row (`q` its codes, `d` its scales).
 template <int FMT>
 __device__ __forceinline__ float gchunk_dot(const Chunk<FMT>& c, const signed char* __restrict__ q,
@@ -415,9 +454,9 @@ template <int FMT>
 __device__ __forceinline__ void grouped_gate_up_impl(const unsigned char* __restrict__ gu, const unsigned short* __restrict__ gs,
                                                      const signed char* __restrict__ xq, const float* __restrict__ xd,
                                                      const int* __restrict__ tiles, const int* __restrict__ order, int k,
-                                                     int I, int H, float* __restrict__ act) {
-    const int* tile = tiles + 3 * blockIdx.y;
-    int e = tile[0], first = tile[1], count = tile[2];
+                                                     int I, int H, float* __restrict__ act, int dense) {
+    int e, first, count;
+    grouped_tile(tiles, dense, e, first, count);
     int lane = threadIdx.x & 31;
     int i0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GS_ROWS;
     if (count == 0 || i0 >= I) return;  // uniform per warp
@@ -426,7 +465,7 @@ __device__ __forceinline__ void grouped_gate_up_impl(const unsigned char* __rest
     for (int t0 = 0; t0 < count; t0 += GS_TOK) {
         int pair[GS_TOK];
 #pragma unroll
-        for (int u = 0; u < GS_TOK; u++) pair[u] = t0 + u < count ? __ldg(order + first + t0 + u) : -1;
+        for (int u = 0; u < GS_TOK; u++) pair[u] = grouped_pair(order, first, t0 + u, count);
         float ga[GS_ROWS][GS_TOK], ub[GS_ROWS][GS_TOK];
 #pragma unroll
         for (int r = 0; r < GS_ROWS; r++)
@@ -486,9 +525,9 @@ template <int FMT>
 __device__ __forceinline__ void grouped_down_impl(const unsigned char* __restrict__ dw, const unsigned short* __restrict__ ds,
                                                   const signed char* __restrict__ aq, const float* __restrict__ ad,
                                                   const int* __restrict__ tiles, const int* __restrict__ order, int I, int H,
-                                                  float* __restrict__ out) {
-    const int* tile = tiles + 3 * blockIdx.y;
-    int e = tile[0], first = tile[1], count = tile[2];
+                                                  float* __restrict__ out, int dense) {
+    int e, first, count;
+    grouped_tile(tiles, dense, e, first, count);
     int lane = threadIdx.x & 31;
     int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GD_ROWS;
     if (count == 0 || r0 >= H) return;  // uniform per warp
@@ -499,7 +538,7 @@ __device__ __forceinline__ void grouped_down_impl(const unsigned char* __restric
     for (int t0 = 0; t0 < count; t0 += GD_TOK) {
         int pair[GD_TOK];
 #pragma unroll
-        for (int u = 0; u < GD_TOK; u++) pair[u] = t0 + u < count ? __ldg(order + first + t0 + u) : -1;
+        for (int u = 0; u < GD_TOK; u++) pair[u] = grouped_pair(order, first, t0 + u, count);
         float acc[RPL][GD_TOK];
 #pragma unroll
         for (int j = 0; j < RPL; j++)
@@ -548,22 +587,22 @@ __device__ __forceinline__ void grouped_down_impl(const unsigned char* __restric
 #define GGU_ARGS                                                                                                  \
     const unsigned char *__restrict__ gu, const unsigned short *__restrict__ gs, const signed char *__restrict__ xq, \
         const float *__restrict__ xd, const int *__restrict__ tiles, const int *__restrict__ order, int k, int I, int H, \
-        float *__restrict__ act
+        float *__restrict__ act, int dense
 #define GDOWN_ARGS                                                                                                \
     const unsigned char *__restrict__ dw, const unsigned short *__restrict__ ds, const signed char *__restrict__ aq, \
         const float *__restrict__ ad, const int *__restrict__ tiles, const int *__restrict__ order, int I, int H,       \
-        float *__restrict__ out
+        float *__restrict__ out, int dense
 extern "C" __global__ void __launch_bounds__(256) moe_grouped_gate_up_q8(GGU_ARGS) {
-    grouped_gate_up_impl<1>(gu, gs, xq, xd, tiles, order, k, I, H, act);
+    grouped_gate_up_impl<1>(gu, gs, xq, xd, tiles, order, k, I, H, act, dense);
 }
 extern "C" __global__ void __launch_bounds__(256) moe_grouped_gate_up_q4(GGU_ARGS) {
-    grouped_gate_up_impl<2>(gu, gs, xq, xd, tiles, order, k, I, H, act);
+    grouped_gate_up_impl<2>(gu, gs, xq, xd, tiles, order, k, I, H, act, dense);
 }
 extern "C" __global__ void __launch_bounds__(256) moe_grouped_down_q8(GDOWN_ARGS) {
-    grouped_down_impl<1>(dw, ds, aq, ad, tiles, order, I, H, out);
+    grouped_down_impl<1>(dw, ds, aq, ad, tiles, order, I, H, out, dense);
 }
 extern "C" __global__ void __launch_bounds__(256) moe_grouped_down_q4(GDOWN_ARGS) {
-    grouped_down_impl<2>(dw, ds, aq, ad, tiles, order, I, H, out);
+    grouped_down_impl<2>(dw, ds, aq, ad, tiles, order, I, H, out, dense);
 }
 
 // ---- Grouped expert GEMMs (prefill): pairs sorted by expert, weighted sums combined ----
@@ -627,5 +666,36 @@ extern "C" __global__ void moe_combine(const float* __restrict__ out, const floa
         float total = 0.0f;
         for (int j = 0; j < k; j++) total += wt[t * k + j] * out[((size_t)t * k + j) * H + r];
         y[e] += total;
+    }
+}
+
+// Routing of a batched decode step, one warp per token (8 per block) with route_warp, the decode
+// kernels' arithmetic: idx/wt [T, k] from the router logits (row t of `logits`, stride ld).
+// Dynamic shared memory: 8·E floats.
+extern "C" __global__ void __launch_bounds__(256) moe_route_warps(const float* __restrict__ logits, int ld, int E, int k,
+                                                                  int renormalize, int T, int* __restrict__ idx,
+                                                                  float* __restrict__ wt) {
+    extern __shared__ float route_sh[];
+    int warp = threadIdx.x >> 5;
+    int t = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (t >= T) return;  // uniform per warp; route_warp syncs the warp only
+    route_warp(logits + (size_t)t * ld, E, k, renormalize, route_sh + (size_t)warp * E, idx + (size_t)t * k,
+               wt + (size_t)t * k);
+}
+
+// y[t·ldy + r] (+)= the slots' sum in decode_moe_down's order: fma over the routed pairs'
+// unweighted outputs out[(t·k + j)·H + r] with wt[t·k + j], j in order, then (out_s not null)
+// the shared expert's out_s[t·H + r] with sigmoid(sg[t·ldsg]) (grid-stride).
+extern "C" __global__ void moe_combine_slots(const float* __restrict__ out, const float* __restrict__ wt,
+                                             const float* __restrict__ out_s, const float* __restrict__ sg, int ldsg,
+                                             float* __restrict__ y, int ldy, int T, int k, int H, int accumulate) {
+    size_t all = (size_t)T * H, step = gridDim.x * (size_t)blockDim.x;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < all; e += step) {
+        int t = (int)(e / H), r = (int)(e - (size_t)t * H);
+        float total = 0.0f;
+        for (int j = 0; j < k; j++) total = __fmaf_rn(wt[t * k + j], out[((size_t)t * k + j) * H + r], total);
+        if (out_s) total = __fmaf_rn(sigmoid_f(sg[(size_t)t * ldsg]), out_s[(size_t)t * H + r], total);
+        float* o = y + (size_t)t * ldy + r;
+        *o = accumulate ? *o + total : total;
     }
 }

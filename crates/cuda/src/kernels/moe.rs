@@ -106,7 +106,8 @@ kernels! {
         accumulate: i32,
     );
     /// Batched decode MoE (9-128 tokens), per tile of pairs sorted by expert: each expert's
-    /// gate|up rows read once for its pairs, SwiGLU into `act [pairs, I]`.
+    /// gate|up rows read once for its pairs, SwiGLU into `act [pairs, I]`. With `dense` > 0
+    /// (`tiles`, `order` null) one matrix for rows `0..dense` (the shared expert), pair = row.
     MoeGroupedGateUp {
         Q8 = "moe_grouped_gate_up_q8",
         Q4 = "moe_grouped_gate_up_q4",
@@ -122,9 +123,12 @@ kernels! {
         inter: i32,
         hidden: i32,
         act: Ptr<f32>,
+        dense: i32,
     );
     /// Batched decode MoE, per tile of pairs sorted by expert: each expert's down rows read
-    /// once for its pairs, unweighted into `out [pairs, H]` (`moe_combine` weighs and adds).
+    /// once for its pairs, unweighted into `out [pairs, H]` (`moe_combine` or
+    /// `moe_combine_slots` weighs and adds). With `dense` > 0 (`tiles`, `order` null) one
+    /// matrix for rows `0..dense` (the shared expert), pair = row.
     MoeGroupedDown {
         Q8 = "moe_grouped_down_q8",
         Q4 = "moe_grouped_down_q4",
@@ -139,6 +143,7 @@ kernels! {
         inter: i32,
         hidden: i32,
         out: Ptr<f32>,
+        dense: i32,
     );
     /// Sorts the `pairs` (token, expert) pairs by expert for the grouped GEMMs: `order` lists the
     /// pair ids of expert 0, then of expert 1, and so on, and `tiles` the 64-pair tiles.
@@ -162,6 +167,35 @@ kernels! {
         k: i32,
         hidden: i32,
     );
+    /// Routing of a batched decode step, a warp per token (the decode kernels' arithmetic):
+    /// idx/wt `[tokens, k]` from the router logits. Dynamic shared memory: 8·E floats.
+    MoeRouteWarps = "moe_route_warps"
+    (
+        logits: Ptr<f32>,
+        ld: i32,
+        experts: i32,
+        k: i32,
+        renormalize: i32,
+        tokens: i32,
+        idx: Ptr<i32>,
+        wt: Ptr<f32>,
+    );
+    /// y[t·ldy + r] (+)= the routed pairs' outputs weighted and summed in slot order, then the
+    /// gated shared expert's (when `out_s` is not null): `decode_moe_down`'s order.
+    MoeCombineSlots = "moe_combine_slots"
+    (
+        out: Ptr<f32>,
+        wt: Ptr<f32>,
+        out_s: Ptr<f32>,
+        sg: Ptr<f32>,
+        ldsg: i32,
+        y: Ptr<f32>,
+        ldy: i32,
+        tokens: i32,
+        k: i32,
+        hidden: i32,
+        accumulate: i32,
+    );
 }
 
 pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
@@ -174,4 +208,6 @@ pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
     MoeGroupedDown::DECLS,
     MoeGroupByExpert::DECLS,
     MoeCombine::DECLS,
+    MoeRouteWarps::DECLS,
+    MoeCombineSlots::DECLS,
 ];
