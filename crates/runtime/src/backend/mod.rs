@@ -26,10 +26,6 @@ use crate::prefix::{PrefixKv, PrefixState};
 use crate::sampling::{Sampler, SamplingParams};
 pub use cuda::cuda_refusal;
 
-/// Why CUDA refuses image prompts for now.
-#[cfg(feature = "cuda")]
-const CUDA_VISION: &str =
-    "the vision tower runs on the CPU backend only; CUDA support is not built yet (use --device cpu for image prompts)";
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaSessionGuard};
 
@@ -90,7 +86,7 @@ impl BackendSession {
         match self {
             BackendSession::Cpu(s) => s.rope.pending.len(),
             #[cfg(feature = "cuda")]
-            BackendSession::Cuda(_) => 0,
+            BackendSession::Cuda(s) => s.session().rope.pending.len(),
         }
     }
 
@@ -600,7 +596,11 @@ impl Backend {
                 .map(|_| ())
                 .map_err(|e| RuntimeError::Image(e.to_string())),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => Err(RuntimeError::Image(CUDA_VISION.into())),
+            Backend::Cuda(c) => c
+                .engine()
+                .vision()
+                .map(|_| ())
+                .map_err(|e| RuntimeError::Image(e.to_string())),
         }
     }
 
@@ -612,7 +612,7 @@ impl Backend {
                 .encode_images(images)
                 .map_err(|e| RuntimeError::Image(e.to_string())),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => Err(RuntimeError::Image(CUDA_VISION.into())),
+            Backend::Cuda(c) => c.encode_images(images),
         }
     }
 
@@ -631,15 +631,19 @@ impl Backend {
                 .attach_images(s, features)
                 .map_err(|e| RuntimeError::Image(e.to_string())),
             #[cfg(feature = "cuda")]
-            (Backend::Cuda(_), _) => Err(RuntimeError::Image(CUDA_VISION.into())),
+            (Backend::Cuda(c), BackendSession::Cuda(s)) => c.attach_images(s, features),
             #[cfg(feature = "cuda")]
             (backend, _) => Err(backend.foreign_session()),
         }
     }
 
-    /// Bytes of the vision tower's weights as loaded (0 without one, or on CUDA).
+    /// Bytes of the vision tower's weights as loaded (0 without one).
     pub fn vision_bytes(&self) -> usize {
-        self.cpu().map_or(0, Engine::vision_bytes)
+        match self {
+            Backend::Cpu(e) => e.vision_bytes(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.engine().vision_bytes(),
+        }
     }
 
     /// Whether sessions of this backend can be captured into and restored from the prefix
