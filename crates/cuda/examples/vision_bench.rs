@@ -39,7 +39,12 @@ impl Noise {
     fn linear(&mut self, rows: usize, cols: usize) -> BiasedLinear {
         let scale = 1.0 / (cols as f32).sqrt();
         BiasedLinear {
-            weight: Linear::from_f32(WeightFormat::Bf16, &self.vec(rows * cols, scale), rows, cols),
+            weight: Linear::from_f32(
+                WeightFormat::Bf16,
+                &self.vec(rows * cols, scale),
+                rows,
+                cols,
+            ),
             bias: self.vec(rows, 0.02),
         }
     }
@@ -65,7 +70,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let config = ModelConfig::from_json_str(RELEASED, Path::new("qwen3_6_35b_a3b.config.json"))?;
-    let vc = config.vision.clone().ok_or("the released config has a vision_config")?;
+    let vc = config
+        .vision
+        .clone()
+        .ok_or("the released config has a vision_config")?;
     let (d, i) = (vc.hidden, vc.intermediate);
     let wide = d * vc.merge * vc.merge;
     let mut noise = Noise(0x9e37_79b9_7f4a_7c15);
@@ -118,7 +126,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let started = Instant::now();
         let features = tower.encode(&dev, &image)?;
         times.push(started.elapsed().as_secs_f64() * 1e3);
-        assert!(features.rows.iter().all(|v| v.is_finite()), "non-finite features");
+        assert!(
+            features.rows.iter().all(|v| v.is_finite()),
+            "non-finite features"
+        );
     }
     times.sort_by(|a, b| a.total_cmp(b));
     println!(

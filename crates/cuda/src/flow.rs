@@ -311,7 +311,11 @@ pub(crate) struct Placed {
 /// images pending gets each token's 3-D position as per-slot positions and its image rows.
 ///
 /// [`RopeCursor`]: spindle_model::mrope::RopeCursor
-pub(crate) fn place_images(e: &CudaEngine, session: &mut CudaSession, ids: &[u32]) -> Result<Placed> {
+pub(crate) fn place_images(
+    e: &CudaEngine,
+    session: &mut CudaSession,
+    ids: &[u32],
+) -> Result<Placed> {
     let cursor = &mut session.rope;
     let image_token = e.image_token();
     let (Some(image_token), false) = (image_token, cursor.is_text_only()) else {
@@ -346,7 +350,9 @@ pub(crate) fn place_images(e: &CudaEngine, session: &mut CudaSession, ids: &[u32
             index: dev.upload(&index)?,
         })
     };
-    debug_assert!(rows.as_ref().is_none_or(|r| r.rows.len() == r.count * hidden));
+    debug_assert!(rows
+        .as_ref()
+        .is_none_or(|r| r.rows.len() == r.count * hidden));
     Ok(Placed {
         rope_delta: 0,
         slots: Some(dev.upload(&slots)?),
@@ -359,7 +365,13 @@ pub(crate) fn place_images(e: &CudaEngine, session: &mut CudaSession, ids: &[u32
 /// §4.3). With equal rows every slot holds that position, which is plain 1-D RoPE.
 pub fn slot_positions(positions: &[[usize; 3]], section: &[usize], half: usize) -> Vec<i32> {
     let rows: Vec<usize> = (0..half)
-        .map(|j| if section.is_empty() { 0 } else { mrope_row(j, section) })
+        .map(|j| {
+            if section.is_empty() {
+                0
+            } else {
+                mrope_row(j, section)
+            }
+        })
         .collect();
     positions
         .iter()

@@ -48,8 +48,8 @@ use std::sync::Arc;
 
 use spindle_model::forward::NonFiniteSite;
 use spindle_model::forward::{GreedyRun, LogitsFor};
-use spindle_model::quant::WeightFormat;
 use spindle_model::mrope::{ImageFeatures, PendingImage};
+use spindle_model::quant::WeightFormat;
 use spindle_model::{Checkpoint, ModelConfig};
 use spindle_vision::PreparedImage;
 
