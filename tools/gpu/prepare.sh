@@ -39,7 +39,7 @@ echo "$target/release/spindle" > "$dir/spindle_path.txt"
 cp "$target/release/spindle" "$dir/spindle"
 objcopy --strip-debug "$dir/spindle"
 rm -rf "$dir/fixtures" && mkdir -p "$dir/fixtures"
-for f in qwen3_next_moe qwen3_5_dense qwen3_5_moe qwen3_5_moe_fused qwen4_exp; do
+for f in qwen3_next_moe qwen3_5_dense qwen3_5_moe qwen3_5_moe_fused qwen4_exp qwen3_5_dense_vision qwen3_5_moe_vision; do
     cp -r "${SPINDLE_FIXTURES:-fixtures}/$f" "$dir/fixtures/"
 done
 cp tools/gpu/*.sh "$dir/"

@@ -216,6 +216,8 @@ fn core(
         i(d),
         i(start),
         p(start_dev),
+        seg.rope_delta as i32,
+        p(seg.slots),
         ctx.eps,
     )?;
 
@@ -433,6 +435,7 @@ pub(crate) fn attend_tiled(
         i(h.n_kv),
         i(h.d),
         i(start),
+        1,
         1.0 / (h.d as f32).sqrt(),
     )?;
     Ok(true)

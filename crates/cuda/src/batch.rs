@@ -295,18 +295,13 @@ fn capture(
             .iter_mut()
             .enumerate()
             .map(|(n, it)| StepSeq {
-                seg: Seg {
-                    offset: n,
-                    tokens: 1,
-                    start: it.session.position,
-                    start_dev: 0,
-                },
+                seg: Seg::text(n, 1, it.session.position, 0),
                 session: &mut *it.session,
                 want: LogitsFor::Last,
             })
             .collect();
         let result = with_small_batch(e, true, || {
-            flow::body(e, &mut seqs, bucket, ids_dev, Some(&tables))
+            flow::body(e, &mut seqs, bucket, ids_dev, Some(&tables), None)
         });
         let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         let (used, overflowed) = dev.end_workspace();
@@ -397,12 +392,7 @@ fn eager_step(
     let mut seqs: Vec<StepSeq> = items
         .iter_mut()
         .map(|it| {
-            let seg = Seg {
-                offset,
-                tokens: it.ids.len(),
-                start: it.session.position,
-                start_dev: 0,
-            };
+            let seg = Seg::text(offset, it.ids.len(), it.session.position, 0);
             offset += it.ids.len();
             StepSeq {
                 session: &mut *it.session,
@@ -416,7 +406,7 @@ fn eager_step(
         dev.begin_workspace(state.arena.as_ref().expect("allocated above"));
     }
     let result = with_small_batch(e, decode, || {
-        flow::body(e, &mut seqs, tokens, ids_buf.ptr(), tables.as_ref())
+        flow::body(e, &mut seqs, tokens, ids_buf.ptr(), tables.as_ref(), None)
     });
     let overflowed = use_arena && dev.end_workspace().1;
     let (logits, rows) = result?;

@@ -27,6 +27,10 @@ pub enum CudaError {
     Compile { arch: String, log: String },
     #[error("the CUDA backend does not support this model: {0}")]
     Unsupported(String),
+    /// Image input that cannot run: no tower loaded, an image that does not fit it, pads
+    /// that do not match the queued images.
+    #[error("{0}")]
+    Image(String),
     #[error("the batched step failed: {0}")]
     BatchStep(String),
     /// Found by [`crate::CudaEngine::locate_non_finite`]'s replay.

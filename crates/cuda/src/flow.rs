@@ -6,6 +6,7 @@
 //! its PLE and QSA steps are kernels that read the ids and the position on the device).
 
 use spindle_model::forward::LogitsFor;
+use spindle_model::mrope::{mrope_row, TokenRole};
 
 use crate::attention::{self, AttentionCtx};
 use crate::device::{DevBuf, Device};
@@ -146,7 +147,10 @@ pub(crate) fn forward_device(
     ids: &[u32],
     want: LogitsFor,
 ) -> Result<Logits> {
-    if ids.len() == 1 && e.graphs && !session.graph_failed && !e.probing() {
+    // A graph replays text tokens only (an image row's embedding and 3-D position are not
+    // in it).
+    let text_only = session.rope.is_text_only();
+    if ids.len() == 1 && text_only && e.graphs && !session.graph_failed && !e.probing() {
         match decode_graph(e, session, ids[0]) {
             Ok(ptr) => {
                 session.position += 1;
@@ -174,15 +178,15 @@ pub(crate) fn forward_device(
         let buf = dev.upload(&ids_i32)?;
         (buf.ptr(), Some(buf))
     };
+    let placed = place_images(e, session, ids)?;
     let _arena = small.then(|| Workspace::begin(dev, &session.workspace));
     let seg = Seg {
-        offset: 0,
-        tokens: ids.len(),
-        start,
-        start_dev: 0,
+        rope_delta: placed.rope_delta,
+        slots: placed.slots.as_ref().map_or(0, DevBuf::ptr),
+        ..Seg::text(0, ids.len(), start, 0)
     };
     let mut seqs = [StepSeq { session, seg, want }];
-    let (logits, rows) = body(e, &mut seqs, ids.len(), ids_dev, None)?;
+    let (logits, rows) = body(e, &mut seqs, ids.len(), ids_dev, None, placed.rows.as_ref())?;
     seqs[0].session.position += ids.len();
     let ptr = logits.ptr();
     let owned = logits.is_owned().then_some(logits);
@@ -227,10 +231,11 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
     ensure_capacity(e, session, pos + 1)?;
     session.step_io.write_step(dev, id, pos)?;
     let generation = session.cache_generation();
+    let rope_delta = session.rope.delta;
     if session
         .graph
         .as_ref()
-        .is_none_or(|g| g.generation != generation)
+        .is_none_or(|g| g.generation != generation || g.rope_delta != rope_delta)
     {
         session.graph = None;
         let started = std::time::Instant::now();
@@ -245,17 +250,15 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
             })
             .during("beginning a CUDA graph capture")?;
         let seg = Seg {
-            offset: 0,
-            tokens: 1,
-            start: pos,
-            start_dev,
+            rope_delta,
+            ..Seg::text(0, 1, pos, start_dev)
         };
         let mut seqs = [StepSeq {
             session: &mut *session,
             seg,
             want: LogitsFor::Last,
         }];
-        let result = body(e, &mut seqs, 1, ids_dev, None);
+        let result = body(e, &mut seqs, 1, ids_dev, None, None);
         let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         let (_, overflowed) = dev.end_workspace();
         let (logits, _) = result?;
@@ -278,11 +281,102 @@ fn decode_graph(e: &CudaEngine, session: &mut CudaSession, id: u32) -> Result<u6
             graph,
             logits: logits.ptr(),
             generation,
+            rope_delta,
         });
     }
     let g = session.graph.as_ref().expect("captured above");
     g.graph.launch().during("launching the decode graph")?;
     Ok(g.logits)
+}
+
+/// Image rows of a step that replace their tokens' embeddings (shared docs `VISION.md` §4.1):
+/// `rows` `[count, hidden]` go to step rows `index` `[count]`.
+pub(crate) struct ImageRows {
+    rows: DevBuf<f32>,
+    index: DevBuf<i32>,
+    count: usize,
+}
+
+/// How one sequence's chunk is placed on its rotary positions and images.
+pub(crate) struct Placed {
+    /// What a text token's rotary position adds to its cache index.
+    pub rope_delta: i64,
+    /// Per-token per-slot positions `[tokens, rotary_dim/2]` (a chunk placed on pending images).
+    pub slots: Option<DevBuf<i32>>,
+    pub rows: Option<ImageRows>,
+}
+
+/// Places `ids` on `session`'s pending images (advancing its [`RopeCursor`]): a text-only
+/// session keeps today's path (positions = cache index + rope_delta, nothing uploaded); one with
+/// images pending gets each token's 3-D position as per-slot positions and its image rows.
+///
+/// [`RopeCursor`]: spindle_model::mrope::RopeCursor
+pub(crate) fn place_images(
+    e: &CudaEngine,
+    session: &mut CudaSession,
+    ids: &[u32],
+) -> Result<Placed> {
+    let cursor = &mut session.rope;
+    let image_token = e.image_token();
+    let (Some(image_token), false) = (image_token, cursor.is_text_only()) else {
+        return Ok(Placed {
+            rope_delta: cursor.delta,
+            slots: None,
+            rows: None,
+        });
+    };
+    let images: Vec<_> = cursor.pending.iter().map(|p| p.features.clone()).collect();
+    let (roles, positions) = cursor
+        .place(ids, session.position, image_token)
+        .map_err(|err| CudaError::Image(err.to_string()))?;
+    let section = e.config.rope.mrope_section.as_deref().unwrap_or(&[]);
+    let slots = slot_positions(&positions, section, e.config.rope.rotary_dim / 2);
+    let hidden = e.config.hidden_size;
+    let mut rows = Vec::new();
+    let mut index = Vec::new();
+    for (t, role) in roles.iter().enumerate() {
+        if let TokenRole::Image { image, row } = *role {
+            rows.extend_from_slice(images[image].row(row));
+            index.push(t as i32);
+        }
+    }
+    let dev = &e.dev;
+    let rows = if index.is_empty() {
+        None
+    } else {
+        Some(ImageRows {
+            rows: dev.upload(&rows)?,
+            count: index.len(),
+            index: dev.upload(&index)?,
+        })
+    };
+    debug_assert!(rows
+        .as_ref()
+        .is_none_or(|r| r.rows.len() == r.count * hidden));
+    Ok(Placed {
+        rope_delta: 0,
+        slots: Some(dev.upload(&slots)?),
+        rows,
+    })
+}
+
+/// Each token's rotary position per frequency slot `[tokens, half]` from its (T, H, W)
+/// position: slot j takes row `mrope_row(j, section)` (the interleaved map of `VISION.md`
+/// §4.3). With equal rows every slot holds that position, which is plain 1-D RoPE.
+pub fn slot_positions(positions: &[[usize; 3]], section: &[usize], half: usize) -> Vec<i32> {
+    let rows: Vec<usize> = (0..half)
+        .map(|j| {
+            if section.is_empty() {
+                0
+            } else {
+                mrope_row(j, section)
+            }
+        })
+        .collect();
+    positions
+        .iter()
+        .flat_map(|pos| rows.iter().map(move |&r| pos[r] as i32))
+        .collect()
 }
 
 /// One sequence of a forward step: its session, its rows of the step and the logits it wants.
@@ -303,6 +397,7 @@ pub(crate) fn body(
     tokens: usize,
     ids_dev: u64,
     batch: Option<&DecodeTables>,
+    images: Option<&ImageRows>,
 ) -> Result<(DevBuf<f32>, usize)> {
     let dev = &e.dev;
     let config = &e.config;
@@ -326,6 +421,18 @@ pub(crate) fn body(
         i(s.hidden),
         i(s.streams),
     )?;
+    if let Some(im) = images {
+        kernels::vision::ScatterRows::launch(
+            dev,
+            Launch::elementwise(im.count * s.hidden),
+            im.rows.arg(),
+            im.index.arg(),
+            h.arg(),
+            i(im.count),
+            i(s.hidden),
+            i(s.streams),
+        )?;
+    }
     let first_position = seqs[0].seg.start;
     let probe = |site| probe_rows(e, h.arg(), width, s.tokens, first_position, site);
     probe(NonFiniteSite::Embedding)?;
@@ -535,5 +642,38 @@ fn probe_rows(
             site,
             token: first_token + row,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot_positions;
+    use spindle_kernels::rope::RopeFreqs;
+
+    /// The per-slot positions, rotated as `rope_elem` does (pos · inv_freq in f64), give the
+    /// CPU's interleaved mRoPE cos/sin exactly; equal rows give plain RoPE.
+    #[test]
+    fn slot_positions_reproduce_the_cpu_mrope() {
+        let section = [11, 11, 10];
+        let freqs = RopeFreqs::new(1e7, 64);
+        let inv: Vec<f64> = (0..32)
+            .map(|i| 1.0 / 1e7f64.powf(2.0 * i as f64 / 64.0))
+            .collect();
+        let positions = [[6, 6, 6], [6, 7, 10], [11, 11, 11], [40, 3, 17]];
+        let slots = slot_positions(&positions, &section, 32);
+        assert_eq!(slots.len(), 4 * 32);
+        for (t, pos) in positions.iter().enumerate() {
+            let (cos, sin) = freqs.cos_sin_mrope(*pos, &section);
+            for j in 0..32 {
+                let a = slots[t * 32 + j] as f64 * inv[j];
+                assert_eq!(a.cos() as f32, cos[j], "token {t} slot {j}");
+                assert_eq!(a.sin() as f32, sin[j], "token {t} slot {j}");
+            }
+        }
+        // (6, 7, 10): slot 0 T, 1 H, 2 W, ..., 30 T, 31 H.
+        assert_eq!(&slots[32..35], &[6, 7, 10]);
+        assert_eq!(slots[32 + 30], 6);
+        assert_eq!(slots[32 + 31], 7);
+        assert!(slots[..32].iter().all(|&s| s == 6));
     }
 }

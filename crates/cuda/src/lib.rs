@@ -40,14 +40,18 @@ mod sampling;
 mod session;
 #[doc(hidden)]
 pub mod testing;
+pub mod vision;
 mod weights;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use spindle_model::forward::NonFiniteSite;
 use spindle_model::forward::{GreedyRun, LogitsFor};
+use spindle_model::mrope::{ImageFeatures, PendingImage};
 use spindle_model::quant::WeightFormat;
 use spindle_model::{Checkpoint, ModelConfig};
+use spindle_vision::PreparedImage;
 
 #[doc(hidden)]
 pub use attention::qsa_pick_on_host;
@@ -61,6 +65,7 @@ pub use sampling::{
     apply_mask, sample_row_on_host, DeviceSampler, RowSampling, Sampled, MAX_SAMPLE_ROWS,
 };
 pub use session::CudaSession;
+pub use vision::{GpuVision, TowerTimes, TowerTrace};
 
 /// Prefill runs in pieces of at most this many tokens (grid-dimension limits of the MoE
 /// kernels; the result is the same as one pass).
@@ -135,6 +140,8 @@ pub struct CudaEngine {
     /// Page-locked staging for the prefix cache's copies to and from the host (allocated at
     /// the first one).
     prefix_staging: std::sync::Mutex<Option<device::MappedHost>>,
+    /// The vision tower on the device, or why image input is not available.
+    vision: std::result::Result<GpuVision, String>,
 }
 
 impl CudaEngine {
@@ -152,6 +159,18 @@ impl CudaEngine {
         ordinal: usize,
         quant: WeightFormat,
         max_layers: Option<usize>,
+    ) -> Result<Self> {
+        Self::load_with_vision(dir, ordinal, quant, max_layers, true)
+    }
+
+    /// As [`CudaEngine::load_with`]; with `vision` false the vision tower is left unloaded
+    /// (`--no-vision`: image prompts are then refused).
+    pub fn load_with_vision(
+        dir: &Path,
+        ordinal: usize,
+        quant: WeightFormat,
+        max_layers: Option<usize>,
+        vision: bool,
     ) -> Result<Self> {
         let dev = Device::open(ordinal)?;
         let mut config = ModelConfig::from_dir(dir)?;
@@ -179,6 +198,7 @@ impl CudaEngine {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "weights uploaded"
         );
+        let vision = load_vision(&dev, &checkpoint, &config, vision)?;
         // The CPU view and the checkpoint's maps are not needed past the upload.
         drop(cpu);
         drop(checkpoint);
@@ -209,7 +229,72 @@ impl CudaEngine {
             sampler: Default::default(),
             probing: Default::default(),
             prefix_staging: Default::default(),
+            vision,
         })
+    }
+
+    /// The vision tower, or why image input is not available (no `vision_config`, no
+    /// `model.visual.*` tensors, `--no-vision`, ...).
+    pub fn vision(&self) -> Result<&GpuVision> {
+        self.vision
+            .as_ref()
+            .map_err(|why| CudaError::Image(why.clone()))
+    }
+
+    /// Device bytes of the vision tower's weights (0 without one).
+    pub fn vision_bytes(&self) -> usize {
+        self.vision.as_ref().map_or(0, GpuVision::size_bytes)
+    }
+
+    /// `<|image_pad|>` when the tower is loaded: those tokens then take image rows.
+    pub(crate) fn image_token(&self) -> Option<u32> {
+        self.vision.as_ref().ok().map(|v| v.config().tokens.image)
+    }
+
+    /// Runs `images` through the vision tower (shared docs `VISION.md` §3), each on its own:
+    /// the features that replace their pads. An image that does not fit the tower is refused
+    /// by its index.
+    pub fn encode_images(&self, images: &[PreparedImage]) -> Result<Vec<Arc<ImageFeatures>>> {
+        let tower = self.vision()?;
+        for (k, image) in images.iter().enumerate() {
+            tower.check_image(image, k)?;
+        }
+        images
+            .iter()
+            .map(|image| tower.encode(&self.dev, image).map(Arc::new))
+            .collect()
+    }
+
+    /// [`CudaEngine::encode_images`] for one image, keeping the tower's intermediates.
+    pub fn trace_image(&self, image: &PreparedImage) -> Result<TowerTrace> {
+        let tower = self.vision()?;
+        tower.check_image(image, 0)?;
+        tower.trace(&self.dev, image)
+    }
+
+    /// Queues `features` on `session`: the next `<|image_pad|>` tokens fed to it take their
+    /// rows, image after image, and the positions after each image follow `VISION.md` §4.2.
+    /// The prompt's pads must match (front ends check it: `spindle_runtime`'s prompt check).
+    pub fn attach_images(
+        &self,
+        session: &mut CudaSession,
+        features: &[Arc<ImageFeatures>],
+    ) -> Result<()> {
+        self.vision()?;
+        if let Some(bad) = features
+            .iter()
+            .find(|f| f.hidden != self.config.hidden_size)
+        {
+            return Err(CudaError::Image(format!(
+                "image features of width {} for a model of hidden size {}",
+                bad.hidden, self.config.hidden_size
+            )));
+        }
+        session
+            .rope
+            .pending
+            .extend(features.iter().cloned().map(PendingImage::new));
+        Ok(())
     }
 
     /// The weight format of the large projections.
@@ -448,7 +533,12 @@ impl CudaEngine {
         }
         let short = |it: &CudaBatchItem| it.ids.len() <= kernels::MATVEC_MAX_TOKENS;
         let mixed = items.iter().any(short) && !items.iter().all(short);
-        let logits = if mixed {
+        // The batched kernels and graphs rotate at the cache index: a sequence with images
+        // (pending, or a rope_delta after one) runs on its own.
+        let imaged = |it: &CudaBatchItem| it.session.rope != Default::default();
+        let logits = if items.len() > 1 && items.iter().any(imaged) {
+            self.step_each(items, &ranges, row)?
+        } else if mixed {
             self.step_in_two(items, &ranges, row)?
         } else {
             self.step(items)?
@@ -518,6 +608,28 @@ impl CudaEngine {
         })
     }
 
+    /// A step whose items run one after the other (each as [`CudaEngine::forward`] would run
+    /// it), their wanted rows copied into one buffer in item order (`ranges`, `rows` in all).
+    fn step_each(
+        &self,
+        items: &mut [CudaBatchItem<'_>],
+        ranges: &[std::ops::Range<usize>],
+        rows: usize,
+    ) -> Result<flow::Logits> {
+        let vocab = self.config.vocab_size;
+        let out = self.dev.zeros::<f32>(rows * vocab)?;
+        for (it, r) in items.iter_mut().zip(ranges) {
+            let logits = flow::forward_device(self, it.session, it.ids, it.want)?;
+            self.dev
+                .copy_raw(logits.ptr, out.at(r.start * vocab), r.len() * vocab * 4)?;
+        }
+        Ok(flow::Logits {
+            ptr: out.ptr(),
+            rows,
+            _owned: Some(out),
+        })
+    }
+
     /// Copies a batched step's logits `[rows, V]` to the host (waits for the device).
     pub fn download_logits(&self, logits: &BatchLogits) -> Result<Vec<f32>> {
         self.dev
@@ -547,6 +659,47 @@ impl CudaEngine {
             |ids, want| self.forward(&mut session, ids, want),
         )
     }
+}
+
+/// The vision tower of `checkpoint` on the device when the model can take images (and `wanted`),
+/// else why not (the reason image prompts are refused with), as the CPU engine decides it. A
+/// tower that is present but malformed is an error.
+fn load_vision(
+    dev: &Device,
+    checkpoint: &Checkpoint,
+    config: &ModelConfig,
+    wanted: bool,
+) -> Result<std::result::Result<GpuVision, String>> {
+    let Some(vision) = &config.vision else {
+        return Ok(Err(
+            "this model takes no images: config.json has no vision_config".into(),
+        ));
+    };
+    if !wanted {
+        return Ok(Err(
+            "the vision tower was not loaded (--no-vision): image input is off".into(),
+        ));
+    }
+    if !spindle_model::weights::vision::has_vision_tower(checkpoint) {
+        return Ok(Err(format!(
+            "{} holds no vision tower (model.visual.* tensors): image input is off",
+            checkpoint.dir().display()
+        )));
+    }
+    if vision.tokens.image as usize >= config.vocab_size {
+        return Ok(Err(format!(
+            "image_token_id {} is outside the vocabulary (vocab_size {}): image input is off",
+            vision.tokens.image, config.vocab_size
+        )));
+    }
+    if config.rope.mrope_section.is_none() {
+        return Ok(Err(
+            "text_config.rope_parameters has no mrope_section (3-D positions): image input is off"
+                .into(),
+        ));
+    }
+    let weights = spindle_model::weights::load_vision(checkpoint, vision)?;
+    Ok(Ok(GpuVision::upload(dev, &weights, vision)?))
 }
 
 /// Refuses shapes the kernels cannot run, by name.

@@ -188,6 +188,7 @@ impl CudaEngine {
         from: usize,
     ) -> Result<Vec<Option<HostLayer>>> {
         self.refuse_uncovered()?;
+        refuse_imaged(session)?;
         let to = session.position;
         if from > to {
             return Err(CudaError::Unsupported(format!(
@@ -216,6 +217,7 @@ impl CudaEngine {
     /// attention layer).
     pub fn read_recurrent(&self, session: &CudaSession) -> Result<Vec<Option<HostLayer>>> {
         self.refuse_uncovered()?;
+        refuse_imaged(session)?;
         session
             .layers
             .iter()
@@ -390,4 +392,15 @@ impl CudaEngine {
             None => Ok(()),
         }
     }
+}
+
+/// A restored session starts at rope_delta 0 with no image fed: state that depends on an image
+/// is never cached (as on the CPU; images queued but not reached yet do not count).
+fn refuse_imaged(session: &CudaSession) -> Result<()> {
+    if session.rope.images_started > 0 {
+        return Err(CudaError::Unsupported(
+            "a session past an image's pads cannot be cached (its rotary positions are not its token positions)".into(),
+        ));
+    }
+    Ok(())
 }

@@ -1,6 +1,7 @@
 //! One sequence's state on the device: KV caches, GDN conv and recurrent state (f32), and for
 //! qwen4_exp the QSA indexer caches, the PLE n-gram history and the PLE conv rows.
 
+use spindle_model::mrope::RopeCursor;
 use spindle_model::{MixerKind, ModelConfig, QsaConfig};
 
 use crate::device::{DevBuf, Device};
@@ -64,6 +65,26 @@ pub struct Seg {
     pub tokens: usize,
     pub start: usize,
     pub start_dev: u64,
+    /// What the rotary position adds to the cache index (rope_delta, shared docs `VISION.md`
+    /// §4.4; 0 for a text-only sequence).
+    pub rope_delta: i64,
+    /// Device address of `[tokens, rotary_dim/2]` i32 positions per frequency slot (the 3-D
+    /// mRoPE of a chunk holding image rows, §4.3), or 0: every slot at cache index + delta.
+    pub slots: u64,
+}
+
+impl Seg {
+    /// Rows `offset..offset + tokens` at positions `start..` of a text-only sequence.
+    pub fn text(offset: usize, tokens: usize, start: usize, start_dev: u64) -> Self {
+        Seg {
+            offset,
+            tokens,
+            start,
+            start_dev,
+            rope_delta: 0,
+            slots: 0,
+        }
+    }
 }
 
 /// A decode step of B sequences of one token each, as its batched kernels read it: per layer
@@ -136,6 +157,8 @@ pub struct DecodeGraph {
     pub logits: u64,
     /// The sum of the KV caches' generations when captured.
     pub generation: u64,
+    /// The rope_delta baked into the graph (a later image changes it: captured again).
+    pub rope_delta: i64,
 }
 
 /// The decode step's inputs and output on the device, at fixed addresses that a captured
@@ -254,6 +277,9 @@ pub struct CudaSession {
     pub graph: Option<DecodeGraph>,
     /// Graph capture failed once: decode runs eagerly from then on.
     pub graph_failed: bool,
+    /// Rotary positions apart from the cache index after an image (rope_delta), and the
+    /// images whose pads are still to come (shared docs `VISION.md` §4).
+    pub rope: RopeCursor,
 }
 
 impl CudaSession {
@@ -346,6 +372,7 @@ impl CudaSession {
             argmax_parts: dev.zeros(2 * ARGMAX_BLOCKS + 1)?,
             graph: None,
             graph_failed: false,
+            rope: RopeCursor::default(),
         })
     }
 }

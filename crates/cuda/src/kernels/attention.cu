@@ -3,24 +3,28 @@
 
 // Partial NeoX RoPE of one head vector held one element per thread (x = this thread's value,
 // sh = the whole vector in shared memory). cos/sin in f64 from inv_freq, cast to f32 (as the CPU).
+// `slots`, when not null, holds this token's position per frequency slot (rot/2 ints: the 3-D
+// interleaved mRoPE of a chunk with image rows, VISION.md §4.3); otherwise every slot uses `pos`.
 __device__ __forceinline__ float rope_elem(float x, const float* sh, int j, int rot, int pos,
-                                           const double* inv_freq) {
+                                           const double* inv_freq, const int* slots = nullptr) {
     int half = rot / 2;
     if (j >= rot) return x;
     int i = j < half ? j : j - half;
-    double a = (double)pos * inv_freq[i];
+    double a = (double)(slots ? slots[i] : pos) * inv_freq[i];
     float c = (float)cos(a), s = (float)sin(a);
     return j < half ? x * c - sh[j + half] * s : x * c + sh[j - half] * s;
 }
 
 // Block (t, head): head < n_h are query heads (split [query | gate], q_norm, RoPE), the rest
-// key heads (k_norm, RoPE) whose keys and values go to cache row start + t.
+// key heads (k_norm, RoPE) whose keys and values go to cache row `pos`. The rotary position is
+// `rpos` (pos + rope_delta after an image), or per slot from `slots` (see rope_elem).
 // qkv row t: [q_proj (n_h·2d) | k_proj (n_kv·d) | v_proj (n_kv·d)].
 __device__ __forceinline__ void attention_prepare_row(const float* __restrict__ row, const float* __restrict__ q_norm,
                                                       const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
                                                       int rot, float* __restrict__ q_row, float* __restrict__ gate_row,
                                                       float* __restrict__ k_cache, float* __restrict__ v_cache,
-                                                      int n_h, int n_kv, int d, int pos, float eps) {
+                                                      int n_h, int n_kv, int d, int pos, int rpos,
+                                                      const int* __restrict__ slots, float eps) {
     extern __shared__ float sh[];  // [d]
     __shared__ float red[33];
     int head = blockIdx.y, j = threadIdx.x;
@@ -34,7 +38,7 @@ __device__ __forceinline__ void attention_prepare_row(const float* __restrict__ 
     if (j < d) sh[j] = x;
     __syncthreads();
     if (j >= d) return;
-    float r = rope_elem(x, sh, j, rot, pos, inv_freq);
+    float r = rope_elem(x, sh, j, rot, rpos, inv_freq, slots);
     if (is_q) {
         q_row[(size_t)head * d + j] = r;
         gate_row[(size_t)head * d + j] = src[d + j];
@@ -45,16 +49,19 @@ __device__ __forceinline__ void attention_prepare_row(const float* __restrict__ 
     }
 }
 
+// Token t sits at cache row start + t and rotates by start + t + rope_delta, or, with `slots`
+// not null, by slots[t·rot/2 + i] in frequency slot i (a chunk holding image rows).
 extern "C" __global__ void attention_prepare(const float* __restrict__ qkv, int ld, const float* __restrict__ q_norm,
                                              const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
                                              int rot, float* __restrict__ q_out, float* __restrict__ gate_out,
                                              float* __restrict__ k_cache, float* __restrict__ v_cache,
                                              int n_h, int n_kv, int d, int start, const int* __restrict__ startp,
-                                             float eps) {
+                                             int rope_delta, const int* __restrict__ slots, float eps) {
     if (startp) start = *startp;  // graph replay: the position lives in device memory
     int t = blockIdx.x;
     attention_prepare_row(qkv + (size_t)t * ld, q_norm, k_norm, inv_freq, rot, q_out + (size_t)t * n_h * d,
-                          gate_out + (size_t)t * n_h * d, k_cache, v_cache, n_h, n_kv, d, start + t, eps);
+                          gate_out + (size_t)t * n_h * d, k_cache, v_cache, n_h, n_kv, d, start + t,
+                          start + t + rope_delta, slots ? slots + (size_t)t * (rot / 2) : nullptr, eps);
 }
 
 // attention_prepare for B sequences of one token: block (b, head) on row b of qkv, sequence
@@ -69,7 +76,7 @@ extern "C" __global__ void attention_prepare_batch(const float* __restrict__ qkv
     int b = blockIdx.x;
     attention_prepare_row(qkv + (size_t)b * ld, q_norm, k_norm, inv_freq, rot, q_out + (size_t)b * n_h * d,
                           gate_out + (size_t)b * n_h * d, (float*)kv[b], (float*)kv[B + b], n_h, n_kv, d,
-                          positions[b], eps);
+                          positions[b], positions[b], nullptr, eps);
 }
 
 #define ATT_WARPS 4
@@ -533,14 +540,15 @@ extern "C" __global__ void __launch_bounds__(QSA_PICK_THREADS) qsa_pick_blocks(c
 // the queries of all ρ = n_h/n_kv heads of g for ATTN_PREFILL_ROWS/ρ consecutive tokens in shared memory
 // and walks the visible keys in tiles of ATTN_PREFILL_KEYS, each K and V row read from the cache once per
 // block instead of once per (token, head). Online softmax in f32, as attention_serial; the output is
-// multiplied by sigmoid(gate). Thread (r, j) owns row r = tid/4 (head r / per, token r % per)
+// multiplied by sigmoid(gate) (gate null: not gated). With causal = 0 every query sees all T keys
+// (the vision tower's bidirectional attention within an image). Thread (r, j) owns row r = tid/4 (head r / per, token r % per)
 // and its keys j, j + 4, ... of each tile and its value columns 4j, 4j + 16, ...
 
 
 extern "C" __global__ void __launch_bounds__(256) attention_prefill_tiled(
     const float* __restrict__ q, const float* __restrict__ gate, const float* __restrict__ k_cache,
     const float* __restrict__ v_cache, float* __restrict__ out, int T, int n_h, int n_kv, int d, int start,
-    float scale) {
+    int causal, float scale) {
     extern __shared__ __align__(16) float ap_smem[];
     int ld = d + 4;  // padded rows: float4 reads of 8 rows in a warp hit distinct banks
     float* qs = ap_smem;                   // [ATTN_PREFILL_ROWS][ld]
@@ -571,8 +579,10 @@ extern "C" __global__ void __launch_bounds__(256) attention_prefill_tiled(
 #pragma unroll
     for (int i = 0; i < 16; i++) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float m = -SP_INF, l = 0.0f;
-    int pos = start + t;  // this row's position; keys 0..pos are visible
-    int last = start + min(t0 + per, T) - 1;  // the block's last visible key
+    // This row's last visible key (causal: its own position; else every key of the T), and
+    // the block's.
+    int pos = causal ? start + t : start + T - 1;
+    int last = causal ? start + min(t0 + per, T) - 1 : start + T - 1;
     for (int k0 = 0; k0 <= last; k0 += ATTN_PREFILL_KEYS) {
         __syncthreads();  // the previous tile is consumed
         for (int e = tid; e < ATTN_PREFILL_KEYS * quads; e += blockDim.x) {
@@ -645,12 +655,16 @@ extern "C" __global__ void __launch_bounds__(256) attention_prefill_tiled(
         int c = 4 * j + 16 * i;
         if (c >= d) break;
         size_t at = ((size_t)t * n_h + h) * d + c;
-        float4 gv = *(const float4*)(gate + at);
         float4 o = acc[i];
-        o.x = o.x * inv * sigmoid_f(gv.x);
-        o.y = o.y * inv * sigmoid_f(gv.y);
-        o.z = o.z * inv * sigmoid_f(gv.z);
-        o.w = o.w * inv * sigmoid_f(gv.w);
+        if (gate) {
+            float4 gv = *(const float4*)(gate + at);
+            o.x = o.x * inv * sigmoid_f(gv.x);
+            o.y = o.y * inv * sigmoid_f(gv.y);
+            o.z = o.z * inv * sigmoid_f(gv.z);
+            o.w = o.w * inv * sigmoid_f(gv.w);
+        } else {
+            o.x *= inv; o.y *= inv; o.z *= inv; o.w *= inv;
+        }
         *(float4*)(out + at) = o;
     }
 }

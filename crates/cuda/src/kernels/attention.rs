@@ -22,6 +22,8 @@ kernels! {
         d: i32,
         start: i32,
         startp: Ptr<i32>,
+        rope_delta: i32,
+        slots: Ptr<i32>,
         eps: f32,
     );
     /// Block (t, h): softmax(q·Kᵀ/√d)·V over the visible keys, times sigmoid(gate).
@@ -140,6 +142,7 @@ kernels! {
         n_kv: i32,
         d: i32,
         start: i32,
+        causal: i32,
         scale: f32,
     );
     /// Batched decode: `attention_prepare` for B sequences of one token, grid (B, n_h + n_kv);

@@ -173,6 +173,7 @@ pub mod norm;
 pub mod qwen4;
 pub mod reduce;
 pub mod sampling;
+pub mod vision;
 
 /// The CUDA C sources, concatenated into one program (after the generated prelude) in this
 /// order: helpers first, each file after those it uses.
@@ -189,6 +190,7 @@ const SOURCES: &[&str] = &[
     include_str!("attention.cu"),
     include_str!("qwen4.cu"),
     include_str!("sampling.cu"),
+    include_str!("vision.cu"),
 ];
 
 /// Every declared kernel, by source file.
@@ -203,6 +205,7 @@ const DECLARED: &[&[&[KernelDecl]]] = &[
     attention::DECLARED,
     qwen4::DECLARED,
     sampling::DECLARED,
+    vision::DECLARED,
 ];
 
 /// PTX of every kernel for `arch` (e.g. `sm_90`), compiled by NVRTC at most once per process.

@@ -97,7 +97,13 @@ impl CudaBackend {
                 .and_then(|ck| ck.check_finite())
                 .map_err(spindle_cpu::EngineError::from)?;
         }
-        let engine = spindle_cuda::CudaEngine::load_with(dir, ordinal, options.quant, layers)?;
+        let engine = spindle_cuda::CudaEngine::load_with_vision(
+            dir,
+            ordinal,
+            options.quant,
+            layers,
+            !options.no_vision,
+        )?;
         tracing::info!(
             device = %engine.device_name(),
             graphs = engine.uses_graphs(),
@@ -148,6 +154,28 @@ impl CudaBackend {
         let _held = self.held();
         session.feed(ids);
         Ok(self.engine.forward(&mut session.session, ids, want)?)
+    }
+
+    /// Runs `images` through the vision tower on the GPU (see `CudaEngine::encode_images`).
+    pub(super) fn encode_images(
+        &self,
+        images: &[spindle_vision::PreparedImage],
+    ) -> Result<Vec<Arc<spindle_model::mrope::ImageFeatures>>> {
+        let _held = self.held();
+        self.engine
+            .encode_images(images)
+            .map_err(|e| RuntimeError::Image(e.to_string()))
+    }
+
+    /// Queues image features on a session (see `CudaEngine::attach_images`).
+    pub(super) fn attach_images(
+        &self,
+        session: &mut CudaSessionGuard,
+        features: &[Arc<spindle_model::mrope::ImageFeatures>],
+    ) -> Result<()> {
+        self.engine
+            .attach_images(session.session_mut(), features)
+            .map_err(|e| RuntimeError::Image(e.to_string()))
     }
 
     /// Grows a session's caches to `tokens` tokens (see `CudaEngine::reserve`).

@@ -34,10 +34,6 @@ fn prefix_on_device() -> bool {
     std::env::var("SPINDLE_PREFIX_ON_HOST").map_or(true, |v| v != "1")
 }
 
-/// Why CUDA refuses image prompts for now.
-#[cfg(feature = "cuda")]
-const CUDA_VISION: &str =
-    "the vision tower runs on the CPU backend only; CUDA support is not built yet (use --device cpu for image prompts)";
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaSessionGuard};
 
@@ -98,7 +94,7 @@ impl BackendSession {
         match self {
             BackendSession::Cpu(s) => s.rope.pending.len(),
             #[cfg(feature = "cuda")]
-            BackendSession::Cuda(_) => 0,
+            BackendSession::Cuda(s) => s.session().rope.pending.len(),
         }
     }
 
@@ -608,7 +604,11 @@ impl Backend {
                 .map(|_| ())
                 .map_err(|e| RuntimeError::Image(e.to_string())),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => Err(RuntimeError::Image(CUDA_VISION.into())),
+            Backend::Cuda(c) => c
+                .engine()
+                .vision()
+                .map(|_| ())
+                .map_err(|e| RuntimeError::Image(e.to_string())),
         }
     }
 
@@ -620,7 +620,7 @@ impl Backend {
                 .encode_images(images)
                 .map_err(|e| RuntimeError::Image(e.to_string())),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => Err(RuntimeError::Image(CUDA_VISION.into())),
+            Backend::Cuda(c) => c.encode_images(images),
         }
     }
 
@@ -639,7 +639,7 @@ impl Backend {
                 .attach_images(s, features)
                 .map_err(|e| RuntimeError::Image(e.to_string())),
             #[cfg(feature = "cuda")]
-            (Backend::Cuda(_), _) => Err(RuntimeError::Image(CUDA_VISION.into())),
+            (Backend::Cuda(c), BackendSession::Cuda(s)) => c.attach_images(s, features),
             #[cfg(feature = "cuda")]
             (backend, _) => Err(backend.foreign_session()),
         }
@@ -661,9 +661,13 @@ impl Backend {
         }
     }
 
-    /// Bytes of the vision tower's weights as loaded (0 without one, or on CUDA).
+    /// Bytes of the vision tower's weights as loaded (0 without one).
     pub fn vision_bytes(&self) -> usize {
-        self.cpu().map_or(0, Engine::vision_bytes)
+        match self {
+            Backend::Cpu(e) => e.vision_bytes(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.engine().vision_bytes(),
+        }
     }
 
     /// Whether sessions of this backend can be captured into and restored from the prefix

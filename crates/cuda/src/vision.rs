@@ -1,0 +1,671 @@
+//! The Qwen3.5/3.6 vision tower on the device (shared docs `VISION.md` §3), the CUDA peer of
+//! `spindle_cpu::vision`: patch embedding, the learned position table interpolated per image,
+//! the pre-norm ViT blocks with 2-D rotary attention bidirectional within the image, and the
+//! 2x2 patch merger. The linears run on the SIMT f32 GEMM over the bf16 weights (see
+//! `GpuVision::gemm` for why not the tensor-core one); attention is the tiled prefill kernel
+//! without the causal mask or the gate. What depends only on the
+//! image's grid (the interpolation's corners and weights, the rotary cos/sin) is computed on
+//! the host exactly as the CPU computes it and uploaded. Rows stay in the 2x2-block-major
+//! order of [`PreparedImage`] throughout, so 4 consecutive rows are one merged token.
+
+use spindle_model::mrope::ImageFeatures;
+use spindle_model::weights::vision::{BiasedLinear, LayerNormWeights};
+use spindle_model::{VisionConfig, VisionWeights};
+use spindle_vision::PreparedImage;
+
+use crate::device::{DevBuf, Device};
+use crate::error::{CudaError, Result};
+use crate::gemm::simt_gemm;
+use crate::kernels::{self, i, Launch, ATTN_PREFILL_KEYS, ATTN_PREFILL_ROWS};
+use crate::matrix::DevMatrix;
+
+/// LayerNorm eps of the tower (hard-coded 1e-6 in transformers, §1.1).
+const EPS: f32 = 1e-6;
+
+/// A linear layer with its bias on the device.
+struct GpuBiased {
+    weight: DevMatrix,
+    bias: DevBuf<f32>,
+}
+
+struct GpuLayerNorm {
+    weight: DevBuf<f32>,
+    bias: DevBuf<f32>,
+}
+
+struct GpuVisionBlock {
+    norm1: GpuLayerNorm,
+    qkv: GpuBiased,
+    proj: GpuBiased,
+    norm2: GpuLayerNorm,
+    fc1: GpuBiased,
+    fc2: GpuBiased,
+}
+
+/// The tower's weights on the device (matrices bf16 as stored, vectors and the position table
+/// f32) and its shape.
+pub struct GpuVision {
+    config: VisionConfig,
+    patch_embed: GpuBiased,
+    pos_embed: DevBuf<f32>,
+    blocks: Vec<GpuVisionBlock>,
+    merger_norm: GpuLayerNorm,
+    merger_fc1: GpuBiased,
+    merger_fc2: GpuBiased,
+    bytes: usize,
+}
+
+/// One image through the tower with its intermediates (for the fixture tests and
+/// `spindle logits`): `[N, D]` after patch + position embedding, `[N, D]` after the last block,
+/// and the merged features.
+pub struct TowerTrace {
+    pub patch_embed: Vec<f32>,
+    pub blocks_out: Vec<f32>,
+    pub features: ImageFeatures,
+}
+
+/// Wall time of each stage of one encoding (the device synchronised after each), for the
+/// benchmark.
+#[derive(Clone, Debug, Default)]
+pub struct TowerTimes {
+    /// Host preparation (coordinates, interpolation weights, rotary tables) and uploads.
+    pub host_ms: f64,
+    /// Patch embedding and position table.
+    pub embed_ms: f64,
+    /// LayerNorms, qkv, rotary, bias and GELU kernels of every block (all but attention and
+    /// the other GEMMs below).
+    pub norms_ms: f64,
+    /// The four GEMMs of every block.
+    pub gemm_ms: f64,
+    /// Attention of every block.
+    pub attention_ms: f64,
+    /// The merger.
+    pub merger_ms: f64,
+}
+
+impl GpuVision {
+    /// Uploads `w` (shaped by `config`).
+    pub fn upload(dev: &Device, w: &VisionWeights, config: &VisionConfig) -> Result<Self> {
+        let mut bytes = 0;
+        let mut biased = |l: &BiasedLinear| -> Result<GpuBiased> {
+            let weight = DevMatrix::upload(dev, &l.weight)?;
+            bytes += weight.size_bytes() + l.bias.len() * 4;
+            Ok(GpuBiased {
+                weight,
+                bias: dev.upload(&l.bias)?,
+            })
+        };
+        let norm = |n: &LayerNormWeights| -> Result<GpuLayerNorm> {
+            Ok(GpuLayerNorm {
+                weight: dev.upload(&n.weight)?,
+                bias: dev.upload(&n.bias)?,
+            })
+        };
+        let patch_embed = biased(&w.patch_embed)?;
+        let mut blocks = Vec::with_capacity(w.blocks.len());
+        for b in &w.blocks {
+            blocks.push(GpuVisionBlock {
+                norm1: norm(&b.norm1)?,
+                qkv: biased(&b.qkv)?,
+                proj: biased(&b.proj)?,
+                norm2: norm(&b.norm2)?,
+                fc1: biased(&b.fc1)?,
+                fc2: biased(&b.fc2)?,
+            });
+        }
+        let merger_fc1 = biased(&w.merger_fc1)?;
+        let merger_fc2 = biased(&w.merger_fc2)?;
+        let d = config.hidden;
+        bytes += w.pos_embed.len() * 4 + (2 + 4 * w.blocks.len()) * d * 4;
+        Ok(GpuVision {
+            config: config.clone(),
+            patch_embed,
+            pos_embed: dev.upload(&w.pos_embed)?,
+            blocks,
+            merger_norm: norm(&w.merger_norm)?,
+            merger_fc1,
+            merger_fc2,
+            bytes,
+        })
+    }
+
+    /// Device bytes of the weights.
+    pub fn size_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn config(&self) -> &VisionConfig {
+        &self.config
+    }
+
+    /// Checks that `image` fits the tower (as the CPU's `check_image`): row width, a grid
+    /// divisible by the merge size, as many pixel values as the grid says, and a head size the
+    /// attention kernel takes.
+    pub fn check_image(&self, image: &PreparedImage, index: usize) -> Result<()> {
+        let config = &self.config;
+        let g = image.grid;
+        let m = config.merge;
+        let bad = |why: String| Err(CudaError::Image(format!("image {index}: {why}")));
+        if image.row_len != config.patch_row() {
+            return bad(format!(
+                "patch rows of {} values, but the vision tower takes {} (channels x temporal x patch²)",
+                image.row_len,
+                config.patch_row()
+            ));
+        }
+        if g.t == 0 || g.h == 0 || g.w == 0 || g.h % m != 0 || g.w % m != 0 {
+            return bad(format!(
+                "grid {}x{}x{} patches: every side must be positive and h, w multiples of the merge size {m}",
+                g.t, g.h, g.w
+            ));
+        }
+        if image.pixels.len() != g.patches() * image.row_len {
+            return bad(format!(
+                "{} pixel values for {} patches of {}",
+                image.pixels.len(),
+                g.patches(),
+                image.row_len
+            ));
+        }
+        if g.patches() > i32::MAX as usize / (3 * config.hidden.max(config.intermediate)) {
+            return bad(format!(
+                "{} patches overflow the kernels' 32-bit sizes",
+                g.patches()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The tower's output for `image` (which passed [`GpuVision::check_image`]).
+    pub fn encode(&self, dev: &Device, image: &PreparedImage) -> Result<ImageFeatures> {
+        Ok(self.run(dev, image, false, None)?.features)
+    }
+
+    /// [`GpuVision::encode`] keeping the intermediates.
+    pub fn trace(&self, dev: &Device, image: &PreparedImage) -> Result<TowerTrace> {
+        self.run(dev, image, true, None)
+    }
+
+    /// [`GpuVision::encode`] timing each stage (the device synchronised between stages, so the
+    /// total is a little above an untimed encoding's).
+    pub fn encode_timed(
+        &self,
+        dev: &Device,
+        image: &PreparedImage,
+    ) -> Result<(ImageFeatures, TowerTimes)> {
+        let mut times = TowerTimes::default();
+        let trace = self.run(dev, image, false, Some(&mut times))?;
+        Ok((trace.features, times))
+    }
+
+    fn run(
+        &self,
+        dev: &Device,
+        image: &PreparedImage,
+        keep: bool,
+        mut times: Option<&mut TowerTimes>,
+    ) -> Result<TowerTrace> {
+        let config = &self.config;
+        let (t, gh, gw) = (image.grid.t, image.grid.h, image.grid.w);
+        let n = t * gh * gw;
+        let (d, heads, hd) = (config.hidden, config.heads, config.head_dim());
+        let inter = config.intermediate;
+        let m2 = config.merge * config.merge;
+        let mut clock = Clock::new(dev, times.is_some());
+
+        // Host: what depends on the grid only, computed as the CPU computes it.
+        let coords = patch_coords(gh, gw, config.merge, t);
+        let (index, weights) = interpolation(config.pos_side, gh, gw, &coords);
+        let (cos, sin) = vision_rope(hd, config.rope_theta, &coords);
+        let pixels = dev.upload(&image.pixels)?;
+        let index = dev.upload(&index)?;
+        let weights = dev.upload(&weights)?;
+        let cos = dev.upload(&cos)?;
+        let sin = dev.upload(&sin)?;
+        clock.lap(&mut times, |t| &mut t.host_ms)?;
+
+        // §3.1-3.2: patch embedding, plus the interpolated position table.
+        let h = dev.zeros::<f32>(n * d)?;
+        self.biased(
+            dev,
+            &self.patch_embed,
+            pixels.arg(),
+            config.patch_row(),
+            &h,
+            n,
+        )?;
+        kernels::vision::VisionPosEmbedAdd::launch(
+            dev,
+            Launch::elementwise(n * d),
+            h.arg(),
+            self.pos_embed.arg(),
+            index.arg(),
+            weights.arg(),
+            i(n),
+            i(d),
+        )?;
+        let patch_embed = if keep {
+            dev.download(&h, 0, n * d)?
+        } else {
+            Vec::new()
+        };
+        clock.lap(&mut times, |t| &mut t.embed_ms)?;
+
+        // §3.4: the blocks.
+        let x = dev.zeros::<f32>(n * d)?;
+        let qkv = dev.zeros::<f32>(n * 3 * d)?;
+        let q = dev.zeros::<f32>(n * d)?;
+        let k = dev.zeros::<f32>(n * d)?;
+        let v = dev.zeros::<f32>(n * d)?;
+        let o = dev.zeros::<f32>(n * d)?;
+        let up = dev.zeros::<f32>(n * inter)?;
+        for block in &self.blocks {
+            layer_norm(dev, &h, &x, &block.norm1, n, d)?;
+            clock.lap(&mut times, |t| &mut t.norms_ms)?;
+            self.gemm(
+                dev,
+                &block.qkv.weight,
+                x.arg(),
+                d,
+                qkv.arg(),
+                3 * d,
+                n,
+                false,
+            )?;
+            clock.lap(&mut times, |t| &mut t.gemm_ms)?;
+            bias_add(dev, &qkv, &block.qkv.bias, n, 3 * d)?;
+            kernels::vision::VisionRopeSplit::launch(
+                dev,
+                Launch::elementwise(n * d),
+                qkv.arg(),
+                cos.arg(),
+                sin.arg(),
+                q.arg(),
+                k.arg(),
+                v.arg(),
+                i(n),
+                i(heads),
+                i(hd),
+            )?;
+            clock.lap(&mut times, |t| &mut t.norms_ms)?;
+            attend(dev, &q, &k, &v, &o, n, heads, hd)?;
+            clock.lap(&mut times, |t| &mut t.attention_ms)?;
+            // h += proj(o) + b: the GEMM accumulates into h, then the bias.
+            self.gemm(dev, &block.proj.weight, o.arg(), d, h.arg(), d, n, true)?;
+            clock.lap(&mut times, |t| &mut t.gemm_ms)?;
+            bias_add(dev, &h, &block.proj.bias, n, d)?;
+            layer_norm(dev, &h, &x, &block.norm2, n, d)?;
+            clock.lap(&mut times, |t| &mut t.norms_ms)?;
+            self.gemm(
+                dev,
+                &block.fc1.weight,
+                x.arg(),
+                d,
+                up.arg(),
+                inter,
+                n,
+                false,
+            )?;
+            clock.lap(&mut times, |t| &mut t.gemm_ms)?;
+            bias_gelu(dev, &up, &block.fc1.bias, n, inter, false)?;
+            clock.lap(&mut times, |t| &mut t.norms_ms)?;
+            self.gemm(dev, &block.fc2.weight, up.arg(), inter, h.arg(), d, n, true)?;
+            clock.lap(&mut times, |t| &mut t.gemm_ms)?;
+            bias_add(dev, &h, &block.fc2.bias, n, d)?;
+            clock.lap(&mut times, |t| &mut t.norms_ms)?;
+        }
+        let blocks_out = if keep {
+            dev.download(&h, 0, n * d)?
+        } else {
+            Vec::new()
+        };
+
+        // §3.5: LayerNorm over D, 4 consecutive rows grouped (rows of 4D), fc1, erf-GELU, fc2.
+        layer_norm(dev, &h, &x, &self.merger_norm, n, d)?;
+        let tokens = n / m2;
+        let wide = d * m2;
+        let y = dev.zeros::<f32>(tokens * wide)?;
+        self.gemm(
+            dev,
+            &self.merger_fc1.weight,
+            x.arg(),
+            wide,
+            y.arg(),
+            wide,
+            tokens,
+            false,
+        )?;
+        bias_gelu(dev, &y, &self.merger_fc1.bias, tokens, wide, true)?;
+        let out = dev.zeros::<f32>(tokens * config.out_hidden)?;
+        self.biased(dev, &self.merger_fc2, y.arg(), wide, &out, tokens)?;
+        let rows = dev.download(&out, 0, tokens * config.out_hidden)?;
+        clock.lap(&mut times, |t| &mut t.merger_ms)?;
+        Ok(TowerTrace {
+            patch_embed,
+            blocks_out,
+            features: ImageFeatures {
+                rows,
+                hidden: config.out_hidden,
+                frames: t,
+                height: gh / config.merge,
+                width: gw / config.merge,
+            },
+        })
+    }
+
+    /// `y (+)= x·Wᵀ` through the SIMT f32 GEMM. Not the tensor-core GEMM: on the vision
+    /// fixtures its results (three bf16 planes of each activation) were 4x further from the
+    /// float64 reference after the patch embedding (1.1e-5 against 2.9e-6), and the text model
+    /// amplified that to 7.5e-4 in the logits (5.3e-5 with this GEMM); it is also 2x faster
+    /// on the blocks (66 against 137 ms for a 1024x1024 image, README).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        dev: &Device,
+        w: &DevMatrix,
+        x: kernels::Ptr<f32>,
+        ldx: usize,
+        y: kernels::Ptr<f32>,
+        ldy: usize,
+        tokens: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        for (row0, part) in &w.parts {
+            simt_gemm(dev, part, x, ldx, y.at(*row0), ldy, tokens, accumulate)?;
+        }
+        Ok(())
+    }
+
+    /// `y = x·Wᵀ + b` for `rows` rows of `cols`.
+    fn biased(
+        &self,
+        dev: &Device,
+        layer: &GpuBiased,
+        x: kernels::Ptr<f32>,
+        cols: usize,
+        y: &DevBuf<f32>,
+        rows: usize,
+    ) -> Result<()> {
+        let out = layer.weight.rows;
+        self.gemm(dev, &layer.weight, x, cols, y.arg(), out, rows, false)?;
+        bias_add(dev, y, &layer.bias, rows, out)
+    }
+}
+
+/// Times stages when asked: synchronises and adds the time since the last lap.
+struct Clock<'d> {
+    dev: &'d Device,
+    on: bool,
+    last: std::time::Instant,
+}
+
+impl<'d> Clock<'d> {
+    fn new(dev: &'d Device, on: bool) -> Self {
+        Clock {
+            dev,
+            on,
+            last: std::time::Instant::now(),
+        }
+    }
+
+    fn lap(
+        &mut self,
+        times: &mut Option<&mut TowerTimes>,
+        stage: impl FnOnce(&mut TowerTimes) -> &mut f64,
+    ) -> Result<()> {
+        if let (true, Some(t)) = (self.on, times.as_deref_mut()) {
+            self.dev.sync()?;
+            let now = std::time::Instant::now();
+            *stage(t) += (now - self.last).as_secs_f64() * 1e3;
+            self.last = now;
+        }
+        Ok(())
+    }
+}
+
+fn layer_norm(
+    dev: &Device,
+    x: &DevBuf<f32>,
+    y: &DevBuf<f32>,
+    w: &GpuLayerNorm,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    kernels::vision::LayerNormRows::launch(
+        dev,
+        Launch::new((rows as u32, 1, 1), 256, 0),
+        x.arg(),
+        y.arg(),
+        w.weight.arg(),
+        w.bias.arg(),
+        i(cols),
+        EPS,
+    )
+}
+
+fn bias_add(
+    dev: &Device,
+    y: &DevBuf<f32>,
+    b: &DevBuf<f32>,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    kernels::vision::BiasAddRows::launch(
+        dev,
+        Launch::elementwise(rows * cols),
+        y.arg(),
+        b.arg(),
+        i(rows),
+        i(cols),
+    )
+}
+
+fn bias_gelu(
+    dev: &Device,
+    y: &DevBuf<f32>,
+    b: &DevBuf<f32>,
+    rows: usize,
+    cols: usize,
+    erf_form: bool,
+) -> Result<()> {
+    kernels::vision::BiasGeluRows::launch(
+        dev,
+        Launch::elementwise(rows * cols),
+        y.arg(),
+        b.arg(),
+        i(rows),
+        i(cols),
+        erf_form as i32,
+    )
+}
+
+/// Bidirectional attention of the image's `n` rows: `o = softmax(q·kᵀ/√hd)·v` per head, through
+/// the tiled prefill kernel with every key visible and no gate (q, k, v, o `[n, heads, hd]`).
+fn attend(
+    dev: &Device,
+    q: &DevBuf<f32>,
+    k: &DevBuf<f32>,
+    v: &DevBuf<f32>,
+    o: &DevBuf<f32>,
+    n: usize,
+    heads: usize,
+    hd: usize,
+) -> Result<()> {
+    let shared = 4
+        * ((ATTN_PREFILL_ROWS + 2 * ATTN_PREFILL_KEYS) * (hd + 4)
+            + ATTN_PREFILL_ROWS * (ATTN_PREFILL_KEYS + 1));
+    let name = kernels::attention::AttentionPrefillTiled::NAME;
+    // The kernel reads float4 rows and holds at most 256 columns per row.
+    if hd % 4 != 0 || hd > 256 || shared > dev.shared_limit(name) {
+        return Err(CudaError::Unsupported(format!(
+            "vision head size {hd}: the attention kernel takes multiples of 4 up to 256"
+        )));
+    }
+    kernels::attention::AttentionPrefillTiled::launch(
+        dev,
+        Launch::new(
+            (n.div_ceil(ATTN_PREFILL_ROWS) as u32, heads as u32, 1),
+            256,
+            shared as u32,
+        ),
+        q.arg(),
+        kernels::Ptr::null(),
+        k.arg(),
+        v.arg(),
+        o.arg(),
+        i(n),
+        i(heads),
+        i(heads),
+        i(hd),
+        0,
+        0,
+        1.0 / (hd as f32).sqrt(),
+    )
+}
+
+/// (row, column) in patches of every row, in the 2x2-block-major order of §2.3, frame after
+/// frame (as `spindle_cpu::vision`).
+pub fn patch_coords(gh: usize, gw: usize, m: usize, frames: usize) -> Vec<(usize, usize)> {
+    let mut coords = Vec::with_capacity(frames * gh * gw);
+    for _ in 0..frames {
+        for bh in 0..gh / m {
+            for bw in 0..gw / m {
+                for ih in 0..m {
+                    for iw in 0..m {
+                        coords.push((bh * m + ih, bw * m + iw));
+                    }
+                }
+            }
+        }
+    }
+    coords
+}
+
+/// §3.2: the four table rows and f64 weights that interpolate the S x S table bilinearly
+/// (align_corners=True, upper neighbours clamped) at each entry of `coords` on a gh x gw grid:
+/// `[rows, 4]` each, corners (y0, x0), (y0, x1), (y1, x0), (y1, x1) as the CPU sums them.
+pub fn interpolation(
+    side: usize,
+    gh: usize,
+    gw: usize,
+    coords: &[(usize, usize)],
+) -> (Vec<i32>, Vec<f64>) {
+    let axis = |i: usize, size: usize| -> (usize, usize, f64) {
+        let x = if size == 1 {
+            0.0
+        } else {
+            i as f64 * (side - 1) as f64 / (size - 1) as f64
+        };
+        let lo = (x.floor() as usize).min(side - 1);
+        (lo, (lo + 1).min(side - 1), x - lo as f64)
+    };
+    let mut index = Vec::with_capacity(coords.len() * 4);
+    let mut weights = Vec::with_capacity(coords.len() * 4);
+    for &(r, c) in coords {
+        let (y0, y1, dy) = axis(r, gh);
+        let (x0, x1, dx) = axis(c, gw);
+        for (at, w) in [
+            (y0 * side + x0, (1.0 - dy) * (1.0 - dx)),
+            (y0 * side + x1, (1.0 - dy) * dx),
+            (y1 * side + x0, dy * (1.0 - dx)),
+            (y1 * side + x1, dy * dx),
+        ] {
+            index.push(at as i32);
+            weights.push(w);
+        }
+    }
+    (index, weights)
+}
+
+/// cos and sin `[rows, d/2]` of every row's 2-D rotary angles: the first d/4 from the patch
+/// row, the next d/4 from its column (θ_v^(−2j/(d/2)), j < d/4), the angle in f32 as
+/// transformers computes it (§6.2 point 11).
+pub fn vision_rope(head_dim: usize, theta: f64, coords: &[(usize, usize)]) -> (Vec<f32>, Vec<f32>) {
+    let (half, quarter) = (head_dim / 2, head_dim / 4);
+    let inv: Vec<f64> = (0..quarter)
+        .map(|j| 1.0 / theta.powf(2.0 * j as f64 / half as f64))
+        .collect();
+    let mut cos = Vec::with_capacity(coords.len() * half);
+    let mut sin = Vec::with_capacity(coords.len() * half);
+    for &(r, c) in coords {
+        for (axis, &f) in std::iter::repeat_n(r, quarter)
+            .chain(std::iter::repeat_n(c, quarter))
+            .zip(inv.iter().cycle())
+        {
+            let angle = axis as f32 * f as f32;
+            cos.push(angle.cos());
+            sin.push(angle.sin());
+        }
+    }
+    (cos, sin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coords_are_block_major() {
+        let c = patch_coords(2, 4, 2, 1);
+        assert_eq!(
+            c,
+            vec![
+                (0, 0),
+                (0, 1),
+                (1, 0),
+                (1, 1),
+                (0, 2),
+                (0, 3),
+                (1, 2),
+                (1, 3)
+            ]
+        );
+    }
+
+    /// The corners and weights, applied on the host, hit the table's corners and midpoints
+    /// (a 2x2 table of one channel, 0..3, sampled on a 3x3 grid).
+    #[test]
+    fn interpolation_hits_the_table_corners_and_midpoints() {
+        let table = [0.0f64, 1.0, 2.0, 3.0];
+        let coords: Vec<(usize, usize)> =
+            (0..3).flat_map(|r| (0..3).map(move |c| (r, c))).collect();
+        let (index, weights) = interpolation(2, 3, 3, &coords);
+        let values: Vec<f64> = (0..coords.len())
+            .map(|r| {
+                (0..4)
+                    .map(|c| weights[4 * r + c] * table[index[4 * r + c] as usize])
+                    .sum()
+            })
+            .collect();
+        assert_eq!(values, vec![0.0, 0.5, 1.0, 1.0, 1.5, 2.0, 2.0, 2.5, 3.0]);
+        // Weights of each row sum to 1, indices stay inside the table.
+        for r in 0..coords.len() {
+            let s: f64 = weights[4 * r..4 * r + 4].iter().sum();
+            assert!((s - 1.0).abs() < 1e-12);
+        }
+        assert!(index.iter().all(|&i| (0..4).contains(&i)));
+    }
+
+    /// A 6x10 grid on a 6x6 table: the last row and column map onto the table's last ones.
+    #[test]
+    fn interpolation_clamps_the_upper_neighbour() {
+        let coords = vec![(5, 9), (0, 0)];
+        let (index, weights) = interpolation(6, 6, 10, &coords);
+        assert_eq!(index[0], 35);
+        assert_eq!(weights[0], 1.0);
+        assert_eq!(&weights[1..4], &[0.0, 0.0, 0.0]);
+        assert_eq!(index[4], 0);
+    }
+
+    #[test]
+    fn vision_rope_splits_rows_and_columns() {
+        // d = 8: 2 frequencies per axis; position (3, 5).
+        let (cos, sin) = vision_rope(8, 10000.0, &[(3, 5)]);
+        assert_eq!(cos.len(), 4);
+        let inv1 = (1.0 / 10000f64.powf(2.0 / 4.0)) as f32;
+        assert_eq!(cos[0], 3.0f32.cos());
+        assert_eq!(sin[1], (3.0 * inv1).sin());
+        assert_eq!(cos[2], 5.0f32.cos());
+        assert_eq!(sin[3], (5.0 * inv1).sin());
+    }
+}
