@@ -15,7 +15,7 @@ cargo test --release -p spindle-cuda --no-run --message-format=json 2>/dev/null 
     python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"] and m["target"]["name"] in ("batch", "sampling", "fixtures", "ops", "kernels", "qwen4", "gdn_chunked", "prefix"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"] and m["target"]["name"] in ("batch", "sampling", "fixtures", "ops", "kernels", "qwen4", "gdn_chunked", "prefix", "vision"):
         print(m["target"]["name"], m["executable"])' |
     while read -r name exe; do
         cp "$exe" "$dir/$name-test"
@@ -43,7 +43,7 @@ for f in "$dir"/*-test "$dir"/batch_decode "$dir"/spindle "$dir"/spindle-old; do
     [ -f "$f" ] && xz -T2 -6 -f "$f"
 done
 rm -rf "$dir/fixtures" && mkdir -p "$dir/fixtures"
-for f in qwen3_next_moe qwen3_5_dense qwen3_5_moe qwen3_5_moe_fused qwen4_exp; do
+for f in qwen3_next_moe qwen3_5_dense qwen3_5_moe qwen3_5_moe_fused qwen4_exp qwen3_5_dense_vision qwen3_5_moe_vision; do
     cp -r "${SPINDLE_FIXTURES:-fixtures}/$f" "$dir/fixtures/"
 done
 # The real Qwen tokenizer and chat template, for serving a synthetic checkpoint (PART=serve).
