@@ -29,7 +29,7 @@ use spindle_model::experts::pool::ReadPool;
 use spindle_model::experts::{
     CachePolicy, ExpertCounters, ExpertResidency, ExpertStats, StreamOptions,
 };
-use spindle_model::mrope::{ImageFeatures, PendingImage};
+use spindle_model::mrope::ImageFeatures;
 use spindle_model::weights::{self, ModelWeights, VisionWeights};
 use spindle_vision::PreparedImage;
 
@@ -328,20 +328,10 @@ impl Engine {
         features: &[Arc<ImageFeatures>],
     ) -> Result<()> {
         self.vision()?;
-        if let Some(bad) = features
-            .iter()
-            .find(|f| f.hidden != self.config.hidden_size)
-        {
-            return Err(EngineError::Image(format!(
-                "image features of width {} for a model of hidden size {}",
-                bad.hidden, self.config.hidden_size
-            )));
-        }
         session
             .rope
-            .pending
-            .extend(features.iter().cloned().map(PendingImage::new));
-        Ok(())
+            .queue_images(features, self.config.hidden_size)
+            .map_err(EngineError::Image)
     }
 
     /// Prefills `prompt` and decodes `steps` tokens greedily, one at a time with the cache.

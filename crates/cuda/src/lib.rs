@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 use spindle_model::forward::NonFiniteSite;
 use spindle_model::forward::{GreedyRun, LogitsFor};
-use spindle_model::mrope::{ImageFeatures, PendingImage};
+use spindle_model::mrope::ImageFeatures;
 use spindle_model::quant::WeightFormat;
 use spindle_model::{Checkpoint, ModelConfig};
 use spindle_vision::PreparedImage;
@@ -281,20 +281,10 @@ impl CudaEngine {
         features: &[Arc<ImageFeatures>],
     ) -> Result<()> {
         self.vision()?;
-        if let Some(bad) = features
-            .iter()
-            .find(|f| f.hidden != self.config.hidden_size)
-        {
-            return Err(CudaError::Image(format!(
-                "image features of width {} for a model of hidden size {}",
-                bad.hidden, self.config.hidden_size
-            )));
-        }
         session
             .rope
-            .pending
-            .extend(features.iter().cloned().map(PendingImage::new));
-        Ok(())
+            .queue_images(features, self.config.hidden_size)
+            .map_err(CudaError::Image)
     }
 
     /// The weight format of the large projections.

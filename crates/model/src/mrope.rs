@@ -102,6 +102,24 @@ pub enum PlacementError {
 }
 
 impl RopeCursor {
+    /// Queues `features` in order: the next `<|image_pad|>` tokens take their rows. Refuses
+    /// (queueing nothing) features whose width is not the model's `hidden` size.
+    pub fn queue_images(
+        &mut self,
+        features: &[Arc<ImageFeatures>],
+        hidden: usize,
+    ) -> Result<(), String> {
+        if let Some(bad) = features.iter().find(|f| f.hidden != hidden) {
+            return Err(format!(
+                "image features of width {} for a model of hidden size {hidden}",
+                bad.hidden
+            ));
+        }
+        self.pending
+            .extend(features.iter().cloned().map(PendingImage::new));
+        Ok(())
+    }
+
     /// Whether the next tokens are all text, at their cache index + `delta`.
     pub fn is_text_only(&self) -> bool {
         self.pending.is_empty()
