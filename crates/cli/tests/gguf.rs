@@ -203,3 +203,22 @@ fn logits_and_inspect_take_a_gguf_file() {
         .unwrap()
         .starts_with("GGUF qwen35moe"));
 }
+
+#[test]
+fn inspect_lists_the_k_quant_types_of_a_llama_quantize_file() {
+    let gguf = fixtures().join("gguf/llama_cpp/qwen35moe_k256.Q4_K_M.gguf");
+    let out = spindle().arg("inspect").arg(&gguf).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let weights = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("weights"))
+        .unwrap_or_else(|| panic!("no weights line in:\n{text}"));
+    for ty in ["GGUF qwen35moe", "Q4_K x", "Q6_K x"] {
+        assert!(weights.contains(ty), "{ty} missing from {weights:?}");
+    }
+}

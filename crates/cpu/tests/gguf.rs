@@ -362,3 +362,107 @@ fn k_quant_gguf_matches_its_dequantized_copy() {
         assert_eq!(ra.gen_ids, rb.gen_ids, "{quant}: greedy tokens");
     }
 }
+
+/// A qwen35moe model of 256-wide rows quantized by llama.cpp's own `llama-quantize`
+/// (`fixtures/gguf/llama_cpp/qwen35moe_k256.*.gguf`, made by `tools/make_kquant_fixture.py`):
+/// its tensors, dequantized by spindle, hash to what `gguf.quants.dequantize` gives
+/// (`*.dequantized.json`), so the f32 copy written here holds exactly the `gguf` package's
+/// values; spindle's logits on the quantized file equal those on that copy, as stored and
+/// re-encoded by `--quant q8|q4`.
+#[test]
+fn gguf_quantized_by_llama_quantize_matches_its_dequantized_copy() {
+    use serde_json::Value as Json;
+    use sha2::{Digest, Sha256};
+    use spindle_model::gguf::file::GgufFile;
+    use spindle_model::gguf::quants::{dequantize, GgmlType};
+    use spindle_model::gguf::write::{write, TensorOut};
+
+    let tmp = TempDir::new("gguf-llama-quantize");
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 613 + 9) % 4096).collect();
+    for (name, k_types) in [
+        ("qwen35moe_k256.Q4_K_M", ["Q4_K", "Q6_K"]),
+        ("qwen35moe_k256.Q5_K_M", ["Q5_K", "Q6_K"]),
+    ] {
+        let quantized = gguf(&format!("llama_cpp/{name}.gguf"));
+        let expected: Json = serde_json::from_slice(
+            &std::fs::read(gguf(&format!("llama_cpp/{name}.dequantized.json"))).unwrap(),
+        )
+        .unwrap();
+        let expected = expected["tensors"].as_array().unwrap();
+        let file = GgufFile::open(&quantized).unwrap();
+        assert_eq!(file.tensors.len(), expected.len(), "{name}: tensor count");
+        let mut values = Vec::new();
+        for (t, want) in file.tensors.iter().zip(expected) {
+            assert_eq!(t.name, want["name"], "{name}: tensor order");
+            assert_eq!(t.ty.name(), want["type"], "{name}: {}", t.name);
+            assert_eq!(Json::from(t.ne.clone()), want["ne"], "{name}: {}", t.name);
+            let v = dequantize(t.ty, file.bytes(t));
+            assert_eq!(v.len(), t.elements(), "{name}: {}", t.name);
+            let sha = format!("{:x}", Sha256::digest(bytemuck::cast_slice::<f32, u8>(&v)));
+            assert_eq!(
+                sha, want["sha256_f32"],
+                "{name}: {} ({}) dequantizes differently from gguf.quants.dequantize",
+                t.name, want["type"]
+            );
+            values.push(v);
+        }
+        for ty in k_types {
+            assert!(
+                file.tensors.iter().any(|t| t.ty.name() == ty),
+                "{name}: no {ty} tensor"
+            );
+        }
+        // Every matrix but the routers and the GDN's conv (llama.cpp keeps those f32).
+        let unquantized = [GgmlType::F32, GgmlType::F16, GgmlType::Bf16];
+        let projections = file
+            .tensors
+            .iter()
+            .filter(|t| t.ne.len() >= 2 && !t.name.contains("ffn_gate_inp"))
+            .filter(|t| !t.name.contains("ssm_conv1d"))
+            .collect::<Vec<_>>();
+        assert!(
+            projections.iter().all(|t| !unquantized.contains(&t.ty)),
+            "{name}: a projection left unquantized"
+        );
+
+        let copy = tmp.0.join(format!("{name}.dequantized.gguf"));
+        let tensors: Vec<TensorOut> = file
+            .tensors
+            .iter()
+            .zip(&values)
+            .map(|(t, v)| TensorOut {
+                name: &t.name,
+                ty: GgmlType::F32,
+                ne: t.ne.clone(),
+                bytes: bytemuck::cast_slice(v),
+            })
+            .collect();
+        write(&copy, &file.metadata, &tensors).unwrap();
+
+        let stored = load(&quantized, WeightFormat::Bf16)
+            .greedy(&prompt, 6)
+            .unwrap();
+        for quant in [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4] {
+            let (a, b) = (load(&quantized, quant), load(&copy, quant));
+            let (ra, rb) = (a.greedy(&prompt, 6).unwrap(), b.greedy(&prompt, 6).unwrap());
+            assert!(ra.prefill_logits.iter().all(|v| v.is_finite()));
+            assert_eq!(
+                ra.prefill_logits, rb.prefill_logits,
+                "{name} {quant}: prefill"
+            );
+            assert_eq!(ra.decode_logits, rb.decode_logits, "{name} {quant}: decode");
+            assert_eq!(ra.gen_ids, rb.gen_ids, "{name} {quant}: greedy tokens");
+            let drift = max_abs_diff(&ra.prefill_logits, &stored.prefill_logits);
+            println!(
+                "{name} {quant}: max|Δ| against as stored {drift:.2e}, tokens {:?}",
+                ra.gen_ids
+            );
+            if quant == WeightFormat::Q8 {
+                assert_eq!(
+                    ra.gen_ids, stored.gen_ids,
+                    "{name} q8: greedy tokens as stored"
+                );
+            }
+        }
+    }
+}
