@@ -459,6 +459,18 @@ fn bad_qwen4exp_ggufs_are_refused_by_key_or_tensor() {
             "metadata key `qwen4exp.ple.layers` = [0, 1]",
         ),
         (
+            "qwen4exp.ple.layers",
+            Some(u(&[3])),
+            "",
+            "metadata key `qwen4exp.ple.layers` = [3]: PLE needs",
+        ),
+        (
+            "qwen4exp.ple.ngram_size",
+            Some(Value::U64(1)),
+            "",
+            "metadata keys `qwen4exp.ple.ngram_size` = 1",
+        ),
+        (
             "",
             None,
             "blk.3.indexer.k_proj.weight",

@@ -168,9 +168,22 @@ pub(super) fn config_fields(
             "metadata key `{layers_key}` = {ple_layers:?}: the file holds one layer's hash constants, so exactly one PLE layer is supported (as in llama.cpp)"
         )));
     };
+    let n_layers = layer_types.len() as u64;
+    if layer >= n_layers || layer_types[layer as usize] != "linear_attention" {
+        return Err(err(f, format!(
+            "metadata key `{layers_key}` = {ple_layers:?}: PLE needs one of the {n_layers} layers, a linear-attention one"
+        )));
+    }
     c.insert("ple_layer_ids".into(), vec![layer + 1].into());
     let ngram = uint(f, &key("ple.ngram_size"))?;
     let per_ngram = uint(f, &key("ple.heads_per_ngram"))?;
+    if ngram < 2 || per_ngram == 0 {
+        return Err(err(f, format!(
+            "metadata keys `{}` = {ngram} and `{}` = {per_ngram}: need n-grams of at least 2 tokens and one head",
+            key("ple.ngram_size"),
+            key("ple.heads_per_ngram")
+        )));
+    }
     let heads = ngram.saturating_sub(1) * per_ngram;
     c.insert("ngram_size".into(), ngram.into());
     c.insert("heads_per_ngram".into(), per_ngram.into());
