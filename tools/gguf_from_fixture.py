@@ -16,6 +16,23 @@ script applies the same transforms with numpy, following:
   fused `gate_up_proj` split into gate and up;
 - `TextModel.set_gguf_parameters`, `Qwen2MoeModel.set_gguf_parameters`,
   `Qwen3NextModel.set_gguf_parameters`, `_Qwen35MRopeMixin`: the metadata keys.
+- `Qwen4ExpTextModel` (`conversion/qwen4exp.py`, arch `qwen4exp`): everything above (it derives
+  from `_LinearAttentionVReorderBase`, `_Qwen35MRopeMixin`, `no_mtp`), plus `modify_tensors`:
+  the int64 PLE buffers (`layer_multipliers`, `ngram_heads_offsets`, `ngram_heads_vocab_sizes`)
+  go to UINT64 array keys, not tensors; `ngram_embedding.shard_*` concatenated by index into
+  `per_layer_token_embd.weight` (`_place_ple_shard`); `indexer.index_qk_proj` split into
+  `indexer.q_proj` (first n_i*d_i rows) and `indexer.k_proj`; `ple.norm_{key,query,conv}` and
+  `indexer.{q,k}_layernorm` stored as w + 1 (once); `ple.conv1d` squeezed; the inherited
+  `norm.weight` rule also turns every `hc_norm.weight` into w + 1. `set_gguf_parameters`: the
+  hyper-connection, indexer, compress-ratio and PLE keys. The installed gguf 0.19.0 lacks
+  QWEN4EXP, so its qwen4exp-only names and keys are written by hand here, copied from the tree's
+  `gguf-py/gguf/constants.py` (`MODEL_TENSORS[QWEN4EXP]`, `Keys.PerLayerEmbedding`,
+  `Keys.HyperConnection`, `Keys.Attention.Indexer`) and `tensor_mapping.py`; the names it
+  shares with qwen35moe come from qwen35moe's name map. One deliberate departure: the converter
+  writes a layer's compress ratio only where `layer_types[i] == "full_attention"` (the released
+  config's spelling), so on the fixture, whose config uses transformers' newer
+  "qwen_sparse_attention", it would write 0 for every layer and leave no QSA ratio in the file;
+  this script treats every non-linear layer as "full_attention", as the released config does.
 Names come from `gguf.get_tensor_name_map`. Quantized types come from `gguf.quants.quantize`;
 with --dequantized OUT the script also writes the same model with every quantized tensor
 replaced by `gguf.quants.dequantize` of it (F32): the exact reference for the quantized file.
@@ -36,7 +53,7 @@ from gguf import GGMLQuantizationType as T
 TYPES = {"f32": T.F32, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}
 
 
-def read_safetensors(path):
+def read_safetensors(path, ints=None):
     data = path.read_bytes()
     n = struct.unpack("<Q", data[:8])[0]
     header = json.loads(data[8:8 + n])
@@ -54,6 +71,9 @@ def read_safetensors(path):
             arr = np.frombuffer(raw, dtype=np.float16).astype(np.float32)
         elif dt == "F32":
             arr = np.frombuffer(raw, dtype=np.float32)
+        elif dt == "I64" and ints is not None:
+            ints[name] = [int(x) for x in np.frombuffer(raw, dtype="<i8")]
+            continue
         else:
             continue
         out[name] = arr.reshape(info["shape"]).astype(np.float32)
@@ -61,12 +81,68 @@ def read_safetensors(path):
 
 
 def load_fixture(d):
-    tensors = {}
+    tensors, ints = {}, {}
     for f in sorted(d.glob("*.safetensors")):
         if f.name != "reference.safetensors":
-            tensors.update(read_safetensors(f))
+            tensors.update(read_safetensors(f, ints))
     config = json.loads((d / "config.json").read_text())
-    return tensors, config.get("text_config", config), config
+    return tensors, ints, config.get("text_config", config), config
+
+
+QWEN4EXP = "qwen4exp"
+# constants.py TENSOR_NAMES for the qwen4exp-only tensors (tensor_mapping.py gives the HF names).
+QWEN4EXP_NAMES = {
+    "attn_hyper_connection.hc_norm": "hc_attn_norm",
+    "attn_hyper_connection.input_mix_weight_down": "hc_attn_down",
+    "attn_hyper_connection.input_mix_weight_up": "hc_attn_up",
+    "attn_hyper_connection.block_inject_weight": "hc_attn_inject",
+    "mlp_hyper_connection.hc_norm": "hc_ffn_norm",
+    "mlp_hyper_connection.input_mix_weight_down": "hc_ffn_down",
+    "mlp_hyper_connection.input_mix_weight_up": "hc_ffn_up",
+    "mlp_hyper_connection.block_inject_weight": "hc_ffn_inject",
+    "self_attn.indexer.q_layernorm": "indexer.q_norm",
+    "self_attn.indexer.k_layernorm": "indexer.k_norm",
+    "ple.key_proj": "ple_key",
+    "ple.value_proj": "ple_value",
+    "ple.norm_key": "ple_norm_key",
+    "ple.norm_query": "ple_norm_query",
+    "ple.norm_conv": "ple_norm_conv",
+    "ple.conv1d": "ple_conv1d",
+}
+QWEN4EXP_HEAD = {
+    "model.hyper_connection_mixer.hc_norm.weight": "output_hc_norm.weight",
+    "model.hyper_connection_mixer.input_mix_weight_down.weight": "output_hc_down.weight",
+    "model.hyper_connection_mixer.input_mix_weight_up.weight": "output_hc_up.weight",
+}
+
+
+def qwen4exp_tensor(name, t, bid, h, ple):
+    """`Qwen4ExpTextModel.modify_tensors`: the (name, array) pairs it writes for `name`, or
+    None when the tensor takes the inherited path."""
+    if name in QWEN4EXP_HEAD:
+        return [(QWEN4EXP_HEAD[name], t + 1 if name.endswith("hc_norm.weight") else t)]
+    if ".ngram_embedding.shard_" in name:
+        idx = int(name.rpartition(".shard_")[2].partition(".")[0])
+        ple["shards"][idx] = t
+        ple["row_dim"] = int(t.shape[-1])
+        if len(ple["shards"]) < h["split_ngram_parts"]:
+            return []
+        table = np.concatenate([ple["shards"][i] for i in sorted(ple["shards"])], axis=0)
+        return [("per_layer_token_embd.weight", table)]
+    if ".indexer.index_qk_proj.weight" in name:
+        n_q = h["indexer_n_heads"] * h["indexer_head_dim"]
+        return [(f"blk.{bid}.indexer.q_proj.weight", t[:n_q]),
+                (f"blk.{bid}.indexer.k_proj.weight", t[n_q:])]
+    base = name[len(f"model.layers.{bid}."):].rpartition(".weight")[0] if bid is not None else None
+    if base not in QWEN4EXP_NAMES:
+        return None
+    gname = f"blk.{bid}.{QWEN4EXP_NAMES[base]}.weight"
+    if base.endswith(("norm_key", "norm_query", "norm_conv", "q_layernorm", "k_layernorm", "hc_norm")):
+        # the explicit Gemma rule for PLE/indexer norms; the inherited norm.weight rule for hc_norm
+        return [(gname, t + 1)]
+    if base == "ple.conv1d":
+        return [(gname, t.squeeze())]
+    return [(gname, t)]
 
 
 def reorder_v_heads(t, dim, nk, per_k, head_dim):
@@ -91,8 +167,12 @@ def main():
                     help="write a split set (NAME-00001-of-0000N.gguf) of at most this many tensors per file")
     args = ap.parse_args()
 
-    tensors, h, top = load_fixture(args.fixture)
+    tensors, ints, h, top = load_fixture(args.fixture)
     mt = h["model_type"]
+    is_q4 = mt in ("qwen4_exp", "qwen4_exp_text")
+    if is_q4:
+        # names shared with Qwen3.5-MoE come from its map; the rest from QWEN4EXP_NAMES
+        mt = "qwen3_5_moe_text"
     arch = {"qwen3_5_moe_text": gguf.MODEL_ARCH.QWEN35MOE, "qwen3_5_moe": gguf.MODEL_ARCH.QWEN35MOE,
             "qwen3_5_text": gguf.MODEL_ARCH.QWEN35, "qwen3_5": gguf.MODEL_ARCH.QWEN35,
             "qwen3_next": gguf.MODEL_ARCH.QWEN3NEXT}[mt]
@@ -112,9 +192,15 @@ def main():
 
     out = []  # (gguf name, array)
     experts = {}
+    ple = {"shards": {}, "row_dim": None}
     for name, t in sorted(items.items()):
         parts = name.split(".")
         bid = int(parts[2]) if name.startswith("model.layers.") else None
+        if is_q4:
+            done = qwen4exp_tensor(name, t, bid, h, ple)
+            if done is not None:
+                out.extend(done)
+                continue
         # _LinearAttentionVReorderBase
         if reorder and "linear_attn." in name:
             if ".in_proj_qkv." in name:
@@ -176,7 +262,8 @@ def main():
             out.append((f"blk.{bid}.{gname}.weight", stacked))
 
     def write(path, dequantize):
-        w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch],
+        an = QWEN4EXP if is_q4 else gguf.MODEL_ARCH_NAMES[arch]
+        w = gguf.GGUFWriter(str(path), an,
                             split_max_tensors=0 if dequantize else args.split_max_tensors)
         w.add_block_count(n_layers)
         w.add_context_length(h.get("max_position_embeddings", 4096))
@@ -203,7 +290,6 @@ def main():
         w.add_ssm_time_step_rank(nv)
         w.add_ssm_inner_size(hv * nv)
         # Written by key: PyPI's gguf 0.19.0 predates these writer helpers.
-        an = gguf.MODEL_ARCH_NAMES[arch]
         w.add_array(f"{an}.attention.recurrent_layers", [t == "linear_attention" for t in h["layer_types"]])
         w.add_uint32(f"{an}.full_attention_interval", h.get("full_attention_interval", 4))
         partial = rope.get("partial_rotary_factor", h.get("partial_rotary_factor", 0.25))
@@ -215,11 +301,13 @@ def main():
             eos = eos[0]
         if eos is not None:
             w.add_eos_token_id(eos)
+        if is_q4:
+            write_qwen4exp_keys(w, an, {**top, **h}, ints, ple["row_dim"])
         for gname, t in out:
             t = np.ascontiguousarray(t, dtype=np.float32)
             is_expert = "_exps." in gname
             ty = TYPES[args.experts_type] if (is_expert and args.experts_type) else TYPES[args.type]
-            keep_f32 = (t.ndim < 2 or "ffn_gate_inp" in gname or "ssm_conv1d" in gname
+            keep_f32 = (t.ndim < 2 or "ffn_gate_inp" in gname or "conv1d" in gname
                         or (ty not in (T.F32, T.BF16) and t.shape[-1] % 32 != 0))
             if keep_f32 or ty == T.F32:
                 w.add_tensor(gname, t)
@@ -237,6 +325,46 @@ def main():
     write(args.out, False)
     if args.dequantized:
         write(args.dequantized, True)
+
+
+def write_qwen4exp_keys(w, an, h, ints, ple_row_dim):
+    """`Qwen4ExpTextModel.set_gguf_parameters` (keys from the tree's constants.py); `h` is the
+    text config over the top-level one, as the converter's hparams are."""
+    u32 = gguf.GGUFValueType.UINT32
+    u64 = gguf.GGUFValueType.UINT64
+    arr = gguf.GGUFValueType.ARRAY
+    w.add_uint32(f"{an}.hyper_connection.count", h["hc_count"])
+    w.add_uint32(f"{an}.hyper_connection.low_rank", h["hc_lowrank"])
+    w.add_uint32(f"{an}.attention.indexer.head_count", h["indexer_n_heads"])
+    w.add_uint32(f"{an}.attention.indexer.key_length", h["indexer_head_dim"])
+    w.add_uint32(f"{an}.attention.indexer.top_k", h["indexer_budget"])
+    ratio = h["indexer_compress_ratio"]
+    # see the docstring: every non-linear layer counts as "full_attention"
+    w.add_key_value(f"{an}.attention.compress_ratios",
+                    [ratio if t != "linear_attention" else 0 for t in h["layer_types"]], arr, sub_type=u32)
+    ple_layers = [i - 1 for i in h.get("ple_layer_ids", [])]
+    if not ple_layers:
+        return
+    w.add_key_value(f"{an}.ple.layers", ple_layers, arr, sub_type=u32)
+    w.add_uint32(f"{an}.ple.ngram_size", h["ngram_size"])
+    w.add_uint32(f"{an}.ple.heads_per_ngram", h["heads_per_ngram"])
+    w.add_uint32(f"{an}.ple.conv_kernel", h["ple_conv_kernel_size"])
+    eos = h.get("eos_token_id")
+    w.add_uint32(f"{an}.ple.eos_token_id", int(eos[-1] if isinstance(eos, list) else eos))
+    if h.get("image_token_id") is not None:
+        w.add_uint32(f"{an}.ple.image_token_id", int(h["image_token_id"]))
+    if ple_row_dim is not None:
+        w.add_uint32(f"{an}.embedding_length_per_layer_input", ple_row_dim)
+
+    def constant(suffix):  # _read_hash_constants: the first tensor with that suffix
+        for name in ints:
+            if name.endswith(suffix):
+                return ints[name]
+        raise SystemExit(f"PLE constant {suffix!r} missing from the checkpoint")
+
+    w.add_key_value(f"{an}.ple.layer_multipliers", constant("ple_embedding.layer_multipliers"), arr, sub_type=u64)
+    w.add_key_value(f"{an}.ple.head_offsets", constant("ple_embedding.ngram_heads_offsets"), arr, sub_type=u64)
+    w.add_key_value(f"{an}.ple.head_vocab_sizes", constant("ple_embedding.ngram_heads_vocab_sizes"), arr, sub_type=u64)
 
 
 if __name__ == "__main__":

@@ -466,3 +466,137 @@ fn gguf_quantized_by_llama_quantize_matches_its_dequantized_copy() {
         }
     }
 }
+
+#[test]
+fn qwen4exp_bf16_gguf_matches_transformers() {
+    // Hyper-connections, the QSA indexer and PLE, mapped back from llama.cpp's layout.
+    check_against_reference("qwen4_exp.bf16.gguf", "qwen4_exp");
+}
+
+/// A copy of `src` at `dst` with metadata key `key` replaced by `value` (removed when `None`)
+/// and tensor `drop` left out.
+fn rewrite(
+    src: &Path,
+    dst: &Path,
+    key: &str,
+    value: Option<spindle_model::gguf::file::Value>,
+    drop: &str,
+) {
+    use spindle_model::gguf::file::GgufFile;
+    use spindle_model::gguf::write::{write, TensorOut};
+    let f = GgufFile::open(src).unwrap();
+    let metadata: Vec<_> = f
+        .metadata
+        .iter()
+        .filter_map(|(k, v)| match (k == key, &value) {
+            (false, _) => Some((k.clone(), v.clone())),
+            (true, Some(new)) => Some((k.clone(), new.clone())),
+            (true, None) => None,
+        })
+        .collect();
+    let tensors: Vec<TensorOut> = f
+        .tensors
+        .iter()
+        .filter(|t| t.name != drop)
+        .map(|t| TensorOut {
+            name: &t.name,
+            ty: t.ty,
+            ne: t.ne.clone(),
+            bytes: f.bytes(t),
+        })
+        .collect();
+    write(dst, &metadata, &tensors).unwrap();
+}
+
+#[test]
+fn bad_qwen4exp_ggufs_are_refused_by_key_or_tensor() {
+    use spindle_model::gguf::file::Value;
+    let src = gguf("qwen4_exp.bf16.gguf");
+    let tmp = TempDir::new("gguf-qwen4exp-bad");
+    let dst = tmp.0.join("bad.gguf");
+    let u = |v: &[u64]| Value::Array(v.iter().map(|&x| Value::U64(x)).collect());
+    let cases: Vec<(&str, Option<Value>, &str, &str)> = vec![
+        // A missing PLE tensor.
+        (
+            "",
+            None,
+            "blk.1.ple_key.weight",
+            "tensor `blk.1.ple_key.weight` is missing",
+        ),
+        (
+            "",
+            None,
+            "per_layer_token_embd.weight",
+            "tensor `per_layer_token_embd.weight` is missing",
+        ),
+        // The attention layer with no QSA compress ratio (what the converter writes when the
+        // config does not spell the layer type "full_attention").
+        (
+            "qwen4exp.attention.compress_ratios",
+            Some(u(&[0, 0, 0, 0])),
+            "",
+            "`qwen4exp.attention.compress_ratios` = [0, 0, 0, 0]: attention layer 3",
+        ),
+        (
+            "qwen4exp.attention.indexer.top_k",
+            None,
+            "",
+            "metadata key `qwen4exp.attention.indexer.top_k` is missing",
+        ),
+        // Hash constants no seed produces.
+        (
+            "qwen4exp.ple.layer_multipliers",
+            Some(u(&[3, 5, 7])),
+            "",
+            "metadata key `qwen4exp.ple.layer_multipliers` = [3, 5, 7]",
+        ),
+        (
+            "qwen4exp.ple.head_offsets",
+            Some(u(&[0, 1009, 2022, 3040])),
+            "",
+            "metadata key `qwen4exp.ple.head_offsets`",
+        ),
+        (
+            "qwen4exp.ple.layers",
+            Some(u(&[0, 1])),
+            "",
+            "metadata key `qwen4exp.ple.layers` = [0, 1]",
+        ),
+        (
+            "qwen4exp.ple.layers",
+            Some(u(&[3])),
+            "",
+            "metadata key `qwen4exp.ple.layers` = [3]: PLE needs",
+        ),
+        (
+            "qwen4exp.ple.ngram_size",
+            Some(Value::U64(1)),
+            "",
+            "metadata keys `qwen4exp.ple.ngram_size` = 1",
+        ),
+        (
+            "",
+            None,
+            "blk.3.indexer.k_proj.weight",
+            "tensor `blk.3.indexer.k_proj.weight` is missing",
+        ),
+        (
+            "",
+            None,
+            "blk.2.hc_ffn_inject.weight",
+            "tensor `blk.2.hc_ffn_inject.weight` is missing",
+        ),
+    ];
+    for (key, value, drop, expected) in cases {
+        rewrite(&src, &dst, key, value, drop);
+        let e = match Engine::load_with(&dst, &LoadOptions::default()) {
+            Ok(_) => panic!("{key}{drop}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(expected), "{key}{drop}: {e}");
+        assert!(
+            e.contains("bad.gguf"),
+            "{key}{drop}: the file is not named: {e}"
+        );
+    }
+}

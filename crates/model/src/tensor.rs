@@ -251,4 +251,6 @@ pub(crate) enum Part {
     },
     /// Values converted on open.
     Owned { shape: Vec<usize>, values: Vec<f32> },
+    /// An integer buffer rebuilt from metadata (qwen4exp's PLE hash constants), stored as I64.
+    Ints { shape: Vec<usize>, values: Vec<i64> },
 }

@@ -31,6 +31,14 @@ fn shared_memory(len: usize) -> std::io::Result<memmap2::MmapMut> {
     unsafe { memmap2::MmapMut::map_mut(&file) }
 }
 
+fn st_dtype(dtype: DType) -> StDtype {
+    match dtype {
+        DType::Bf16 => StDtype::BF16,
+        DType::F16 => StDtype::F16,
+        DType::F32 => StDtype::F32,
+    }
+}
+
 impl Checkpoint {
     /// A checkpoint assembled from another format's tensors (GGUF), under the safetensors
     /// names the loader asks for: ranges of mapped files kept as they are, and tensors
@@ -46,6 +54,7 @@ impl Checkpoint {
             .iter()
             .map(|(_, p)| match p {
                 Part::Owned { values, .. } => values.len() * 4,
+                Part::Ints { values, .. } => values.len() * 8,
                 Part::Mapped { .. } => 0,
             })
             .sum();
@@ -73,12 +82,18 @@ impl Checkpoint {
                             checkpoint.shards.len() - 1
                         }
                     };
-                    placed.push((name, shard, dtype, shape, start, end));
+                    placed.push((name, shard, st_dtype(dtype), shape, start, end));
                 }
                 Part::Owned { shape, values } => {
                     let bytes: &[u8] = bytemuck::cast_slice(&values);
                     owned[at..at + bytes.len()].copy_from_slice(bytes);
-                    placed.push((name, usize::MAX, DType::F32, shape, at, at + bytes.len()));
+                    placed.push((name, usize::MAX, StDtype::F32, shape, at, at + bytes.len()));
+                    at += bytes.len();
+                }
+                Part::Ints { shape, values } => {
+                    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    owned[at..at + bytes.len()].copy_from_slice(&bytes);
+                    placed.push((name, usize::MAX, StDtype::I64, shape, at, at + bytes.len()));
                     at += bytes.len();
                 }
             }
@@ -95,11 +110,7 @@ impl Checkpoint {
                 } else {
                     shard
                 },
-                dtype: match dtype {
-                    DType::Bf16 => StDtype::BF16,
-                    DType::F16 => StDtype::F16,
-                    DType::F32 => StDtype::F32,
-                },
+                dtype,
                 shape,
                 start,
                 end,

@@ -45,7 +45,9 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
     let prefix = format!("{}.", arch.name());
     for (key, _) in &f.metadata {
         if let Some(rest) = key.strip_prefix(&prefix) {
-            if !KNOWN_KEYS.contains(&rest) {
+            let known = KNOWN_KEYS.contains(&rest)
+                || (arch == Arch::Qwen4Exp && super::qwen4exp::KEYS.contains(&rest));
+            if !known {
                 return Err(err(
                     f,
                     format!("metadata key `{key}` is not one spindle understands for {}: refused rather than ignored", arch.name()),
@@ -148,6 +150,7 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
             Arch::Qwen35Moe => "qwen3_5_moe_text",
             Arch::Qwen35 => "qwen3_5_text",
             Arch::Qwen3Next => "qwen3_next",
+            Arch::Qwen4Exp => "qwen4_exp_text",
         }
         .into(),
     );
@@ -220,5 +223,8 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
         }
     }
     c.insert("eos_token_id".into(), eos.into());
+    if arch == Arch::Qwen4Exp {
+        super::qwen4exp::config_fields(files, &prefix, &mut c)?;
+    }
     Ok(Json::Object(c))
 }

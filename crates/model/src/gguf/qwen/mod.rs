@@ -11,8 +11,12 @@
 //!   channels and `ssm_out`'s columns;
 //! - `qwen3next` splits `in_proj_qkvz` (interleaved per key head) into `attn_qkv` + `attn_gate`;
 //! - routed experts are stacked per projection (`ffn_{gate,up,down}_exps` [E, out, in]).
+//!
+//! `qwen4exp` (Qwen3.8-Flash-Next, `conversion/qwen4exp.py`) is a `qwen35moe` plus
+//! hyper-connections, the QSA indexer and PLE; [`qwen4exp`] maps what it adds.
 
 mod config;
+mod qwen4exp;
 mod tensors;
 
 pub use config::config_json;
@@ -27,6 +31,7 @@ enum Arch {
     Qwen35Moe,
     Qwen35,
     Qwen3Next,
+    Qwen4Exp,
 }
 
 impl Arch {
@@ -35,6 +40,7 @@ impl Arch {
             Arch::Qwen35Moe => "qwen35moe",
             Arch::Qwen35 => "qwen35",
             Arch::Qwen3Next => "qwen3next",
+            Arch::Qwen4Exp => "qwen4exp",
         }
     }
 }
@@ -55,14 +61,11 @@ fn arch_of(f: &GgufFile) -> Result<Arch> {
         "qwen35moe" => Ok(Arch::Qwen35Moe),
         "qwen35" => Ok(Arch::Qwen35),
         "qwen3next" => Ok(Arch::Qwen3Next),
-        "qwen4exp" => Err(err(
-            f,
-            "metadata key `general.architecture` = \"qwen4exp\": GGUF files of this architecture are not mapped yet (use the safetensors checkpoint)".into(),
-        )),
+        "qwen4exp" => Ok(Arch::Qwen4Exp),
         other => Err(err(
             f,
             format!(
-                "metadata key `general.architecture` = {other:?}: not an architecture spindle runs (qwen35moe, qwen35, qwen3next)"
+                "metadata key `general.architecture` = {other:?}: not an architecture spindle runs (qwen35moe, qwen35, qwen3next, qwen4exp)"
             ),
         )),
     }

@@ -1,6 +1,7 @@
 //! The tensors of the Qwen architectures under the safetensors names and layout spindle
 //! loads, with the converter's reorderings undone (see the parent module).
 
+use super::qwen4exp::{self, PLE_TABLE};
 use super::{arch_of, err, Arch};
 use crate::error::Result;
 use crate::gguf::file::GgufFile;
@@ -64,6 +65,10 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
     let mut out = Vec::new();
     let mut pending_qkv: Vec<Option<Vec<f32>>> = vec![None; layers];
     let mut pending_gate: Vec<Option<Vec<f32>>> = vec![None; layers];
+    // qwen4exp: the QSA indexer's q and k rows, stored as two tensors.
+    let mut pending_index: Vec<[Option<Vec<f32>>; 2]> = vec![[None, None]; layers];
+    let q4 = arch == Arch::Qwen4Exp;
+    let ple_layer = config.ple.as_ref().and_then(|p| p.layers.first().copied());
     for f in files {
         for t in &f.tensors {
             let bad = |message: String| err(f, format!("tensor `{}`: {message}", t.name));
@@ -120,6 +125,30 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                         shape,
                         minus_one(values()),
                     )),
+                    "output_hc_norm.weight" if q4 => out.push(owned(
+                        "model.hyper_connection_mixer.hc_norm.weight".into(),
+                        vec![t.ne.iter().product()],
+                        minus_one(values()),
+                    )),
+                    "output_hc_down.weight" if q4 => out.push(as_stored(
+                        "model.hyper_connection_mixer.input_mix_weight_down.weight".into(),
+                        shape,
+                    )),
+                    "output_hc_up.weight" if q4 => out.push(as_stored(
+                        "model.hyper_connection_mixer.input_mix_weight_up.weight".into(),
+                        shape,
+                    )),
+                    PLE_TABLE if q4 => {
+                        let Some(p) = ple_layer else {
+                            return Err(bad(
+                                "the metadata lists no PLE layer (`qwen4exp.ple.layers`)".into(),
+                            ));
+                        };
+                        out.push(as_stored(
+                            format!("model.layers.{p}.ple.ple_embedding.ngram_embedding.weight"),
+                            shape,
+                        ))
+                    }
                     _ => {
                         return Err(bad(format!(
                             "not a tensor of the {} layout spindle maps",
@@ -271,6 +300,74 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                         out.push((name, part));
                     }
                 }
+                _ if q4 => {
+                    if let Some(hc) = rest.strip_prefix("hc_") {
+                        let (block, part) = hc.split_once('_').unwrap_or(("", ""));
+                        let block = match block {
+                            "attn" => "attn_hyper_connection",
+                            "ffn" => "mlp_hyper_connection",
+                            _ => return Err(bad("not a hyper-connection block".into())),
+                        };
+                        let name = |s: &str| l(&format!("{block}.{s}"));
+                        match part {
+                            "norm.weight" => out.push(owned(
+                                name("hc_norm.weight"),
+                                vec![t.ne.iter().product()],
+                                minus_one(values()),
+                            )),
+                            "down.weight" => {
+                                out.push(as_stored(name("input_mix_weight_down.weight"), shape))
+                            }
+                            "up.weight" => {
+                                out.push(as_stored(name("input_mix_weight_up.weight"), shape))
+                            }
+                            "inject.weight" => {
+                                out.push(as_stored(name("block_inject_weight.weight"), shape))
+                            }
+                            _ => return Err(bad("not a hyper-connection tensor".into())),
+                        }
+                        continue;
+                    }
+                    match rest {
+                        "indexer.q_proj.weight" => pending_index[i][0] = Some(values()),
+                        "indexer.k_proj.weight" => pending_index[i][1] = Some(values()),
+                        "indexer.q_norm.weight" => out.push(owned(
+                            l("self_attn.indexer.q_layernorm.weight"),
+                            shape,
+                            minus_one(values()),
+                        )),
+                        "indexer.k_norm.weight" => out.push(owned(
+                            l("self_attn.indexer.k_layernorm.weight"),
+                            shape,
+                            minus_one(values()),
+                        )),
+                        "ple_key.weight" => out.push(as_stored(l("ple.key_proj.weight"), shape)),
+                        "ple_value.weight" => {
+                            out.push(as_stored(l("ple.value_proj.weight"), shape))
+                        }
+                        "ple_norm_key.weight"
+                        | "ple_norm_query.weight"
+                        | "ple_norm_conv.weight" => {
+                            let which = &rest["ple_".len()..rest.len() - ".weight".len()];
+                            out.push(owned(
+                                l(&format!("ple.{which}.weight")),
+                                shape,
+                                minus_one(values()),
+                            ))
+                        }
+                        "ple_conv1d.weight" => {
+                            // [C, K] → [C, 1, K]
+                            let k = t.ne[0];
+                            out.push(owned(l("ple.conv1d.weight"), vec![rows, 1, k], values()))
+                        }
+                        _ => {
+                            return Err(bad(format!(
+                                "not a tensor of the {} layout spindle maps",
+                                arch.name()
+                            )))
+                        }
+                    }
+                }
                 _ => {
                     return Err(bad(format!(
                         "not a tensor of the {} layout spindle maps",
@@ -279,6 +376,9 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                 }
             }
         }
+    }
+    if q4 {
+        qwen4exp_finish(files, config, pending_index, &mut out)?;
     }
     // qwen3next: in_proj_qkvz interleaves [q, k, v, z] per key head.
     for i in 0..layers {
@@ -314,6 +414,78 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
         }
     }
     Ok(out)
+}
+
+/// qwen4exp: the indexer's `index_qk_proj` rebuilt from its q and k rows, the PLE hash
+/// buffers from the metadata, and a check that every tensor the model needs is present, named
+/// as the file would name it.
+fn qwen4exp_finish(
+    files: &[GgufFile],
+    config: &ModelConfig,
+    pending_index: Vec<[Option<Vec<f32>>; 2]>,
+    out: &mut Vec<(String, Part)>,
+) -> Result<()> {
+    let f = &files[0];
+    let missing = |name: String| err(f, format!("tensor `{name}` is missing"));
+    let mut required: Vec<String> = ["output_hc_norm", "output_hc_down", "output_hc_up"]
+        .iter()
+        .map(|n| format!("{n}.weight"))
+        .collect();
+    for (i, [q, k]) in pending_index.into_iter().enumerate() {
+        for block in ["attn", "ffn"] {
+            for part in ["norm", "down", "up", "inject"] {
+                required.push(format!("blk.{i}.hc_{block}_{part}.weight"));
+            }
+        }
+        if config.layers[i].mixer == crate::config::MixerKind::LinearAttention {
+            continue;
+        }
+        for n in ["q_norm", "k_norm"] {
+            required.push(format!("blk.{i}.indexer.{n}.weight"));
+        }
+        let q = q.ok_or_else(|| missing(format!("blk.{i}.indexer.q_proj.weight")))?;
+        let k = k.ok_or_else(|| missing(format!("blk.{i}.indexer.k_proj.weight")))?;
+        let cols = config.hidden_size;
+        let mut qk = q;
+        qk.extend(k);
+        out.push((
+            format!("model.layers.{i}.self_attn.indexer.index_qk_proj.weight"),
+            Part::Owned {
+                shape: vec![qk.len() / cols, cols],
+                values: qk,
+            },
+        ));
+    }
+    if let Some(p) = config.ple.as_ref().and_then(|p| p.layers.first().copied()) {
+        for n in [
+            "key",
+            "value",
+            "norm_key",
+            "norm_query",
+            "norm_conv",
+            "conv1d",
+        ] {
+            required.push(format!("blk.{p}.ple_{n}.weight"));
+        }
+        required.push(PLE_TABLE.into());
+        let prefix = format!("{}.", Arch::Qwen4Exp.name());
+        for (suffix, values) in qwen4exp::hash_buffers(f, &prefix)? {
+            out.push((
+                format!("model.layers.{p}.ple.ple_embedding.{suffix}"),
+                Part::Ints {
+                    shape: vec![values.len()],
+                    values,
+                },
+            ));
+        }
+    }
+    match required
+        .into_iter()
+        .find(|n| super::find(files, n).is_none())
+    {
+        Some(name) => Err(missing(name)),
+        None => Ok(()),
+    }
 }
 
 fn float_dtype(ty: GgmlType) -> Option<DType> {
