@@ -223,7 +223,6 @@ fn resident_tensors(
         .names()
         .filter(|n| {
             !n.starts_with("mtp.")
-                && !n.contains("visual.")
                 && !expert_prefixes.iter().any(|p| n.starts_with(p.as_str()))
         })
         .collect();
