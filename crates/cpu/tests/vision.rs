@@ -380,7 +380,10 @@ fn installs_keep_the_tower() {
         let (f, l) = run_with_images(&case, &engine);
         let (ferr, lerr) = (max_abs_diff(&f, &features), max_abs_diff(&l, &logits));
         println!("{name}: install vision_embeds max|Δ| {ferr:.2e}, logits {lerr:.2e}");
-        assert!(ferr <= 1e-5, "{name}: installed vision_embeds differ by {ferr}");
+        assert!(
+            ferr <= 1e-5,
+            "{name}: installed vision_embeds differ by {ferr}"
+        );
         assert!(lerr <= 1e-5, "{name}: installed logits differ by {lerr}");
         let (_, reference) = case.reference.f32("vision_embeds");
         assert!(max_abs_diff(&f, &reference) < TOWER_TOLERANCE, "{name}");

@@ -61,7 +61,10 @@ pub fn shape_config(shape: &str) -> Option<Value> {
             .unwrap_or(json!(false)),
     );
     // qwen4_exp releases carry the same tower, but spindle reads no vision for that family.
-    if matches!(nested.get("model_type")?.as_str()?, "qwen3_5" | "qwen3_5_moe") {
+    if matches!(
+        nested.get("model_type")?.as_str()?,
+        "qwen3_5" | "qwen3_5_moe"
+    ) {
         for &key in VISION_FIELDS {
             if let Some(v) = nested.get(key) {
                 obj.insert(key.into(), v.clone());
@@ -441,7 +444,14 @@ mod vision_tests {
             let parsed = ModelConfig::from_json_str(&c.to_string(), Path::new("c.json")).unwrap();
             let v = parsed.vision.as_ref().expect(shape);
             assert_eq!(
-                (v.depth, v.hidden, v.heads, v.intermediate, v.pos_side, v.out_hidden),
+                (
+                    v.depth,
+                    v.hidden,
+                    v.heads,
+                    v.intermediate,
+                    v.pos_side,
+                    v.out_hidden
+                ),
                 (27, 1152, 16, 4304, 48, out_hidden),
                 "{shape}"
             );
@@ -452,7 +462,11 @@ mod vision_tests {
                 .filter(|t| t.class == crate::layout::TensorClass::Vision)
                 .map(TensorSpec::elements)
                 .sum();
-            assert_eq!(tower, v.parameters(), "{shape}: every tower tensor is written");
+            assert_eq!(
+                tower,
+                v.parameters(),
+                "{shape}: every tower tensor is written"
+            );
             without_vision(&mut c);
             let parsed = ModelConfig::from_json_str(&c.to_string(), Path::new("c.json")).unwrap();
             assert!(parsed.vision.is_none(), "{shape}");
@@ -461,7 +475,10 @@ mod vision_tests {
                 .all(|t| !t.name.contains("visual")));
         }
         let flash = shape_config("qwen3.8-flash-next").unwrap();
-        assert!(flash.get("vision_config").is_none(), "qwen4_exp reads no tower");
+        assert!(
+            flash.get("vision_config").is_none(),
+            "qwen4_exp reads no tower"
+        );
     }
 
     #[test]
@@ -486,7 +503,11 @@ mod vision_tests {
         );
         let tower = crate::weights::load_vision(&a, v).unwrap();
         assert!(tower.size_bytes() < 400_000, "{} bytes", tower.size_bytes());
-        assert!(tower.blocks[0].norm1.weight.iter().all(|w| (0.85..1.15).contains(w)));
+        assert!(tower.blocks[0]
+            .norm1
+            .weight
+            .iter()
+            .all(|w| (0.85..1.15).contains(w)));
         for t in checkpoint_tensors(&parsed, ExpertKeys::Fused) {
             let (x, y) = (
                 a.matrix(&t.name, &t.shape).unwrap(),

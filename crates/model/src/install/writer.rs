@@ -222,8 +222,7 @@ fn resident_tensors(
     let mut all: Vec<&str> = ck
         .names()
         .filter(|n| {
-            !n.starts_with("mtp.")
-                && !expert_prefixes.iter().any(|p| n.starts_with(p.as_str()))
+            !n.starts_with("mtp.") && !expert_prefixes.iter().any(|p| n.starts_with(p.as_str()))
         })
         .collect();
     all.sort();
