@@ -5,7 +5,7 @@
 //! [`PreparedImage`] throughout, so 4 consecutive rows are one merged token.
 
 use rayon::prelude::*;
-use spindle_kernels::activation::{gelu_erf, gelu_tanh};
+use spindle_kernels::activation::{gelu_erf, gelu_tanh_in_place};
 use spindle_kernels::linear::matmul;
 use spindle_kernels::norm::layer_norm;
 use spindle_kernels::rope::apply_partial_rope;
@@ -237,7 +237,7 @@ fn run_block(
 
     let m = layer_norm_rows(h, &block.norm2);
     let mut up = forward_biased(&block.fc1, &m, n);
-    up.par_iter_mut().for_each(|x| *x = gelu_tanh(*x));
+    up.par_chunks_mut(4096).for_each(gelu_tanh_in_place);
     let down = forward_biased(&block.fc2, &up, n);
     h.iter_mut().zip(&down).for_each(|(x, y)| *x += y);
 }
