@@ -377,6 +377,9 @@ fn installs_keep_the_tower() {
         // bf16: the install holds the checkpoint's bytes, so the runs agree exactly.
         let engine = installed(&fixture(name), WeightFormat::Bf16, &tmp);
         assert_eq!(engine.vision_bytes(), case.engine.vision_bytes(), "{name}");
+        // The install's memory plan counts the tower as loaded.
+        let plan = install::plan::MemoryPlan::new(engine.config(), WeightFormat::Bf16, 64);
+        assert_eq!(plan.vision_bytes as usize, engine.vision_bytes(), "{name}");
         let (f, l) = run_with_images(&case, &engine);
         let (ferr, lerr) = (max_abs_diff(&f, &features), max_abs_diff(&l, &logits));
         println!("{name}: install vision_embeds max|Δ| {ferr:.2e}, logits {lerr:.2e}");
