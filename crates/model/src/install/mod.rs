@@ -29,7 +29,7 @@ pub mod writer;
 pub use error::InstallError;
 pub use manifest::{ExpertLayerLayout, FileEntry, Manifest, PartLayout};
 pub use reader::{Install, MappedFile, QuantTensor, Verify};
-pub use writer::{convert, Progress};
+pub use writer::{convert, convert_with, Progress};
 
 use crate::layout::TensorClass;
 
