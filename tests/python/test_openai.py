@@ -4,8 +4,12 @@ The demo model has random weights: tests compare the server with itself (streame
 whole answers, stopped against unstopped), never with an expected text.
 """
 
+import base64
 import json
+import math
+import struct
 import urllib.request
+import zlib
 
 import openai
 import pytest
@@ -144,3 +148,78 @@ def test_metrics_count_requests(server, client):
         "spindle_expert_cache_hit_rate",
     ]:
         assert f"\n{name} " in text, name
+
+
+def png(width, height):
+    """An RGB PNG with a gradient, written with zlib alone (no imaging library)."""
+    rows = b"".join(
+        b"\x00" + bytes((x * 7 + y * 3 + c * 50) % 256 for x in range(width) for c in range(3))
+        for y in range(height)
+    )
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def image_tokens(height, width, factor=32, min_pixels=65536, max_pixels=16777216):
+    """transformers' smart_resize (Python's round-half-to-even), then one token per 2x2 block of
+    16-pixel patches: the demo has no preprocessor_config.json, so the released bounds apply."""
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return (h_bar // 16 // 2) * (w_bar // 16 // 2)
+
+
+def post(server, path, body):
+    request = urllib.request.Request(
+        server.root + path, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.load(r)
+
+
+def image_chat(data):
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is in the picture?"},
+                {"type": "image_url", "image_url": {"url": url}},
+            ],
+        }
+    ]
+
+
+def test_a_base64_png_in_a_chat_is_answered(server, client):
+    # 100x75 -> smart_resize 320x224 -> 20x14 patches -> 70 image tokens.
+    width, height = 100, 75
+    assert image_tokens(height, width) == 70
+    messages = image_chat(png(width, height))
+    r = client.chat.completions.create(model="m", messages=messages, **GREEDY)
+    assert r.choices[0].message.content, r
+    assert r.choices[0].finish_reason in ("stop", "length")
+    # The chat template's text with one <|image_pad|> per image, which the server expands to the
+    # image's grid: the template's tokens without the pad, plus the image's tokens.
+    prompt = post(server, "/apply-template", {"messages": messages})["prompt"]
+    assert prompt.count("<|vision_start|><|image_pad|><|vision_end|>") == 1, prompt
+    text = post(server, "/tokenize", {"content": prompt.replace("<|image_pad|>", "")})["tokens"]
+    assert r.usage.prompt_tokens == len(text) + image_tokens(height, width)
+
+
+def test_a_broken_image_is_a_bad_request_naming_it(client):
+    broken = png(100, 75)[:60]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=image_chat(broken), max_tokens=4)
+    assert e.value.status_code == 400
+    assert e.value.param == "messages[0].content[1].image_url.url"
+    assert "could not be decoded" in str(e.value)

@@ -22,6 +22,10 @@ pub struct ConvertArgs {
     /// Format of the large projections and routed experts: bf16, q8 or q4.
     #[arg(long, default_value = "q8", value_parser = parse_quant)]
     pub quant: WeightFormat,
+
+    /// Format of the vision tower's matrices (`model.visual.*`): bf16 (as released) or q8.
+    #[arg(long, default_value = "bf16", value_parser = parse_quant)]
+    pub vision_quant: WeightFormat,
 }
 
 fn parse_quant(s: &str) -> Result<WeightFormat, String> {
@@ -37,12 +41,18 @@ pub fn run(args: &ConvertArgs) -> Result<ExitCode> {
         .expect("valid template")
         .progress_chars("=> "),
     );
-    let manifest = install::convert(&args.src, &args.dst, args.quant, &mut |p| {
-        bar.set_length(p.bytes_total);
-        bar.set_position(p.bytes_done);
-        bar.set_message(format!("{}/{} tensors", p.tensors_done, p.tensors_total));
-        true
-    })
+    let manifest = install::convert_with(
+        &args.src,
+        &args.dst,
+        args.quant,
+        args.vision_quant,
+        &mut |p| {
+            bar.set_length(p.bytes_total);
+            bar.set_position(p.bytes_done);
+            bar.set_message(format!("{}/{} tensors", p.tensors_done, p.tensors_total));
+            true
+        },
+    )
     .with_context(|| {
         format!(
             "converting {} to {}",

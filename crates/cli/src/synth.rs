@@ -6,8 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use spindle_model::layout::{checkpoint_tensors, ExpertKeys};
-use spindle_model::synth::{shape_config, truncate_layers, write_checkpoint_with, SHAPES};
+use spindle_model::synth::{
+    checkpoint_specs, shape_config, truncate_layers, without_vision, write_checkpoint_with, SHAPES,
+};
 use spindle_model::ModelConfig;
 
 #[derive(Debug, Args)]
@@ -39,6 +40,11 @@ pub struct SynthArgs {
     #[arg(long)]
     pub zero_experts: bool,
 
+    /// Leave out the vision tower (`model.visual.*`, `vision_config` and the image token ids)
+    /// that the Qwen3.6 shapes and the demo otherwise get.
+    #[arg(long)]
+    pub no_vision: bool,
+
     /// Largest safetensors shard, in GiB.
     #[arg(long, default_value_t = 4.0)]
     pub shard_gib: f64,
@@ -55,6 +61,9 @@ pub fn run(args: &SynthArgs) -> Result<ExitCode> {
     if let Some(layers) = args.layers {
         truncate_layers(&mut config, layers);
     }
+    if args.no_vision {
+        without_vision(&mut config);
+    }
     if let Some(base) = args.ngram_vocab_base {
         config["ngram_vocab_size_base"] = base.into();
     }
@@ -67,7 +76,7 @@ pub fn run(args: &SynthArgs) -> Result<ExitCode> {
     spindle_model::fs::check_output(&args.out, &[], true)
         .with_context(|| format!("--out {}", args.out.display()))?;
     let parsed = ModelConfig::from_json_str(&config.to_string(), &args.out.join("config.json"))?;
-    let total: u64 = checkpoint_tensors(&parsed, ExpertKeys::Fused)
+    let total: u64 = checkpoint_specs(&parsed)
         .iter()
         .map(|t| t.elements() as u64 * 2)
         .sum();
@@ -94,8 +103,12 @@ pub fn run(args: &SynthArgs) -> Result<ExitCode> {
     std::fs::rename(&tmp, &args.out)
         .with_context(|| format!("renaming {} to {}", tmp.display(), args.out.display()))?;
     bar.finish_and_clear();
+    let tower = match &parsed.vision {
+        Some(v) => format!(", a {}-block vision tower", v.depth),
+        None => String::new(),
+    };
     eprintln!(
-        "wrote {} ({:.2} GB, {} layers) to {}",
+        "wrote {} ({:.2} GB, {} layers{tower}) to {}",
         args.shape,
         total as f64 / 1e9,
         parsed.num_layers(),

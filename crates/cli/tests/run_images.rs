@@ -1,11 +1,11 @@
-//! `spindle run --image FILE`: the image is read and prepared for a model with image input,
-//! refused by name everywhere else. The engine does not run the vision tower yet, so a run
-//! with images stops at the one place prompts are handed to it, after its pads are counted.
+//! `spindle run --image FILE`: the embedded demo carries a tiny vision tower, so an image is
+//! read, prepared, encoded and answered out of the box; models without image input, `--raw`
+//! and unreadable files are refused by name.
 
 use std::path::Path;
 use std::process::{Command, Output};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use spindle_runtime::demo_dir;
 use spindle_testkit::fixtures;
 
@@ -17,81 +17,78 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// The demo checkpoint with image input declared (`vision_config`, `image_token_id` 4075 =
-/// its tokenizer's `<|image_pad|>`, processor bounds 4096..262144 pixels).
-fn vision_demo(dir: &Path) {
+/// The prompt size from the run's closing line `[prompt: N tokens, ...`.
+fn prompt_tokens(out: &Output) -> usize {
+    let err = stderr(out);
+    let rest = err
+        .split("[prompt: ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no prompt line in {err}"));
+    rest.split(' ').next().unwrap().parse().unwrap()
+}
+
+/// The demo checkpoint without image input: no `vision_config`, no image token ids.
+fn text_only_demo(dir: &Path) {
     for entry in std::fs::read_dir(demo_dir().unwrap()).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
     }
     let path = dir.join("config.json");
     let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    config["image_token_id"] = json!(4075);
-    config["vision_config"] = json!({"patch_size": 16, "temporal_patch_size": 2,
-        "spatial_merge_size": 2, "in_channels": 3});
+    let obj = config.as_object_mut().unwrap();
+    for key in ["vision_config", "image_token_id", "video_token_id"] {
+        obj.remove(key);
+    }
     std::fs::write(&path, config.to_string()).unwrap();
-    std::fs::write(
-        dir.join("preprocessor_config.json"),
-        json!({"size": {"shortest_edge": 4096, "longest_edge": 262144}}).to_string(),
-    )
-    .unwrap();
 }
 
 #[test]
-fn run_image_is_prepared_and_its_pads_counted() {
-    let tmp = tempfile::tempdir().unwrap();
-    vision_demo(tmp.path());
-    // 75x100 RGBA: smart_resize within 4096..262144 pixels gives 64x96, grid 4x6, 6 tokens.
+fn run_image_answers_on_the_demo() {
+    // 75x100 RGBA: smart_resize with the released bounds (min 65536 pixels) gives 224x320,
+    // grid 14x20, 70 image tokens, plus <|vision_start|> and <|vision_end|>.
     let image = fixtures().join("vision_preprocess").join("rgba.png");
+    let run = |images: usize, text: &str| {
+        let mut cmd = spindle();
+        cmd.arg("run");
+        for _ in 0..images {
+            cmd.arg("--image").arg(&image);
+        }
+        cmd.args(["--max-tokens", "2", text]).output().unwrap()
+    };
+    let text = run(0, "What is this?");
+    assert!(text.status.success(), "{}", stderr(&text));
+    let one = run(1, "What is this?");
+    assert!(one.status.success(), "{}", stderr(&one));
+    assert!(!one.stdout.is_empty(), "an answer is printed");
+    assert_eq!(prompt_tokens(&one), prompt_tokens(&text) + 70 + 2);
+    let two = run(2, "What is this?");
+    assert!(two.status.success(), "{}", stderr(&two));
+    assert_eq!(prompt_tokens(&two), prompt_tokens(&text) + 2 * (70 + 2));
+    // --no-vision leaves the tower out: the image is refused by name.
     let out = spindle()
-        .arg("run")
-        .arg("--model")
-        .arg(tmp.path())
-        .arg("--image")
+        .args(["run", "--no-vision", "--image"])
         .arg(&image)
-        .args(["--max-tokens", "2", "What is this?"])
+        .arg("hi")
         .output()
         .unwrap();
+    assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(!out.status.success(), "{err}");
-    // The demo declares image input but has no tower: the engine refuses by name after the
-    // image was prepared and its 6 pads placed.
-    assert!(err.contains("holds no vision tower"), "{err}");
-    assert!(err.contains("6 image tokens were placed"), "{err}");
-    // Two images: 6 + 6 pads.
-    let out = spindle()
-        .arg("run")
-        .arg("--model")
-        .arg(tmp.path())
-        .arg("--image")
-        .arg(&image)
-        .arg("--image")
-        .arg(&image)
-        .args(["--max-tokens", "2", "Compare them."])
-        .output()
-        .unwrap();
     assert!(
-        stderr(&out).contains("12 image tokens were placed"),
-        "{}",
-        stderr(&out)
+        err.contains("--no-vision") && err.contains("70 image tokens were placed"),
+        "{err}"
     );
-    // Without --image the same model still answers.
-    let out = spindle()
-        .arg("run")
-        .arg("--model")
-        .arg(tmp.path())
-        .args(["--max-tokens", "2", "hi"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 #[test]
 fn run_image_refusals_name_the_problem() {
     let image = fixtures().join("vision_preprocess").join("rgba.png");
-    // The demo is text only.
+    // A text-only model.
+    let tmp = tempfile::tempdir().unwrap();
+    text_only_demo(tmp.path());
     let out = spindle()
         .arg("run")
+        .arg("--model")
+        .arg(tmp.path())
         .arg("--image")
         .arg(&image)
         .arg("hi")
@@ -115,14 +112,10 @@ fn run_image_refusals_name_the_problem() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--raw"), "{}", stderr(&out));
     // A file that is not an image, on a model that reads images.
-    let tmp = tempfile::tempdir().unwrap();
-    vision_demo(tmp.path());
     let not_image = tmp.path().join("notes.png");
     std::fs::write(&not_image, "just text").unwrap();
     let out = spindle()
         .arg("run")
-        .arg("--model")
-        .arg(tmp.path())
         .arg("--image")
         .arg(&not_image)
         .arg("hi")

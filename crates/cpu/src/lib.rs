@@ -125,7 +125,11 @@ impl Engine {
             }
         });
         let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
-        let vision = load_vision(&checkpoint, &config, options)?;
+        let source = weights::Source {
+            ck: &checkpoint,
+            install: None,
+        };
+        let vision = load_vision(&source, &config, options)?;
         // A checkpoint's experts are memory-mapped (bf16) or quantized into the heap.
         let placement = match (options.experts, options.quant) {
             (ExpertResidency::Mapped, WeightFormat::Bf16) => Placement::Mapped,
@@ -190,7 +194,7 @@ impl Engine {
         };
         let weights = weights::load_from(&source, &config)?;
         let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
-        let vision = load_vision(&checkpoint, &config, options)?;
+        let vision = load_vision(&source, &config, options)?;
         Ok(Engine {
             config,
             weights,
@@ -347,10 +351,10 @@ impl Engine {
     }
 }
 
-/// The vision tower of `checkpoint` when the model can take images, else why not (the reason
+/// The vision tower of `source` when the model can take images, else why not (the reason
 /// image prompts are refused with). A tower that is present but malformed is an error.
 fn load_vision(
-    checkpoint: &Checkpoint,
+    source: &weights::Source,
     config: &ModelConfig,
     options: &LoadOptions,
 ) -> Result<std::result::Result<VisionWeights, String>> {
@@ -364,10 +368,10 @@ fn load_vision(
             "the vision tower was not loaded (--no-vision): image input is off".into(),
         ));
     }
-    if !weights::vision::has_vision_tower(checkpoint) {
+    if !weights::vision::has_vision_tower(source.ck) {
         return Ok(Err(format!(
             "{} holds no vision tower (model.visual.* tensors): image input is off",
-            checkpoint.dir().display()
+            source.ck.dir().display()
         )));
     }
     if vision.tokens.image as usize >= config.vocab_size {
@@ -382,7 +386,7 @@ fn load_vision(
                 .into(),
         ));
     }
-    Ok(Ok(weights::load_vision(checkpoint, vision)?))
+    Ok(Ok(weights::vision::load_vision_from(source, vision)?))
 }
 
 /// Resolves `--experts` for an install: `auto` keeps every expert resident when the plan fits

@@ -1,6 +1,8 @@
 //! Random-weight checkpoints with the exact shapes of released models (or fewer layers), in the
 //! Hugging Face text-only layout: `config.json` + sharded safetensors + index. For benchmarks
-//! and tests on machines without the real weights.
+//! and tests on machines without the real weights. Shapes whose releases carry a vision tower
+//! (Qwen3.6, and the demo's tiny one) get it too: `model.visual.*` with the released
+//! `vision_config` and image token ids ([`without_vision`] leaves it out).
 
 use std::path::Path;
 
@@ -9,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::layout::{checkpoint_tensors, ExpertKeys, SpecDtype, TensorSpec};
+use crate::layout::{checkpoint_tensors, vision_tensors, ExpertKeys, SpecDtype, TensorSpec};
 use crate::ngram::NgramHash;
 use crate::writer::{SafetensorsWriter, TensorHeader};
 
@@ -21,7 +23,18 @@ pub const SHAPES: &[&str] = &[
     "demo",
 ];
 
-/// The released config of a named shape, flattened to the text-only layout.
+/// The top-level fields of a released config that describe image input.
+const VISION_FIELDS: &[&str] = &[
+    "vision_config",
+    "image_token_id",
+    "video_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+];
+
+/// The released config of a named shape, flattened to the text-only layout. A Qwen3.5/3.6
+/// shape keeps its `vision_config` and image token ids at the top level, where the loader
+/// reads them.
 pub fn shape_config(shape: &str) -> Option<Value> {
     let nested: Value = match shape {
         "qwen3.6-35b-a3b" => {
@@ -47,15 +60,65 @@ pub fn shape_config(shape: &str) -> Option<Value> {
             .cloned()
             .unwrap_or(json!(false)),
     );
+    // qwen4_exp releases carry the same tower, but spindle reads no vision for that family.
+    if matches!(
+        nested.get("model_type")?.as_str()?,
+        "qwen3_5" | "qwen3_5_moe"
+    ) {
+        for &key in VISION_FIELDS {
+            if let Some(v) = nested.get(key) {
+                obj.insert(key.into(), v.clone());
+            }
+        }
+    }
     Some(text)
 }
 
-/// The embedded demo model: the Qwen3.5-MoE architecture at toy size. Its tokenizer
-/// (`tools/make_demo_tokenizer.py`) puts the 33 Qwen special tokens last, so `<|endoftext|>`
-/// is `vocab_size − 33` and `<|im_end|>` two after it.
+/// Drops the vision tower from a flat config (`spindle synth --no-vision`): no
+/// `vision_config`, no image token ids, so no `model.visual.*` tensors are written.
+pub fn without_vision(config: &mut Value) {
+    if let Some(obj) = config.as_object_mut() {
+        for &key in VISION_FIELDS {
+            obj.remove(key);
+        }
+    }
+}
+
+/// Every tensor a checkpoint of `config` holds: the text model's, then the vision tower's.
+pub fn checkpoint_specs(config: &ModelConfig) -> Vec<TensorSpec> {
+    let mut tensors = checkpoint_tensors(config, ExpertKeys::Fused);
+    if let Some(v) = &config.vision {
+        tensors.extend(vision_tensors(v));
+    }
+    tensors
+}
+
+/// The embedded demo model: the Qwen3.5-MoE architecture at toy size, with a tiny vision
+/// tower (2 blocks of width 32, the released patch 16 / merge 2, an 8x8 position table; about
+/// 90k parameters). Its tokenizer (`tools/make_demo_tokenizer.py`) puts the 33 Qwen special
+/// tokens last, so `<|endoftext|>` is `vocab_size − 33`, `<|im_end|>` two after it and
+/// `<|vision_start|>`, `<|vision_end|>`, `<|image_pad|>`, `<|video_pad|>` at +9, +10, +12, +13.
 pub fn demo_config(vocab_size: usize) -> Value {
     let endoftext = vocab_size - 33;
     json!({
+        "image_token_id": endoftext + 12,
+        "video_token_id": endoftext + 13,
+        "vision_start_token_id": endoftext + 9,
+        "vision_end_token_id": endoftext + 10,
+        "vision_config": {
+            "depth": 2,
+            "hidden_size": 32,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "hidden_act": "gelu_pytorch_tanh",
+            "in_channels": 3,
+            "patch_size": 16,
+            "temporal_patch_size": 2,
+            "spatial_merge_size": 2,
+            "out_hidden_size": 128,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": []
+        },
         "architectures": ["Qwen3_5MoeForCausalLM"],
         "model_type": "qwen3_5_moe",
         "vocab_size": vocab_size,
@@ -117,6 +180,9 @@ fn name_seed(seed: u64, name: &str) -> u64 {
 
 /// How a tensor is initialised (MODEL_MATH conventions: zero-centred norms store w, not 1+w).
 fn init_value(name: &str, rng: &mut Rng, fan_in: usize) -> f32 {
+    if name.starts_with(crate::weights::vision::VISION_PREFIX) {
+        return vision_init_value(name, rng, fan_in);
+    }
     let zero_centred_norm = name.ends_with("layernorm.weight")
         || name.ends_with("model.norm.weight")
         || name.ends_with("q_norm.weight")
@@ -137,11 +203,32 @@ fn init_value(name: &str, rng: &mut Rng, fan_in: usize) -> f32 {
     }
 }
 
+/// The vision tower's LayerNorms (with bias, weight near 1), biases, and matrices with std
+/// 1/√fan_in.
+fn vision_init_value(name: &str, rng: &mut Rng, fan_in: usize) -> f32 {
+    if name.ends_with("norm1.weight")
+        || name.ends_with("norm2.weight")
+        || name.ends_with("merger.norm.weight")
+    {
+        1.0 + 0.1 * rng.unit()
+    } else if name.ends_with(".bias") {
+        0.05 * rng.unit()
+    } else {
+        rng.unit() * (3.0 / fan_in as f32).sqrt()
+    }
+}
+
 /// Bytes of a bf16 tensor filled with random values, produced in parallel chunks.
 fn random_bf16(spec: &TensorSpec, seed: u64) -> Vec<u8> {
     const CHUNK: usize = 1 << 20;
     let n = spec.elements();
-    let fan_in = *spec.shape.last().unwrap_or(&1);
+    // The patch embedding's Conv3d kernel [D, C, T, P, P] reads C·T·P·P inputs per output;
+    // every other matrix (fused experts included) reads its last dimension.
+    let fan_in = if spec.class == crate::layout::TensorClass::Vision && spec.shape.len() > 2 {
+        spec.shape[1..].iter().product()
+    } else {
+        *spec.shape.last().unwrap_or(&1)
+    };
     let base = name_seed(seed, &spec.name);
     let mut out = vec![0u8; n * 2];
     out.par_chunks_mut(CHUNK * 2)
@@ -210,7 +297,7 @@ pub fn write_checkpoint_with(
         path: dir.to_owned(),
         error,
     })?;
-    let tensors = checkpoint_tensors(&config, ExpertKeys::Fused);
+    let tensors = checkpoint_specs(&config);
 
     // Group tensors into shards in order.
     let mut shards: Vec<Vec<&TensorSpec>> = vec![Vec::new()];
@@ -342,6 +429,92 @@ mod tests {
             "small shards force an index"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod vision_tests {
+    use super::*;
+
+    #[test]
+    fn qwen3_6_shapes_carry_the_released_tower_and_no_vision_drops_it() {
+        for (shape, out_hidden) in [("qwen3.6-35b-a3b", 2048), ("qwen3.6-27b", 5120)] {
+            let mut c = shape_config(shape).unwrap();
+            truncate_layers(&mut c, 1);
+            let parsed = ModelConfig::from_json_str(&c.to_string(), Path::new("c.json")).unwrap();
+            let v = parsed.vision.as_ref().expect(shape);
+            assert_eq!(
+                (
+                    v.depth,
+                    v.hidden,
+                    v.heads,
+                    v.intermediate,
+                    v.pos_side,
+                    v.out_hidden
+                ),
+                (27, 1152, 16, 4304, 48, out_hidden),
+                "{shape}"
+            );
+            assert_eq!(v.tokens.image, 248_056, "{shape}");
+            let specs = checkpoint_specs(&parsed);
+            let tower: usize = specs
+                .iter()
+                .filter(|t| t.class == crate::layout::TensorClass::Vision)
+                .map(TensorSpec::elements)
+                .sum();
+            assert_eq!(
+                tower,
+                v.parameters(),
+                "{shape}: every tower tensor is written"
+            );
+            without_vision(&mut c);
+            let parsed = ModelConfig::from_json_str(&c.to_string(), Path::new("c.json")).unwrap();
+            assert!(parsed.vision.is_none(), "{shape}");
+            assert!(checkpoint_specs(&parsed)
+                .iter()
+                .all(|t| !t.name.contains("visual")));
+        }
+        let flash = shape_config("qwen3.8-flash-next").unwrap();
+        assert!(
+            flash.get("vision_config").is_none(),
+            "qwen4_exp reads no tower"
+        );
+    }
+
+    #[test]
+    fn the_demo_tower_loads_and_leaves_the_text_weights_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let (with, without) = (dir.path().join("with"), dir.path().join("without"));
+        let config = demo_config(4096);
+        write_checkpoint(&with, &config, 0x5eed, usize::MAX, &mut |_| {}).unwrap();
+        let mut text_only = config.clone();
+        without_vision(&mut text_only);
+        write_checkpoint(&without, &text_only, 0x5eed, usize::MAX, &mut |_| {}).unwrap();
+        let parsed = ModelConfig::from_dir(&with).unwrap();
+        let v = parsed.vision.as_ref().unwrap();
+        assert_eq!(
+            (v.tokens.image, v.tokens.vision_start, v.tokens.vision_end),
+            (4075, Some(4072), Some(4073)),
+            "the demo tokenizer's <|image_pad|>, <|vision_start|>, <|vision_end|>"
+        );
+        let (a, b) = (
+            crate::Checkpoint::open(&with).unwrap(),
+            crate::Checkpoint::open(&without).unwrap(),
+        );
+        let tower = crate::weights::load_vision(&a, v).unwrap();
+        assert!(tower.size_bytes() < 400_000, "{} bytes", tower.size_bytes());
+        assert!(tower.blocks[0]
+            .norm1
+            .weight
+            .iter()
+            .all(|w| (0.85..1.15).contains(w)));
+        for t in checkpoint_tensors(&parsed, ExpertKeys::Fused) {
+            let (x, y) = (
+                a.matrix(&t.name, &t.shape).unwrap(),
+                b.matrix(&t.name, &t.shape).unwrap(),
+            );
+            assert_eq!(x.bytes(), y.bytes(), "{}", t.name);
+        }
     }
 }
 

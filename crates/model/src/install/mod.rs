@@ -4,7 +4,8 @@
 //! ```text
 //! DST/
 //!   manifest.json            format version, config, quantization per class, files + SHA-256
-//!   model.safetensors        every tensor but the routed experts (quantized: NAME.qs + NAME.scales)
+//!   model.safetensors        every tensor but the routed experts (quantized: NAME.qs + NAME.scales),
+//!                            the vision tower (`model.visual.*`) as stored (bf16)
 //!   experts/layer-003.bin    one file per MoE layer: expert e at [e·stride, (e+1)·stride)
 //!   config.json, tokenizer.json, tokenizer_config.json, chat_template.jinja,
 //!   generation_config.json   copied verbatim when the checkpoint has them
@@ -28,7 +29,7 @@ pub mod writer;
 pub use error::InstallError;
 pub use manifest::{ExpertLayerLayout, FileEntry, Manifest, PartLayout};
 pub use reader::{Install, MappedFile, QuantTensor, Verify};
-pub use writer::{convert, Progress};
+pub use writer::{convert, convert_with, Progress};
 
 use crate::layout::TensorClass;
 
@@ -90,7 +91,9 @@ pub fn quantizable(name: &str) -> bool {
 /// The class of a checkpoint tensor, from its name (a test checks that it agrees with the
 /// weight schema's classes).
 pub fn classify(name: &str) -> TensorClass {
-    if name.contains("embed_tokens") {
+    if name.starts_with(crate::weights::vision::VISION_PREFIX) {
+        TensorClass::Vision
+    } else if name.contains("embed_tokens") {
         TensorClass::Embedding
     } else if name.starts_with("lm_head") {
         TensorClass::LmHead

@@ -37,9 +37,9 @@ pub struct MemoryPlan {
     pub context: usize,
     /// Largest decode-time work buffers (the logits row, the hidden rows): small next to the rest.
     pub work_bytes: u64,
-    /// The vision tower (`vision_config`) as the CPU engine loads it, read only when an image
-    /// is encoded. Counted whenever config.json has a tower: `--no-vision` and installs (which
-    /// do not keep it) need this much less.
+    /// The vision tower (`vision_config`) as the CPU engine loads it (installs keep it bf16),
+    /// read only when an image is encoded. Counted whenever config.json has a tower:
+    /// `--no-vision` needs this much less.
     pub vision_bytes: u64,
 }
 

@@ -215,6 +215,7 @@ fn resident_tensors(
     config: &ModelConfig,
     names: &TensorNames,
     quant: WeightFormat,
+    vision_quant: WeightFormat,
 ) -> Result<Vec<Resident>> {
     let expert_prefixes: Vec<String> = moe_layers(config)
         .map(|i| names.layer(i, "mlp.experts."))
@@ -222,9 +223,7 @@ fn resident_tensors(
     let mut all: Vec<&str> = ck
         .names()
         .filter(|n| {
-            !n.starts_with("mtp.")
-                && !n.contains("visual.")
-                && !expert_prefixes.iter().any(|p| n.starts_with(p.as_str()))
+            !n.starts_with("mtp.") && !expert_prefixes.iter().any(|p| n.starts_with(p.as_str()))
         })
         .collect();
     all.sort();
@@ -240,9 +239,24 @@ fn resident_tensors(
                     .collect(),
             ),
         };
+        // The vision tower's matrices follow `vision_quant` (bf16: kept as stored).
+        let vision = name.starts_with(crate::weights::vision::VISION_PREFIX);
         out.push(match source {
             Source::Float(m)
+                if vision
+                    && vision_quant != WeightFormat::Bf16
+                    && shape.len() == 2
+                    && vision_quant.fits(m.cols) =>
+            {
+                Resident::Quantized {
+                    name: name.to_owned(),
+                    matrix: m,
+                    format: vision_quant,
+                }
+            }
+            Source::Float(m)
                 if quant != WeightFormat::Bf16
+                    && !vision
                     && shape.len() == 2
                     && quantizable(name)
                     && quant.fits(m.cols) =>
@@ -447,6 +461,24 @@ pub fn convert(
     quant: WeightFormat,
     progress: &mut dyn FnMut(&Progress) -> bool,
 ) -> Result<Manifest> {
+    convert_with(src, dst, quant, WeightFormat::Bf16, progress)
+}
+
+/// [`convert`] with the vision tower's matrices stored in `vision_quant` (bf16 or q8; the
+/// patch embedding and matrices whose rows are not whole groups stay as stored).
+pub fn convert_with(
+    src: &Path,
+    dst: &Path,
+    quant: WeightFormat,
+    vision_quant: WeightFormat,
+    progress: &mut dyn FnMut(&Progress) -> bool,
+) -> Result<Manifest> {
+    if vision_quant == WeightFormat::Q4 {
+        return Err(InstallError::Manifest {
+            path: dst.to_owned(),
+            message: "--vision-quant q4 is not supported (bf16 or q8)".into(),
+        });
+    }
     let file_name = dst.file_name().ok_or_else(|| InstallError::Manifest {
         path: dst.to_owned(),
         message: "the destination needs a directory name".into(),
@@ -467,7 +499,7 @@ pub fn convert(
         std::fs::remove_dir_all(&tmp).map_err(InstallError::io(&tmp))?;
     }
     std::fs::create_dir_all(tmp.join(EXPERT_DIR)).map_err(InstallError::io(&tmp))?;
-    let result = write_install(src, &tmp, quant, progress).and_then(|manifest| {
+    let result = write_install(src, &tmp, quant, vision_quant, progress).and_then(|manifest| {
         sync_dir(&tmp.join(EXPERT_DIR))?;
         sync_dir(&tmp)?;
         std::fs::rename(&tmp, dst).map_err(InstallError::io(dst))?;
@@ -491,6 +523,7 @@ fn write_install(
     src: &Path,
     root: &Path,
     quant: WeightFormat,
+    vision_quant: WeightFormat,
     progress: &mut dyn FnMut(&Progress) -> bool,
 ) -> Result<Manifest> {
     let config = ModelConfig::from_dir(src)?;
@@ -526,7 +559,7 @@ fn write_install(
             text.remove("quantization_config");
         }
     }
-    let resident = resident_tensors(&ck, &config, &names, quant)?;
+    let resident = resident_tensors(&ck, &config, &names, quant, vision_quant)?;
     let layers: Vec<usize> = moe_layers(&config).collect();
     let mut state = Progress {
         tensors_total: resident.len()

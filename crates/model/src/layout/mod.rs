@@ -13,7 +13,7 @@ pub use schema::{
 pub use schema_qwen4::{ngram_table_rows, HyperSchema, PleSchema};
 pub use tensor_def::{TensorClass, TensorDef};
 
-use crate::config::{FfnKind, MixerKind, ModelConfig};
+use crate::config::{FfnKind, MixerKind, ModelConfig, VisionConfig};
 
 /// Element type of a tensor in a written checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +47,48 @@ impl TensorSpec {
 pub enum ExpertKeys {
     PerExpert,
     Fused,
+}
+
+/// Every tensor of the vision tower `v` describes (`model.visual.*`, shared docs `VISION.md`
+/// §1.4), bf16 as released; none is quantizable.
+pub fn vision_tensors(v: &VisionConfig) -> Vec<TensorSpec> {
+    let (d, i) = (v.hidden, v.intermediate);
+    let wide = d * v.merge * v.merge;
+    let mut out = Vec::new();
+    let mut push = |key: String, shape: Vec<usize>| {
+        out.push(TensorSpec {
+            name: format!("{}{key}", crate::weights::vision::VISION_PREFIX),
+            shape,
+            class: TensorClass::Vision,
+            dtype: SpecDtype::Bf16,
+            layer: None,
+            quantizable: false,
+        })
+    };
+    fn linear(push: &mut dyn FnMut(String, Vec<usize>), key: &str, rows: usize, cols: usize) {
+        push(format!("{key}.weight"), vec![rows, cols]);
+        push(format!("{key}.bias"), vec![rows]);
+    }
+    let conv = vec![d, v.in_channels, v.temporal, v.patch, v.patch];
+    push("patch_embed.proj.weight".into(), conv);
+    push("patch_embed.proj.bias".into(), vec![d]);
+    push("pos_embed.weight".into(), vec![v.pos_side * v.pos_side, d]);
+    for b in 0..v.depth {
+        let at = |s: &str| format!("blocks.{b}.{s}");
+        for norm in ["norm1", "norm2"] {
+            push(at(&format!("{norm}.weight")), vec![d]);
+            push(at(&format!("{norm}.bias")), vec![d]);
+        }
+        linear(&mut push, &at("attn.qkv"), 3 * d, d);
+        linear(&mut push, &at("attn.proj"), d, d);
+        linear(&mut push, &at("mlp.linear_fc1"), i, d);
+        linear(&mut push, &at("mlp.linear_fc2"), d, i);
+    }
+    push("merger.norm.weight".into(), vec![d]);
+    push("merger.norm.bias".into(), vec![d]);
+    linear(&mut push, "merger.linear_fc1", wide, wide);
+    linear(&mut push, "merger.linear_fc2", v.out_hidden, wide);
+    out
 }
 
 /// Every tensor a text-only checkpoint of `config` holds (prefix `model.`), in a stable order.

@@ -22,6 +22,8 @@ pub enum TensorClass {
     Ple,
     /// qwen4_exp hashed n-gram table (read a few rows per token).
     NgramTable,
+    /// The vision tower (`model.visual.*`).
+    Vision,
 }
 
 impl TensorClass {
@@ -39,6 +41,7 @@ impl TensorClass {
             TensorClass::HyperConnection => "hyper_connections",
             TensorClass::Ple => "ple",
             TensorClass::NgramTable => "ngram_table",
+            TensorClass::Vision => "vision",
         }
     }
 }

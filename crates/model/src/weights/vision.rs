@@ -83,6 +83,17 @@ pub fn has_vision_tower(checkpoint: &Checkpoint) -> bool {
 /// Reads the tower `config` describes. Every tensor must be present with its shape; a
 /// checkpoint holding DeepStack mergers is refused (transformers ignores them for Qwen3.5).
 pub fn load_vision(checkpoint: &Checkpoint, config: &VisionConfig) -> Result<VisionWeights> {
+    let source = super::Source {
+        ck: checkpoint,
+        install: None,
+    };
+    load_vision_from(&source, config)
+}
+
+/// [`load_vision`] from a checkpoint or an install, whose tower matrices may be stored q8
+/// (`spindle convert --vision-quant q8`).
+pub fn load_vision_from(source: &super::Source, config: &VisionConfig) -> Result<VisionWeights> {
+    let checkpoint = source.ck;
     let key = |s: &str| format!("{VISION_PREFIX}{s}");
     if let Some(name) = checkpoint
         .names()
@@ -100,7 +111,7 @@ pub fn load_vision(checkpoint: &Checkpoint, config: &VisionConfig) -> Result<Vis
     let values = |s: &str, shape: &[usize]| checkpoint.f32_values(&key(s), shape);
     let linear = |s: &str, rows: usize, cols: usize| -> Result<BiasedLinear> {
         Ok(BiasedLinear {
-            weight: Linear::Mapped(checkpoint.matrix(&key(&format!("{s}.weight")), &[rows, cols])?),
+            weight: source.linear(&key(&format!("{s}.weight")), &[rows, cols])?,
             bias: values(&format!("{s}.bias"), &[rows])?,
         })
     };
