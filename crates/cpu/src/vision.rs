@@ -13,7 +13,7 @@ use spindle_model::mrope::ImageFeatures;
 use spindle_model::quant::view::{MatRef, Weights};
 use spindle_model::weights::vision::{BiasedLinear, LayerNormWeights, VisionBlock};
 use spindle_model::{VisionConfig, VisionWeights};
-use spindle_vision::PreparedImage;
+use spindle_vision::{interpolation, patch_coords, rope_tables, PreparedImage};
 
 use crate::error::{EngineError, Result};
 use crate::linear::LinearExt;
@@ -104,26 +104,9 @@ pub fn trace(w: &VisionWeights, config: &VisionConfig, image: &PreparedImage) ->
     }
 }
 
-/// (row, column) in patches of every row, in the 2x2-block-major order of §2.3, frame after
-/// frame.
-fn patch_coords(gh: usize, gw: usize, m: usize, frames: usize) -> Vec<(usize, usize)> {
-    let mut coords = Vec::with_capacity(frames * gh * gw);
-    for _ in 0..frames {
-        for bh in 0..gh / m {
-            for bw in 0..gw / m {
-                for ih in 0..m {
-                    for iw in 0..m {
-                        coords.push((bh * m + ih, bw * m + iw));
-                    }
-                }
-            }
-        }
-    }
-    coords
-}
-
 /// §3.2: the S x S table bilinearly interpolated (align_corners=True) to the image's
-/// gh x gw patch grid, one row per entry of `coords`.
+/// gh x gw patch grid, one row per entry of `coords`: each row the f64 sum of its four
+/// corners' rows ([`spindle_vision::interpolation`]) in corner order, rounded to f32.
 fn interpolated_positions(
     table: &[f32],
     side: usize,
@@ -132,35 +115,20 @@ fn interpolated_positions(
     gw: usize,
     coords: &[(usize, usize)],
 ) -> Vec<f32> {
-    let axis = |i: usize, size: usize| -> (usize, usize, f64) {
-        let x = if size == 1 {
-            0.0
-        } else {
-            i as f64 * (side - 1) as f64 / (size - 1) as f64
-        };
-        let lo = (x.floor() as usize).min(side - 1);
-        (lo, (lo + 1).min(side - 1), x - lo as f64)
-    };
+    let (index, weights) = interpolation(side, gh, gw, coords);
     let mut out = vec![0.0f32; coords.len() * d];
-    out.par_chunks_mut(d)
-        .zip(coords.par_iter())
-        .for_each(|(row, &(r, c))| {
-            let (y0, y1, dy) = axis(r, gh);
-            let (x0, x1, dx) = axis(c, gw);
-            let corners = [
-                (y0 * side + x0, (1.0 - dy) * (1.0 - dx)),
-                (y0 * side + x1, (1.0 - dy) * dx),
-                (y1 * side + x0, dy * (1.0 - dx)),
-                (y1 * side + x1, dy * dx),
-            ];
-            for (k, o) in row.iter_mut().enumerate() {
-                let v: f64 = corners
-                    .iter()
-                    .map(|&(at, weight)| weight * table[at * d + k] as f64)
-                    .sum();
-                *o = v as f32;
-            }
-        });
+    out.par_chunks_mut(d).enumerate().for_each(|(r, row)| {
+        let corners = &index[4 * r..4 * r + 4];
+        let weights = &weights[4 * r..4 * r + 4];
+        for (k, o) in row.iter_mut().enumerate() {
+            let v: f64 = corners
+                .iter()
+                .zip(weights)
+                .map(|(&at, &weight)| weight * table[at as usize * d + k] as f64)
+                .sum();
+            *o = v as f32;
+        }
+    });
     out
 }
 
@@ -175,24 +143,12 @@ struct VisionRope {
 
 impl VisionRope {
     fn new(head_dim: usize, theta: f64, coords: &[(usize, usize)]) -> Self {
-        let (half, quarter) = (head_dim / 2, head_dim / 4);
-        let inv: Vec<f64> = (0..quarter)
-            .map(|j| 1.0 / theta.powf(2.0 * j as f64 / half as f64))
-            .collect();
-        let mut cos = Vec::with_capacity(coords.len() * half);
-        let mut sin = Vec::with_capacity(coords.len() * half);
-        for &(r, c) in coords {
-            for (axis, &f) in std::iter::repeat_n(r, quarter)
-                .chain(std::iter::repeat_n(c, quarter))
-                .zip(inv.iter().cycle())
-            {
-                // transformers computes the angles in float32 (§6.2 point 11).
-                let angle = axis as f32 * f as f32;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
-            }
+        let (cos, sin) = rope_tables(head_dim, theta, coords);
+        VisionRope {
+            cos,
+            sin,
+            half: head_dim / 2,
         }
-        VisionRope { cos, sin, half }
     }
 
     fn apply(&self, row: usize, head: &mut [f32]) {
@@ -353,24 +309,6 @@ fn add_bias(y: &mut [f32], bias: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn coords_are_block_major() {
-        let c = patch_coords(2, 4, 2, 1);
-        assert_eq!(
-            c,
-            vec![
-                (0, 0),
-                (0, 1),
-                (1, 0),
-                (1, 1),
-                (0, 2),
-                (0, 3),
-                (1, 2),
-                (1, 3)
-            ]
-        );
-    }
 
     #[test]
     fn blocked_attention_matches_per_row_attention() {

@@ -14,12 +14,14 @@ mod decode;
 mod pads;
 mod patchify;
 mod resize;
+mod tables;
 
 pub use config::ImageInput;
 pub use decode::{decode, FORMATS};
 pub use pads::{expand_image_pads, PadError};
 pub use patchify::{patchify, Rgb8};
 pub use resize::{resize_bicubic, smart_resize, MAX_ASPECT_RATIO};
+pub use tables::{interpolation, patch_coords, rope_tables};
 
 use thiserror::Error;
 
