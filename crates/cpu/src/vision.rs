@@ -33,31 +33,9 @@ pub struct TowerTrace {
 /// Checks that `image` fits the tower: row width, a grid divisible by the merge size, and as
 /// many pixel values as the grid says.
 pub fn check_image(config: &VisionConfig, image: &PreparedImage, index: usize) -> Result<()> {
-    let g = image.grid;
-    let m = config.merge;
-    let bad = |why: String| Err(EngineError::Image(format!("image {index}: {why}")));
-    if image.row_len != config.patch_row() {
-        return bad(format!(
-            "patch rows of {} values, but the vision tower takes {} (channels x temporal x patch²)",
-            image.row_len,
-            config.patch_row()
-        ));
-    }
-    if g.t == 0 || g.h == 0 || g.w == 0 || g.h % m != 0 || g.w % m != 0 {
-        return bad(format!(
-            "grid {}x{}x{} patches: every side must be positive and h, w multiples of the merge size {m}",
-            g.t, g.h, g.w
-        ));
-    }
-    if image.pixels.len() != g.patches() * image.row_len {
-        return bad(format!(
-            "{} pixel values for {} patches of {}",
-            image.pixels.len(),
-            g.patches(),
-            image.row_len
-        ));
-    }
-    Ok(())
+    config
+        .fits(image)
+        .map_err(|why| EngineError::Image(format!("image {index}: {why}")))
 }
 
 /// The tower's output for `image`: its merged features `[tokens, out_hidden]`.

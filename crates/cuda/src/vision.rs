@@ -144,28 +144,9 @@ impl GpuVision {
     pub fn check_image(&self, image: &PreparedImage, index: usize) -> Result<()> {
         let config = &self.config;
         let g = image.grid;
-        let m = config.merge;
         let bad = |why: String| Err(CudaError::Image(format!("image {index}: {why}")));
-        if image.row_len != config.patch_row() {
-            return bad(format!(
-                "patch rows of {} values, but the vision tower takes {} (channels x temporal x patch²)",
-                image.row_len,
-                config.patch_row()
-            ));
-        }
-        if g.t == 0 || g.h == 0 || g.w == 0 || g.h % m != 0 || g.w % m != 0 {
-            return bad(format!(
-                "grid {}x{}x{} patches: every side must be positive and h, w multiples of the merge size {m}",
-                g.t, g.h, g.w
-            ));
-        }
-        if image.pixels.len() != g.patches() * image.row_len {
-            return bad(format!(
-                "{} pixel values for {} patches of {}",
-                image.pixels.len(),
-                g.patches(),
-                image.row_len
-            ));
+        if let Err(why) = config.fits(image) {
+            return bad(why);
         }
         if g.patches() > i32::MAX as usize / (3 * config.hidden.max(config.intermediate)) {
             return bad(format!(

@@ -47,6 +47,35 @@ pub struct VisionTokens {
 }
 
 impl VisionConfig {
+    /// Whether `image` fits this tower, and why not: patch rows of the tower's width, a grid
+    /// divisible by the merge size, and as many pixel values as the grid says (both backends
+    /// check this before encoding).
+    pub fn fits(&self, image: &spindle_vision::PreparedImage) -> std::result::Result<(), String> {
+        let (g, m) = (image.grid, self.merge);
+        if image.row_len != self.patch_row() {
+            return Err(format!(
+                "patch rows of {} values, but the vision tower takes {} (channels x temporal x patch²)",
+                image.row_len,
+                self.patch_row()
+            ));
+        }
+        if g.t == 0 || g.h == 0 || g.w == 0 || g.h % m != 0 || g.w % m != 0 {
+            return Err(format!(
+                "grid {}x{}x{} patches: every side must be positive and h, w multiples of the merge size {m}",
+                g.t, g.h, g.w
+            ));
+        }
+        if image.pixels.len() != g.patches() * image.row_len {
+            return Err(format!(
+                "{} pixel values for {} patches of {}",
+                image.pixels.len(),
+                g.patches(),
+                image.row_len
+            ));
+        }
+        Ok(())
+    }
+
     /// The head size d = D / n_h.
     pub fn head_dim(&self) -> usize {
         self.hidden / self.heads
