@@ -138,9 +138,9 @@ impl GpuVision {
         &self.config
     }
 
-    /// Checks that `image` fits the tower (as the CPU's `check_image`): row width, a grid
-    /// divisible by the merge size, as many pixel values as the grid says, and a head size the
-    /// attention kernel takes.
+    /// Checks that `image` fits the tower (`VisionConfig::fits`, as the CPU checks) and that
+    /// its sizes stay within the kernels' 32-bit indices (the head size is checked where the
+    /// attention runs).
     pub fn check_image(&self, image: &PreparedImage, index: usize) -> Result<()> {
         let config = &self.config;
         let g = image.grid;
