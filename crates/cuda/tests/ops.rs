@@ -238,6 +238,30 @@ const CHECKED_ELSEWHERE: &[(&str, &str)] = &[
         "read_bandwidth_probe",
         "nothing to compare: `spindle bench` reads its timing",
     ),
+    (
+        "layer_norm_rows",
+        "tests/vision.rs (the tower's LayerNorms: vision_blocks_out vs transformers and the CPU)",
+    ),
+    (
+        "bias_add_rows",
+        "tests/vision.rs (the tower's biased linears: vision_patch_embed, vision_blocks_out)",
+    ),
+    (
+        "bias_gelu_rows",
+        "tests/vision.rs (the tower's MLP and merger GELUs: vision_blocks_out, vision_embeds)",
+    ),
+    (
+        "vision_pos_embed_add",
+        "tests/vision.rs (the interpolated position table: vision_patch_embed)",
+    ),
+    (
+        "vision_rope_split",
+        "tests/vision.rs (the tower's 2-D rotary: vision_blocks_out)",
+    ),
+    (
+        "scatter_rows",
+        "tests/vision.rs (image rows replacing their pads: logits with images vs transformers)",
+    ),
 ];
 
 #[test]
