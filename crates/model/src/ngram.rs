@@ -1,7 +1,7 @@
 //! The hashed n-gram ids of PLE (MODEL_MATH §4.6): splitmix64 multipliers, prime per-head
 //! table sizes, XOR mixing and an n-gram history that resets at EOS.
 
-use crate::config::PleConfig;
+use crate::PleConfig;
 
 /// Γ, the golden-ratio increment of splitmix64.
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;

@@ -180,7 +180,7 @@ fn name_seed(seed: u64, name: &str) -> u64 {
 
 /// How a tensor is initialised (MODEL_MATH conventions: zero-centred norms store w, not 1+w).
 fn init_value(name: &str, rng: &mut Rng, fan_in: usize) -> f32 {
-    if name.starts_with(crate::weights::vision::VISION_PREFIX) {
+    if name.starts_with(crate::layout::VISION_PREFIX) {
         return vision_init_value(name, rng, fan_in);
     }
     let zero_centred_norm = name.ends_with("layernorm.weight")

@@ -91,7 +91,7 @@ pub fn quantizable(name: &str) -> bool {
 /// The class of a checkpoint tensor, from its name (a test checks that it agrees with the
 /// weight schema's classes).
 pub fn classify(name: &str) -> TensorClass {
-    if name.starts_with(crate::weights::vision::VISION_PREFIX) {
+    if name.starts_with(crate::layout::VISION_PREFIX) {
         TensorClass::Vision
     } else if name.contains("embed_tokens") {
         TensorClass::Embedding

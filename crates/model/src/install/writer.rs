@@ -240,7 +240,7 @@ fn resident_tensors(
             ),
         };
         // The vision tower's matrices follow `vision_quant` (bf16: kept as stored).
-        let vision = name.starts_with(crate::weights::vision::VISION_PREFIX);
+        let vision = name.starts_with(crate::layout::VISION_PREFIX);
         out.push(match source {
             Source::Float(m)
                 if vision

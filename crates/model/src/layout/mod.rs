@@ -49,6 +49,9 @@ pub enum ExpertKeys {
     Fused,
 }
 
+/// The key prefix of the vision tower's tensors.
+pub const VISION_PREFIX: &str = "model.visual.";
+
 /// Every tensor of the vision tower `v` describes (`model.visual.*`, shared docs `VISION.md`
 /// §1.4), bf16 as released; none is quantizable.
 pub fn vision_tensors(v: &VisionConfig) -> Vec<TensorSpec> {
@@ -57,7 +60,7 @@ pub fn vision_tensors(v: &VisionConfig) -> Vec<TensorSpec> {
     let mut out = Vec::new();
     let mut push = |key: String, shape: Vec<usize>| {
         out.push(TensorSpec {
-            name: format!("{}{key}", crate::weights::vision::VISION_PREFIX),
+            name: format!("{}{key}", VISION_PREFIX),
             shape,
             class: TensorClass::Vision,
             dtype: SpecDtype::Bf16,

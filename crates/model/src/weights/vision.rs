@@ -72,8 +72,7 @@ impl VisionWeights {
     }
 }
 
-/// The key prefix of the tower.
-pub const VISION_PREFIX: &str = "model.visual.";
+pub use crate::layout::VISION_PREFIX;
 
 /// Whether the checkpoint stores a vision tower (its patch embedding).
 pub fn has_vision_tower(checkpoint: &Checkpoint) -> bool {

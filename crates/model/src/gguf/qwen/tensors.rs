@@ -437,7 +437,7 @@ fn qwen4exp_finish(
                 required.push(format!("blk.{i}.hc_{block}_{part}.weight"));
             }
         }
-        if config.layers[i].mixer == crate::config::MixerKind::LinearAttention {
+        if config.layers[i].mixer == crate::MixerKind::LinearAttention {
             continue;
         }
         for n in ["q_norm", "k_norm"] {
