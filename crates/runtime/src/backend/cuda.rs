@@ -248,6 +248,9 @@ impl CudaBackend {
     /// `in layer 2 (its FFN)`), found by replaying them in a fresh session with a check after
     /// every sublayer; `None` when the replay stays finite or cannot run.
     pub(super) fn locate_non_finite(&self, ids: &[u32]) -> Option<String> {
+        if ids.is_empty() {
+            return None;
+        }
         let _held = self.held();
         match self.engine.locate_non_finite(ids) {
             Ok(site) => site.map(|site| site.to_string()),
@@ -441,9 +444,15 @@ impl CudaSessionGuard {
         self.history.extend_from_slice(ids);
     }
 
-    /// Every id fed to the session so far.
-    pub(super) fn history(&self) -> &[u32] {
-        &self.history
+    /// The ids a replay would feed to locate a non-finite value: none once an image has been
+    /// fed, since a replay of the ids alone would not place the image's rows and would look
+    /// in the wrong place (the error then suggests the CPU, which checks every step).
+    pub(super) fn replay_ids(&self) -> &[u32] {
+        if self.session.rope.images_started > 0 {
+            &[]
+        } else {
+            &self.history
+        }
     }
 }
 

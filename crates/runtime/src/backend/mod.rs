@@ -85,7 +85,7 @@ impl BackendSession {
     fn fed(&self) -> &[u32] {
         match self {
             BackendSession::Cpu(_) => &[],
-            BackendSession::Cuda(s) => s.history(),
+            BackendSession::Cuda(s) => s.replay_ids(),
         }
     }
 
@@ -279,7 +279,7 @@ impl Backend {
             (Backend::Cuda(c), BackendSession::Cuda(s)) => {
                 let start = s.session().position;
                 let logits = c.forward(s, ids, want)?;
-                self.check_logits(&logits, ids.len(), start, s.history())?;
+                self.check_logits(&logits, ids.len(), start, s.replay_ids())?;
                 Ok(logits)
             }
             #[cfg(feature = "cuda")]
