@@ -233,6 +233,21 @@ mod tests {
     }
 
     #[test]
+    fn images_of_another_width_are_refused_and_none_queued() {
+        let mut cursor = RopeCursor::default();
+        let wide = Arc::new(ImageFeatures {
+            hidden: 2,
+            ..(*image(1, 1)).clone()
+        });
+        let err = cursor.queue_images(&[image(2, 2), wide], 1).unwrap_err();
+        assert!(err.contains("width 2") && err.contains("hidden size 1"), "{err}");
+        assert!(cursor.pending.is_empty());
+        cursor.queue_images(&[image(2, 2), image(1, 3)], 1).unwrap();
+        assert_eq!(cursor.pending.len(), 2);
+        assert!(!cursor.is_text_only());
+    }
+
+    #[test]
     fn worked_example_of_the_docs() {
         // 5 text, <vs>, a 3x5 merged image (15 pads), <ve>, 4 text (VISION.md §4.2).
         let mut ids = vec![10u32; 6];
