@@ -240,7 +240,10 @@ mod tests {
             ..(*image(1, 1)).clone()
         });
         let err = cursor.queue_images(&[image(2, 2), wide], 1).unwrap_err();
-        assert!(err.contains("width 2") && err.contains("hidden size 1"), "{err}");
+        assert!(
+            err.contains("width 2") && err.contains("hidden size 1"),
+            "{err}"
+        );
         assert!(cursor.pending.is_empty());
         cursor.queue_images(&[image(2, 2), image(1, 3)], 1).unwrap();
         assert_eq!(cursor.pending.len(), 2);
