@@ -50,6 +50,7 @@ done
 mkdir -p "$dir/text"
 cp "${SPINDLE_FIXTURES:-fixtures}/tokenizer/tokenizer.json.gz" "$dir/text/"
 cp "${SPINDLE_FIXTURES:-fixtures}/chat/qwen3_6_chat_template.jinja" "$dir/text/chat_template.jinja"
+cp "${SPINDLE_FIXTURES:-fixtures}/vision_preprocess/photo.jpg" "$dir/text/"  # PART=vision
 cp -r "${SPINDLE_FIXTURES:-fixtures}/gguf" "$dir/fixtures/"
 cp tools/prefix_cache_bench.py docs/benchmarks/nested.schema.json "$dir/"
 cp tools/gpu/*.sh "$dir/"

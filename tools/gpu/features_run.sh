@@ -1,7 +1,7 @@
 #!/bin/bash
 # On the GPU machine, from the batch_prepare.sh folder (NEW=1, plus FP8 pairs in fp8/ made by
 # `cargo run --release -p spindle-model --example fp8_checkpoint -- fixtures/F fp8/F-fp8 fp8/F-deq`):
-# PART=tests|formats|prefix|constrained|all (default all).
+# PART=tests|formats|prefix|constrained|vision|all (default all; vision only by name).
 # tests: the GPU tests TESTS (default prefix sampling batch fixtures masks), logs in $OUT;
 # formats: GGUF (bf16 against the fixture's reference, Q8_0 against its dequantized copy) and
 #   block FP8 (against its dequantized copy) through `spindle logits --device cuda`;
@@ -9,7 +9,10 @@
 #   the prefix cache, then tools/prefix_cache_bench.py ttft (PREFIX_WORDS, default 3980) and
 #   agent (PREFIX_ARGS: more serve options, e.g. --prefix-cache-interval N); the same ttft
 #   against --no-prefix-cache for the cold time without snapshots;
-# constrained: `spindle bench --batch 1,16 --json-schema nested.schema.json` on that model.
+# constrained: `spindle bench --batch 1,16 --json-schema nested.schema.json` on that model;
+# vision: that model served (it carries the released vision tower: synth writes it), the time
+#   to first token of a chat without and with one image (text/photo.jpg, 500x375, and a
+#   generated 1024x1024 PNG) through `spindle bench --serve URL --image FILE`.
 cd "$(dirname "$0")"
 source ./env.sh
 for f in *.xz; do [ -f "$f" ] && xz -d -f "$f"; done
@@ -75,5 +78,27 @@ if [ "$part" = constrained ] || [ "$part" = all ]; then
   prepare_model
   el "bench --batch 1,16 --json-schema"
   RUST_LOG=warn timeout 300 "$exe" bench --model "$model" --device cuda --quant q4 --batch ${BATCHES:-1,16} --gen 32 --runs 2 --json-schema nested.schema.json 2>&1 | tee "$OUT/constrained.log" | tail -12
+fi
+if [ "$part" = vision ]; then
+  prepare_model
+  python3 - "$WORK/square.png" <<'PY'
+import struct, sys, zlib
+w = h = 1024
+raw = bytearray()
+for y in range(h):
+    raw.append(0)  # filter: none
+    for x in range(w):
+        raw += bytes(((x * 7 + y * 3) & 255, (x ^ y) & 255, (x * y) & 255))
+def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+open(sys.argv[1], "wb").write(png + chunk(b"IDAT", zlib.compress(bytes(raw))) + chunk(b"IEND", b""))
+PY
+  el "serve with the vision tower; TTFT without and with an image"
+  serve 8393 --no-prefix-cache; s=$!
+  for img in "" text/photo.jpg "$WORK/square.png"; do
+    "$exe" bench --serve http://127.0.0.1:8393 --clients 1 --requests 3 --prompt-words 20 --max-tokens 16 ${img:+--image $img} 2>&1 | tail -1 | sed "s|^|${img:-text only}: |"
+  done
+  kill $s; wait $s 2>/dev/null
 fi
 el done

@@ -94,6 +94,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub api_key: Option<String>,
 
+    /// With --serve: an image (PNG, JPEG, WebP, GIF) sent before each request's text, so the
+    /// time to first token includes the vision tower (the served model must have one).
+    #[arg(long, value_name = "FILE", requires = "serve")]
+    pub image: Option<std::path::PathBuf>,
+
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -526,6 +531,11 @@ fn run_load(args: &BenchArgs, url: &str) -> Result<ExitCode> {
         max_tokens: args.max_tokens,
         requests_per_client: args.requests,
         api_key,
+        image_url: args
+            .image
+            .as_deref()
+            .map(loadgen::image_data_url)
+            .transpose()?,
     })?;
     if args.json {
         println!(

@@ -25,6 +25,47 @@ pub struct LoadOptions {
     /// Requests each client sends, one after another.
     pub requests_per_client: usize,
     pub api_key: Option<String>,
+    /// An image sent before each request's text, as a `data:` URL (`image_url` content part),
+    /// so the time to first token includes the vision tower.
+    pub image_url: Option<String>,
+}
+
+/// `path` as a `data:` URL for an `image_url` content part (PNG, JPEG, WebP or GIF, by the
+/// file's extension).
+pub fn image_data_url(path: &std::path::Path) -> Result<String> {
+    use base64::Engine as _;
+    let mime = match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        Some("png") => "image/png",
+        Some("jpg" | "jpeg") => "image/jpeg",
+        Some("webp") => "image/webp",
+        Some("gif") => "image/gif",
+        _ => anyhow::bail!(
+            "--image {}: the extension must be png, jpg, jpeg, webp or gif",
+            path.display()
+        ),
+    };
+    let bytes =
+        std::fs::read(path).with_context(|| format!("cannot read --image {}", path.display()))?;
+    Ok(format!(
+        "data:{mime};base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    ))
+}
+
+/// The user message's content: the prompt's text, after the image when there is one.
+fn user_content(text: String, image_url: Option<&str>) -> Value {
+    match image_url {
+        None => Value::String(text),
+        Some(url) => json!([
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": text},
+        ]),
+    }
 }
 
 /// One client count's results.
@@ -205,7 +246,10 @@ fn percentile(values: &[f64], p: f64) -> f64 {
 async fn one_request(target: &Target, options: &LoadOptions, n: usize) -> Result<RequestTimes> {
     let body = json!({
         "model": "bench",
-        "messages": [{"role": "user", "content": prompt(n, options.prompt_words)}],
+        "messages": [{
+            "role": "user",
+            "content": user_content(prompt(n, options.prompt_words), options.image_url.as_deref()),
+        }],
         "max_tokens": options.max_tokens,
         "temperature": 0,
         "stream": true,
@@ -340,5 +384,21 @@ mod tests {
         );
         assert_ne!(prompt(1, 20), prompt(2, 20));
         assert_eq!(prompt(1, 20), prompt(1, 20));
+    }
+
+    #[test]
+    fn an_image_goes_before_the_text_as_a_data_url() {
+        assert_eq!(user_content("hi".into(), None), json!("hi"));
+        let parts = user_content("hi".into(), Some("data:image/png;base64,AAAA"));
+        assert_eq!(parts[0]["image_url"]["url"], "data:image/png;base64,AAAA");
+        assert_eq!(parts[1], json!({"type": "text", "text": "hi"}));
+        let dir = std::env::temp_dir().join(format!("spindle-loadgen-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let png = dir.join("x.PNG");
+        std::fs::write(&png, [1u8, 2, 3]).unwrap();
+        assert_eq!(image_data_url(&png).unwrap(), "data:image/png;base64,AQID");
+        let err = image_data_url(&dir.join("x.bmp")).unwrap_err().to_string();
+        assert!(err.contains("x.bmp") && err.contains("extension"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
