@@ -1,7 +1,9 @@
 #!/bin/bash
 # On the GPU machine, from the batch_prepare.sh folder: PART=tests|bench|serve|ab|all (default all).
 # tests: batch (batched vs solo), fixtures, ops, kernels, qwen4, gdn_chunked (logs in $OUT);
-# bench: an 8-layer 35B-A3B-shaped checkpoint, then batch_decode at q4 (B=1,16,64);
+# bench: an 8-layer 35B-A3B-shaped checkpoint (LAYERS=40 ZERO_EXPERTS=1: the full model), then
+#   batch_decode at q4 (B=1,16,64; MATVEC_ROWS=128,32 and GROUP_LAUNCH=1,0 measure each
+#   combination of the batched-step matvec limit and one launch for all row groups or one each);
 # serve: `spindle bench --batch` and `spindle serve` + `spindle bench --serve` (clients
 #   $CLIENTS, default 1,16,64) on that checkpoint at q4, with the real tokenizer and template
 #   (LAYERS=40 ZERO_EXPERTS=1: the full model; STATE_MEMORY=BYTES: serve --state-memory);
@@ -22,15 +24,15 @@ if [ "$part" = tests ] || [ "$part" = all ]; then
   done
 fi
 if [ "$part" = bench ] || [ "$part" = all ]; then
-  el "synth a3b 8 layers"
+  el "synth a3b ${LAYERS:-8} layers"
   exe=./spindle; [ -x "$exe" ] || exe=./spindle-old
-  [ -d "$WORK/a3b" ] || "$exe" synth --shape qwen3.6-35b-a3b --layers 8 --out "$WORK/a3b" > /dev/null 2> "$WORK/synth.err" || tail -3 "$WORK/synth.err"
+  [ -d "$WORK/a3b" ] || "$exe" synth --shape qwen3.6-35b-a3b --layers ${LAYERS:-8} ${ZERO_EXPERTS:+--zero-experts} --out "$WORK/a3b" > /dev/null 2> "$WORK/synth.err" || tail -3 "$WORK/synth.err"
   el "batch_decode q4"
-  RUST_LOG=warn timeout 400 ./batch_decode "$WORK/a3b" --quant q4 --batch ${BATCHES:-1,16,64} --context 512 --steps 32 --runs 3 ${MATVEC_ROWS:+--matvec-rows $MATVEC_ROWS} 2>&1 | tee "$OUT/batch_decode.log"
+  RUST_LOG=warn timeout ${BT:-400} ./batch_decode "$WORK/a3b" --quant q4 --batch ${BATCHES:-1,16,64} --context 512 --steps 32 --runs 3 ${MATVEC_ROWS:+--matvec-rows $MATVEC_ROWS} ${GROUP_LAUNCH:+--group-launch $GROUP_LAUNCH} 2>&1 | tee "$OUT/batch_decode.log"
 fi
 if [ -n "${PROFILE_BATCHES:-}" ]; then
-  el "batch_decode q4, per-kernel profile (no graphs)"
-  SPINDLE_CUDA_PROFILE=1 RUST_LOG=warn timeout 300 ./batch_decode "$WORK/a3b" --quant q4 --batch $PROFILE_BATCHES --context 512 --steps 8 --runs 1 ${MATVEC_ROWS:+--matvec-rows $MATVEC_ROWS} 2>&1 | tee "$OUT/batch_profile.log" | grep -v "decode_argmax"
+  el "batch_decode q4, per-kernel profile (no graphs; the engine's default settings)"
+  SPINDLE_CUDA_PROFILE=1 RUST_LOG=warn timeout ${PT:-300} ./batch_decode "$WORK/a3b" --quant q4 --batch $PROFILE_BATCHES --context 512 --steps ${PROFILE_STEPS:-8} --runs 1 2>&1 | tee "$OUT/batch_profile.log" | grep -v "decode_argmax"
 fi
 if [ "$part" = serve ] || [ "$part" = all ]; then
   exe=./spindle
@@ -39,7 +41,7 @@ if [ "$part" = serve ] || [ "$part" = all ]; then
   cp text/chat_template.jinja "$WORK/a3b/"
   printf '{"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}\n' > "$WORK/a3b/tokenizer_config.json"
   el "bench --batch"
-  RUST_LOG=warn timeout 300 "$exe" bench --model "$WORK/a3b" --device cuda --quant q4 --batch ${BATCHES:-1,16,64} --gen 32 --runs 3 2>&1 | tee "$OUT/bench_batch.log"
+  [ -n "${SKIP_BENCH_BATCH:-}" ] || RUST_LOG=warn timeout 300 "$exe" bench --model "$WORK/a3b" --device cuda --quant q4 --batch ${BATCHES:-1,16,64} --gen 32 --runs 3 2>&1 | tee "$OUT/bench_batch.log"
   el "serve + bench --serve"
   RUST_LOG=warn "$exe" serve --model "$WORK/a3b" --device cuda --quant q4 --parallel ${PARALLEL:-64} ${STATE_MEMORY:+--state-memory $STATE_MEMORY} --queue 256 --port 8391 > "$OUT/serve.log" 2>&1 &
   server=$!

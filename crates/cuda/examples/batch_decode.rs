@@ -7,8 +7,11 @@
 //! ```sh
 //! cargo build --release -p spindle-cuda --example batch_decode
 //! batch_decode MODEL_DIR [--quant bf16|q8|q4] [--batch 1,16,64] [--context 512] [--steps 32]
-//!              [--runs 3] [--layers N] [--matvec-rows 0,32]
+//!              [--runs 3] [--layers N] [--matvec-rows 128,32] [--group-launch 1,0]
 //! ```
+//!
+//! `--matvec-rows` and `--group-launch` measure each combination of their values in one
+//! process (the batched-step matvec limit, and one launch for all row groups or one each).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -27,6 +30,8 @@ struct Args {
     layers: Option<usize>,
     /// Values of `CudaEngine::set_batch_matvec_rows` to measure (None: the engine's default).
     matvec_rows: Option<Vec<usize>>,
+    /// Values of `CudaEngine::set_decode_group_launch` to measure (None: the engine's default).
+    group_launch: Option<Vec<bool>>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -40,6 +45,7 @@ fn parse() -> Result<Args, String> {
         runs: 3,
         layers: None,
         matvec_rows: None,
+        group_launch: None,
     };
     let mut model = None;
     while let Some(a) = it.next() {
@@ -67,6 +73,18 @@ fn parse() -> Result<Args, String> {
                     value()?
                         .split(',')
                         .map(|b| b.parse().map_err(|e| format!("--matvec-rows {b}: {e}")))
+                        .collect::<Result<_, _>>()?,
+                )
+            }
+            "--group-launch" => {
+                args.group_launch = Some(
+                    value()?
+                        .split(',')
+                        .map(|b| match b {
+                            "1" => Ok(true),
+                            "0" => Ok(false),
+                            _ => Err(format!("--group-launch {b}: 1 or 0")),
+                        })
                         .collect::<Result<_, _>>()?,
                 )
             }
@@ -112,12 +130,27 @@ fn main() {
         Some(v) => v.iter().map(|&r| Some(r)).collect(),
         None => vec![None],
     };
+    let launches: Vec<Option<bool>> = match &args.group_launch {
+        Some(v) => v.iter().map(|&g| Some(g)).collect(),
+        None => vec![None],
+    };
     for setting in settings {
-        if let Some(rows) = setting {
-            engine.set_batch_matvec_rows(rows);
-            println!("-- batched steps of up to {rows} rows as matvecs per 8 rows");
+        for &launch in &launches {
+            if let Some(rows) = setting {
+                engine.set_batch_matvec_rows(rows);
+                println!("-- batched steps of up to {rows} rows as matvecs per 8 rows");
+            }
+            if let Some(on) = launch {
+                engine.set_decode_group_launch(on);
+                let how = if on {
+                    "one launch"
+                } else {
+                    "a launch per group"
+                };
+                println!("-- decode matvecs of more than 8 rows: {how}");
+            }
+            run_batches(&engine, &args);
         }
-        run_batches(&engine, &args);
     }
 }
 

@@ -27,14 +27,18 @@ use crate::{attention, gdn, CudaBatchItem, CudaEngine};
 /// Batch-size buckets of the decode graphs.
 pub const BUCKETS: [usize; 7] = [2, 4, 8, 16, 32, 64, 128];
 
-/// Batched steps of up to this many rows run their dense projections as decode matvecs per
-/// MATVEC_MAX_TOKENS rows, each row bit for bit as decoded alone (see
-/// `CudaEngine::set_batch_matvec_rows`); larger steps the tensor-core GEMM. The GEMM would be
-/// faster from 17 rows on (8-layer 35B-A3B q4 on the H200, experts grouped: 5.06 against
-/// 6.80 ms a step at 32), but its rows are not a solo run's: on the q8 fixtures one int8
-/// activation code flips and a sequence's logits move by up to 0.055 (the batch test's
-/// decode-only steps of 24 sequences), far past the 1e-4 a batch may differ by.
-pub const DEFAULT_MATVEC_ROWS: usize = 32;
+/// Batched steps of decoding sequences of up to this many rows (every graph bucket) run their
+/// dense projections, the LM head and (with experts not grouped) their MoE blocks through the
+/// decode matvecs: one launch for all rows, each group of MATVEC_MAX_TOKENS rows staged and
+/// dotted as a decode of those rows alone, so every row keeps its solo bits (see
+/// `CudaEngine::set_batch_matvec_rows`). Larger steps take the tensor-core GEMM, whose rows are
+/// not a solo run's: on the q8 fixtures one int8 activation code can flip and move a
+/// sequence's logits by up to 0.055, far past the 1e-4 a batch may differ by.
+pub const DEFAULT_MATVEC_ROWS: usize = 128;
+
+/// Steps holding prompt chunks of more than MATVEC_MAX_TOKENS tokens run as decode matvecs
+/// up to this many rows at most (above it the GEMMs, which such a chunk takes alone as well).
+pub const PROMPT_MATVEC_ROWS: usize = 32;
 
 /// Eager batched steps of at most this many rows use the engine's arena.
 const ARENA_MAX_ROWS: usize = 256;
@@ -69,10 +73,16 @@ impl BatchState {
     }
 }
 
-/// Runs `f` with the device's small-batch matvec limit set to the engine's, and whether the
-/// step decodes only (both reset after).
-fn with_small_batch<T>(e: &CudaEngine, decode: bool, f: impl FnOnce() -> T) -> T {
-    e.dev.set_small_batch_rows(e.batch_matvec_rows);
+/// Runs `f` with the device's small-batch matvec limit set to the engine's (at most
+/// PROMPT_MATVEC_ROWS when `prompt`: an item feeds more than MATVEC_MAX_TOKENS tokens), and
+/// whether the step decodes only (both reset after).
+fn with_small_batch<T>(e: &CudaEngine, decode: bool, prompt: bool, f: impl FnOnce() -> T) -> T {
+    let rows = if prompt {
+        e.batch_matvec_rows.min(PROMPT_MATVEC_ROWS)
+    } else {
+        e.batch_matvec_rows
+    };
+    e.dev.set_small_batch_rows(rows);
     e.dev.set_decode_step(decode);
     let out = f();
     e.dev.set_small_batch_rows(0);
@@ -300,7 +310,7 @@ fn capture(
                 want: LogitsFor::Last,
             })
             .collect();
-        let result = with_small_batch(e, true, || {
+        let result = with_small_batch(e, true, false, || {
             flow::body(e, &mut seqs, bucket, ids_dev, Some(&tables), None)
         });
         let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
@@ -388,6 +398,7 @@ fn eager_step(
         state.arena = None;
         state.arena = Some(dev.zeros::<u8>(wanted)?);
     }
+    let prompt = items.iter().any(|it| it.ids.len() > MATVEC_MAX_TOKENS);
     let mut offset = 0;
     let mut seqs: Vec<StepSeq> = items
         .iter_mut()
@@ -405,7 +416,7 @@ fn eager_step(
     if use_arena {
         dev.begin_workspace(state.arena.as_ref().expect("allocated above"));
     }
-    let result = with_small_batch(e, decode, || {
+    let result = with_small_batch(e, decode, prompt, || {
         flow::body(e, &mut seqs, tokens, ids_buf.ptr(), tables.as_ref(), None)
     });
     let overflowed = use_arena && dev.end_workspace().1;

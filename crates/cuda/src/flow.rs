@@ -13,7 +13,7 @@ use crate::device::{DevBuf, Device};
 use spindle_model::forward::NonFiniteSite;
 
 use crate::error::{CudaError, DriverContext, Result};
-use crate::io::{decode_sized, row_groups, Io};
+use crate::io::{decode_sized, Io};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS};
 use crate::linear::{decode_linear, project};
 use crate::matvec::{DecodeIn, DecodeOut};
@@ -574,23 +574,21 @@ pub(crate) fn body(
             }
         };
         let logits = dev.scratch::<f32>(count * lm_head.rows)?;
-        for (t0, n) in row_groups(count) {
-            let input = match (&e.gpu.head_input, &mixed) {
-                (GpuHeadInput::Norm(w), _) => DecodeIn {
-                    x: rows.at(t0 * width),
-                    ldx: width,
-                    norm: Some((w, s.eps)),
-                    normed_out: Ptr::null(),
-                },
-                (_, Some(mixed)) => DecodeIn::plain(mixed.arg_at(t0 * s.hidden), s.hidden),
-                (GpuHeadInput::HyperMixer(_), None) => unreachable!("mixed above"),
-            };
-            let out = DecodeOut::Store {
-                y: logits.arg_at(t0 * lm_head.rows),
-                ldy: lm_head.rows,
-            };
-            decode_linear(dev, lm_head, 0..lm_head.rows, input, n, out)?;
-        }
+        let input = match (&e.gpu.head_input, &mixed) {
+            (GpuHeadInput::Norm(w), _) => DecodeIn {
+                x: rows,
+                ldx: width,
+                norm: Some((w, s.eps)),
+                normed_out: Ptr::null(),
+            },
+            (_, Some(mixed)) => DecodeIn::plain(mixed.arg(), s.hidden),
+            (GpuHeadInput::HyperMixer(_), None) => unreachable!("mixed above"),
+        };
+        let out = DecodeOut::Store {
+            y: logits.arg(),
+            ldy: lm_head.rows,
+        };
+        decode_linear(dev, lm_head, 0..lm_head.rows, input, count, out)?;
         return Ok((logits, count));
     }
     let head_in = match &e.gpu.head_input {

@@ -73,13 +73,12 @@ impl<'a> Io<'a> {
             Io::Split(x) if !decode_sized(dev, tokens) => project(dev, w, x.arg(), hidden, tokens),
             _ => {
                 let y = dev.scratch::<f32>(tokens * w.rows)?;
-                for (t0, n) in row_groups(tokens) {
-                    let out = DecodeOut::Store {
-                        y: y.arg_at(t0 * w.rows),
-                        ldy: w.rows,
-                    };
-                    decode_linear(dev, w, 0..w.rows, self.input_rows(hidden, t0), n, out)?;
-                }
+                let out = DecodeOut::Store {
+                    y: y.arg(),
+                    ldy: w.rows,
+                };
+                let input = self.input(hidden, Ptr::null());
+                decode_linear(dev, w, 0..w.rows, input, tokens, out)?;
                 Ok(y)
             }
         }
@@ -102,27 +101,21 @@ impl<'a> Io<'a> {
                 if !decode_sized(dev, tokens) {
                     linear(dev, w, x, ldx, y.arg(), w.rows, tokens, false)?;
                 } else {
-                    for (t0, n) in row_groups(tokens) {
-                        let out = DecodeOut::Store {
-                            y: y.arg_at(t0 * w.rows),
-                            ldy: w.rows,
-                        };
-                        let input = DecodeIn::plain(x.at(t0 * ldx), ldx);
-                        decode_linear(dev, w, 0..w.rows, input, n, out)?;
-                    }
+                    let out = DecodeOut::Store {
+                        y: y.arg(),
+                        ldy: w.rows,
+                    };
+                    decode_linear(dev, w, 0..w.rows, DecodeIn::plain(x, ldx), tokens, out)?;
                 }
                 Ok(Some(y))
             }
             Io::Fused { h, .. } => {
-                for (t0, n) in row_groups(tokens) {
-                    let out = DecodeOut::Accumulate {
-                        y: h.arg_at(t0 * hidden),
-                        ldy: hidden,
-                        gate: None,
-                    };
-                    let input = DecodeIn::plain(x.at(t0 * ldx), ldx);
-                    decode_linear(dev, w, 0..w.rows, input, n, out)?;
-                }
+                let out = DecodeOut::Accumulate {
+                    y: h.arg(),
+                    ldy: hidden,
+                    gate: None,
+                };
+                decode_linear(dev, w, 0..w.rows, DecodeIn::plain(x, ldx), tokens, out)?;
                 Ok(None)
             }
         }

@@ -124,9 +124,10 @@ pub struct CudaEngine {
     graphs: bool,
     /// Bytes of a session's workspace.
     workspace_bytes: usize,
-    /// Batched steps of more than MATVEC_MAX_TOKENS but at most this many rows run their
-    /// projections and MoE blocks as decode matvecs per 8 rows rather than GEMMs
-    /// (`SPINDLE_CUDA_BATCH_MATVEC_ROWS`, default 32; 0: always GEMMs).
+    /// Batched steps of more than MATVEC_MAX_TOKENS but at most this many rows (at most
+    /// `batch::PROMPT_MATVEC_ROWS` in steps with prompt chunks) run their projections and
+    /// MoE blocks as decode matvecs per 8 rows rather than GEMMs
+    /// (`SPINDLE_CUDA_BATCH_MATVEC_ROWS`, default 128; 0: always GEMMs).
     batch_matvec_rows: usize,
     /// Batched steps' shared state: scratch arena, decode graphs per bucket, the pad sequence.
     /// Held for the length of a batched step.
@@ -313,6 +314,17 @@ impl CudaEngine {
     #[doc(hidden)]
     pub fn set_batch_matvec_rows(&mut self, rows: usize) {
         self.batch_matvec_rows = rows;
+        self.batch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear_graphs();
+    }
+
+    /// Runs decode matvecs of more than 8 rows as one launch (the default) or as a launch per
+    /// group of 8 rows (the same bits; for A/B measurements); drops the batched decode graphs.
+    #[doc(hidden)]
+    pub fn set_decode_group_launch(&mut self, on: bool) {
+        self.dev.set_group_launch(on);
         self.batch
             .lock()
             .unwrap_or_else(|p| p.into_inner())

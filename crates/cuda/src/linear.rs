@@ -95,9 +95,10 @@ pub fn project(
     Ok(y)
 }
 
-/// Rows `rows` of `w` for at most [`MATVEC_MAX_TOKENS`] tokens through the decode kernels
-/// (input staged in shared memory, norm fused, output epilogue fused); falls back to a norm
-/// kernel, the plain matvec and elementwise kernels when a shape does not suit them.
+/// Rows `rows` of `w` for `tokens` tokens through the decode kernels (input staged in shared
+/// memory, norm fused, output epilogue fused), each group of [`MATVEC_MAX_TOKENS`] tokens as
+/// a decode of those tokens alone (one launch for all groups); falls back to a norm kernel,
+/// the plain matvec and elementwise kernels when a shape does not suit them.
 pub fn decode_linear(
     dev: &Device,
     w: &DevMatrix,
@@ -106,7 +107,49 @@ pub fn decode_linear(
     tokens: usize,
     out: DecodeOut,
 ) -> Result<()> {
-    debug_assert!(tokens <= MATVEC_MAX_TOKENS);
+    if tokens > MATVEC_MAX_TOKENS {
+        let one_launch = dev.group_launch()
+            && match out {
+                DecodeOut::SwiGlu { .. } => w
+                    .part_of(rows.clone())
+                    .is_some_and(|(part, _)| decode_matvec_fits(dev, part, &input, tokens)),
+                _ => w
+                    .parts
+                    .iter()
+                    .all(|(_, part)| decode_matvec_fits(dev, part, &input, tokens)),
+            };
+        if !one_launch {
+            for t0 in (0..tokens).step_by(MATVEC_MAX_TOKENS) {
+                let n = (tokens - t0).min(MATVEC_MAX_TOKENS);
+                let input = DecodeIn {
+                    x: input.x.at(t0 * input.ldx),
+                    normed_out: if input.normed_out.is_null() {
+                        Ptr::null()
+                    } else {
+                        input.normed_out.at(t0 * w.cols)
+                    },
+                    ..input
+                };
+                let out = match out {
+                    DecodeOut::Store { y, ldy } => DecodeOut::Store {
+                        y: y.at(t0 * ldy),
+                        ldy,
+                    },
+                    DecodeOut::SwiGlu { y, ldy } => DecodeOut::SwiGlu {
+                        y: y.at(t0 * ldy),
+                        ldy,
+                    },
+                    DecodeOut::Accumulate { y, ldy, gate } => DecodeOut::Accumulate {
+                        y: y.at(t0 * ldy),
+                        ldy,
+                        gate: gate.map(|(g, ldg)| (g.at(t0 * ldg), ldg)),
+                    },
+                };
+                decode_linear(dev, w, rows.clone(), input, n, out)?;
+            }
+            return Ok(());
+        }
+    }
     if let DecodeOut::SwiGlu { .. } = out {
         // Gate and up rows must sit in one block of one format.
         let half = rows.len() / 2;

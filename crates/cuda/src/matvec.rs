@@ -6,7 +6,7 @@
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
 use crate::kernels::matvec::{DecodeMatvec, DecodeMatvecConv, Matvec};
-use crate::kernels::{i, Launch, Ptr, DECODE_CONV_WINDOW};
+use crate::kernels::{i, Launch, Ptr, DECODE_CONV_WINDOW, MATVEC_MAX_TOKENS};
 use crate::matrix::{DevMatrix, DevPart, DeviceLayout};
 use spindle_model::quant::WeightFormat;
 
@@ -168,7 +168,7 @@ pub(crate) fn decode_matvec_fits(
             .norm
             .is_none_or(|(w, _)| w.len() == cols && w.ptr() % 16 == 0)
         && input.normed_out.addr() % 16 == 0
-        && staged_bytes(part.fmt, tokens, cols)
+        && staged_bytes(part.fmt, tokens.min(MATVEC_MAX_TOKENS), cols)
             <= dev.shared_limit(decode_matvec_kernel(part.fmt, tokens).name())
 }
 
@@ -253,8 +253,23 @@ fn decode_matvec_launch(
     };
     let lpr = lanes_per_row(chunks);
     let per_block = 8 * (32 / lpr);
-    let shared = staged_bytes(part.fmt, tokens, part.cols);
-    let grid = dev.resident_grid(kernel.name(), 256, shared, outs.div_ceil(per_block))?;
+    // More than MATVEC_MAX_TOKENS rows (plain kernels only): a row of blocks per group of
+    // MATVEC_MAX_TOKENS rows, the GPU's resident blocks shared among the groups.
+    let groups = match kernel {
+        DecodeMatvecKernel::Plain(_) => tokens.div_ceil(MATVEC_MAX_TOKENS),
+        DecodeMatvecKernel::Conv { .. } => {
+            debug_assert!(
+                tokens <= MATVEC_MAX_TOKENS,
+                "the conv matvec takes one group"
+            );
+            1
+        }
+    };
+    let shared = staged_bytes(part.fmt, tokens.min(MATVEC_MAX_TOKENS), part.cols);
+    let resident = dev.resident_grid(kernel.name(), 256, shared, usize::MAX)? as usize;
+    let grid = outs
+        .div_ceil(per_block)
+        .min(resident.div_ceil(groups).max(1)) as u32;
     let (y, ldy, accumulate, gate, ldg) = match out {
         DecodeOut::Store { y, ldy } | DecodeOut::SwiGlu { y, ldy } => {
             (y, ldy, false, Ptr::null(), 0)
@@ -270,7 +285,7 @@ fn decode_matvec_launch(
         Some((w, eps)) => (w.arg(), eps),
         None => (Ptr::null(), 0.0),
     };
-    let cfg = Launch::new((grid, 1, 1), 256, shared as u32);
+    let cfg = Launch::new((grid, groups as u32, 1), 256, shared as u32);
     let codes = part.codes.arg_at(first * rb);
     let scales = part.scales.arg_at(first * rs);
     match kernel {

@@ -3,7 +3,7 @@
 
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
-use crate::io::{decode_sized, row_groups, Io};
+use crate::io::{decode_sized, Io};
 use crate::kernels::{self, i, Launch};
 use crate::linear::{decode_linear, linear, project};
 use crate::matvec::DecodeOut;
@@ -22,14 +22,12 @@ pub fn mlp(
         Io::Split(x) if !decode_sized(dev, tokens) => x,
         _ => {
             let act = dev.scratch::<f32>(tokens * inter)?;
-            for (t0, n) in row_groups(tokens) {
-                let out = DecodeOut::SwiGlu {
-                    y: act.arg_at(t0 * inter),
-                    ldy: inter,
-                };
-                let input = io.input_rows(hidden, t0);
-                decode_linear(dev, &w.gate_up, 0..2 * inter, input, n, out)?;
-            }
+            let out = DecodeOut::SwiGlu {
+                y: act.arg(),
+                ldy: inter,
+            };
+            let input = io.input_rows(hidden, 0);
+            decode_linear(dev, &w.gate_up, 0..2 * inter, input, tokens, out)?;
             return io.finish(dev, &w.down, act.arg(), inter, hidden, tokens);
         }
     };

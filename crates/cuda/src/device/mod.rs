@@ -50,6 +50,10 @@ pub struct Device {
     /// Inside a batched step of decoding sequences only (one token each): larger MoE blocks
     /// group their routed experts with the small-batch kernels (`moe::routed_small`).
     decode_step: std::sync::atomic::AtomicBool,
+    /// Decode matvecs of more than MATVEC_MAX_TOKENS rows run as one launch (a row of blocks
+    /// per group of rows) rather than a launch per group (`SPINDLE_CUDA_DECODE_GROUP_LAUNCH=0`,
+    /// for A/B measurements: the same bits either way).
+    group_launch: std::sync::atomic::AtomicBool,
 }
 
 impl Device {
@@ -134,6 +138,9 @@ impl Device {
             occupancy: Mutex::new(HashMap::new()),
             small_batch_rows: 0.into(),
             decode_step: false.into(),
+            group_launch: std::env::var_os("SPINDLE_CUDA_DECODE_GROUP_LAUNCH")
+                .is_none_or(|v| v != "0")
+                .into(),
             tensor_cores: (major >= 8
                 && std::env::var_os("SPINDLE_CUDA_TENSOR_CORES").is_none_or(|v| v != "0"))
             .into(),
@@ -151,6 +158,17 @@ impl Device {
     pub fn set_small_batch_rows(&self, rows: usize) {
         self.small_batch_rows
             .store(rows, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether decode matvecs of more than MATVEC_MAX_TOKENS rows run as one launch.
+    pub fn group_launch(&self) -> bool {
+        self.group_launch.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets [`Device::group_launch`].
+    pub fn set_group_launch(&self, on: bool) {
+        self.group_launch
+            .store(on, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the forward pass being issued is a batched step of decoding sequences only.

@@ -57,7 +57,7 @@ extern "C" __global__ void matvec_q4(MATVEC_ARGS) { matvec_impl<2>(W, S, x, y, r
 
 // ---- Decode matvec (batches of at most MATVEC_MAX_TOKENS tokens, inputs staged as in decode_staging.cuh) ----
 
-// y = x·Wᵀ for T ≤ NT tokens. Output j (j < outs) is, per token t,
+// y = x·Wᵀ for T ≤ NT tokens (or T ≤ NT·gridDim.y in groups of NT, see below). Output j (j < outs) is, per token t,
 //   v = row j · x_t, or with `pair` > 0: v = silu(row j · x_t) · (row j + pair · x_t) (SwiGLU);
 //   v *= sigmoid(gate[t·ldg]) when gate is not null; y[t·ldy + j] = v, or += v with `accumulate`.
 // Input staging as stage_rows (optional fused norm nw/eps, normed copy to xn).
@@ -71,6 +71,17 @@ __device__ __forceinline__ void decode_matvec_impl(const unsigned char* __restri
                                                    const float* __restrict__ gate, int ldg, int lpr,
                                                    float* __restrict__ cstate, const float* __restrict__ cw, int cK, int cC) {
     extern __shared__ __align__(16) unsigned char dsm[];
+    // More than NT rows (a batched step): blocks of row blockIdx.y of the grid take rows
+    // NT·y .. NT·y + NT − 1, staged and dotted exactly as a launch of those rows alone, so
+    // every row keeps the bits it has decoded alone while one launch serves the whole step.
+    if (NT > 1 && !CONV && gridDim.y > 1) {
+        int t0 = blockIdx.y * NT;
+        x += (size_t)t0 * ldx;
+        y += (size_t)t0 * ldy;
+        if (xn) xn += (size_t)t0 * cols;
+        if (gate) gate += (size_t)t0 * ldg;
+        T = min(T - t0, NT);
+    }
     stage_rows<FMT>(x, ldx, T, cols, nw, eps, xn, dsm);
     Staged<FMT> st{dsm, cols};
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

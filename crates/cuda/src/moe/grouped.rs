@@ -8,7 +8,7 @@ use super::{group_by_expert, row_ptrs, DecodePlan, Grouped, Routes};
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
 use crate::gemm::GemmActs;
-use crate::io::{row_groups, Io};
+use crate::io::Io;
 use crate::kernels::moe::{MoeGroupedDown, MoeGroupedGateUp};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS};
 use crate::linear::decode_linear;
@@ -105,21 +105,15 @@ pub(super) fn moe_decode_grouped(
             (Some(xn), ptr)
         }
     };
-    for (t0, n) in row_groups(tokens) {
-        let input = DecodeIn {
-            normed_out: if xn_buf.is_some() {
-                x.at(t0 * hidden)
-            } else {
-                Ptr::null()
-            },
-            ..io.input_rows(hidden, t0)
-        };
-        let out = DecodeOut::Store {
-            y: logits.arg_at(t0 * ld),
-            ldy: ld,
-        };
-        decode_linear(dev, &w.input, 0..ld, input, n, out)?;
-    }
+    let input = DecodeIn {
+        normed_out: if xn_buf.is_some() { x } else { Ptr::null() },
+        ..io.input_rows(hidden, 0)
+    };
+    let out = DecodeOut::Store {
+        y: logits.arg(),
+        ldy: ld,
+    };
+    decode_linear(dev, &w.input, 0..ld, input, tokens, out)?;
 
     let idx = dev.scratch::<i32>(pairs)?;
     let wt = dev.scratch::<f32>(pairs)?;
