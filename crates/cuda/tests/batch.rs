@@ -5,8 +5,10 @@
 //! solo run within 1e-4 and the same greedy tokens; steps of decoding sequences only (24
 //! and 40 of them at the default setting: the projections and the LM head as decode matvecs,
 //! one launch for all rows; the MoE blocks' experts grouped) give the solo run's logits bit
-//! for bit, and 40 with the projections of steps above 32 rows on the tensor-core GEMM within
-//! 1e-4.
+//! for bit. (With the projections of steps above 32 rows on the tensor-core GEMM, the
+//! default before 2026-12-02, 40 decoding sequences moved q8 logits by up to 0.055 and q4 by
+//! up to 0.067 on these fixtures, H200 2026-12-02: that route is no longer taken by steps of
+//! up to 128 rows, see docs/benchmarks/cuda-h200.md.)
 //! Decode-only steps replay the engine's
 //! bucket graphs (padded to 4, 16, 32 and 64 rows here) where the model allows, and run eagerly from
 //! the device tables with graphs off.
@@ -302,18 +304,6 @@ fn check_family(name: &str) {
         check_exact(name, quant, "decoding 24", &engine, &decoding(24, vocab));
         // Steps of 33-128 rows: their projections as decode matvecs too (the default).
         check_exact(name, quant, "decoding 40", &engine, &decoding(40, vocab));
-        // The same steps with the projections of more than 32 rows on the tensor-core GEMM
-        // (the default before 2026-12-02): within the bound of solo, not bit for bit.
-        let default_rows = engine.batch_matvec_rows();
-        engine.set_batch_matvec_rows(32);
-        check(
-            name,
-            quant,
-            "decoding 40, GEMM",
-            &engine,
-            &decoding(40, vocab),
-        );
-        engine.set_batch_matvec_rows(default_rows);
         // Batched decode without graphs (the eager table path) against solo runs without.
         engine.set_graphs(false);
         check(name, quant, "wide, no graphs", &engine, &wide(vocab));

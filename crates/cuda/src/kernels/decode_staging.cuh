@@ -14,6 +14,9 @@
 
 // ---- Staged activations (dynamic shared memory) ----
 // FMT 0: f32 x[T][cols]. FMT 1, 2: i8 q[T][cols], then f32 d[T][cols/32], then i32 sum[T][cols/32].
+// A row of q holds the first 16 codes of every group of 32 (16 bytes per group, in group order),
+// then the last 16 of every group: lanes that read consecutive groups read consecutive 16-byte
+// words (no bank conflicts), where whole 32-byte groups side by side would conflict two-way.
 
 template <int FMT>
 struct Staged {
@@ -120,7 +123,10 @@ __device__ void stage_rows(const float* __restrict__ x, int ldx, int T, int cols
                 if (live) {
                     unsigned int packed = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) |
                                           ((unsigned int)(q3 & 0xff) << 24);
-                    ((unsigned int*)sm)[cf] = packed;
+                    // Quad c & 7 of group c >> 3: quads 0-3 in the row's first half, 4-7 in
+                    // its second.
+                    int word = t * quads + ((c & 4) ? (quads >> 1) : 0) + ((c >> 3) << 2) + (c & 3);
+                    ((unsigned int*)sm)[word] = packed;
                     if ((lane & 7) == 0) {
                         // Group g of the whole run = t·G + c/8.
                         int g = cf >> 3;
@@ -199,8 +205,10 @@ __device__ __forceinline__ float dchunk_dot(const Chunk<FMT>& c, const Staged<FM
         return w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z +
                w[7] * x1.w;
     } else {
-        const int4* xq = (const int4*)(st.q(t) + (size_t)ch * 32);
-        int dp = chunk_isum<FMT>(c, xq[0], xq[1]);
+        const signed char* q = st.q(t);
+        int4 lo = *(const int4*)(q + (size_t)ch * 16);
+        int4 hi = *(const int4*)(q + (st.cols >> 1) + (size_t)ch * 16);
+        int dp = chunk_isum<FMT>(c, lo, hi);
         if (FMT == 2) dp -= 8 * st.sum(t, T)[ch];
         return c.s * st.d(t, T)[ch] * (float)dp;
     }
