@@ -136,6 +136,57 @@ pub struct Matrix {
     pub rows: usize,
     pub cols: usize,
     storage: Storage,
+    /// For a block-FP8 tensor dequantized on load: its stored codes and scales (what a
+    /// backend that runs FP8 reads instead of the f32 values).
+    fp8: Option<StoredFp8>,
+}
+
+/// The stored form of a block-FP8 matrix (MODEL_MATH §9) viewed as `[rows, cols]`: e4m3
+/// codes and the tensor's whole f32 scale grid, W[r, c] = e4m3(code[r, c]) · scale(r, c).
+#[derive(Clone)]
+pub struct StoredFp8 {
+    /// e4m3fn codes, `rows · cols` bytes.
+    codes: Storage,
+    /// The tensor's scale grid `[.., ⌈R/Bo⌉, ⌈cols/Bi⌉]` as f32.
+    scales: Arc<Vec<f32>>,
+    /// `weight_block_size` [Bo, Bi].
+    pub block: [usize; 2],
+    /// R: the rows of one matrix of the stored tensor (a fused expert tensor `[E, R, cols]`
+    /// stacks E of them).
+    stack_rows: usize,
+    /// This view's first row within the tensor's `E · R` rows.
+    row0: usize,
+}
+
+impl StoredFp8 {
+    /// The codes of a whole tensor of `rows` (= E · `stack_rows`) rows of `cols`.
+    pub fn new(
+        codes: Storage,
+        scales: Vec<f32>,
+        block: [usize; 2],
+        stack_rows: usize,
+    ) -> Self {
+        StoredFp8 {
+            codes,
+            scales: Arc::new(scales),
+            block,
+            stack_rows,
+            row0: 0,
+        }
+    }
+
+    /// The e4m3 codes of this view, row-major.
+    pub fn codes(&self) -> &[u8] {
+        self.codes.bytes()
+    }
+
+    /// The scales of row `r` of this view, one per block of `block[1]` columns.
+    pub fn row_scales(&self, r: usize, cols: usize) -> &[f32] {
+        let g = self.row0 + r;
+        let (e, i) = (g / self.stack_rows, g % self.stack_rows);
+        let (srows, scols) = (self.stack_rows.div_ceil(self.block[0]), cols.div_ceil(self.block[1]));
+        &self.scales[(e * srows + i / self.block[0]) * scols..][..scols]
+    }
 }
 
 impl Matrix {
@@ -146,7 +197,20 @@ impl Matrix {
             rows,
             cols,
             storage,
+            fp8: None,
         }
+    }
+
+    /// This matrix (the f32 dequantization of a block-FP8 tensor) with its stored form.
+    pub fn with_fp8(mut self, fp8: StoredFp8) -> Self {
+        debug_assert_eq!(fp8.codes.bytes().len(), self.rows * self.cols);
+        self.fp8 = Some(fp8);
+        self
+    }
+
+    /// The stored block-FP8 form of this matrix, when it was dequantized from one.
+    pub fn fp8(&self) -> Option<&StoredFp8> {
+        self.fp8.as_ref()
     }
 
     /// The raw little-endian bytes, aligned to the element size.
@@ -165,6 +229,8 @@ impl Matrix {
         Matrix {
             rows,
             cols,
+            // A reshape regroups rows: the scale grid no longer lines up.
+            fp8: None,
             ..self.clone()
         }
     }
@@ -180,6 +246,13 @@ impl Matrix {
             storage: self
                 .storage
                 .slice(first * row_bytes, (first + count) * row_bytes),
+            fp8: self.fp8.as_ref().map(|f| StoredFp8 {
+                codes: f
+                    .codes
+                    .slice(first * self.cols, (first + count) * self.cols),
+                row0: f.row0 + first,
+                ..f.clone()
+            }),
         }
     }
 

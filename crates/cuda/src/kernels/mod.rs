@@ -165,6 +165,7 @@ pub fn program() -> String {
 
 pub mod attention;
 pub mod elementwise;
+pub mod fp8;
 pub mod gdn;
 pub mod gemm;
 pub mod matvec;
@@ -182,6 +183,7 @@ const SOURCES: &[&str] = &[
     include_str!("decode_staging.cuh"),
     include_str!("matvec.cu"),
     include_str!("gemm.cu"),
+    include_str!("fp8.cu"),
     include_str!("moe.cu"),
     include_str!("norm.cu"),
     include_str!("elementwise.cu"),
@@ -197,6 +199,7 @@ const SOURCES: &[&str] = &[
 const DECLARED: &[&[&[KernelDecl]]] = &[
     matvec::DECLARED,
     gemm::DECLARED,
+    fp8::DECLARED,
     moe::DECLARED,
     norm::DECLARED,
     elementwise::DECLARED,

@@ -275,12 +275,10 @@ impl Checkpoint {
         let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
         if entry.scale.is_some() {
             let values = self.fp8_values(name, entry)?;
-            return Ok(Matrix::new(
-                DType::F32,
-                rows,
-                cols,
-                Storage::from_f32(&values),
-            ));
+            let stored = self.fp8_stored(entry)?;
+            return Ok(
+                Matrix::new(DType::F32, rows, cols, Storage::from_f32(&values)).with_fp8(stored)
+            );
         }
         let dtype = self.float_dtype(name, entry)?;
         let storage = Storage::new(

@@ -246,6 +246,28 @@ pub fn dequantize(codes: &[u8], scales: &[f32], shape: &[usize], block: [usize; 
     out
 }
 
+/// A `[rows, cols]` block-FP8 matrix from its e4m3 `codes` and f32 scale grid `scales`
+/// (`[⌈rows/Bo⌉, ⌈cols/Bi⌉]`), as a checkpoint's loader hands one out: the exact f32
+/// dequantization, with the stored form attached (for tests and tools).
+pub fn matrix(
+    codes: &[u8],
+    scales: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    block: [usize; 2],
+) -> crate::Matrix {
+    use crate::tensor::{DType, Storage, StoredFp8};
+    let values = dequantize(codes, &scales, &[rows, cols], block);
+    let mut words = vec![0u64; codes.len().div_ceil(8)];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..codes.len()].copy_from_slice(codes);
+    let stored = Storage::Owned {
+        words: std::sync::Arc::new(words),
+        len: codes.len(),
+    };
+    crate::Matrix::new(DType::F32, rows, cols, Storage::from_f32(&values))
+        .with_fp8(StoredFp8::new(stored, scales, block, rows))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
