@@ -140,7 +140,14 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     print_profiles(&report);
     match backend.cpu() {
         Some(engine) => print_cpu(args, &name, engine, &report),
-        None => print_gpu(args, &name, gpu_format(args, &dir), &backend, &report, load_s),
+        None => print_gpu(
+            args,
+            &name,
+            gpu_format(args, &dir),
+            &backend,
+            &report,
+            load_s,
+        ),
     }
     Ok(ExitCode::SUCCESS)
 }

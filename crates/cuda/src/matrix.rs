@@ -52,7 +52,8 @@ impl DevFormat {
 pub fn fp8_fits(cols: usize, block_cols: usize) -> bool {
     cols % 16 == 0
         && block_cols > 0
-        && (0..cols.div_ceil(32)).all(|g| 32 * g / block_cols == ((32 * g + 32).min(cols) - 1) / block_cols)
+        && (0..cols.div_ceil(32))
+            .all(|g| 32 * g / block_cols == ((32 * g + 32).min(cols) - 1) / block_cols)
 }
 
 use crate::device::{DevBuf, Device};

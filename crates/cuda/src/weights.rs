@@ -193,9 +193,8 @@ impl GpuModel {
                 None => out.push((name, p.size_bytes())),
             }
         };
-        let matrix = |m: &DevMatrix, add: &mut dyn FnMut(&DevPart)| {
-            m.parts.iter().for_each(|(_, p)| add(p))
-        };
+        let matrix =
+            |m: &DevMatrix, add: &mut dyn FnMut(&DevPart)| m.parts.iter().for_each(|(_, p)| add(p));
         let hyper = |h: &GpuHyper, add: &mut dyn FnMut(&DevPart)| {
             h.down_inject.parts.iter().for_each(|(_, p)| add(p));
             h.up.parts.iter().for_each(|(_, p)| add(p));
@@ -546,8 +545,8 @@ fn upload_gdn(
             match ba_part {
                 None => DevMatrix::single(m),
                 Some(part) => DevMatrix {
-                        rows: ba_row + part.rows,
-                        cols: m.cols,
+                    rows: ba_row + part.rows,
+                    cols: m.cols,
                     parts: vec![(0, m), (ba_row, part)],
                 },
             }

@@ -63,7 +63,10 @@ fn device_ordinal() -> usize {
 /// The FP8 checkpoint of fixture `name` with `block`, and its dequantized f32 copy.
 fn pair(name: &str, block: [usize; 2], tmp: &TempDir) -> (PathBuf, PathBuf) {
     let tag = format!("{}x{}", block[0], block[1]);
-    let (fp8, deq) = (tmp.0.join(format!("fp8-{tag}")), tmp.0.join(format!("deq-{tag}")));
+    let (fp8, deq) = (
+        tmp.0.join(format!("fp8-{tag}")),
+        tmp.0.join(format!("deq-{tag}")),
+    );
     write_fp8_pair(&fixture(name), &fp8, &deq, block).unwrap();
     (fp8, deq)
 }
@@ -93,7 +96,10 @@ fn kl(p: &[f32], q: &[f32]) -> f64 {
 fn fp8_fixtures_match_the_dequantized_copy() {
     for name in FIXTURES {
         let prompt = Reference::load(name).ids("prompt_ids");
-        assert!(prompt.len() > 8, "{name}: the prompt takes the prefill path");
+        assert!(
+            prompt.len() > 8,
+            "{name}: the prompt takes the prefill path"
+        );
         for block in BLOCKS {
             let tmp = TempDir::new(&format!("fp8-{name}"));
             let (fp8, deq) = pair(name, block, &tmp);
@@ -101,7 +107,10 @@ fn fp8_fixtures_match_the_dequantized_copy() {
             let gpu = load_gpu(&fp8);
             let formats = gpu.weight_bytes_by_format();
             let fp8_bytes = formats.iter().find(|(f, _)| *f == "fp8").map_or(0, |f| f.1);
-            assert!(fp8_bytes > 0, "{name} {block:?}: no FP8 weights on the device: {formats:?}");
+            assert!(
+                fp8_bytes > 0,
+                "{name} {block:?}: no FP8 weights on the device: {formats:?}"
+            );
             let want = cpu.greedy(&prompt, 6).unwrap();
 
             // The weight-only kernels for every batch.
@@ -113,9 +122,18 @@ fn fp8_fixtures_match_the_dequantized_copy() {
                 "{name} {block:?} ({formats:?}): weight-only FP8 vs CPU on the dequantized copy: prefill max|Δ| {prefill:.2e}, decode max|Δ| {decode:.2e}; greedy {}",
                 if exact.gen_ids == want.gen_ids { "identical" } else { "DIFFERS" }
             );
-            assert!(prefill < TOLERANCE, "{name} {block:?}: prefill differs by {prefill}");
-            assert!(decode < TOLERANCE, "{name} {block:?}: decode differs by {decode}");
-            assert_eq!(exact.gen_ids, want.gen_ids, "{name} {block:?}: greedy tokens");
+            assert!(
+                prefill < TOLERANCE,
+                "{name} {block:?}: prefill differs by {prefill}"
+            );
+            assert!(
+                decode < TOLERANCE,
+                "{name} {block:?}: decode differs by {decode}"
+            );
+            assert_eq!(
+                exact.gen_ids, want.gen_ids,
+                "{name} {block:?}: greedy tokens"
+            );
 
             // Prefill on the FP8 tensor cores (where the device has them).
             gpu.device().set_fp8_tensor_cores(true);
@@ -137,7 +155,10 @@ fn fp8_fixtures_match_the_dequantized_copy() {
                 if mma { "e4m3 mma" } else { "not on this device: the exact path" }
             );
             if mma {
-                assert!(delta > 0.0, "{name}: the tensor-core prefill equals the exact one");
+                assert!(
+                    delta > 0.0,
+                    "{name}: the tensor-core prefill equals the exact one"
+                );
                 assert!(mean < KL_BOUND, "{name} {block:?}: mean KL {mean}");
             } else {
                 assert!(delta < TOLERANCE, "{name}: the fallback differs by {delta}");
@@ -191,7 +212,9 @@ fn random_fp8(rng: &mut Rng, rows: usize, cols: usize, block: [usize; 2]) -> (Li
         })
         .collect();
     let grid = rows.div_ceil(block[0]) * cols.div_ceil(block[1]);
-    let scales: Vec<f32> = (0..grid).map(|_| 1e-3 * 10f32.powf(2.0 * rng.unit())).collect();
+    let scales: Vec<f32> = (0..grid)
+        .map(|_| 1e-3 * 10f32.powf(2.0 * rng.unit()))
+        .collect();
     let m = spindle_model::fp8::matrix(&codes, scales, rows, cols, block);
     let values = m.to_f32();
     (Linear::Mapped(m), values)
@@ -252,17 +275,14 @@ fn fp8_kernels_match_scalar_references() {
         let got = testing::linear(&dev, &w, &x, tokens).unwrap();
         let err = relative_error(&got, &want);
         println!("fp8 linear, {tokens} tokens, weight-only: rel err {err:.2e}");
-        assert!(err < 1e-5, "weight-only FP8 linear of {tokens} tokens: {err}");
+        assert!(
+            err < 1e-5,
+            "weight-only FP8 linear of {tokens} tokens: {err}"
+        );
         if tokens <= 8 {
-            let got = testing::decode_linear_of(
-                &dev,
-                &w,
-                &x,
-                tokens,
-                None,
-                testing::Epilogue::Store,
-            )
-            .unwrap();
+            let got =
+                testing::decode_linear_of(&dev, &w, &x, tokens, None, testing::Epilogue::Store)
+                    .unwrap();
             let err = relative_error(&got, &want);
             println!("fp8 decode matvec, {tokens} tokens: rel err {err:.2e}");
             assert!(err < 1e-5, "FP8 decode matvec of {tokens} tokens: {err}");
@@ -280,7 +300,10 @@ fn fp8_kernels_match_scalar_references() {
             if mma {
                 // The mma sums each group of 32 products itself (not necessarily in f32).
                 assert!(err < 2e-3, "FP8 tensor-core GEMM: {err}");
-                assert!(vs_exact > 1e-4, "the tensor-core GEMM did not quantize its input");
+                assert!(
+                    vs_exact > 1e-4,
+                    "the tensor-core GEMM did not quantize its input"
+                );
             } else {
                 assert!(vs_exact < 1e-5, "FP8 fallback GEMM: {vs_exact}");
             }

@@ -160,12 +160,7 @@ pub struct StoredFp8 {
 
 impl StoredFp8 {
     /// The codes of a whole tensor of `rows` (= E · `stack_rows`) rows of `cols`.
-    pub fn new(
-        codes: Storage,
-        scales: Vec<f32>,
-        block: [usize; 2],
-        stack_rows: usize,
-    ) -> Self {
+    pub fn new(codes: Storage, scales: Vec<f32>, block: [usize; 2], stack_rows: usize) -> Self {
         StoredFp8 {
             codes,
             scales: Arc::new(scales),
@@ -184,7 +179,10 @@ impl StoredFp8 {
     pub fn row_scales(&self, r: usize, cols: usize) -> &[f32] {
         let g = self.row0 + r;
         let (e, i) = (g / self.stack_rows, g % self.stack_rows);
-        let (srows, scols) = (self.stack_rows.div_ceil(self.block[0]), cols.div_ceil(self.block[1]));
+        let (srows, scols) = (
+            self.stack_rows.div_ceil(self.block[0]),
+            cols.div_ceil(self.block[1]),
+        );
         &self.scales[(e * srows + i / self.block[0]) * scols..][..scols]
     }
 }

@@ -182,10 +182,7 @@ impl Device {
     /// Turns the FP8 tensor-core GEMM off (or back on where the device has it): FP8 weights
     /// then run through the exact weight-only kernels whatever the batch.
     pub fn set_fp8_tensor_cores(&self, on: bool) {
-        let able = self
-            .ctx
-            .compute_capability()
-            .is_ok_and(|cc| cc >= (8, 9));
+        let able = self.ctx.compute_capability().is_ok_and(|cc| cc >= (8, 9));
         self.fp8_mma
             .store(on && able, std::sync::atomic::Ordering::Relaxed);
     }

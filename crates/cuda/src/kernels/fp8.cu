@@ -40,7 +40,7 @@ extern "C" __global__ void gemm_fp8_quantize_acts(const float* __restrict__ x, i
             int c = g * 128 + j * 32 + lane;
             if (c < cols) {
                 float q = amax != 0.0f ? v[j] / scale : 0.0f;
-                xq[(size_t)r * cols + c] = (unsigned char)(f32x2_to_e4m3x2(0.0f, q) & 0xffu);
+                xq[(size_t)r * cols + c] = (unsigned char)(f32x2_to_e4m3x2(q, q) & 0xffu);
             }
             if (lane == 0 && g * 128 + j * 32 < cols) xd[(size_t)r * (cols >> 5) + g * 4 + j] = scale;
         }

@@ -12,9 +12,9 @@ use crate::io::{row_groups, Io};
 use crate::kernels::moe::{MoeGroupedDown, MoeGroupedGateUp};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS};
 use crate::linear::decode_linear;
+use crate::matrix::DevFormat;
 use crate::matvec::{DecodeIn, DecodeOut};
 use crate::weights::GpuMoe;
-use crate::matrix::DevFormat;
 
 impl DecodePlan {
     /// Whether [`moe_decode_grouped`] runs this block: Q8/Q4, the shared expert in the decode

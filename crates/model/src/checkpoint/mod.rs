@@ -277,7 +277,7 @@ impl Checkpoint {
             let values = self.fp8_values(name, entry)?;
             let stored = self.fp8_stored(entry)?;
             return Ok(
-                Matrix::new(DType::F32, rows, cols, Storage::from_f32(&values)).with_fp8(stored)
+                Matrix::new(DType::F32, rows, cols, Storage::from_f32(&values)).with_fp8(stored),
             );
         }
         let dtype = self.float_dtype(name, entry)?;

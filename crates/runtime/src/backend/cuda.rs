@@ -98,7 +98,8 @@ impl CudaBackend {
                 .map_err(spindle_cpu::EngineError::from)?;
         }
         // Without --quant the weights stay as stored (a block-FP8 checkpoint's in FP8).
-        let quant = (options.quant_given || options.quant != spindle_model::quant::WeightFormat::Bf16)
+        let quant = (options.quant_given
+            || options.quant != spindle_model::quant::WeightFormat::Bf16)
             .then_some(options.quant);
         let engine = spindle_cuda::CudaEngine::load_with_vision(
             dir,
