@@ -148,7 +148,7 @@ impl CudaEngine {
     /// Opens CUDA device `ordinal`, reads and validates the checkpoint in `dir` and uploads its
     /// weights as stored (bf16; a block-FP8 checkpoint's projections stay FP8).
     pub fn load(dir: &Path, ordinal: usize) -> Result<Self> {
-        Self::load_with_vision(dir, ordinal, None, None, true)
+        Self::load_as(dir, ordinal, None, None, true)
     }
 
     /// As [`CudaEngine::load`], with the large projections quantized on load to `quant` by the
@@ -160,15 +160,26 @@ impl CudaEngine {
         quant: WeightFormat,
         max_layers: Option<usize>,
     ) -> Result<Self> {
-        Self::load_with_vision(dir, ordinal, Some(quant), max_layers, true)
+        Self::load_with_vision(dir, ordinal, quant, max_layers, true)
     }
 
     /// As [`CudaEngine::load_with`]; with `vision` false the vision tower is left unloaded
-    /// (`--no-vision`: image prompts are then refused). `quant` `None` keeps the weights as
-    /// stored: bf16, and a block-FP8 checkpoint's projections in FP8 (e4m3 codes and block
-    /// scales on the device); `Some(format)` re-encodes the
-    /// projections in `format` (FP8 ones dequantized exactly first; bf16 rounds them).
+    /// (`--no-vision`: image prompts are then refused).
     pub fn load_with_vision(
+        dir: &Path,
+        ordinal: usize,
+        quant: WeightFormat,
+        max_layers: Option<usize>,
+        vision: bool,
+    ) -> Result<Self> {
+        Self::load_as(dir, ordinal, Some(quant), max_layers, vision)
+    }
+
+    /// As [`CudaEngine::load_with_vision`], with `quant` `None` keeping the weights as stored:
+    /// bf16, and a block-FP8 checkpoint's projections in FP8 (e4m3 codes and block scales on
+    /// the device); `Some(format)` re-encodes the projections in `format` (FP8 ones
+    /// dequantized exactly first; bf16 rounds them).
+    pub fn load_as(
         dir: &Path,
         ordinal: usize,
         quant: Option<WeightFormat>,

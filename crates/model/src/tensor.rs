@@ -1,6 +1,6 @@
 //! Weight tensors that live in a memory map (or, rarely, an aligned heap copy).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use memmap2::Mmap;
 
@@ -42,6 +42,19 @@ pub enum Storage {
         words: Arc<Vec<u64>>,
         len: usize,
     },
+    /// f32 values made on first read and kept (a block-FP8 tensor's dequantization: a
+    /// backend that runs the stored FP8 form never pays for it); `[start, end)` of their bytes.
+    Lazy {
+        values: Arc<LazyValues>,
+        start: usize,
+        end: usize,
+    },
+}
+
+/// The f32 values behind [`Storage::Lazy`], made once by `make`.
+pub struct LazyValues {
+    words: OnceLock<Vec<u64>>,
+    make: Box<dyn Fn() -> Vec<f32> + Send + Sync>,
 }
 
 impl Storage {
@@ -64,6 +77,26 @@ impl Storage {
         }
     }
 
+    /// `len` f32 values that `make` computes when they are first read.
+    pub fn lazy_f32(len: usize, make: impl Fn() -> Vec<f32> + Send + Sync + 'static) -> Self {
+        Storage::Lazy {
+            values: Arc::new(LazyValues {
+                words: OnceLock::new(),
+                make: Box::new(make),
+            }),
+            start: 0,
+            end: len * 4,
+        }
+    }
+
+    /// Whether the bytes exist: false for lazy values not read yet.
+    pub fn is_materialized(&self) -> bool {
+        match self {
+            Storage::Lazy { values, .. } => values.words.get().is_some(),
+            _ => true,
+        }
+    }
+
     /// An owned copy of f32 `values` (a tensor dequantized on load).
     pub fn from_f32(values: &[f32]) -> Self {
         let len = values.len() * 4;
@@ -80,6 +113,16 @@ impl Storage {
         match self {
             Storage::Mapped { map, start, end } => &map[*start..*end],
             Storage::Owned { words, len } => &bytemuck::cast_slice::<u64, u8>(words)[..*len],
+            Storage::Lazy { values, start, end } => {
+                let words = values.words.get_or_init(|| {
+                    let made = (values.make)();
+                    let mut words = vec![0u64; (made.len() * 4).div_ceil(8)];
+                    bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..made.len() * 4]
+                        .copy_from_slice(bytemuck::cast_slice(&made));
+                    words
+                });
+                &bytemuck::cast_slice::<u64, u8>(words)[*start..*end]
+            }
         }
     }
 
@@ -112,6 +155,13 @@ impl Storage {
         match self {
             Storage::Mapped { map, start: s, .. } => Storage::Mapped {
                 map: map.clone(),
+                start: s + start,
+                end: s + end,
+            },
+            Storage::Lazy {
+                values, start: s, ..
+            } => Storage::Lazy {
+                values: values.clone(),
                 start: s + start,
                 end: s + end,
             },
@@ -175,6 +225,11 @@ impl StoredFp8 {
         self.codes.bytes()
     }
 
+    /// The whole tensor's scale grid (of the tensor this view was cut from).
+    pub fn grid(&self) -> &[f32] {
+        &self.scales
+    }
+
     /// The scales of row `r` of this view, one per block of `block[1]` columns.
     pub fn row_scales(&self, r: usize, cols: usize) -> &[f32] {
         let g = self.row0 + r;
@@ -209,6 +264,11 @@ impl Matrix {
     /// The stored block-FP8 form of this matrix, when it was dequantized from one.
     pub fn fp8(&self) -> Option<&StoredFp8> {
         self.fp8.as_ref()
+    }
+
+    /// Whether the values exist yet (a block-FP8 tensor's are made when first read).
+    pub fn is_materialized(&self) -> bool {
+        self.storage.is_materialized()
     }
 
     /// The raw little-endian bytes, aligned to the element size.
@@ -324,4 +384,26 @@ pub(crate) enum Part {
     Owned { shape: Vec<usize>, values: Vec<f32> },
     /// An integer buffer rebuilt from metadata (qwen4exp's PLE hash constants), stored as I64.
     Ints { shape: Vec<usize>, values: Vec<i64> },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lazy_values_are_made_once_on_first_read_and_slices_share_them() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = calls.clone();
+        let storage = Storage::lazy_f32(6, move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+        });
+        let m = Matrix::new(DType::F32, 3, 2, storage);
+        let rows = m.rows_slice(1, 2);
+        assert!(!m.is_materialized() || cfg!(debug_assertions));
+        assert_eq!(rows.to_f32(), [3.0, 4.0, 5.0, 6.0]);
+        assert!(m.is_materialized());
+        assert_eq!(m.to_f32(), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
 }

@@ -101,13 +101,8 @@ impl CudaBackend {
         let quant = (options.quant_given
             || options.quant != spindle_model::quant::WeightFormat::Bf16)
             .then_some(options.quant);
-        let engine = spindle_cuda::CudaEngine::load_with_vision(
-            dir,
-            ordinal,
-            quant,
-            layers,
-            !options.no_vision,
-        )?;
+        let engine =
+            spindle_cuda::CudaEngine::load_as(dir, ordinal, quant, layers, !options.no_vision)?;
         tracing::info!(
             device = %engine.device_name(),
             graphs = engine.uses_graphs(),
