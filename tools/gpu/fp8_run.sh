@@ -34,8 +34,9 @@ if [ "$part" = bench ] || [ "$part" = all ]; then
     model=$W/bf16; case $name in fp8*) model=$W/fp8;; esac
     el "bench $name"
     RUST_LOG=warn timeout ${BENCH_S:-90} ./spindle bench --device cuda --json --model "$model" "$@" \
-      --prompt 2048 --gen 128 --runs 3 --probe-mib 256 > "$OUT/bench_$name.json" 2> "$OUT/bench_$name.err"
-    cat "$OUT/bench_$name.json"; tail -2 "$OUT/bench_$name.err"
+      --prompt 2048 --gen 128 --runs 3 --probe-mib 256 > "$W/bench.json" 2> "$W/bench.err"
+    echo "{\"run\": \"$name\", \"result\": $(cat "$W/bench.json" || echo null)}" | tee -a "$OUT/bench.jsonl"
+    (echo "== $name"; cat "$W/bench.err") >> "$OUT/bench.err"; tail -2 "$W/bench.err"
   done
   el done
 fi
