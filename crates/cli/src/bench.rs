@@ -140,7 +140,14 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     print_profiles(&report);
     match backend.cpu() {
         Some(engine) => print_cpu(args, &name, engine, &report),
-        None => print_gpu(args, &name, &backend, &report, load_s),
+        None => print_gpu(
+            args,
+            &name,
+            gpu_format(args, &dir),
+            &backend,
+            &report,
+            load_s,
+        ),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -171,6 +178,16 @@ fn print_profiles(report: &BenchReport) {
     }
 }
 
+/// The weight format the CUDA engine runs: `--quant`, else as stored (`fp8` for a block-FP8
+/// checkpoint).
+fn gpu_format(args: &BenchArgs, dir: &Path) -> &'static str {
+    match args.load.quant {
+        Some(q) => q.name(),
+        None if spindle_model::fp8::BlockFp8::from_dir(dir).is_ok_and(|f| f.is_some()) => "fp8",
+        None => "bf16",
+    }
+}
+
 fn gb(bytes: f64) -> f64 {
     bytes / 1e9
 }
@@ -182,7 +199,9 @@ fn print_cpu(args: &BenchArgs, name: &str, engine: &Engine, report: &BenchReport
     // An install carries its own format; a checkpoint is quantized as asked.
     let quant: WeightFormat = engine
         .install()
-        .map_or(args.load.quant, |i| i.manifest().quant_format());
+        .map_or(args.load.quant.unwrap_or_default(), |i| {
+            i.manifest().quant_format()
+        });
     let decode = report.decode[0].tokens_per_s;
     if args.json {
         let value = json!({
@@ -264,7 +283,14 @@ fn print_cpu(args: &BenchArgs, name: &str, engine: &Engine, report: &BenchReport
 
 /// The GPU report: decode after each `--context`, the device, CUDA graphs and the load time
 /// (the JSON keys the CPU report shares have the same meaning).
-fn print_gpu(args: &BenchArgs, name: &str, backend: &Backend, report: &BenchReport, load_s: f64) {
+fn print_gpu(
+    args: &BenchArgs,
+    name: &str,
+    quant: &str,
+    backend: &Backend,
+    report: &BenchReport,
+    load_s: f64,
+) {
     let layers = backend.config().num_layers();
     let roofline = report.roofline_tokens_per_s();
     if args.json {
@@ -283,7 +309,7 @@ fn print_gpu(args: &BenchArgs, name: &str, backend: &Backend, report: &BenchRepo
         let value = json!({
             "model": name,
             "device": report.device,
-            "quant": args.load.quant.name(),
+            "quant": quant,
             "layers": layers,
             "cuda_graphs": report.graphs,
             "load_s": load_s,
@@ -305,7 +331,7 @@ fn print_gpu(args: &BenchArgs, name: &str, backend: &Backend, report: &BenchRepo
     println!(
         "model        {} ({}, {} layers) on {}{}",
         name,
-        args.load.quant.name(),
+        quant,
         layers,
         report.device,
         if report.graphs { ", CUDA graphs" } else { "" }
@@ -355,6 +381,7 @@ fn run_batch(args: &BenchArgs, dir: &Path, name: &str) -> Result<ExitCode> {
         "--batch sizes must be positive"
     );
     let options = args.load.options();
+    let quant = gpu_format(args, dir);
     let model = if args.layers.is_none() && dir.join("tokenizer.json").is_file() {
         let model = Model::load_on(dir, args.device, &options)
             .with_context(|| format!("loading {name}"))?;
@@ -440,7 +467,7 @@ fn run_batch(args: &BenchArgs, dir: &Path, name: &str) -> Result<ExitCode> {
         let value = json!({
             "model": name,
             "device": backend.device_name(),
-            "quant": args.load.quant.name(),
+            "quant": quant,
             "prompt_tokens": args.prompt.min(64),
             "steps": args.gen,
             "runs": args.runs,
@@ -454,7 +481,7 @@ fn run_batch(args: &BenchArgs, dir: &Path, name: &str) -> Result<ExitCode> {
     println!(
         "model        {} ({}) on {}; {} prompt tokens per sequence, {} steps x {} runs",
         name,
-        args.load.quant.name(),
+        quant,
         backend.device_name(),
         args.prompt.min(64),
         args.gen,

@@ -10,11 +10,12 @@ use spindle_model::quant::WeightFormat;
 
 #[derive(Debug, Args, Clone)]
 pub struct LoadArgs {
-    /// Weight format of the large projections: bf16 (as stored), or q8 / q4 quantized on load
-    /// (int8 / int4, one f16 scale per 32 weights). An install keeps the format it was
-    /// converted to.
-    #[arg(long, default_value = "bf16", value_parser = parse_quant)]
-    pub quant: WeightFormat,
+    /// Weight format of the large projections: bf16 (as stored; the default), or q8 / q4
+    /// quantized on load (int8 / int4, one f16 scale per 32 weights). An install keeps the
+    /// format it was converted to. Without it, a block-FP8 checkpoint runs in FP8 on CUDA
+    /// (bf16 on the CPU, dequantized exactly); with it, its projections are re-encoded.
+    #[arg(long, value_parser = parse_quant)]
+    pub quant: Option<WeightFormat>,
 
     /// Where the routed experts live: resident (in RAM), mapped (memory-mapped from an
     /// install; the page cache decides), streamed (a few slots per layer, misses read from an
@@ -77,7 +78,8 @@ impl LoadArgs {
             .expect("valid template")
             .progress_chars("=> "),
         );
-        bar.set_message(self.quant.name());
+        let quant = self.quant.unwrap_or_default();
+        bar.set_message(quant.name());
         let progress = move |done: usize, total: usize| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
@@ -86,8 +88,9 @@ impl LoadArgs {
             }
         };
         LoadOptions {
-            quant: self.quant,
-            progress: (self.quant != WeightFormat::Bf16)
+            quant,
+            quant_given: self.quant.is_some(),
+            progress: (quant != WeightFormat::Bf16)
                 .then(|| Arc::new(progress) as Arc<dyn Fn(usize, usize) + Send + Sync>),
             experts: self.experts,
             expert_slots: self.expert_slots,

@@ -66,6 +66,9 @@ pub struct LoadOptions {
     pub check_weights: bool,
     /// Leave the vision tower unloaded (`--no-vision`): image prompts are then refused.
     pub no_vision: bool,
+    /// `quant` was asked for (`--quant`): a backend that runs block FP8 as stored (CUDA) then
+    /// re-encodes an FP8 checkpoint's projections in `quant` instead.
+    pub quant_given: bool,
 }
 
 /// One sequence's share of a batched step ([`Engine::forward_batch`]).

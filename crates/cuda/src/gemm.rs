@@ -7,26 +7,30 @@ use crate::kernels::gemm::{GemmSimt, GemmTensor};
 use crate::kernels::{
     self, i, p, Launch, Ptr, TENSOR_GEMM_ROWS, TENSOR_GEMM_STAGES, TENSOR_GEMM_TOKENS,
 };
-use crate::matrix::{DevPart, DeviceLayout};
-use spindle_model::quant::WeightFormat;
+use crate::matrix::{DevFormat, DevPart, DeviceLayout};
 
-/// Whether the tensor-core GEMM ([`tensor_gemm`]) takes a matrix of `cols` columns in `fmt`.
-pub fn tensor_gemm_ok(dev: &Device, fmt: WeightFormat, cols: usize) -> bool {
+/// Whether the tensor-core GEMM ([`tensor_gemm`]) takes a matrix of `cols` columns in `fmt`
+/// (FP8: on sm_89 and later, the e4m3 `mma`).
+pub fn tensor_gemm_ok(dev: &Device, fmt: DevFormat, cols: usize) -> bool {
     let kernel = tensor_gemm_kernel(fmt);
     dev.tensor_cores()
+        && (fmt != DevFormat::Fp8 || dev.fp8_tensor_cores())
         && cols % fmt.tensor_k() == 0
         && tensor_gemm_shared(fmt) <= dev.shared_limit(kernel.name())
 }
 
 /// Activations in the form the tensor-core GEMM reads: for bf16 weights the f32 values split
 /// into three bf16 planes (hi + mid + lo, within ~2^-24 of each value); for Q8/Q4 weights
-/// int8 codes and f32 scales per group of 32, quantized exactly as the CPU engine does.
+/// int8 codes and f32 scales per group of 32, quantized exactly as the CPU engine does; for
+/// FP8 weights e4m3 codes with an f32 scale per token and group of 128 (the dynamic scheme),
+/// stored once per group of 32.
 pub struct GemmActs {
-    /// bf16 rows `[rows, 3·cols]` (hi, mid, lo), or i8 codes `[rows, cols]`.
+    /// bf16 rows `[rows, 3·cols]` (hi, mid, lo), or i8 / e4m3 codes `[rows, cols]`.
     a: DevBuf<u8>,
-    /// f32 scales `[rows, cols/32]` (Q8/Q4), or nothing.
+    /// f32 scales `[rows, cols/32]` (Q8/Q4/FP8), or nothing.
     aux: Option<DevBuf<u8>>,
-    int8: bool,
+    /// [`DevFormat::acts_kind`] of the weights they were prepared for.
+    kind: usize,
     cols: usize,
 }
 
@@ -35,7 +39,7 @@ impl GemmActs {
     /// `up = Some(u)` each row is first the SwiGLU `silu(x[c])·x[u + c]`.
     pub fn prepare(
         dev: &Device,
-        fmt: WeightFormat,
+        fmt: DevFormat,
         x: Ptr<f32>,
         ldx: usize,
         up: Option<usize>,
@@ -43,7 +47,29 @@ impl GemmActs {
         cols: usize,
     ) -> Result<Self> {
         let up = up.map_or(-1, |u| u as i32);
-        if fmt.int8_acts() {
+        let kind = fmt.acts_kind();
+        if fmt == DevFormat::Fp8 {
+            let a = dev.scratch::<u8>(rows * cols)?;
+            let aux = dev.scratch::<u8>(rows * cols / 32 * 4)?;
+            // One warp per group of 128.
+            kernels::fp8::GemmFp8QuantizeActs::launch(
+                dev,
+                Launch::elementwise(rows * cols.div_ceil(128) * 32),
+                x,
+                i(ldx),
+                up,
+                i(rows),
+                i(cols),
+                p(a.ptr()),
+                p(aux.ptr()),
+            )?;
+            Ok(GemmActs {
+                a,
+                aux: Some(aux),
+                kind,
+                cols,
+            })
+        } else if fmt.int8() {
             let a = dev.scratch::<u8>(rows * cols)?;
             let aux = dev.scratch::<u8>(rows * cols / 32 * 4)?;
             // One warp per group of 32.
@@ -61,7 +87,7 @@ impl GemmActs {
             Ok(GemmActs {
                 a,
                 aux: Some(aux),
-                int8: true,
+                kind,
                 cols,
             })
         } else {
@@ -79,7 +105,7 @@ impl GemmActs {
             Ok(GemmActs {
                 a,
                 aux: None,
-                int8: false,
+                kind,
                 cols,
             })
         }
@@ -90,7 +116,7 @@ impl GemmActs {
     /// The int8 codes `[rows, cols]` and f32 scales `[rows, cols/32]` (Q8/Q4 preparations).
     pub(crate) fn int8_rows(&self) -> Option<(Ptr<u8>, Ptr<u8>)> {
         let aux = self.aux.as_ref()?;
-        self.int8.then(|| (self.a.arg(), aux.arg()))
+        (self.kind == 1).then(|| (self.a.arg(), aux.arg()))
     }
 }
 
@@ -114,21 +140,22 @@ pub enum GemmRows {
 /// The rows of one grouped-GEMM tile (`moe_group_by_expert`).
 pub const GROUP_TILE: usize = TENSOR_GEMM_TOKENS;
 
-fn tensor_gemm_kernel(fmt: WeightFormat) -> GemmTensor {
+fn tensor_gemm_kernel(fmt: DevFormat) -> GemmTensor {
     match fmt {
-        WeightFormat::Bf16 => GemmTensor::BF16,
-        WeightFormat::Q8 => GemmTensor::Q8,
-        WeightFormat::Q4 => GemmTensor::Q4,
+        DevFormat::Bf16 => GemmTensor::BF16,
+        DevFormat::Q8 => GemmTensor::Q8,
+        DevFormat::Q4 => GemmTensor::Q4,
+        DevFormat::Fp8 => GemmTensor::FP8,
     }
 }
 
 /// Dynamic shared memory of one tensor-core GEMM block: 4 stages of staged A and B rows
 /// (`TgLayout` in gemm.cu).
-fn tensor_gemm_shared(fmt: WeightFormat) -> usize {
+fn tensor_gemm_shared(fmt: DevFormat) -> usize {
     let (a_row, planes, b_row) = match fmt {
-        WeightFormat::Bf16 => (80, 3, 80),
-        WeightFormat::Q8 => (48, 1, 48),
-        WeightFormat::Q4 => (48, 1, 16),
+        DevFormat::Bf16 => (80, 3, 80),
+        DevFormat::Q8 | DevFormat::Fp8 => (48, 1, 48),
+        DevFormat::Q4 => (48, 1, 16),
     };
     TENSOR_GEMM_STAGES * (TENSOR_GEMM_TOKENS * a_row * planes + TENSOR_GEMM_ROWS * b_row)
 }
@@ -144,8 +171,8 @@ pub fn tensor_gemm(
     rows: GemmRows,
 ) -> Result<()> {
     assert_eq!(
-        acts.int8,
-        w.fmt.int8_acts(),
+        acts.kind,
+        w.fmt.acts_kind(),
         "activations prepared for another format"
     );
     assert_eq!(acts.cols, w.cols, "activations of another width");
@@ -221,10 +248,11 @@ pub fn simt_gemm(
     )
 }
 
-fn gemm_kernel(fmt: WeightFormat) -> GemmSimt {
+fn gemm_kernel(fmt: DevFormat) -> GemmSimt {
     match fmt {
-        WeightFormat::Bf16 => GemmSimt::BF16,
-        WeightFormat::Q8 => GemmSimt::Q8,
-        WeightFormat::Q4 => GemmSimt::Q4,
+        DevFormat::Bf16 => GemmSimt::BF16,
+        DevFormat::Q8 => GemmSimt::Q8,
+        DevFormat::Q4 => GemmSimt::Q4,
+        DevFormat::Fp8 => GemmSimt::FP8,
     }
 }

@@ -147,9 +147,9 @@ pub struct CudaEngine {
 
 impl CudaEngine {
     /// Opens CUDA device `ordinal`, reads and validates the checkpoint in `dir` and uploads its
-    /// weights (bf16, as stored).
+    /// weights as stored (bf16; a block-FP8 checkpoint's projections stay FP8).
     pub fn load(dir: &Path, ordinal: usize) -> Result<Self> {
-        Self::load_with(dir, ordinal, WeightFormat::Bf16, None)
+        Self::load_as(dir, ordinal, None, None, true)
     }
 
     /// As [`CudaEngine::load`], with the large projections quantized on load to `quant` by the
@@ -173,6 +173,22 @@ impl CudaEngine {
         max_layers: Option<usize>,
         vision: bool,
     ) -> Result<Self> {
+        Self::load_as(dir, ordinal, Some(quant), max_layers, vision)
+    }
+
+    /// As [`CudaEngine::load_with_vision`], with `quant` `None` keeping the weights as stored:
+    /// bf16, and a block-FP8 checkpoint's projections in FP8 (e4m3 codes and block scales on
+    /// the device); `Some(format)` re-encodes the projections in `format` (FP8 ones
+    /// dequantized exactly first; bf16 rounds them).
+    pub fn load_as(
+        dir: &Path,
+        ordinal: usize,
+        quant: Option<WeightFormat>,
+        max_layers: Option<usize>,
+        vision: bool,
+    ) -> Result<Self> {
+        let keep_fp8 = quant.is_none();
+        let quant = quant.unwrap_or(WeightFormat::Bf16);
         let dev = Device::open(ordinal)?;
         let mut config = ModelConfig::from_dir(dir)?;
         if let Some(n) = max_layers {
@@ -190,8 +206,15 @@ impl CudaEngine {
                 "quantized on load"
             );
         }
-        // Block-FP8 checkpoints dequantize to f32 on the host; the upload reads bf16.
-        cpu.round_wide_to_bf16();
+        // Block-FP8 checkpoints dequantize to f32 on the host: the upload reads their stored
+        // codes and scales when they stay FP8 (every group of 32 columns in one block), bf16
+        // otherwise.
+        cpu.round_wide_to_bf16_keeping(&|linear| {
+            keep_fp8
+                && linear
+                    .fp8()
+                    .is_some_and(|f| matrix::fp8_fits(linear.cols(), f.block[1]))
+        });
         let started = std::time::Instant::now();
         let gpu = weights::upload(&dev, &cpu, &config)?;
         tracing::info!(
@@ -296,6 +319,11 @@ impl CudaEngine {
     /// Weight bytes one decode step reads (routed experts counted top_k / E).
     pub fn weight_bytes_per_token(&self) -> usize {
         self.gpu.bytes_per_token(&self.config)
+    }
+
+    /// Device bytes of the weight matrices by format (`bf16`, `q8`, `q4`, `fp8`).
+    pub fn weight_bytes_by_format(&self) -> Vec<(&'static str, usize)> {
+        self.gpu.bytes_by_format()
     }
 
     /// The device this engine runs on.

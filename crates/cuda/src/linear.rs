@@ -8,7 +8,7 @@ use crate::device::{DevBuf, Device};
 use crate::error::Result;
 use crate::gemm::{simt_gemm, tensor_gemm, tensor_gemm_ok, GemmActs, GemmRows};
 use crate::kernels::{self, i, Launch, Ptr, MATVEC_MAX_TOKENS};
-use crate::matrix::{DevMatrix, DevPart, DeviceLayout};
+use crate::matrix::{DevMatrix, DevPart};
 use crate::matvec::{decode_matvec, decode_matvec_fits, matvec, DecodeIn, DecodeOut};
 use crate::norm::group_norm;
 
@@ -42,12 +42,12 @@ pub fn linear(
         }
         return Ok(());
     }
-    // Prepared once per weight family for the tensor-core GEMM: [bf16, int8].
-    let mut prepared: [Option<GemmActs>; 2] = [None, None];
+    // Prepared once per weight family for the tensor-core GEMM: [bf16, int8, e4m3].
+    let mut prepared: [Option<GemmActs>; 3] = [None, None, None];
     for (row0, part) in &w.parts {
         let y = y.at(*row0);
         if tokens > MATVEC_MAX_TOKENS && tensor_gemm_ok(dev, part.fmt, part.cols) {
-            let slot = &mut prepared[part.fmt.int8_acts() as usize];
+            let slot = &mut prepared[part.fmt.acts_kind()];
             if slot.is_none() {
                 *slot = Some(GemmActs::prepare(
                     dev, part.fmt, x, ldx, None, tokens, part.cols,

@@ -1,20 +1,72 @@
-//! Weight matrices in VRAM: bf16, or Q8/Q4 codes with f16 scales in the CPU layouts of
-//! `spindle_model::quant`, as row blocks of one format each (fused projections).
+//! Weight matrices in VRAM: bf16, Q8/Q4 codes with f16 scales in the CPU layouts of
+//! `spindle_model::quant`, or block-FP8 e4m3 codes with their f32 block scales, as row blocks
+//! of one format each (fused projections).
+
+use std::borrow::Cow;
 
 use spindle_model::quant::{QuantizedMatrix, WeightFormat};
 use spindle_model::weights::Linear;
 use spindle_model::DType;
 
+/// The format of a matrix on the device: a CPU engine format, or block FP8 as the checkpoint
+/// stores it (e4m3fn codes `[rows, cols]` and an f32 scale per row and group of 32 columns,
+/// the last group of a row possibly 16: the block scale of those columns, so fused and
+/// regrouped rows keep their scales).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DevFormat {
+    Bf16,
+    Q8,
+    Q4,
+    Fp8,
+}
+
+impl From<WeightFormat> for DevFormat {
+    fn from(f: WeightFormat) -> Self {
+        match f {
+            WeightFormat::Bf16 => DevFormat::Bf16,
+            WeightFormat::Q8 => DevFormat::Q8,
+            WeightFormat::Q4 => DevFormat::Q4,
+        }
+    }
+}
+
+impl DevFormat {
+    /// Whether the tensor-core GEMM and the grouped expert kernels read int8 activations.
+    pub fn int8(self) -> bool {
+        matches!(self, DevFormat::Q8 | DevFormat::Q4)
+    }
+
+    /// Which activations the tensor-core GEMM reads: 0 bf16 planes, 1 int8, 2 e4m3.
+    pub fn acts_kind(self) -> usize {
+        match self {
+            DevFormat::Bf16 => 0,
+            DevFormat::Q8 | DevFormat::Q4 => 1,
+            DevFormat::Fp8 => 2,
+        }
+    }
+}
+
+/// Whether a `[rows, cols]` block-FP8 matrix with blocks of `block_cols` columns can stay FP8
+/// on the device: rows of whole 16-byte chunks, and every group of 32 columns within one
+/// block (true of any `block_cols` that is a multiple of 32, e.g. the released 128).
+pub fn fp8_fits(cols: usize, block_cols: usize) -> bool {
+    cols % 16 == 0
+        && block_cols > 0
+        && (0..cols.div_ceil(32))
+            .all(|g| 32 * g / block_cols == ((32 * g + 32).min(cols) - 1) / block_cols)
+}
+
 use crate::device::{DevBuf, Device};
 use crate::error::{CudaError, Result};
 
-/// How the device kernels walk a row of a matrix in one of the [`WeightFormat`]s (the
-/// layouts themselves are `spindle_model::quant`'s: bf16 words; Q8 i8 codes; Q4 packed
-/// nibbles in llama.cpp Q4_0 order within a group of 32; f16 scales per group of 32).
+/// How the device kernels walk a row of a matrix in one of the [`DevFormat`]s (the
+/// layouts are `spindle_model::quant`'s: bf16 words; Q8 i8 codes; Q4 packed nibbles in
+/// llama.cpp Q4_0 order within a group of 32; f16 scales per group of 32; and FP8: e4m3
+/// bytes, an f32 scale (two 16-bit words) per group of 32).
 pub trait DeviceLayout: Copy {
     /// Bytes of codes per row.
     fn row_bytes(self, cols: usize) -> usize;
-    /// f16 scales per row.
+    /// 16-bit scale words per row.
     fn row_scales(self, cols: usize) -> usize;
     /// Bytes per row, codes and scales.
     fn row_size(self, cols: usize) -> usize {
@@ -22,50 +74,59 @@ pub trait DeviceLayout: Copy {
     }
     /// The kernel-name suffix.
     fn suffix(self) -> &'static str;
-    /// Whether the tensor-core GEMM reads int8 activations (Q8, Q4) or bf16 planes (bf16).
-    fn int8_acts(self) -> bool;
     /// The tensor-core GEMM's granule of columns: a quantization group, or an mma k16 step.
     fn tensor_k(self) -> usize;
     /// Values per 16-byte chunk of codes (the vector kernels' unit).
     fn chunk_values(self) -> usize;
 }
 
-impl DeviceLayout for WeightFormat {
+impl DeviceLayout for DevFormat {
     fn row_bytes(self, cols: usize) -> usize {
-        self.code_bytes(1, cols)
+        match self {
+            DevFormat::Bf16 => WeightFormat::Bf16.code_bytes(1, cols),
+            DevFormat::Q8 => WeightFormat::Q8.code_bytes(1, cols),
+            DevFormat::Q4 => WeightFormat::Q4.code_bytes(1, cols),
+            DevFormat::Fp8 => cols,
+        }
     }
 
     fn row_scales(self, cols: usize) -> usize {
-        self.scale_bytes(1, cols) / 2
+        match self {
+            DevFormat::Bf16 => WeightFormat::Bf16.scale_bytes(1, cols) / 2,
+            DevFormat::Q8 => WeightFormat::Q8.scale_bytes(1, cols) / 2,
+            DevFormat::Q4 => WeightFormat::Q4.scale_bytes(1, cols) / 2,
+            DevFormat::Fp8 => cols.div_ceil(32) * 2,
+        }
     }
 
     fn suffix(self) -> &'static str {
-        self.name()
-    }
-
-    fn int8_acts(self) -> bool {
-        self != WeightFormat::Bf16
+        match self {
+            DevFormat::Bf16 => "bf16",
+            DevFormat::Q8 => "q8",
+            DevFormat::Q4 => "q4",
+            DevFormat::Fp8 => "fp8",
+        }
     }
 
     fn tensor_k(self) -> usize {
         match self {
-            WeightFormat::Bf16 => 16,
-            WeightFormat::Q8 | WeightFormat::Q4 => 32,
+            DevFormat::Bf16 => 16,
+            DevFormat::Q8 | DevFormat::Q4 | DevFormat::Fp8 => 32,
         }
     }
 
     fn chunk_values(self) -> usize {
         match self {
-            WeightFormat::Bf16 => 8,
-            WeightFormat::Q8 => 16,
-            WeightFormat::Q4 => 32,
+            DevFormat::Bf16 => 8,
+            DevFormat::Q8 | DevFormat::Fp8 => 16,
+            DevFormat::Q4 => 32,
         }
     }
 }
 
 /// A row-major `[rows, cols]` matrix in one format on the device.
 pub struct DevPart {
-    pub fmt: WeightFormat,
+    pub fmt: DevFormat,
     pub codes: DevBuf<u8>,
     /// Empty for bf16.
     pub scales: DevBuf<u16>,
@@ -74,7 +135,7 @@ pub struct DevPart {
 }
 
 impl DevPart {
-    pub fn new(dev: &Device, fmt: WeightFormat, rows: usize, cols: usize) -> Result<Self> {
+    pub fn new(dev: &Device, fmt: DevFormat, rows: usize, cols: usize) -> Result<Self> {
         Ok(DevPart {
             fmt,
             codes: dev.zeros(rows * fmt.row_bytes(cols))?,
@@ -132,11 +193,12 @@ impl DevPart {
     }
 }
 
-/// The host bytes of a CPU engine matrix: bf16 as mapped, or Q8/Q4 as quantized on load.
+/// The host bytes of a CPU engine matrix: bf16 as mapped, Q8/Q4 as quantized on load, or
+/// block FP8 as stored (kept by the loader when it fits, [`fp8_fits`]).
 pub struct Source<'a> {
-    pub fmt: WeightFormat,
+    pub fmt: DevFormat,
     pub codes: &'a [u8],
-    pub scales: &'a [u16],
+    pub scales: Cow<'a, [u16]>,
     pub rows: usize,
     pub cols: usize,
 }
@@ -145,6 +207,25 @@ impl<'a> Source<'a> {
     pub fn of(linear: &'a Linear) -> Result<Self> {
         match linear {
             Linear::Mapped(m) => {
+                if let Some(fp8) = m.fp8().filter(|f| fp8_fits(m.cols, f.block[1])) {
+                    // One f32 per row and group of 32 columns: its block's scale.
+                    let groups = m.cols.div_ceil(32);
+                    let mut scales = Vec::with_capacity(m.rows * groups * 2);
+                    for r in 0..m.rows {
+                        let blocks = fp8.row_scales(r, m.cols);
+                        for g in 0..groups {
+                            let bits = blocks[g * 32 / fp8.block[1]].to_bits();
+                            scales.extend_from_slice(&[bits as u16, (bits >> 16) as u16]);
+                        }
+                    }
+                    return Ok(Source {
+                        fmt: DevFormat::Fp8,
+                        codes: fp8.codes(),
+                        scales: Cow::Owned(scales),
+                        rows: m.rows,
+                        cols: m.cols,
+                    });
+                }
                 if m.dtype != DType::Bf16 {
                     return Err(CudaError::Unsupported(format!(
                         "a [{}, {}] weight matrix is {}; the CUDA backend reads bf16 checkpoints only",
@@ -154,9 +235,9 @@ impl<'a> Source<'a> {
                     )));
                 }
                 Ok(Source {
-                    fmt: WeightFormat::Bf16,
+                    fmt: DevFormat::Bf16,
                     codes: m.bytes(),
-                    scales: &[],
+                    scales: Cow::Borrowed(&[]),
                     rows: m.rows,
                     cols: m.cols,
                 })
@@ -171,9 +252,9 @@ impl<'a> Source<'a> {
 
     fn quantized(q: &'a QuantizedMatrix) -> Self {
         Source {
-            fmt: q.format,
+            fmt: q.format.into(),
             codes: &q.qs,
-            scales: &q.scales,
+            scales: Cow::Borrowed(&q.scales),
             rows: q.rows,
             cols: q.cols,
         }
@@ -249,7 +330,7 @@ impl DevMatrix {
     /// The bf16 words of a one-block bf16 matrix (the embedding table).
     pub fn bf16_ptr(&self) -> Result<u64> {
         match self.parts.as_slice() {
-            [(0, part)] if part.fmt == WeightFormat::Bf16 => Ok(part.codes.ptr()),
+            [(0, part)] if part.fmt == DevFormat::Bf16 => Ok(part.codes.ptr()),
             _ => Err(CudaError::Unsupported(
                 "the embedding table must be bf16".into(),
             )),

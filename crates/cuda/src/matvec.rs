@@ -7,8 +7,7 @@ use crate::device::{DevBuf, Device};
 use crate::error::Result;
 use crate::kernels::matvec::{DecodeMatvec, DecodeMatvecConv, Matvec};
 use crate::kernels::{i, Launch, Ptr, DECODE_CONV_WINDOW, MATVEC_MAX_TOKENS};
-use crate::matrix::{DevMatrix, DevPart, DeviceLayout};
-use spindle_model::quant::WeightFormat;
+use crate::matrix::{DevFormat, DevMatrix, DevPart, DeviceLayout};
 
 /// `y[t·ldy + r] (+)= Σ_c W[r, c]·x[t·ldx + c]` for at most [`MATVEC_MAX_TOKENS`](crate::kernels::MATVEC_MAX_TOKENS) tokens
 /// through the plain matvec: a warp per weight row, the row read once for all tokens.
@@ -42,11 +41,12 @@ pub fn matvec(
     )
 }
 
-fn matvec_kernel(fmt: WeightFormat) -> Matvec {
+fn matvec_kernel(fmt: DevFormat) -> Matvec {
     match fmt {
-        WeightFormat::Bf16 => Matvec::BF16,
-        WeightFormat::Q8 => Matvec::Q8,
-        WeightFormat::Q4 => Matvec::Q4,
+        DevFormat::Bf16 => Matvec::BF16,
+        DevFormat::Q8 => Matvec::Q8,
+        DevFormat::Q4 => Matvec::Q4,
+        DevFormat::Fp8 => Matvec::FP8,
     }
 }
 
@@ -95,10 +95,10 @@ fn lanes_per_row(chunks: usize) -> usize {
 }
 
 /// Dynamic shared memory the decode kernels stage `tokens` rows of `cols` in.
-pub fn staged_bytes(fmt: WeightFormat, tokens: usize, cols: usize) -> usize {
+pub fn staged_bytes(fmt: DevFormat, tokens: usize, cols: usize) -> usize {
     match fmt {
-        WeightFormat::Bf16 => tokens * cols * 4,
-        WeightFormat::Q8 | WeightFormat::Q4 => tokens * cols + tokens * (cols / 32) * 8,
+        DevFormat::Bf16 | DevFormat::Fp8 => tokens * cols * 4,
+        DevFormat::Q8 | DevFormat::Q4 => tokens * cols + tokens * (cols / 32) * 8,
     }
 }
 
@@ -129,12 +129,15 @@ pub fn decode_linear_conv(
         return Ok(false);
     }
     let conv = match (part.fmt, tokens) {
-        (WeightFormat::Bf16, 1) => DecodeMatvecConv::BF16_T1,
-        (WeightFormat::Q8, 1) => DecodeMatvecConv::Q8_T1,
-        (WeightFormat::Q4, 1) => DecodeMatvecConv::Q4_T1,
-        (WeightFormat::Bf16, _) => DecodeMatvecConv::BF16_T8,
-        (WeightFormat::Q8, _) => DecodeMatvecConv::Q8_T8,
-        (WeightFormat::Q4, _) => DecodeMatvecConv::Q4_T8,
+        // Released FP8 checkpoints leave GDN's b and a rows unconverted: in_proj is never one
+        // FP8 block, and the conv runs on its own.
+        (DevFormat::Fp8, _) => return Ok(false),
+        (DevFormat::Bf16, 1) => DecodeMatvecConv::BF16_T1,
+        (DevFormat::Q8, 1) => DecodeMatvecConv::Q8_T1,
+        (DevFormat::Q4, 1) => DecodeMatvecConv::Q4_T1,
+        (DevFormat::Bf16, _) => DecodeMatvecConv::BF16_T8,
+        (DevFormat::Q8, _) => DecodeMatvecConv::Q8_T8,
+        (DevFormat::Q4, _) => DecodeMatvecConv::Q4_T8,
     };
     let kernel = DecodeMatvecKernel::Conv {
         kernel: conv,
@@ -157,8 +160,9 @@ pub(crate) fn decode_matvec_fits(
 ) -> bool {
     let cols = part.cols;
     let layout = match part.fmt {
-        WeightFormat::Bf16 => cols % 8 == 0,
-        WeightFormat::Q8 | WeightFormat::Q4 => cols % 32 == 0,
+        DevFormat::Bf16 => cols % 8 == 0,
+        DevFormat::Q8 | DevFormat::Q4 => cols % 32 == 0,
+        DevFormat::Fp8 => cols % 16 == 0,
     };
     layout
         && part.codes.ptr() % 16 == 0
@@ -172,14 +176,16 @@ pub(crate) fn decode_matvec_fits(
             <= dev.shared_limit(decode_matvec_kernel(part.fmt, tokens).name())
 }
 
-fn decode_matvec_kernel(fmt: WeightFormat, tokens: usize) -> DecodeMatvec {
+fn decode_matvec_kernel(fmt: DevFormat, tokens: usize) -> DecodeMatvec {
     match (fmt, tokens) {
-        (WeightFormat::Bf16, 1) => DecodeMatvec::BF16_T1,
-        (WeightFormat::Q8, 1) => DecodeMatvec::Q8_T1,
-        (WeightFormat::Q4, 1) => DecodeMatvec::Q4_T1,
-        (WeightFormat::Bf16, _) => DecodeMatvec::BF16_T8,
-        (WeightFormat::Q8, _) => DecodeMatvec::Q8_T8,
-        (WeightFormat::Q4, _) => DecodeMatvec::Q4_T8,
+        (DevFormat::Bf16, 1) => DecodeMatvec::BF16_T1,
+        (DevFormat::Q8, 1) => DecodeMatvec::Q8_T1,
+        (DevFormat::Q4, 1) => DecodeMatvec::Q4_T1,
+        (DevFormat::Fp8, 1) => DecodeMatvec::FP8_T1,
+        (DevFormat::Bf16, _) => DecodeMatvec::BF16_T8,
+        (DevFormat::Q8, _) => DecodeMatvec::Q8_T8,
+        (DevFormat::Q4, _) => DecodeMatvec::Q4_T8,
+        (DevFormat::Fp8, _) => DecodeMatvec::FP8_T8,
     }
 }
 
@@ -248,8 +254,9 @@ fn decode_matvec_launch(
         return Ok(());
     }
     let chunks = match part.fmt {
-        WeightFormat::Bf16 => part.cols / 8,
-        _ => part.cols / 32,
+        DevFormat::Bf16 => part.cols / 8,
+        DevFormat::Fp8 => part.cols / 16,
+        DevFormat::Q8 | DevFormat::Q4 => part.cols / 32,
     };
     let lpr = lanes_per_row(chunks);
     let per_block = 8 * (32 / lpr);

@@ -15,11 +15,10 @@ use crate::kernels::moe::{DecodeMoeDown, DecodeMoeGateUp};
 use crate::kernels::moe::{MoeDown, MoeGateUp};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS, MOE_MAX_K};
 use crate::linear::{decode_linear, linear, project};
-use crate::matrix::{DevPart, DeviceLayout};
+use crate::matrix::{DevFormat, DevPart, DeviceLayout};
 use crate::matvec::{staged_bytes, DecodeIn, DecodeOut};
 use crate::norm::norm_rows;
 use crate::weights::GpuMoe;
-use spindle_model::quant::WeightFormat;
 
 mod grouped;
 use grouped::moe_decode_grouped;
@@ -104,7 +103,7 @@ pub fn moe(
 /// How the decode kernels run one MoE block: the routed experts' format, and whether the
 /// shared expert rides along in the same launches (same format) or runs on its own.
 struct DecodePlan {
-    fmt: WeightFormat,
+    fmt: DevFormat,
     /// The shared gate|up rows' block and first row in it, when it shares `fmt`.
     shared_gate_up: Option<(usize, usize)>,
     shared_down: bool,
@@ -124,8 +123,9 @@ impl DecodePlan {
         let (gu, down) = (&w.experts_gate_up, &w.experts_down);
         let fmt = gu.fmt;
         let unit = match fmt {
-            WeightFormat::Bf16 => 8,
-            WeightFormat::Q8 | WeightFormat::Q4 => 32,
+            DevFormat::Bf16 => 8,
+            DevFormat::Q8 | DevFormat::Q4 => 32,
+            DevFormat::Fp8 => 16,
         };
         if down.fmt != fmt
             || hidden % unit != 0
@@ -181,19 +181,21 @@ impl DecodePlan {
 /// MATVEC_MAX_TOKENS rows.
 const MOE_MATVEC_ROWS: usize = 32;
 
-fn gate_up_kernel(fmt: WeightFormat) -> DecodeMoeGateUp {
+fn gate_up_kernel(fmt: DevFormat) -> DecodeMoeGateUp {
     match fmt {
-        WeightFormat::Bf16 => DecodeMoeGateUp::BF16,
-        WeightFormat::Q8 => DecodeMoeGateUp::Q8,
-        WeightFormat::Q4 => DecodeMoeGateUp::Q4,
+        DevFormat::Bf16 => DecodeMoeGateUp::BF16,
+        DevFormat::Q8 => DecodeMoeGateUp::Q8,
+        DevFormat::Q4 => DecodeMoeGateUp::Q4,
+        DevFormat::Fp8 => DecodeMoeGateUp::FP8,
     }
 }
 
-fn down_kernel(fmt: WeightFormat) -> DecodeMoeDown {
+fn down_kernel(fmt: DevFormat) -> DecodeMoeDown {
     match fmt {
-        WeightFormat::Bf16 => DecodeMoeDown::BF16,
-        WeightFormat::Q8 => DecodeMoeDown::Q8,
-        WeightFormat::Q4 => DecodeMoeDown::Q4,
+        DevFormat::Bf16 => DecodeMoeDown::BF16,
+        DevFormat::Q8 => DecodeMoeDown::Q8,
+        DevFormat::Q4 => DecodeMoeDown::Q4,
+        DevFormat::Fp8 => DecodeMoeDown::FP8,
     }
 }
 
@@ -460,14 +462,16 @@ pub(crate) fn routed_experts(
     }
     let act = dev.scratch::<f32>(tokens * k * inter)?;
     let gate_up_kernel = match gu.fmt {
-        WeightFormat::Bf16 => MoeGateUp::BF16,
-        WeightFormat::Q8 => MoeGateUp::Q8,
-        WeightFormat::Q4 => MoeGateUp::Q4,
+        DevFormat::Bf16 => MoeGateUp::BF16,
+        DevFormat::Q8 => MoeGateUp::Q8,
+        DevFormat::Q4 => MoeGateUp::Q4,
+        DevFormat::Fp8 => MoeGateUp::FP8,
     };
     let down_kernel = match down.fmt {
-        WeightFormat::Bf16 => MoeDown::BF16,
-        WeightFormat::Q8 => MoeDown::Q8,
-        WeightFormat::Q4 => MoeDown::Q4,
+        DevFormat::Bf16 => MoeDown::BF16,
+        DevFormat::Q8 => MoeDown::Q8,
+        DevFormat::Q4 => MoeDown::Q4,
+        DevFormat::Fp8 => MoeDown::FP8,
     };
     gate_up_kernel.launch(
         dev,
@@ -588,7 +592,7 @@ const SMALL_GROUPED_MAX_TOKENS: usize = 128;
 /// decoding sequences only (prefill chunks keep the GEMMs, so that a prompt's rows come out the
 /// same whichever step carries them), Q8/Q4 experts.
 fn small_grouped_fits(dev: &Device, gu: &DevPart, down: &DevPart, tokens: usize) -> bool {
-    let int8 = |part: &DevPart| matches!(part.fmt, WeightFormat::Q8 | WeightFormat::Q4);
+    let int8 = |part: &DevPart| matches!(part.fmt, DevFormat::Q8 | DevFormat::Q4);
     dev.decode_step()
         && tokens > MATVEC_MAX_TOKENS
         && tokens <= small_grouped_max_tokens()

@@ -15,7 +15,7 @@ use crate::device::{DevBuf, Device, MappedHost};
 use crate::error::{CudaError, Result};
 use spindle_model::weights::Linear;
 
-use crate::matrix::{DevMatrix, DevPart, Source};
+use crate::matrix::{DevMatrix, DevPart, DeviceLayout, Source};
 
 /// Gated attention: `qkv` = [q_proj (n_h·2d) | k_proj | v_proj | index_qk_proj (qwen4_exp's
 /// QSA indexer, (n_i + 1)·d_i)] rows.
@@ -180,6 +180,64 @@ impl GpuModel {
             };
         }
         total
+    }
+
+    /// Device bytes of the weight matrices (codes and scales) by format name, formats in
+    /// first-seen order.
+    pub fn bytes_by_format(&self) -> Vec<(&'static str, usize)> {
+        let mut out: Vec<(&'static str, usize)> = Vec::new();
+        let mut add = |p: &DevPart| {
+            let name = p.fmt.suffix();
+            match out.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, bytes)) => *bytes += p.size_bytes(),
+                None => out.push((name, p.size_bytes())),
+            }
+        };
+        let matrix =
+            |m: &DevMatrix, add: &mut dyn FnMut(&DevPart)| m.parts.iter().for_each(|(_, p)| add(p));
+        let hyper = |h: &GpuHyper, add: &mut dyn FnMut(&DevPart)| {
+            h.down_inject.parts.iter().for_each(|(_, p)| add(p));
+            h.up.parts.iter().for_each(|(_, p)| add(p));
+        };
+        matrix(&self.embed, &mut add);
+        if let Some(head) = &self.lm_head {
+            matrix(head, &mut add);
+        }
+        if let GpuHeadInput::HyperMixer(h) = &self.head_input {
+            hyper(h, &mut add);
+        }
+        for layer in &self.layers {
+            if let GpuResidual::Hyper { attn, mlp } = &layer.residual {
+                hyper(attn, &mut add);
+                hyper(mlp, &mut add);
+            }
+            if let Some(ple) = &layer.ple {
+                matrix(&ple.kv_proj, &mut add);
+            }
+            match &layer.mixer {
+                GpuMixer::Attention(a) => {
+                    matrix(&a.qkv, &mut add);
+                    matrix(&a.o_proj, &mut add);
+                }
+                GpuMixer::Gdn(g) => {
+                    matrix(&g.in_proj, &mut add);
+                    matrix(&g.out_proj, &mut add);
+                }
+            }
+            match &layer.ffn {
+                GpuFfn::Dense(m) => {
+                    matrix(&m.gate_up, &mut add);
+                    matrix(&m.down, &mut add);
+                }
+                GpuFfn::Moe(m) => {
+                    matrix(&m.input, &mut add);
+                    matrix(&m.shared_down, &mut add);
+                    add(&m.experts_gate_up);
+                    add(&m.experts_down);
+                }
+            }
+        }
+        out
     }
 
     /// A generous bound on the scratch bytes one forward pass of `tokens` tokens carves from
@@ -449,7 +507,16 @@ fn upload_gdn(
             let width = 2 * dk + 2 * rho * dv;
             let rows = channels + nv * dv + 2 * nv;
             let (qkvz, ba) = (Source::of(qkvz)?, Source::of(ba)?);
-            let mut m = DevPart::new(dev, qkvz.fmt, rows, qkvz.cols)?;
+            // The b and a rows come last: a block of their own when their format differs (a
+            // block-FP8 checkpoint leaves in_proj_ba unconverted).
+            let ba_row = channels + nv * dv;
+            let mut ba_part = if ba.fmt == qkvz.fmt {
+                None
+            } else {
+                Some(DevPart::new(dev, ba.fmt, 2 * nv, ba.cols)?)
+            };
+            let own_rows = if ba_part.is_some() { ba_row } else { rows };
+            let mut m = DevPart::new(dev, qkvz.fmt, own_rows, qkvz.cols)?;
             for kg in 0..nk {
                 let src = kg * width;
                 m.put(dev, &qkvz, src, dk, kg * dk)?;
@@ -468,16 +535,21 @@ fn upload_gdn(
                     rho * dv,
                     channels + kg * rho * dv,
                 )?;
-                m.put(dev, &ba, kg * 2 * rho, rho, channels + nv * dv + kg * rho)?;
-                m.put(
-                    dev,
-                    &ba,
-                    kg * 2 * rho + rho,
-                    rho,
-                    channels + nv * dv + nv + kg * rho,
-                )?;
+                let (dst, at) = match &mut ba_part {
+                    Some(part) => (part, 0),
+                    None => (&mut m, ba_row),
+                };
+                dst.put(dev, &ba, kg * 2 * rho, rho, at + kg * rho)?;
+                dst.put(dev, &ba, kg * 2 * rho + rho, rho, at + nv + kg * rho)?;
             }
-            DevMatrix::single(m)
+            match ba_part {
+                None => DevMatrix::single(m),
+                Some(part) => DevMatrix {
+                    rows: ba_row + part.rows,
+                    cols: m.cols,
+                    parts: vec![(0, m), (ba_row, part)],
+                },
+            }
         }
     };
     Ok(GpuGdn {

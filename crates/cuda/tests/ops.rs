@@ -152,6 +152,46 @@ const OPS: &[Op] = &[
 
 /// Kernels this table does not run, and where they are checked instead.
 const CHECKED_ELSEWHERE: &[(&str, &str)] = &[
+    (
+        "matvec_fp8",
+        "tests/fp8.rs (FP8 kernels against scalar references)",
+    ),
+    (
+        "decode_matvec_fp8_t1",
+        "tests/fp8.rs (FP8 kernels against scalar references)",
+    ),
+    (
+        "decode_matvec_fp8_t8",
+        "tests/fp8.rs (FP8 kernels against scalar references)",
+    ),
+    (
+        "gemm_simt_fp8",
+        "tests/fp8.rs (FP8 kernels against scalar references)",
+    ),
+    (
+        "gemm_tensor_fp8",
+        "tests/fp8.rs (FP8 kernels against scalar references)",
+    ),
+    (
+        "gemm_fp8_quantize_acts",
+        "tests/fp8.rs (FP8 kernels against scalar references)",
+    ),
+    (
+        "moe_gate_up_fp8",
+        "tests/fp8.rs (FP8 routed experts against a scalar reference)",
+    ),
+    (
+        "moe_down_fp8",
+        "tests/fp8.rs (FP8 routed experts against a scalar reference)",
+    ),
+    (
+        "decode_moe_gate_up_fp8",
+        "tests/fp8.rs (FP8 MoE fixtures against the CPU)",
+    ),
+    (
+        "decode_moe_down_fp8",
+        "tests/fp8.rs (FP8 MoE fixtures against the CPU)",
+    ),
     ("sample_count_history", "tests/sampling.rs"),
     ("sample_row_stats", "tests/sampling.rs"),
     ("sample_histogram", "tests/sampling.rs"),

@@ -31,7 +31,7 @@ pub use config::{
 };
 pub use error::{ModelError, Result};
 pub use names::{ExpertLayout, TensorNames};
-pub use tensor::{DType, Matrix};
+pub use tensor::{DType, Matrix, StoredFp8};
 /// The expert store (residency, slot cache, read pool) is part of the weight tree; the short
 /// path is kept for the front ends that configure it.
 pub use weights::experts;

@@ -1,6 +1,6 @@
 //! Weight tensors that live in a memory map (or, rarely, an aligned heap copy).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use memmap2::Mmap;
 
@@ -42,6 +42,19 @@ pub enum Storage {
         words: Arc<Vec<u64>>,
         len: usize,
     },
+    /// f32 values made on first read and kept (a block-FP8 tensor's dequantization: a
+    /// backend that runs the stored FP8 form never pays for it); `[start, end)` of their bytes.
+    Lazy {
+        values: Arc<LazyValues>,
+        start: usize,
+        end: usize,
+    },
+}
+
+/// The f32 values behind [`Storage::Lazy`], made once by `make`.
+pub struct LazyValues {
+    words: OnceLock<Vec<u64>>,
+    make: Box<dyn Fn() -> Vec<f32> + Send + Sync>,
 }
 
 impl Storage {
@@ -64,6 +77,26 @@ impl Storage {
         }
     }
 
+    /// `len` f32 values that `make` computes when they are first read.
+    pub fn lazy_f32(len: usize, make: impl Fn() -> Vec<f32> + Send + Sync + 'static) -> Self {
+        Storage::Lazy {
+            values: Arc::new(LazyValues {
+                words: OnceLock::new(),
+                make: Box::new(make),
+            }),
+            start: 0,
+            end: len * 4,
+        }
+    }
+
+    /// Whether the bytes exist: false for lazy values not read yet.
+    pub fn is_materialized(&self) -> bool {
+        match self {
+            Storage::Lazy { values, .. } => values.words.get().is_some(),
+            _ => true,
+        }
+    }
+
     /// An owned copy of f32 `values` (a tensor dequantized on load).
     pub fn from_f32(values: &[f32]) -> Self {
         let len = values.len() * 4;
@@ -80,6 +113,16 @@ impl Storage {
         match self {
             Storage::Mapped { map, start, end } => &map[*start..*end],
             Storage::Owned { words, len } => &bytemuck::cast_slice::<u64, u8>(words)[..*len],
+            Storage::Lazy { values, start, end } => {
+                let words = values.words.get_or_init(|| {
+                    let made = (values.make)();
+                    let mut words = vec![0u64; (made.len() * 4).div_ceil(8)];
+                    bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..made.len() * 4]
+                        .copy_from_slice(bytemuck::cast_slice(&made));
+                    words
+                });
+                &bytemuck::cast_slice::<u64, u8>(words)[*start..*end]
+            }
         }
     }
 
@@ -115,6 +158,13 @@ impl Storage {
                 start: s + start,
                 end: s + end,
             },
+            Storage::Lazy {
+                values, start: s, ..
+            } => Storage::Lazy {
+                values: values.clone(),
+                start: s + start,
+                end: s + end,
+            },
             Storage::Owned { words, .. } => {
                 // Owned copies are rare (misaligned files); slicing copies again.
                 let bytes = &bytemuck::cast_slice::<u64, u8>(words)[start..end];
@@ -136,6 +186,60 @@ pub struct Matrix {
     pub rows: usize,
     pub cols: usize,
     storage: Storage,
+    /// For a block-FP8 tensor dequantized on load: its stored codes and scales (what a
+    /// backend that runs FP8 reads instead of the f32 values).
+    fp8: Option<StoredFp8>,
+}
+
+/// The stored form of a block-FP8 matrix (MODEL_MATH §9) viewed as `[rows, cols]`: e4m3
+/// codes and the tensor's whole f32 scale grid, W[r, c] = e4m3(code[r, c]) · scale(r, c).
+#[derive(Clone)]
+pub struct StoredFp8 {
+    /// e4m3fn codes, `rows · cols` bytes.
+    codes: Storage,
+    /// The tensor's scale grid `[.., ⌈R/Bo⌉, ⌈cols/Bi⌉]` as f32.
+    scales: Arc<Vec<f32>>,
+    /// `weight_block_size` [Bo, Bi].
+    pub block: [usize; 2],
+    /// R: the rows of one matrix of the stored tensor (a fused expert tensor `[E, R, cols]`
+    /// stacks E of them).
+    stack_rows: usize,
+    /// This view's first row within the tensor's `E · R` rows.
+    row0: usize,
+}
+
+impl StoredFp8 {
+    /// The codes of a whole tensor of `rows` (= E · `stack_rows`) rows of `cols`.
+    pub fn new(codes: Storage, scales: Vec<f32>, block: [usize; 2], stack_rows: usize) -> Self {
+        StoredFp8 {
+            codes,
+            scales: Arc::new(scales),
+            block,
+            stack_rows,
+            row0: 0,
+        }
+    }
+
+    /// The e4m3 codes of this view, row-major.
+    pub fn codes(&self) -> &[u8] {
+        self.codes.bytes()
+    }
+
+    /// The whole tensor's scale grid (of the tensor this view was cut from).
+    pub fn grid(&self) -> &[f32] {
+        &self.scales
+    }
+
+    /// The scales of row `r` of this view, one per block of `block[1]` columns.
+    pub fn row_scales(&self, r: usize, cols: usize) -> &[f32] {
+        let g = self.row0 + r;
+        let (e, i) = (g / self.stack_rows, g % self.stack_rows);
+        let (srows, scols) = (
+            self.stack_rows.div_ceil(self.block[0]),
+            cols.div_ceil(self.block[1]),
+        );
+        &self.scales[(e * srows + i / self.block[0]) * scols..][..scols]
+    }
 }
 
 impl Matrix {
@@ -146,7 +250,25 @@ impl Matrix {
             rows,
             cols,
             storage,
+            fp8: None,
         }
+    }
+
+    /// This matrix (the f32 dequantization of a block-FP8 tensor) with its stored form.
+    pub fn with_fp8(mut self, fp8: StoredFp8) -> Self {
+        debug_assert_eq!(fp8.codes.bytes().len(), self.rows * self.cols);
+        self.fp8 = Some(fp8);
+        self
+    }
+
+    /// The stored block-FP8 form of this matrix, when it was dequantized from one.
+    pub fn fp8(&self) -> Option<&StoredFp8> {
+        self.fp8.as_ref()
+    }
+
+    /// Whether the values exist yet (a block-FP8 tensor's are made when first read).
+    pub fn is_materialized(&self) -> bool {
+        self.storage.is_materialized()
     }
 
     /// The raw little-endian bytes, aligned to the element size.
@@ -165,6 +287,8 @@ impl Matrix {
         Matrix {
             rows,
             cols,
+            // A reshape regroups rows: the scale grid no longer lines up.
+            fp8: None,
             ..self.clone()
         }
     }
@@ -180,6 +304,13 @@ impl Matrix {
             storage: self
                 .storage
                 .slice(first * row_bytes, (first + count) * row_bytes),
+            fp8: self.fp8.as_ref().map(|f| StoredFp8 {
+                codes: f
+                    .codes
+                    .slice(first * self.cols, (first + count) * self.cols),
+                row0: f.row0 + first,
+                ..f.clone()
+            }),
         }
     }
 
@@ -253,4 +384,26 @@ pub(crate) enum Part {
     Owned { shape: Vec<usize>, values: Vec<f32> },
     /// An integer buffer rebuilt from metadata (qwen4exp's PLE hash constants), stored as I64.
     Ints { shape: Vec<usize>, values: Vec<i64> },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lazy_values_are_made_once_on_first_read_and_slices_share_them() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = calls.clone();
+        let storage = Storage::lazy_f32(6, move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+        });
+        let m = Matrix::new(DType::F32, 3, 2, storage);
+        let rows = m.rows_slice(1, 2);
+        assert!(!m.is_materialized() || cfg!(debug_assertions));
+        assert_eq!(rows.to_f32(), [3.0, 4.0, 5.0, 6.0]);
+        assert!(m.is_materialized());
+        assert_eq!(m.to_f32(), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
 }

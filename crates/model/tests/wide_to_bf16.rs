@@ -74,3 +74,79 @@ fn gguf_and_fp8_models_round_to_bf16_for_the_cuda_upload() {
     write_fp8_pair(&fixture("qwen3_5_moe"), &fp8, &deq, [32, 48]).unwrap();
     check(&fp8);
 }
+
+/// Every mapped matrix of `w`.
+fn mapped(w: &ModelWeights) -> Vec<spindle_model::Matrix> {
+    let mut out = Vec::new();
+    let mut add = |l: &Linear| {
+        if let Linear::Mapped(m) = l {
+            out.push(m.clone());
+        }
+    };
+    add(&w.embed);
+    add(&w.lm_head);
+    for layer in &w.layers {
+        match &layer.mixer {
+            MixerWeights::Attention(a) => [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
+                .into_iter()
+                .for_each(&mut add),
+            MixerWeights::Gdn(g) => {
+                match &g.projection {
+                    GdnProjection::Fused { qkvz, ba } => [qkvz, ba].into_iter().for_each(&mut add),
+                    GdnProjection::Split { qkv, z, b, a } => {
+                        [qkv, z, b, a].into_iter().for_each(&mut add)
+                    }
+                }
+                add(&g.out_proj);
+            }
+        }
+        match &layer.ffn {
+            FfnWeights::Dense(m) => [&m.gate, &m.up, &m.down].into_iter().for_each(&mut add),
+            FfnWeights::Moe(m) => {
+                for e in m.experts.iter().chain([&m.shared]) {
+                    [&e.gate, &e.up, &e.down].into_iter().for_each(&mut add);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Kept for a backend that runs FP8 (the CUDA upload reads the stored codes), the block-FP8
+/// projections are never dequantized on the host; read, their values are the dequantized
+/// copy's, per-expert and fused experts alike.
+#[test]
+fn fp8_projections_kept_as_stored_are_dequantized_only_when_read() {
+    for name in ["qwen3_5_moe", "qwen3_5_moe_fused"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (fp8, deq) = (tmp.path().join("fp8"), tmp.path().join("deq"));
+        write_fp8_pair(&fixture(name), &fp8, &deq, [64, 64]).unwrap();
+        let load = |dir: &std::path::Path| {
+            let config = ModelConfig::from_dir(dir).unwrap();
+            let ck = Checkpoint::open(dir).unwrap();
+            spindle_model::weights::load(&ck, &config).unwrap()
+        };
+        let mut w = load(&fp8);
+        w.round_wide_to_bf16_keeping(&|l| l.fp8().is_some());
+        let kept: Vec<_> = mapped(&w)
+            .into_iter()
+            .filter(|m| m.fp8().is_some())
+            .collect();
+        assert!(!kept.is_empty(), "{name}: no FP8 projection kept");
+        if !cfg!(debug_assertions) {
+            // (Debug builds check every matrix's length when it is made, which reads it.)
+            assert!(
+                kept.iter().all(|m| !m.is_materialized()),
+                "{name}: dequantized on load"
+            );
+        }
+        let want: Vec<_> = mapped(&load(&deq))
+            .into_iter()
+            .filter(|m| m.dtype == DType::F32)
+            .collect();
+        assert_eq!(kept.len(), want.len(), "{name}: FP8 and f32 projections");
+        for (got, want) in kept.iter().zip(&want) {
+            assert_eq!(got.to_f32(), want.to_f32(), "{name}: {got:?}");
+        }
+    }
+}

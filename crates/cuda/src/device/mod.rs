@@ -43,6 +43,9 @@ pub struct Device {
     /// Prefill GEMMs run on the tensor cores (sm_80 and later, unless
     /// `SPINDLE_CUDA_TENSOR_CORES=0`).
     tensor_cores: std::sync::atomic::AtomicBool,
+    /// The tensor cores take e4m3 operands (sm_89 and later): FP8 prefill GEMMs use them
+    /// unless `SPINDLE_CUDA_FP8_MMA=0` (the weight-only FP8 kernels then run every batch).
+    fp8_mma: std::sync::atomic::AtomicBool,
     /// Inside a batched step: projections and MoE blocks of more than MATVEC_MAX_TOKENS but
     /// at most this many rows run as decode matvecs in groups of MATVEC_MAX_TOKENS rows
     /// instead of the tensor-core GEMM (0: never).
@@ -144,6 +147,9 @@ impl Device {
             tensor_cores: (major >= 8
                 && std::env::var_os("SPINDLE_CUDA_TENSOR_CORES").is_none_or(|v| v != "0"))
             .into(),
+            fp8_mma: ((major, minor) >= (8, 9)
+                && std::env::var_os("SPINDLE_CUDA_FP8_MMA").is_none_or(|v| v != "0"))
+            .into(),
         })
     }
 
@@ -184,6 +190,19 @@ impl Device {
 
     pub fn tensor_cores(&self) -> bool {
         self.tensor_cores.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether FP8 prefill GEMMs run on the e4m3 tensor cores (with [`Device::tensor_cores`]).
+    pub fn fp8_tensor_cores(&self) -> bool {
+        self.fp8_mma.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns the FP8 tensor-core GEMM off (or back on where the device has it): FP8 weights
+    /// then run through the exact weight-only kernels whatever the batch.
+    pub fn set_fp8_tensor_cores(&self, on: bool) {
+        let able = self.ctx.compute_capability().is_ok_and(|cc| cc >= (8, 9));
+        self.fp8_mma
+            .store(on && able, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Turns the tensor-core GEMMs off (or back on where the device has them), for

@@ -78,7 +78,11 @@ __device__ __forceinline__ float lane_dot(const bf16_t* w, const float* x, int n
 // ---- Weight formats (MODEL: spindle_kernels::quant layouts) ----
 // FMT 0: bf16 words. FMT 1 (Q8): i8 codes [rows, cols], f16 scale per 32. FMT 2 (Q4): packed
 // nibbles [rows, cols/2], in group g byte j = weight 32g+j (low nibble) and 32g+16+j (high),
-// w = scale·(nibble − 8). A 16-byte chunk of codes holds CHUNK_VALS<FMT> weights.
+// w = scale·(nibble − 8). FMT 3 (FP8): e4m3fn codes [rows, cols], an f32 scale per 32 (the
+// checkpoint's block scale of those columns, two 16-bit words; a row's last group may hold 16
+// columns), w = e4m3(code)·scale. A
+// 16-byte chunk of codes holds WF<FMT>::VALS weights; a row has WF<FMT>::row_scales 16-bit
+// scale words.
 
 __device__ __forceinline__ float f16_to_f32(unsigned short h) {
     float f;
@@ -99,6 +103,35 @@ template <> struct WF<2> {
     static constexpr int VALS = 32;
     __device__ static size_t row_bytes(int cols) { return (size_t)cols / 2; }
 };
+template <> struct WF<3> {
+    static constexpr int VALS = 16;
+    __device__ static size_t row_bytes(int cols) { return (size_t)cols; }
+};
+
+// 16-bit scale words per row (bf16: none are read).
+template <int FMT>
+__device__ __forceinline__ size_t row_scale_words(int cols) {
+    return FMT == 3 ? (size_t)((cols + 31) >> 5) * 2 : (size_t)(cols >> 5);
+}
+
+// The four e4m3fn codes of `w` (byte 0 first) as f32, each divided by 2^8: a code's sign,
+// exponent and mantissa bits placed in an f16 (exponent bias 15 against 7) give its value
+// times 2^-8 exactly, subnormals included. Callers fold the 2^8 into the block scale.
+__device__ __forceinline__ void e4m3x4_div256(unsigned int w, float* out) {
+    unsigned int lo = __byte_perm(w, 0u, 0x4140);  // codes 0, 1 in the low bytes of two halves
+    unsigned int hi = __byte_perm(w, 0u, 0x4342);  // codes 2, 3
+    lo = ((lo & 0x007f007fu) << 7) | ((lo & 0x00800080u) << 8);
+    hi = ((hi & 0x007f007fu) << 7) | ((hi & 0x00800080u) << 8);
+    out[0] = f16_to_f32((unsigned short)(lo & 0xffffu));
+    out[1] = f16_to_f32((unsigned short)(lo >> 16));
+    out[2] = f16_to_f32((unsigned short)(hi & 0xffffu));
+    out[3] = f16_to_f32((unsigned short)(hi >> 16));
+}
+
+// The scale of FP8 group g (of 32 columns) times 2^8 (see e4m3x4_div256).
+__device__ __forceinline__ float fp8_scale256(const unsigned short* s, int g) {
+    return __ldg((const float*)s + g) * 256.0f;
+}
 
 // The weights of 16-byte chunk `ch` of a row (codes `w`, that row's scales `s`), as f32.
 template <int FMT>
@@ -137,6 +170,19 @@ __device__ __forceinline__ void load_chunk<2>(const unsigned char* w, const unsi
     }
 }
 
+template <>
+__device__ __forceinline__ void load_chunk<3>(const unsigned char* w, const unsigned short* s, int ch, float* out) {
+    uint4 v = *(const uint4*)(w + (size_t)ch * 16);
+    float d = fp8_scale256(s, ch >> 1);
+    unsigned int words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        e4m3x4_div256(words[i], out + 4 * i);
+#pragma unroll
+        for (int b = 0; b < 4; b++) out[4 * i + b] *= d;
+    }
+}
+
 // Weight c of a row, one at a time (unaligned fallbacks and the GEMM's tile loads).
 template <int FMT>
 __device__ __forceinline__ float load_one(const unsigned char* w, const unsigned short* s, int c);
@@ -157,6 +203,13 @@ __device__ __forceinline__ float load_one<2>(const unsigned char* w, const unsig
     unsigned int byte = w[g * 16 + (j & 15)];
     unsigned int nib = j < 16 ? (byte & 15) : (byte >> 4);
     return f16_to_f32(s[g]) * (float)((int)nib - 8);
+}
+
+template <>
+__device__ __forceinline__ float load_one<3>(const unsigned char* w, const unsigned short* s, int c) {
+    float v[4];
+    e4m3x4_div256((unsigned int)w[c], v);
+    return fp8_scale256(s, c >> 5) * v[0];
 }
 
 // Σ wf[i]·x[i] over one chunk (x 16-byte aligned).

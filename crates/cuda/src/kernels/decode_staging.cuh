@@ -13,7 +13,7 @@
 #define STAGE_BATCH 4
 
 // ---- Staged activations (dynamic shared memory) ----
-// FMT 0: f32 x[T][cols]. FMT 1, 2: i8 q[T][cols], then f32 d[T][cols/32], then i32 sum[T][cols/32].
+// FMT 0, 3: f32 x[T][cols]. FMT 1, 2: i8 q[T][cols], then f32 d[T][cols/32], then i32 sum[T][cols/32].
 // A row of q holds the first 16 codes of every group of 32 (16 bytes per group, in group order),
 // then the last 16 of every group: lanes that read consecutive groups read consecutive 16-byte
 // words (no bank conflicts), where whole 32-byte groups side by side would conflict two-way.
@@ -35,7 +35,7 @@ struct Staged {
 // Bytes stage_rows<FMT> fills for T rows of cols.
 template <int FMT>
 __device__ __forceinline__ size_t staged_size(int T, int cols) {
-    return FMT == 0 ? (size_t)T * cols * 4 : (size_t)T * cols + (size_t)T * (cols >> 5) * 8;
+    return FMT == 0 || FMT == 3 ? (size_t)T * cols * 4 : (size_t)T * cols + (size_t)T * (cols >> 5) * 8;
 }
 
 // Stages rows x[t·ldx + c] (t < T, c < cols) into `sm` for FMT, optionally RMS-normed with a
@@ -107,7 +107,7 @@ __device__ void stage_rows(const float* __restrict__ x, int ldx, int T, int cols
                 v.w = v.w * r * (1.0f + w.w);
             }
             if (write_xn && live) ((float4*)(xn + (size_t)t * cols))[c] = v;
-            if (FMT == 0) {
+            if (FMT == 0 || FMT == 3) {
                 if (live) ((float4*)sm)[cf] = v;
             } else {
                 float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
@@ -141,12 +141,13 @@ __device__ void stage_rows(const float* __restrict__ x, int ldx, int T, int cols
 }
 
 // ---- One chunk of a weight row against one staged token ----
-// A chunk is one group of 32 weights for Q8 (32 bytes) and Q4 (16 bytes), 8 weights for bf16.
+// A chunk is one group of 32 weights for Q8 (32 bytes) and Q4 (16 bytes), 8 weights for bf16,
+// 16 weights (half a scale group) for FP8.
 
 template <int FMT>
 struct Chunk {
     uint4 a, b;  // b only for Q8
-    float s;     // the group's f16 scale, widened
+    float s;     // the group's f16 scale, widened; FP8: the f32 scale times 2^8
 };
 
 template <int FMT>
@@ -160,6 +161,9 @@ __device__ __forceinline__ Chunk<FMT> load_dchunk(const unsigned char* __restric
         c.a = __ldg((const uint4*)w + 2 * ch);
         c.b = __ldg((const uint4*)w + 2 * ch + 1);
         c.s = f16_to_f32(__ldg(s + ch));
+    } else if (FMT == 3) {
+        c.a = __ldg((const uint4*)w + ch);
+        c.s = fp8_scale256(s, ch >> 1);
     } else {
         c.a = __ldg((const uint4*)w + ch);
         c.s = f16_to_f32(__ldg(s + ch));
@@ -204,6 +208,19 @@ __device__ __forceinline__ float dchunk_dot(const Chunk<FMT>& c, const Staged<FM
         unpack8(c.a, w);
         return w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y + w[6] * x1.z +
                w[7] * x1.w;
+    } else if (FMT == 3) {
+        // Weight-only: e4m3 values (exact in f32) against the staged f32 inputs, then the scale.
+        const float4* x = (const float4*)(st.xf(t) + (size_t)ch * 16);
+        unsigned int words[4] = {c.a.x, c.a.y, c.a.z, c.a.w};
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float w[4];
+            e4m3x4_div256(words[i], w);
+            float4 xv = x[i];
+            dot += w[0] * xv.x + w[1] * xv.y + w[2] * xv.z + w[3] * xv.w;
+        }
+        return c.s * dot;
     } else {
         const signed char* q = st.q(t);
         int4 lo = *(const int4*)(q + (size_t)ch * 16);
@@ -217,7 +234,7 @@ __device__ __forceinline__ float dchunk_dot(const Chunk<FMT>& c, const Staged<FM
 // Chunks per row of `cols` weights.
 template <int FMT>
 __device__ __forceinline__ int row_chunks(int cols) {
-    return FMT == 0 ? cols >> 3 : cols >> 5;
+    return FMT == 0 ? cols >> 3 : (FMT == 3 ? cols >> 4 : cols >> 5);
 }
 
 // acc[t] += this lane's share (chunks sl, sl + lpr, ...) of row (w, s) · staged token t.

@@ -14,7 +14,7 @@ __device__ __forceinline__ void gemm_simt_impl(const unsigned char* __restrict__
     int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     int m0 = blockIdx.y * GT, n0 = blockIdx.x * GT;
     size_t rb = WF<FMT>::row_bytes(cols);
-    int rs = cols >> 5;
+    size_t rs = row_scale_words<FMT>(cols);
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -64,6 +64,7 @@ __device__ __forceinline__ void gemm_simt_impl(const unsigned char* __restrict__
 extern "C" __global__ void gemm_simt_bf16(GEMM_ARGS) { gemm_simt_impl<0>(W, S, x, y, rows, cols, T, ldx, ldy, accumulate); }
 extern "C" __global__ void gemm_simt_q8(GEMM_ARGS) { gemm_simt_impl<1>(W, S, x, y, rows, cols, T, ldx, ldy, accumulate); }
 extern "C" __global__ void gemm_simt_q4(GEMM_ARGS) { gemm_simt_impl<2>(W, S, x, y, rows, cols, T, ldx, ldy, accumulate); }
+extern "C" __global__ void gemm_simt_fp8(GEMM_ARGS) { gemm_simt_impl<3>(W, S, x, y, rows, cols, T, ldx, ldy, accumulate); }
 
 // Prefill linear layers and grouped expert GEMMs on the tensor cores (mma.sync, sm_80+).
 //
@@ -74,6 +75,10 @@ extern "C" __global__ void gemm_simt_q4(GEMM_ARGS) { gemm_simt_impl<2>(W, S, x, 
 //    CPU engine does (gemm_tensor_quantize_acts = spindle_kernels::quant::quantize_acts_ref); each group is an
 //    int8 mma m16n8k32 and then acc += (f16(s)·d)·isum, the CPU's (and the decode kernels')
 //    arithmetic. Q4 nibbles become the signed codes n − 8 on their way into the fragment.
+//  - FP8 weights (sm_89+): A holds the activations quantized to e4m3 per token and group of 128
+//    (gemm_fp8_quantize_acts, fp8.cu: the dynamic scheme, scale = amax/448, one f32 per 32
+//    columns); each group of 32 is an e4m3 mma m16n8k32 into f32, then acc += (w_s·a_s)·sum
+//    with w_s the weights' block scale of those columns.
 //  - bf16 weights: A holds the f32 activations split into three bf16 planes hi + mid + lo
 //    (gemm_tensor_split_acts_bf16, together within ~2^-24 of each value, as f32) and each k16 step runs three
 //    bf16 mma into f32: the products are exact, so the result is the f32 GEMM's up to the order
@@ -89,10 +94,10 @@ extern "C" __global__ void gemm_simt_q4(GEMM_ARGS) { gemm_simt_impl<2>(W, S, x, 
 template <int FMT>
 struct TgLayout {
     static constexpr int A_ROW = FMT == 0 ? 80 : 48;
-    static constexpr int B_ROW = FMT == 0 ? 80 : (FMT == 1 ? 48 : 16);
+    static constexpr int B_ROW = FMT == 0 ? 80 : (FMT == 2 ? 16 : 48);
     static constexpr int A_PLANES = FMT == 0 ? 3 : 1;  // bf16: hi, mid, lo
     static constexpr int A_CHUNKS = FMT == 0 ? 4 : 2;  // 16-byte chunks per staged A row
-    static constexpr int B_CHUNKS = FMT == 0 ? 4 : (FMT == 1 ? 2 : 1);
+    static constexpr int B_CHUNKS = FMT == 0 ? 4 : (FMT == 2 ? 1 : 2);
     static constexpr int A_BYTES = TENSOR_GEMM_TOKENS * A_ROW * A_PLANES;
     static constexpr int STAGE = A_BYTES + TENSOR_GEMM_ROWS * B_ROW;
 };
@@ -165,6 +170,19 @@ __device__ __forceinline__ void mma_s8(int* c, const int* a, int b0, int b1) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// FP8 (e4m3) mma into f32: sm_89 and later (gemm_tensor_fp8 is launched there only).
+__device__ __forceinline__ void mma_e4m3(float* c, const int* a, int b0, int b1) {
+#if __CUDA_ARCH__ >= 890
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
 __device__ __forceinline__ void mma_bf16(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -194,11 +212,11 @@ __device__ __forceinline__ void tg_load(unsigned char* st, const unsigned char* 
         cp_async16_zfill(st + plane * TENSOR_GEMM_TOKENS * L::A_ROW + r * L::A_ROW + ch * 16, g, ok);
     }
     unsigned char* bs = st + L::A_BYTES;
-    size_t rb = FMT == 0 ? (size_t)K * 2 : (FMT == 1 ? (size_t)K : (size_t)K / 2);
+    size_t rb = FMT == 0 ? (size_t)K * 2 : (FMT == 2 ? (size_t)K / 2 : (size_t)K);
     for (int e = tid; e < TENSOR_GEMM_ROWS * L::B_CHUNKS; e += blockDim.x) {
         int r = e / L::B_CHUNKS, ch = e - r * L::B_CHUNKS;
         int n = n0 + r;
-        size_t off = FMT == 0 ? (size_t)(k0 + ch * 8) * 2 : (FMT == 1 ? (size_t)(k0 + ch * 16) : (size_t)(k0 / 2));
+        size_t off = FMT == 0 ? (size_t)(k0 + ch * 8) * 2 : (FMT == 2 ? (size_t)(k0 / 2) : (size_t)(k0 + ch * 16));
         bool ok = n < N && (FMT != 0 || k0 + ch * 8 < K);
         const unsigned char* g = ok ? W + (w_row0 + n) * rb + off : W;
         cp_async16_zfill(bs + r * L::B_ROW + ch * 16, g, ok);
@@ -206,18 +224,22 @@ __device__ __forceinline__ void tg_load(unsigned char* st, const unsigned char* 
 }
 #endif
 
-// Group g's scales for this thread's fragments: weights (f16 bits) of its 8 columns, the
-// activations' (f32) of its 4 rows (xrow −1: none).
+// Group g's scales for this thread's fragments: weights (f16 bits; FP8: f32 bits) of its 8
+// columns, the activations' (f32) of its 4 rows (xrow −1: none).
+template <int FMT>
 __device__ __forceinline__ void tg_fetch_scales(const unsigned short* __restrict__ S, const float* __restrict__ ad,
                                                 size_t w_row0, int n0, int N, int groups, const int (&xrow)[2][2],
-                                                int g, unsigned short (&ws)[4][2], float (&xd)[2][2]) {
+                                                int g, unsigned int (&ws)[4][2], float (&xd)[2][2]) {
     int lane = threadIdx.x & 31, wn = (threadIdx.x >> 5) >> 1, tig = lane & 3;
 #pragma unroll
     for (int ni = 0; ni < 4; ni++)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             int n = n0 + wn * 32 + ni * 8 + tig * 2 + j;
-            ws[ni][j] = n < N ? __ldg(S + (w_row0 + n) * groups + g) : (unsigned short)0;
+            if (FMT == 3)
+                ws[ni][j] = n < N ? __ldg((const unsigned int*)S + (w_row0 + n) * groups + g) : 0u;
+            else
+                ws[ni][j] = n < N ? (unsigned int)__ldg(S + (w_row0 + n) * groups + g) : 0u;
         }
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
@@ -273,9 +295,9 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
         for (int h = 0; h < 2; h++) xrow[mi][h] = a_row[wm * 32 + mi * 16 + g8 + 8 * h];
 
     int KT = (K + TG_K - 1) / TG_K;
-    unsigned short ws_next[4][2];  // Q8/Q4: the next group's scales, fetched a group ahead
+    unsigned int ws_next[4][2];  // Q8/Q4/FP8: the next group's scales, fetched a group ahead
     float xd_next[2][2];
-    if (FMT != 0) tg_fetch_scales(S, (const float*)Aaux, w_row0, n0, N, groups, xrow, 0, ws_next, xd_next);
+    if (FMT != 0) tg_fetch_scales<FMT>(S, (const float*)Aaux, w_row0, n0, N, groups, xrow, 0, ws_next, xd_next);
 #pragma unroll
     for (int s = 0; s < TENSOR_GEMM_STAGES - 1; s++) {
         if (s < KT) tg_load<FMT>(tg_smem + s * L::STAGE, A, W, a_row, w_row0, n0, N, K, s);
@@ -325,12 +347,13 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
 #pragma unroll
-                for (int j = 0; j < 2; j++) ws[ni][j] = f16_to_f32(ws_next[ni][j]);
+                for (int j = 0; j < 2; j++)
+                    ws[ni][j] = FMT == 3 ? __uint_as_float(ws_next[ni][j]) : f16_to_f32((unsigned short)ws_next[ni][j]);
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) xd[mi][h] = xd_next[mi][h];
-            if (kt + 1 < KT) tg_fetch_scales(S, (const float*)Aaux, w_row0, n0, N, groups, xrow, kt + 1, ws_next, xd_next);
+            if (kt + 1 < KT) tg_fetch_scales<FMT>(S, (const float*)Aaux, w_row0, n0, N, groups, xrow, kt + 1, ws_next, xd_next);
             int a[2][4];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++) {
@@ -343,7 +366,7 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
             for (int ni = 0; ni < 4; ni++) {
                 int n = wn * 32 + ni * 8 + g8;
                 int b0, b1;
-                if (FMT == 1) {
+                if (FMT == 1 || FMT == 3) {
                     b0 = *(const int*)(bs + n * L::B_ROW + tig * 4);
                     b1 = *(const int*)(bs + n * L::B_ROW + 16 + tig * 4);
                 } else {
@@ -354,10 +377,17 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
                 }
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++) {
-                    int c[4] = {0, 0, 0, 0};
-                    mma_s8(c, a[mi], b0, b1);
+                    if (FMT == 3) {
+                        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        mma_e4m3(c, a[mi], b0, b1);
 #pragma unroll
-                    for (int e = 0; e < 4; e++) acc[mi][ni][e] += ws[ni][e & 1] * xd[mi][e >> 1] * (float)c[e];
+                        for (int e = 0; e < 4; e++) acc[mi][ni][e] += ws[ni][e & 1] * xd[mi][e >> 1] * c[e];
+                    } else {
+                        int c[4] = {0, 0, 0, 0};
+                        mma_s8(c, a[mi], b0, b1);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[mi][ni][e] += ws[ni][e & 1] * xd[mi][e >> 1] * (float)c[e];
+                    }
                 }
             }
         }
@@ -389,3 +419,4 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
 extern "C" __global__ void __launch_bounds__(256) gemm_tensor_bf16(TGEMM_ARGS) { gemm_tensor_impl<0>(TGEMM_PASS); }
 extern "C" __global__ void __launch_bounds__(256) gemm_tensor_q8(TGEMM_ARGS) { gemm_tensor_impl<1>(TGEMM_PASS); }
 extern "C" __global__ void __launch_bounds__(256) gemm_tensor_q4(TGEMM_ARGS) { gemm_tensor_impl<2>(TGEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tensor_fp8(TGEMM_ARGS) { gemm_tensor_impl<3>(TGEMM_PASS); }

@@ -9,6 +9,7 @@ kernels! {
         BF16 = "gemm_simt_bf16",
         Q8 = "gemm_simt_q8",
         Q4 = "gemm_simt_q4",
+        FP8 = "gemm_simt_fp8",
     }
     (
         w: Ptr<u8>,
@@ -49,6 +50,7 @@ kernels! {
         BF16 = "gemm_tensor_bf16",
         Q8 = "gemm_tensor_q8",
         Q4 = "gemm_tensor_q4",
+        FP8 = "gemm_tensor_fp8",
     }
     (
         w: Ptr<u8>,

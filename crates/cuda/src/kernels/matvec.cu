@@ -14,7 +14,7 @@ __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ W,
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
     const unsigned char* w = W + (size_t)r * WF<FMT>::row_bytes(cols);
-    const unsigned short* s = S + (size_t)r * (cols >> 5);
+    const unsigned short* s = S + (size_t)r * row_scale_words<FMT>(cols);
     float acc[MATVEC_MAX_TOKENS];
 #pragma unroll
     for (int t = 0; t < MATVEC_MAX_TOKENS; t++) acc[t] = 0.0f;
@@ -54,6 +54,7 @@ __device__ __forceinline__ void matvec_impl(const unsigned char* __restrict__ W,
 extern "C" __global__ void matvec_bf16(MATVEC_ARGS) { matvec_impl<0>(W, S, x, y, rows, cols, T, ldx, ldy, accumulate, vec); }
 extern "C" __global__ void matvec_q8(MATVEC_ARGS) { matvec_impl<1>(W, S, x, y, rows, cols, T, ldx, ldy, accumulate, vec); }
 extern "C" __global__ void matvec_q4(MATVEC_ARGS) { matvec_impl<2>(W, S, x, y, rows, cols, T, ldx, ldy, accumulate, vec); }
+extern "C" __global__ void matvec_fp8(MATVEC_ARGS) { matvec_impl<3>(W, S, x, y, rows, cols, T, ldx, ldy, accumulate, vec); }
 
 // ---- Decode matvec (batches of at most MATVEC_MAX_TOKENS tokens, inputs staged as in decode_staging.cuh) ----
 
@@ -88,7 +89,7 @@ __device__ __forceinline__ void decode_matvec_impl(const unsigned char* __restri
     int subs = 32 / lpr, sub = lane / lpr, sl = lane % lpr;
     int warps = gridDim.x * (blockDim.x >> 5);
     int nch = row_chunks<FMT>(cols);
-    size_t rb = WF<FMT>::row_bytes(cols), rsc = cols >> 5;
+    size_t rb = WF<FMT>::row_bytes(cols), rsc = row_scale_words<FMT>(cols);
     for (int base = (blockIdx.x * (blockDim.x >> 5) + warp) * subs; base < outs; base += warps * subs) {
         int j = base + sub;
         bool live = j < outs;
@@ -172,6 +173,8 @@ extern "C" __global__ void __launch_bounds__(256) decode_matvec_q4_t1(DMV_ARGS) 
 extern "C" __global__ void __launch_bounds__(256) decode_matvec_bf16_t8(DMV_ARGS) { decode_matvec_impl<0, MATVEC_MAX_TOKENS, false>(DMV_PASS, DMV_NOCONV); }
 extern "C" __global__ void __launch_bounds__(256) decode_matvec_q8_t8(DMV_ARGS) { decode_matvec_impl<1, MATVEC_MAX_TOKENS, false>(DMV_PASS, DMV_NOCONV); }
 extern "C" __global__ void __launch_bounds__(256) decode_matvec_q4_t8(DMV_ARGS) { decode_matvec_impl<2, MATVEC_MAX_TOKENS, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) decode_matvec_fp8_t1(DMV_ARGS) { decode_matvec_impl<3, 1, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) decode_matvec_fp8_t8(DMV_ARGS) { decode_matvec_impl<3, MATVEC_MAX_TOKENS, false>(DMV_PASS, DMV_NOCONV); }
 #define DMVC_ARGS DMV_ARGS, float *__restrict__ cstate, const float *__restrict__ cw, int cK, int cC
 #define DMVC_PASS DMV_PASS, cstate, cw, cK, cC
 extern "C" __global__ void __launch_bounds__(256) decode_matvec_conv_bf16_t1(DMVC_ARGS) { decode_matvec_impl<0, 1, true>(DMVC_PASS); }

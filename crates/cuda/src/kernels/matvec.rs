@@ -8,6 +8,7 @@ kernels! {
         BF16 = "matvec_bf16",
         Q8 = "matvec_q8",
         Q4 = "matvec_q4",
+        FP8 = "matvec_fp8",
     }
     (
         w: Ptr<u8>,
@@ -31,6 +32,8 @@ kernels! {
         BF16_T8 = "decode_matvec_bf16_t8",
         Q8_T8 = "decode_matvec_q8_t8",
         Q4_T8 = "decode_matvec_q4_t8",
+        FP8_T1 = "decode_matvec_fp8_t1",
+        FP8_T8 = "decode_matvec_fp8_t8",
     }
     (
         w: Ptr<u8>,

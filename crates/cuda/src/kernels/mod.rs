@@ -165,6 +165,7 @@ pub fn program() -> String {
 
 pub mod attention;
 pub mod elementwise;
+pub mod fp8;
 pub mod gdn;
 pub mod gemm;
 pub mod matvec;
@@ -182,6 +183,7 @@ const SOURCES: &[&str] = &[
     include_str!("decode_staging.cuh"),
     include_str!("matvec.cu"),
     include_str!("gemm.cu"),
+    include_str!("fp8.cu"),
     include_str!("moe.cu"),
     include_str!("norm.cu"),
     include_str!("elementwise.cu"),
@@ -197,6 +199,7 @@ const SOURCES: &[&str] = &[
 const DECLARED: &[&[&[KernelDecl]]] = &[
     matvec::DECLARED,
     gemm::DECLARED,
+    fp8::DECLARED,
     moe::DECLARED,
     norm::DECLARED,
     elementwise::DECLARED,
@@ -209,7 +212,9 @@ const DECLARED: &[&[&[KernelDecl]]] = &[
 ];
 
 /// PTX of every kernel for `arch` (e.g. `sm_90`), compiled by NVRTC at most once per process.
-/// Needs only the NVRTC library, no GPU.
+/// Needs only the NVRTC library, no GPU. With `SPINDLE_CUDA_PTX_CACHE=DIR` the PTX is also
+/// kept in DIR, named by the architecture and a hash of the program, and read from there by
+/// later processes (GPU scripts that start several binaries skip a compile each).
 pub fn ptx_for(arch: &str) -> Result<String> {
     static CACHE: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
@@ -217,7 +222,24 @@ pub fn ptx_for(arch: &str) -> Result<String> {
     if let Some(ptx) = cache.get(arch) {
         return Ok(ptx.clone());
     }
-    let text = crate::device::compile(program(), arch)?;
+    let source = program();
+    let file = std::env::var_os("SPINDLE_CUDA_PTX_CACHE").map(|dir| {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        source.hash(&mut h);
+        std::path::PathBuf::from(dir).join(format!("{arch}-{:016x}.ptx", h.finish()))
+    });
+    let text = match file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
+        Some(text) => text,
+        None => {
+            let text = crate::device::compile(source, arch)?;
+            if let Some(f) = &file {
+                // A cache that cannot be written only costs the next process a compile.
+                let _ = std::fs::write(f, &text);
+            }
+            text
+        }
+    };
     cache.insert(arch.to_owned(), text.clone());
     Ok(text)
 }

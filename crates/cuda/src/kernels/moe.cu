@@ -77,7 +77,7 @@ __device__ __forceinline__ void moe_gate_up_impl(const unsigned char* __restrict
     int p = blockIdx.y;
     if (i >= I) return;
     int t = p / k, e = idx[p];
-    size_t rb = WF<FMT>::row_bytes(H), rs = H >> 5;
+    size_t rb = WF<FMT>::row_bytes(H), rs = row_scale_words<FMT>(H);
     size_t g_row = (size_t)e * 2 * I + i, u_row = g_row + I;
     const float* xt = x + (size_t)t * ldx;
     float g = warp_sum(row_dot<FMT>(gu + g_row * rb, gs + g_row * rs, xt, H, lane, vec));
@@ -97,7 +97,7 @@ __device__ __forceinline__ void moe_down_impl(const unsigned char* __restrict__ 
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int t = blockIdx.y;
     if (r >= H) return;
-    size_t rb = WF<FMT>::row_bytes(I), rs = I >> 5;
+    size_t rb = WF<FMT>::row_bytes(I), rs = row_scale_words<FMT>(I);
     float total = 0.0f;
     if (vec) {
         int per_row = I / V;
@@ -127,6 +127,7 @@ __device__ __forceinline__ void moe_down_impl(const unsigned char* __restrict__ 
 extern "C" __global__ void moe_gate_up_bf16(GATE_UP_ARGS) { moe_gate_up_impl<0>(gu, gs, x, ldx, idx, act, k, I, H, vec); }
 extern "C" __global__ void moe_gate_up_q8(GATE_UP_ARGS) { moe_gate_up_impl<1>(gu, gs, x, ldx, idx, act, k, I, H, vec); }
 extern "C" __global__ void moe_gate_up_q4(GATE_UP_ARGS) { moe_gate_up_impl<2>(gu, gs, x, ldx, idx, act, k, I, H, vec); }
+extern "C" __global__ void moe_gate_up_fp8(GATE_UP_ARGS) { moe_gate_up_impl<3>(gu, gs, x, ldx, idx, act, k, I, H, vec); }
 
 #define DOWN_ARGS                                                                                                \
     const unsigned char *__restrict__ down, const unsigned short *__restrict__ ds, const float *__restrict__ act, \
@@ -134,6 +135,7 @@ extern "C" __global__ void moe_gate_up_q4(GATE_UP_ARGS) { moe_gate_up_impl<2>(gu
 extern "C" __global__ void moe_down_bf16(DOWN_ARGS) { moe_down_impl<0>(down, ds, act, idx, wt, y, k, I, H, vec); }
 extern "C" __global__ void moe_down_q8(DOWN_ARGS) { moe_down_impl<1>(down, ds, act, idx, wt, y, k, I, H, vec); }
 extern "C" __global__ void moe_down_q4(DOWN_ARGS) { moe_down_impl<2>(down, ds, act, idx, wt, y, k, I, H, vec); }
+extern "C" __global__ void moe_down_fp8(DOWN_ARGS) { moe_down_impl<3>(down, ds, act, idx, wt, y, k, I, H, vec); }
 
 // ---- Mixture of experts, decode (MODEL_MATH §1.6) ----
 
@@ -223,7 +225,7 @@ __device__ __forceinline__ void decode_moe_gate_up_impl(const unsigned char* __r
     int lane = threadIdx.x & 31;
     int warps = gridDim.x * (blockDim.x >> 5);
     int nch = row_chunks<FMT>(H);
-    size_t rb = WF<FMT>::row_bytes(H), rsc = H >> 5;
+    size_t rb = WF<FMT>::row_bytes(H), rsc = row_scale_words<FMT>(H);
     int routed = T * k * I;
     int total = routed + (sgu ? T * Is : 0);
     for (int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); item < total; item += warps) {
@@ -308,7 +310,7 @@ __device__ __forceinline__ void decode_moe_down_impl(const unsigned char* __rest
     }
     if (sdw && threadIdx.x < T) ssg[threadIdx.x] = sigmoid_f(sg[(size_t)threadIdx.x * ldsg]);
     // Routed activations as T·k rows of I, then the shared ones as T rows of Is.
-    size_t routed_bytes = FMT == 0 ? (size_t)T * k * I * 4 : (size_t)T * k * I + (size_t)T * k * (I >> 5) * 8;
+    size_t routed_bytes = staged_size<FMT>(T * k, I);
     routed_bytes = (routed_bytes + 15) & ~(size_t)15;
     stage_rows<FMT>(act, I, T * k, I, nullptr, 0.0f, nullptr, dsm);
     if (sdw) stage_rows<FMT>(act_s, Is, T, Is, nullptr, 0.0f, nullptr, dsm + routed_bytes);
@@ -318,8 +320,8 @@ __device__ __forceinline__ void decode_moe_down_impl(const unsigned char* __rest
     int warps = gridDim.x * (blockDim.x >> 5);
     int nch = row_chunks<FMT>(I), nchs = sdw ? row_chunks<FMT>(Is) : 0;
     int most = max(nch, nchs);
-    size_t rb = WF<FMT>::row_bytes(I), rsc = I >> 5;
-    size_t srb = WF<FMT>::row_bytes(Is), srsc = Is >> 5;
+    size_t rb = WF<FMT>::row_bytes(I), rsc = row_scale_words<FMT>(I);
+    size_t srb = WF<FMT>::row_bytes(Is), srsc = row_scale_words<FMT>(Is);
     int slots = k + (sdw ? 1 : 0);
     for (int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); item < T * H; item += warps) {
         int t = item / H, r = item - t * H;
@@ -374,6 +376,7 @@ __device__ __forceinline__ void decode_moe_down_impl(const unsigned char* __rest
 extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_bf16(DGU_ARGS) { decode_moe_gate_up_impl<0>(DGU_PASS); }
 extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_q8(DGU_ARGS) { decode_moe_gate_up_impl<1>(DGU_PASS); }
 extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_q4(DGU_ARGS) { decode_moe_gate_up_impl<2>(DGU_PASS); }
+extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_fp8(DGU_ARGS) { decode_moe_gate_up_impl<3>(DGU_PASS); }
 
 #define DDOWN_ARGS                                                                                                \
     const unsigned char *__restrict__ dw, const unsigned short *__restrict__ ds, const unsigned char *__restrict__ sdw, \
@@ -384,6 +387,7 @@ extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_q4(DGU_ARGS
 extern "C" __global__ void __launch_bounds__(256) decode_moe_down_bf16(DDOWN_ARGS) { decode_moe_down_impl<0>(DDOWN_PASS); }
 extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q8(DDOWN_ARGS) { decode_moe_down_impl<1>(DDOWN_PASS); }
 extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q4(DDOWN_ARGS) { decode_moe_down_impl<2>(DDOWN_PASS); }
+extern "C" __global__ void __launch_bounds__(256) decode_moe_down_fp8(DDOWN_ARGS) { decode_moe_down_impl<3>(DDOWN_PASS); }
 
 // ---- Grouped small-batch experts (batched decode): each chosen expert's weights read once ----
 // A batched decode step of 9-128 tokens picks each expert for a few tokens. The pairs are

@@ -20,6 +20,7 @@ kernels! {
         BF16 = "moe_gate_up_bf16",
         Q8 = "moe_gate_up_q8",
         Q4 = "moe_gate_up_q4",
+        FP8 = "moe_gate_up_fp8",
     }
     (
         gu: Ptr<u8>,
@@ -38,6 +39,7 @@ kernels! {
         BF16 = "moe_down_bf16",
         Q8 = "moe_down_q8",
         Q4 = "moe_down_q4",
+        FP8 = "moe_down_fp8",
     }
     (
         down: Ptr<u8>,
@@ -57,6 +59,7 @@ kernels! {
         BF16 = "decode_moe_gate_up_bf16",
         Q8 = "decode_moe_gate_up_q8",
         Q4 = "decode_moe_gate_up_q4",
+        FP8 = "decode_moe_gate_up_fp8",
     }
     (
         gu: Ptr<u8>,
@@ -84,6 +87,7 @@ kernels! {
         BF16 = "decode_moe_down_bf16",
         Q8 = "decode_moe_down_q8",
         Q4 = "decode_moe_down_q4",
+        FP8 = "decode_moe_down_fp8",
     }
     (
         dw: Ptr<u8>,

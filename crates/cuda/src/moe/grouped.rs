@@ -12,9 +12,9 @@ use crate::io::Io;
 use crate::kernels::moe::{MoeGroupedDown, MoeGroupedGateUp};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS};
 use crate::linear::decode_linear;
+use crate::matrix::DevFormat;
 use crate::matvec::{DecodeIn, DecodeOut};
 use crate::weights::GpuMoe;
-use spindle_model::quant::WeightFormat;
 
 impl DecodePlan {
     /// Whether [`moe_decode_grouped`] runs this block: Q8/Q4, the shared expert in the decode
@@ -25,7 +25,7 @@ impl DecodePlan {
             return false;
         };
         let experts = cfg.num_experts;
-        matches!(self.fmt, WeightFormat::Q8 | WeightFormat::Q4)
+        matches!(self.fmt, DevFormat::Q8 | DevFormat::Q4)
             && self.shared_gate_up.is_some()
             && self.shared_down
             && cfg.shared_intermediate > 0
@@ -54,16 +54,16 @@ pub(super) fn grouped_decode_max_rows() -> usize {
 /// See [`grouped_decode_max_rows`]: the largest decode-graph bucket.
 const GROUPED_DECODE_MAX_ROWS: usize = 128;
 
-pub(super) fn grouped_gate_up_kernel(fmt: WeightFormat) -> MoeGroupedGateUp {
+pub(super) fn grouped_gate_up_kernel(fmt: DevFormat) -> MoeGroupedGateUp {
     match fmt {
-        WeightFormat::Q8 => MoeGroupedGateUp::Q8,
+        DevFormat::Q8 => MoeGroupedGateUp::Q8,
         _ => MoeGroupedGateUp::Q4,
     }
 }
 
-pub(super) fn grouped_down_kernel(fmt: WeightFormat) -> MoeGroupedDown {
+pub(super) fn grouped_down_kernel(fmt: DevFormat) -> MoeGroupedDown {
     match fmt {
-        WeightFormat::Q8 => MoeGroupedDown::Q8,
+        DevFormat::Q8 => MoeGroupedDown::Q8,
         _ => MoeGroupedDown::Q4,
     }
 }

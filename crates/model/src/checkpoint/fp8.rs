@@ -6,7 +6,7 @@ use safetensors::Dtype as StDtype;
 use super::{Checkpoint, Entry};
 use crate::error::{ModelError, Result};
 use crate::fp8::BlockFp8;
-use crate::tensor::decode_f32;
+use crate::tensor::{decode_f32, Storage, StoredFp8};
 
 impl Checkpoint {
     /// Pairs every `F8_E4M3` tensor with its scale tensor, checking the scale's dtype and its
@@ -86,6 +86,24 @@ impl Checkpoint {
     /// Whether any tensor is stored as block FP8.
     pub fn has_fp8(&self) -> bool {
         self.fp8.is_some()
+    }
+
+    /// The stored form of block-FP8 tensor `name` (paired at open): its codes and f32 scales.
+    pub(super) fn fp8_stored(&self, entry: &Entry) -> Result<StoredFp8> {
+        let scale_name = entry
+            .scale
+            .as_deref()
+            .expect("FP8 entries are paired at open");
+        let scale = &self.entries[scale_name];
+        let scale_dtype = self.float_dtype(scale_name, scale)?;
+        let scales = decode_f32(
+            scale_dtype,
+            &self.shards[scale.shard].map[scale.start..scale.end],
+        );
+        let codes = Storage::new(&self.shards[entry.shard].map, entry.start, entry.end, 1);
+        let fp8 = self.fp8.as_ref().expect("set with the pairs");
+        let n = entry.shape.len();
+        Ok(StoredFp8::new(codes, scales, fp8.block, entry.shape[n - 2]))
     }
 
     /// The f32 values of block-FP8 tensor `name` (paired at open), dequantized exactly.

@@ -274,13 +274,15 @@ impl Checkpoint {
         let cols = *shape.last().unwrap_or(&1);
         let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
         if entry.scale.is_some() {
-            let values = self.fp8_values(name, entry)?;
-            return Ok(Matrix::new(
-                DType::F32,
-                rows,
-                cols,
-                Storage::from_f32(&values),
-            ));
+            // Dequantized when first read: a backend that runs the stored FP8 form (CUDA)
+            // never makes the f32 copy.
+            let stored = self.fp8_stored(entry)?;
+            let (whole, shape) = (stored.clone(), entry.shape.clone());
+            let values = Storage::lazy_f32(rows * cols, move || {
+                tracing::trace!("dequantizing block FP8");
+                crate::fp8::dequantize(whole.codes(), whole.grid(), &shape, whole.block)
+            });
+            return Ok(Matrix::new(DType::F32, rows, cols, values).with_fp8(stored));
         }
         let dtype = self.float_dtype(name, entry)?;
         let storage = Storage::new(

@@ -29,8 +29,10 @@ fn converted(name: &str, shape: &[usize]) -> bool {
         && !name.starts_with("mtp.")
 }
 
-/// Quantizes `values` of `shape` to block FP8: (e4m3 codes, f32 scale grid).
+/// Quantizes `values` of `shape` to block FP8: (e4m3 codes, f32 scale grid). Block rows run
+/// in parallel.
 pub fn quantize(values: &[f32], shape: &[usize], block: [usize; 2]) -> (Vec<u8>, Vec<f32>) {
+    use rayon::prelude::*;
     let fp8 = BlockFp8 {
         block,
         modules_to_not_convert: Vec::new(),
@@ -40,29 +42,48 @@ pub fn quantize(values: &[f32], shape: &[usize], block: [usize; 2]) -> (Vec<u8>,
     let (rows, cols) = (shape[n - 2], shape[n - 1]);
     let (srows, scols) = (grid[n - 2], grid[n - 1]);
     let mut scales = vec![0.0f32; grid.iter().product()];
-    for (r, row) in values.chunks(cols).enumerate() {
-        let (b, i) = (r / rows, r % rows);
+    let mut codes = vec![0u8; values.len()];
+    if values.is_empty() {
+        return (codes, scales);
+    }
+    // Each stacked matrix, then each block row of it (Bo rows; the last may be partial).
+    values
+        .par_chunks(rows * cols)
+        .zip(codes.par_chunks_mut(rows * cols))
+        .zip(scales.par_chunks_mut(srows * scols))
+        .for_each(|((v, c), s)| {
+            v.par_chunks(block[0] * cols)
+                .zip(c.par_chunks_mut(block[0] * cols))
+                .zip(s.par_chunks_mut(scols))
+                .for_each(|((v, c), s)| quantize_block_row(v, c, s, cols, block[1]))
+        });
+    (codes, scales)
+}
+
+/// One block row: `values` (whole rows of `cols`) to `codes`, `scales` one per block of
+/// `block_cols` columns (block amax / 448; 1 for an all-zero block).
+fn quantize_block_row(
+    values: &[f32],
+    codes: &mut [u8],
+    scales: &mut [f32],
+    cols: usize,
+    block_cols: usize,
+) {
+    scales.fill(0.0);
+    for row in values.chunks(cols) {
         for (j, v) in row.iter().enumerate() {
-            let s = &mut scales[(b * srows + i / block[0]) * scols + j / block[1]];
+            let s = &mut scales[j / block_cols];
             *s = s.max(v.abs());
         }
     }
-    for s in &mut scales {
+    for s in scales.iter_mut() {
         *s = if *s > 0.0 { *s / E4M3_MAX } else { 1.0 };
     }
-    let codes = values
-        .chunks(cols)
-        .enumerate()
-        .flat_map(|(r, row)| {
-            let (b, i) = (r / rows, r % rows);
-            let grid = &scales[(b * srows + i / block[0]) * scols..][..scols];
-            row.iter()
-                .enumerate()
-                .map(move |(j, v)| f32_to_e4m3(v / grid[j / block[1]]))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    (codes, scales)
+    for (row, out) in values.chunks(cols).zip(codes.chunks_mut(cols)) {
+        for (j, (v, c)) in row.iter().zip(out.iter_mut()).enumerate() {
+            *c = f32_to_e4m3(v / scales[j / block_cols]);
+        }
+    }
 }
 
 struct Out {
@@ -110,7 +131,32 @@ fn float_dtype(d: StDtype) -> Option<DType> {
 /// dequantization (f32) to `deq_dir` (both created). Shards and their index keep their names;
 /// scales join their weight's shard. `reference.safetensors` is not copied.
 pub fn write_fp8_pair(src: &Path, fp8_dir: &Path, deq_dir: &Path, block: [usize; 2]) -> Result<()> {
-    for dir in [fp8_dir, deq_dir] {
+    write_fp8(src, fp8_dir, Some(deq_dir), block)
+}
+
+/// As [`write_fp8_pair`], the dequantized copy only when `deq_dir` is given (a benchmark
+/// checkpoint needs none: it would take 4 bytes per weight).
+pub fn write_fp8(
+    src: &Path,
+    fp8_dir: &Path,
+    deq_dir: Option<&Path>,
+    block: [usize; 2],
+) -> Result<()> {
+    let scratch;
+    let (deq_dir, keep_deq) = match deq_dir {
+        Some(d) => (d, true),
+        None => {
+            // Nothing is written there (checked below), but paths are built from it.
+            scratch = fp8_dir.join(".no-deq");
+            (scratch.as_path(), false)
+        }
+    };
+    let dirs: &[&Path] = if keep_deq {
+        &[fp8_dir, deq_dir]
+    } else {
+        &[fp8_dir]
+    };
+    for dir in dirs {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
     }
     let mut shard_names: Vec<String> = Vec::new();
@@ -125,7 +171,7 @@ pub fn write_fp8_pair(src: &Path, fp8_dir: &Path, deq_dir: &Path, block: [usize;
             && name != "reference.safetensors"
             && !name.ends_with(".index.json")
         {
-            for dir in [fp8_dir, deq_dir] {
+            for dir in dirs {
                 std::fs::copy(&path, dir.join(&name)).map_err(io(&path))?;
             }
         }
@@ -152,13 +198,15 @@ pub fn write_fp8_pair(src: &Path, fp8_dir: &Path, deq_dir: &Path, block: [usize;
                     not_converted.push(module.to_owned());
                 }
                 weight_map.insert(name.clone(), shard.clone());
-                for out in [&mut fp8_out, &mut deq_out] {
-                    out.push(Out {
-                        name: name.clone(),
-                        dtype: view.dtype(),
-                        shape: shape.clone(),
-                        bytes: view.data().to_vec(),
-                    });
+                let copy = || Out {
+                    name: name.clone(),
+                    dtype: view.dtype(),
+                    shape: shape.clone(),
+                    bytes: view.data().to_vec(),
+                };
+                fp8_out.push(copy());
+                if keep_deq {
+                    deq_out.push(copy());
                 }
                 continue;
             };
@@ -170,7 +218,11 @@ pub fn write_fp8_pair(src: &Path, fp8_dir: &Path, deq_dir: &Path, block: [usize;
             }
             .scale_shape(&shape)
             .expect("rank >= 2");
-            let deq = super::dequantize(&codes, &scales, &shape, block);
+            let deq = if keep_deq {
+                super::dequantize(&codes, &scales, &shape, block)
+            } else {
+                Vec::new()
+            };
             debug_assert!(deq
                 .iter()
                 .zip(&codes)
@@ -190,15 +242,19 @@ pub fn write_fp8_pair(src: &Path, fp8_dir: &Path, deq_dir: &Path, block: [usize;
                 shape: grid,
                 bytes: bytemuck::cast_slice(&scales).to_vec(),
             });
-            deq_out.push(Out {
-                name,
-                dtype: StDtype::F32,
-                shape,
-                bytes: bytemuck::cast_slice(&deq).to_vec(),
-            });
+            if keep_deq {
+                deq_out.push(Out {
+                    name,
+                    dtype: StDtype::F32,
+                    shape,
+                    bytes: bytemuck::cast_slice(&deq).to_vec(),
+                });
+            }
         }
         write_file(&fp8_dir.join(shard), &fp8_out)?;
-        write_file(&deq_dir.join(shard), &deq_out)?;
+        if keep_deq {
+            write_file(&deq_dir.join(shard), &deq_out)?;
+        }
     }
     let index = src.join("model.safetensors.index.json");
     if index.exists() {
@@ -208,6 +264,9 @@ pub fn write_fp8_pair(src: &Path, fp8_dir: &Path, deq_dir: &Path, block: [usize;
             .filter(|(n, _)| !n.ends_with("_scale_inv"))
             .collect();
         for (dir, map) in [(fp8_dir, fp8_map), (deq_dir, deq_map)] {
+            if dir == deq_dir && !keep_deq {
+                continue;
+            }
             let out = dir.join("model.safetensors.index.json");
             let text = serde_json::to_string_pretty(&json!({"metadata": {}, "weight_map": map}))
                 .expect("a JSON value");
@@ -220,8 +279,10 @@ pub fn write_fp8_pair(src: &Path, fp8_dir: &Path, deq_dir: &Path, block: [usize;
         path: config_path.clone(),
         error,
     })?;
-    let deq_config = dir_file(deq_dir, "config.json");
-    std::fs::write(&deq_config, &text).map_err(io(&deq_config))?;
+    if keep_deq {
+        let deq_config = dir_file(deq_dir, "config.json");
+        std::fs::write(&deq_config, &text).map_err(io(&deq_config))?;
+    }
     not_converted.sort();
     config["quantization_config"] = json!({
         "activation_scheme": "dynamic",

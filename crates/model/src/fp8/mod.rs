@@ -190,6 +190,34 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
     if a >= E4M3_MAX {
         return sign | 0x7e;
     }
+    if a < 2f32.powi(-6) {
+        // Subnormal codes 0..=8 are multiples of 2^-9 (8: the smallest normal, 2^-6); the
+        // product is exact.
+        return sign | (a * 512.0).round_ties_even() as u8;
+    }
+    // Normal: keep 3 of the 23 mantissa bits, rounding the other 20 to nearest even; a carry
+    // moves to the next exponent (the code's bits are exponent then mantissa).
+    let bits = a.to_bits();
+    let exp = (bits >> 23) as i32 - 127; // −6 ..= 8
+    let mant = bits & 0x7f_ffff;
+    let (top, rest) = (mant >> 20, mant & 0xf_ffff);
+    let up = rest > 0x8_0000 || (rest == 0x8_0000 && top & 1 == 1);
+    let code = (((exp + 7) as u32) << 3) + top + up as u32;
+    sign | code.min(0x7e) as u8
+}
+
+/// [`f32_to_e4m3`] by search over the code table (the definition the fast one is tested
+/// against).
+#[cfg(test)]
+fn f32_to_e4m3_search(x: f32) -> u8 {
+    if x.is_nan() {
+        return 0x7f;
+    }
+    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+    let a = x.abs();
+    if a >= E4M3_MAX {
+        return sign | 0x7e;
+    }
     // Positive codes 0x00..=0x7e are ordered by value: find the two around `a`.
     let (mut lo, mut hi) = (0u8, 0x7eu8);
     while hi - lo > 1 {
@@ -246,6 +274,28 @@ pub fn dequantize(codes: &[u8], scales: &[f32], shape: &[usize], block: [usize; 
     out
 }
 
+/// A `[rows, cols]` block-FP8 matrix from its e4m3 `codes` and f32 scale grid `scales`
+/// (`[⌈rows/Bo⌉, ⌈cols/Bi⌉]`), as a checkpoint's loader hands one out: the exact f32
+/// dequantization, with the stored form attached (for tests and tools).
+pub fn matrix(
+    codes: &[u8],
+    scales: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    block: [usize; 2],
+) -> crate::Matrix {
+    use crate::tensor::{DType, Storage, StoredFp8};
+    let values = dequantize(codes, &scales, &[rows, cols], block);
+    let mut words = vec![0u64; codes.len().div_ceil(8)];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..codes.len()].copy_from_slice(codes);
+    let stored = Storage::Owned {
+        words: std::sync::Arc::new(words),
+        len: codes.len(),
+    };
+    crate::Matrix::new(DType::F32, rows, cols, Storage::from_f32(&values))
+        .with_fp8(StoredFp8::new(stored, scales, block, rows))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,6 +329,31 @@ mod tests {
         assert_eq!(f32_to_e4m3(1e6), 0x7e);
         assert_eq!(f32_to_e4m3(-1e6), 0xfe);
         assert_eq!(f32_to_e4m3(f32::NAN), 0x7f);
+    }
+
+    #[test]
+    fn fast_encoding_equals_the_table_search() {
+        // Every code's value, the midpoints between neighbours and values just around them,
+        // and a sweep over the whole range.
+        let mut values = Vec::new();
+        for code in 0..0x7eu8 {
+            let (lo, hi) = (e4m3_to_f32(code), e4m3_to_f32(code + 1));
+            let mid = (lo + hi) / 2.0;
+            values.extend([lo, hi, mid, f32::from_bits(mid.to_bits() + 1)]);
+            if mid > 0.0 {
+                values.push(f32::from_bits(mid.to_bits() - 1));
+            }
+        }
+        let mut v = 1e-5f32;
+        while v < 1000.0 {
+            values.push(v);
+            v *= 1.0001;
+        }
+        for v in values {
+            for x in [v, -v] {
+                assert_eq!(f32_to_e4m3(x), f32_to_e4m3_search(x), "{x:e}");
+            }
+        }
     }
 
     #[test]

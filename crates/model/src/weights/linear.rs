@@ -66,6 +66,14 @@ impl Linear {
         }
     }
 
+    /// The stored block-FP8 form of a matrix dequantized from one on load.
+    pub fn fp8(&self) -> Option<&crate::tensor::StoredFp8> {
+        match self {
+            Linear::Mapped(m) => m.fp8(),
+            _ => None,
+        }
+    }
+
     /// Output features (rows of W).
     pub fn rows(&self) -> usize {
         match self {

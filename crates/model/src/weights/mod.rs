@@ -178,7 +178,21 @@ impl ModelWeights {
     /// bf16 matrices only (CUDA): the projections, the embedding, the routers and shared-expert
     /// gates. Bf16 and quantized matrices are left as they are.
     pub fn round_wide_to_bf16(&mut self) {
+        self.round_wide_to_bf16_keeping(&|_| false);
+    }
+
+    /// As [`ModelWeights::round_wide_to_bf16`], leaving the matrices `keep` picks as they are
+    /// (a backend that runs block FP8 reads the stored form of those dequantized from it,
+    /// [`Linear::fp8`]).
+    pub fn round_wide_to_bf16_keeping(&mut self, keep: &(dyn Fn(&Linear) -> bool + Sync)) {
         use rayon::prelude::*;
+        let round = |linear: &Linear| {
+            if keep(linear) {
+                linear.clone()
+            } else {
+                linear.rounded_to_bf16()
+            }
+        };
         let tied = matches!((&self.embed, &self.lm_head), (Linear::Mapped(e), Linear::Mapped(h))
             if e.bytes().as_ptr() == h.bytes().as_ptr());
         self.embed = self.embed.rounded_to_bf16();
@@ -189,14 +203,14 @@ impl ModelWeights {
         }
         targets
             .par_iter_mut()
-            .for_each(|linear| **linear = linear.rounded_to_bf16());
+            .for_each(|linear| **linear = round(linear));
         if tied {
             self.lm_head = self.embed.clone();
         }
         for layer in &mut self.layers {
             if let FfnWeights::Moe(m) = &mut layer.ffn {
-                m.router = m.router.rounded_to_bf16();
-                m.shared_gate = m.shared_gate.rounded_to_bf16();
+                m.router = round(&m.router);
+                m.shared_gate = round(&m.shared_gate);
             }
         }
     }

@@ -97,13 +97,12 @@ impl CudaBackend {
                 .and_then(|ck| ck.check_finite())
                 .map_err(spindle_cpu::EngineError::from)?;
         }
-        let engine = spindle_cuda::CudaEngine::load_with_vision(
-            dir,
-            ordinal,
-            options.quant,
-            layers,
-            !options.no_vision,
-        )?;
+        // Without --quant the weights stay as stored (a block-FP8 checkpoint's in FP8).
+        let quant = (options.quant_given
+            || options.quant != spindle_model::quant::WeightFormat::Bf16)
+            .then_some(options.quant);
+        let engine =
+            spindle_cuda::CudaEngine::load_as(dir, ordinal, quant, layers, !options.no_vision)?;
         tracing::info!(
             device = %engine.device_name(),
             graphs = engine.uses_graphs(),
