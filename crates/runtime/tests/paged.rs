@@ -262,7 +262,12 @@ fn a_pool_too_small_for_every_request_changes_no_answer_and_frees_every_block() 
 
     // A request the pool cannot hold even alone fails with the pool named, and nothing else.
     let scheduler = scheduler(&tight, false);
-    let huge: Vec<u32> = prompts.iter().cycle().take(8).flatten().copied().collect();
+    let huge: Vec<u32> = prompts[0]
+        .iter()
+        .cycle()
+        .take((blocks + 1) * BLOCK_TOKENS)
+        .copied()
+        .collect();
     assert!(blocks_for(huge.len()) > blocks);
     let err = scheduler
         .submit(huge, &endless(4))
