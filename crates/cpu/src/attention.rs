@@ -9,8 +9,8 @@ use spindle_kernels::norm::rms_norm_zc_in_place;
 use spindle_kernels::rope::{apply_partial_rope, RopeFreqs};
 use spindle_model::{AttentionConfig, QsaConfig};
 
-use crate::qwen4::qsa;
 use crate::paged::{BlockTable, KvPool, LayerAccess};
+use crate::qwen4::qsa;
 use crate::session::KvCache;
 use spindle_model::weights::AttentionWeights;
 

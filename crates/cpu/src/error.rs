@@ -32,7 +32,9 @@ pub enum EngineError {
     KvPoolFull(#[from] spindle_model::paged::PoolFull),
 
     /// A session made by another loaded model (its KV blocks are in that model's pool).
-    #[error("this session belongs to another loaded model (its KV blocks live in that model's pool)")]
+    #[error(
+        "this session belongs to another loaded model (its KV blocks live in that model's pool)"
+    )]
     ForeignSession,
 
     /// Image input the model cannot take: no tower loaded, or an image that does not fit it.

@@ -345,11 +345,7 @@ impl PagedKv {
 /// A block table for tokens `[0, end)` from `pieces` (contiguous from 0, in order): for each
 /// block, the one of the last piece that covers it (a later piece's block holds the earlier
 /// rows of that block too, for the same tokens), each taking a reference.
-pub(crate) fn table_from_pieces(
-    pool: &Arc<KvPool>,
-    pieces: &[&PagedKv],
-    end: usize,
-) -> BlockTable {
+pub(crate) fn table_from_pieces(pool: &Arc<KvPool>, pieces: &[&PagedKv], end: usize) -> BlockTable {
     if pool.layers == 0 {
         return BlockTable::new(pool);
     }

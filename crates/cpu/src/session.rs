@@ -97,15 +97,15 @@ impl Session {
     pub fn state_bytes(&self) -> usize {
         self.kv.bytes()
             + self
-            .layers
-            .iter()
-            .map(|l| match l {
-                LayerState::Attention(kv) => {
-                    (kv.indexer.raw_keys.len() + kv.indexer.block_keys.len()) * 4
-                }
-                LayerState::Gdn(s) => (s.conv.len() + s.recurrent.len()) * 4,
-            })
-            .sum::<usize>()
+                .layers
+                .iter()
+                .map(|l| match l {
+                    LayerState::Attention(kv) => {
+                        (kv.indexer.raw_keys.len() + kv.indexer.block_keys.len()) * 4
+                    }
+                    LayerState::Gdn(s) => (s.conv.len() + s.recurrent.len()) * 4,
+                })
+                .sum::<usize>()
             + self
                 .ple
                 .as_ref()
@@ -239,9 +239,9 @@ impl Session {
             .layers
             .iter()
             .map(|l| match l {
-                LayerState::Attention(kv) if !kv.indexer.raw_keys.is_empty() => Some(
-                    KvRows::slice(&kv.indexer.raw_keys, tokens, from, tokens),
-                ),
+                LayerState::Attention(kv) if !kv.indexer.raw_keys.is_empty() => {
+                    Some(KvRows::slice(&kv.indexer.raw_keys, tokens, from, tokens))
+                }
                 _ => None,
             })
             .collect();
@@ -311,8 +311,7 @@ impl Session {
                     segment.indexer().len()
                 ));
             }
-            for (n, (layer, rows)) in session.layers.iter_mut().zip(segment.indexer()).enumerate()
-            {
+            for (n, (layer, rows)) in session.layers.iter_mut().zip(segment.indexer()).enumerate() {
                 match (layer, rows) {
                     (LayerState::Attention(kv), Some(rows)) => {
                         kv.indexer.raw_keys.extend_from_slice(rows);

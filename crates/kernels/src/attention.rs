@@ -157,11 +157,21 @@ mod tests {
         let (heads, d) = (2, 8);
         let width = heads * d;
         // One token, part of one block, one full block, across edges, many blocks.
-        for n in [1, 5, BLOCK_TOKENS, BLOCK_TOKENS + 1, 3 * BLOCK_TOKENS - 1, 100] {
+        for n in [
+            1,
+            5,
+            BLOCK_TOKENS,
+            BLOCK_TOKENS + 1,
+            3 * BLOCK_TOKENS - 1,
+            100,
+        ] {
             let k = vec(&mut r, n * width, 1.0);
             let v = vec(&mut r, n * width, 1.0);
             let q = vec(&mut r, d, 2.0);
-            let (kb, vb) = (into_blocks(&k, width, &mut r), into_blocks(&v, width, &mut r));
+            let (kb, vb) = (
+                into_blocks(&k, width, &mut r),
+                into_blocks(&v, width, &mut r),
+            );
             let kb: Vec<&[f32]> = kb.iter().map(Vec::as_slice).collect();
             let vb: Vec<&[f32]> = vb.iter().map(Vec::as_slice).collect();
             let contiguous = |data| HeadCache {
@@ -181,8 +191,26 @@ mod tests {
                 let picks: Vec<usize> = (0..n).filter(|t| t % 3 != 1).collect();
                 for tokens in [(0..n).collect::<Vec<_>>(), picks] {
                     let it = tokens.iter().copied();
-                    attend(&q, contiguous(&k), contiguous(&v), head, it.clone(), 0.3, &mut scores, &mut a);
-                    attend(&q, paged(&kb), paged(&vb), head, it, 0.3, &mut scores, &mut b);
+                    attend(
+                        &q,
+                        contiguous(&k),
+                        contiguous(&v),
+                        head,
+                        it.clone(),
+                        0.3,
+                        &mut scores,
+                        &mut a,
+                    );
+                    attend(
+                        &q,
+                        paged(&kb),
+                        paged(&vb),
+                        head,
+                        it,
+                        0.3,
+                        &mut scores,
+                        &mut b,
+                    );
                     assert_eq!(
                         a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                         b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),

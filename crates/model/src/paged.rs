@@ -204,12 +204,15 @@ mod tests {
         let a = book.allocate().unwrap();
         let b = book.allocate().unwrap();
         book.retain(a);
-        assert_eq!(book.counts(8), BlockCounts {
-            capacity: 3,
-            used: 2,
-            shared: 1,
-            block_bytes: 8
-        });
+        assert_eq!(
+            book.counts(8),
+            BlockCounts {
+                capacity: 3,
+                used: 2,
+                shared: 1,
+                block_bytes: 8
+            }
+        );
         book.release(a);
         book.release(b);
         assert_eq!((book.counts(8).used, book.counts(8).shared), (1, 0));

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use spindle_cpu::{LoadOptions, LogitsFor};
 use spindle_kernels::softmax::argmax;
 use spindle_model::paged::{blocks_for, BLOCK_TOKENS};
+use spindle_runtime::backend::BatchItem;
 use spindle_runtime::batch::{BatchConfig, Scheduler, SeqEvent};
 use spindle_runtime::prefix::PrefixCacheConfig;
 use spindle_runtime::sampling::SamplingParams;
-use spindle_runtime::backend::BatchItem;
 use spindle_runtime::{
     demo_dir, Backend, BackendSession, Completion, Device, Flow, GenerateOptions, Model, Prompt,
 };
@@ -23,11 +23,17 @@ use spindle_testkit::{fixture, max_abs_diff, Reference};
 const STEPS: usize = 5;
 
 fn used(backend: &Backend) -> usize {
-    backend.kv_blocks().expect("the CPU pages its KV cache").used
+    backend
+        .kv_blocks()
+        .expect("the CPU pages its KV cache")
+        .used
 }
 
 fn shared(backend: &Backend) -> usize {
-    backend.kv_blocks().expect("the CPU pages its KV cache").shared
+    backend
+        .kv_blocks()
+        .expect("the CPU pages its KV cache")
+        .shared
 }
 
 /// Feeds each session its tail (all rows' logits), then `STEPS` greedy tokens, every session
@@ -94,7 +100,10 @@ fn sequences_diverging_after_a_cached_prefix_share_its_blocks_and_give_the_cold_
         let reference = Reference::load(name);
         let once = [reference.ids("prompt_ids"), reference.ids("gen_ids")].concat();
         let prompt = [once.clone(), once.clone(), once].concat();
-        assert!(prompt.len() > 2 * BLOCK_TOKENS + 8, "{name}: a longer prompt");
+        assert!(
+            prompt.len() > 2 * BLOCK_TOKENS + 8,
+            "{name}: a longer prompt"
+        );
         // On a block edge, mid-block, one token past an edge.
         for cut in [2 * BLOCK_TOKENS, BLOCK_TOKENS + 5, BLOCK_TOKENS + 1] {
             let label = format!("{name}, prefix of {cut}");
@@ -113,7 +122,11 @@ fn sequences_diverging_after_a_cached_prefix_share_its_blocks_and_give_the_cold_
             let state = backend.capture_state(&warm).unwrap();
             drop(warm);
             let prefix_blocks = blocks_for(cut);
-            assert_eq!(used(&backend), prefix_blocks, "{label}: the piece holds its blocks");
+            assert_eq!(
+                used(&backend),
+                prefix_blocks,
+                "{label}: the piece holds its blocks"
+            );
 
             // Two sequences restored from it: the blocks are referenced, not copied.
             let restore = || {
@@ -122,7 +135,11 @@ fn sequences_diverging_after_a_cached_prefix_share_its_blocks_and_give_the_cold_
                     .unwrap()
             };
             let mut sessions = [restore(), restore()];
-            assert_eq!(used(&backend), prefix_blocks, "{label}: restoring copied blocks");
+            assert_eq!(
+                used(&backend),
+                prefix_blocks,
+                "{label}: restoring copied blocks"
+            );
             assert_eq!(shared(&backend), prefix_blocks, "{label}");
 
             let runs = run_together(&backend, &mut sessions, &[&a[cut..], &b[cut..]]);
@@ -144,7 +161,11 @@ fn sequences_diverging_after_a_cached_prefix_share_its_blocks_and_give_the_cold_
 
             drop(sessions);
             drop(third);
-            assert_eq!(used(&backend), prefix_blocks, "{label}: only the piece's blocks left");
+            assert_eq!(
+                used(&backend),
+                prefix_blocks,
+                "{label}: only the piece's blocks left"
+            );
             drop(kv);
             assert_eq!(used(&backend), 0, "{label}: every block back in the pool");
             assert_eq!(shared(&backend), 0);
@@ -252,11 +273,18 @@ fn a_pool_too_small_for_every_request_changes_no_answer_and_frees_every_block() 
             "cache {cache}: a pool of {blocks} blocks should have forced a preemption"
         );
         if cache {
-            assert!(stats.prefix.snapshot().evictions > 0, "the cache gave blocks back");
+            assert!(
+                stats.prefix.snapshot().evictions > 0,
+                "the cache gave blocks back"
+            );
             scheduler.clear_prefix_cache();
         }
         let kv = stats.kv_blocks().expect("published");
-        assert_eq!((kv.used, kv.shared), (0, 0), "cache {cache}: blocks left in use");
+        assert_eq!(
+            (kv.used, kv.shared),
+            (0, 0),
+            "cache {cache}: blocks left in use"
+        );
         assert_eq!(tight.backend.kv_blocks().unwrap().used, 0);
     }
 
@@ -313,7 +341,110 @@ fn a_cancelled_request_frees_its_blocks_at_once() {
             assert_eq!(kv.used, 0, "the cancelled sequence's blocks are free");
         }
         scheduler.clear_prefix_cache();
-        assert_eq!(scheduler.stats().kv_blocks().unwrap().used, 0, "cache {cache}");
+        assert_eq!(
+            scheduler.stats().kv_blocks().unwrap().used,
+            0,
+            "cache {cache}"
+        );
         assert_eq!(model.backend.kv_blocks().unwrap().used, 0);
     }
+}
+
+/// A chat whose system prompt is `words` words long, then `question`.
+fn chat(model: &Model, words: usize, question: &str) -> Vec<u32> {
+    let system: Vec<String> = (0..words)
+        .map(|n| ["tools", "paint", "aisle", "garden", "screws"][n % 5].to_string())
+        .collect();
+    let messages = serde_json::json!([
+        {"role": "system", "content": system.join(" ")},
+        {"role": "user", "content": question},
+    ]);
+    model
+        .prepare(&Prompt::Chat {
+            messages,
+            tools: None,
+            vars: Default::default(),
+            add_generation_prompt: true,
+        })
+        .unwrap()
+        .ids
+}
+
+#[test]
+fn eight_requests_in_flight_after_a_long_shared_prompt_hold_its_blocks_once() {
+    let model = demo_with(None);
+    let marker = model.tokenizer.token_to_id("<|im_start|>").unwrap();
+    let scheduler = Scheduler::start_with_prefix_cache(
+        Arc::clone(&model),
+        BatchConfig {
+            max_seqs: 8,
+            token_budget: 1024,
+            state_budget: None,
+        },
+        Some(PrefixCacheConfig {
+            capacity_bytes: u64::MAX,
+            interval: 1024,
+            markers: vec![marker],
+        }),
+    )
+    .unwrap();
+    // The system prompt's blocks go into the cache with the first request.
+    let first = chat(&model, 720, "Where are the screws?");
+    scheduler
+        .submit(first.clone(), &endless(4))
+        .unwrap()
+        .wait()
+        .unwrap();
+    let questions = [
+        "Do you sell paint?",
+        "Is the garden aisle open?",
+        "Where are the ladders?",
+        "Can I return tools?",
+        "Do you cut keys?",
+        "Are there nails?",
+        "Who mixes paint?",
+        "Is there parking?",
+    ];
+    let prompts: Vec<Vec<u32>> = questions.iter().map(|q| chat(&model, 720, q)).collect();
+    let shared_tokens = first
+        .iter()
+        .zip(&prompts[0])
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(shared_tokens > 1900, "{shared_tokens} shared tokens");
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| scheduler.submit(p.clone(), &endless(64)).unwrap())
+        .collect();
+    // Every one past its prompt and decoding (none ends before 64 tokens).
+    for handle in &handles {
+        assert!(matches!(handle.recv(), Some(SeqEvent::Text(_))));
+    }
+    assert_eq!(scheduler.stats().running(), 8);
+    let kv = model.backend.kv_blocks().unwrap();
+    let prompt_blocks = blocks_for(prompts.iter().map(Vec::len).max().unwrap() + 64);
+    // Copies would take 8 prompts' blocks; shared, the system prompt's are held once.
+    let unshared = 8 * prompt_blocks;
+    assert!(
+        kv.used * 4 < unshared,
+        "{} blocks in use, {} shared; per-sequence copies would take {unshared}",
+        kv.used,
+        kv.shared
+    );
+    assert!(
+        kv.shared >= shared_tokens / BLOCK_TOKENS - 1,
+        "{} shared",
+        kv.shared
+    );
+    eprintln!(
+        "8 requests after a {shared_tokens}-token shared prompt: {} blocks in use ({} shared) of \
+         {} bytes each; per-sequence copies: {unshared}",
+        kv.used, kv.shared, kv.block_bytes
+    );
+    for (prompt, handle) in prompts.iter().zip(handles) {
+        let got = handle.wait().unwrap();
+        assert_eq!(got.ids, solo(&model, prompt, &endless(64)).ids);
+    }
+    scheduler.clear_prefix_cache();
+    assert_eq!(model.backend.kv_blocks().unwrap().used, 0);
 }

@@ -519,6 +519,15 @@ mod tests {
         };
         let why = cuda_refusal(dir, &slots).expect("refused");
         assert!(why.contains("--expert-slots 8"), "{why}");
+        let pool = LoadOptions {
+            kv_pool_bytes: Some(1 << 30),
+            ..LoadOptions::default()
+        };
+        let why = cuda_refusal(dir, &pool).expect("refused");
+        assert!(
+            why.contains("--kv-pool") && why.contains("--device cpu"),
+            "{why}"
+        );
     }
 
     #[test]
