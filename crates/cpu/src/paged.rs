@@ -6,6 +6,12 @@
 //!
 //! Blocks are allocated the first time their id is handed out and kept for reuse after they
 //! are freed (the pool's memory is its high-water mark, at most its capacity).
+//!
+//! One lock guards the counts and the storage. A layer's attention holds it while it writes the
+//! step's rows and reads every sequence's blocks (in parallel, on rayon's threads, which never
+//! take it themselves): forward passes of one engine on several threads take turns per layer.
+//! A forward pass must not be started from inside a rayon job of another one (the lock is not
+//! re-entrant).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,6 +48,11 @@ impl KvPool {
             .filter(|l| l.mixer == MixerKind::FullAttention)
             .count();
         let row = config.attention.num_kv_heads * config.attention.head_dim;
+        Self::with_shape(layers, row, budget_bytes)
+    }
+
+    /// A pool of blocks for `layers` attention layers of `row` floats per token's keys.
+    fn with_shape(layers: usize, row: usize, budget_bytes: u64) -> Arc<Self> {
         let block_floats = layers * 2 * BLOCK_TOKENS * row;
         let capacity = match block_floats * 4 {
             0 => 0,
@@ -364,4 +375,105 @@ pub(crate) fn table_from_pieces(pool: &Arc<KvPool>, pieces: &[&PagedKv], end: us
         .map(|id| id.expect("contiguous pieces cover every block"))
         .collect();
     BlockTable::retaining(pool, &ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows `[tokens, row]` whose values name their layer, position and keys/values.
+    fn rows(layer: usize, from: usize, tokens: usize, row: usize, values: bool) -> Vec<f32> {
+        (0..tokens * row)
+            .map(|i| (layer * 10_000 + (from + i / row) * 10 + values as usize) as f32)
+            .collect()
+    }
+
+    fn write(pool: &KvPool, table: &BlockTable, from: usize, tokens: usize, layers: usize) {
+        for layer in 0..layers {
+            let mut access = LayerAccess::new(pool, layer);
+            let (k, v) = (
+                rows(layer, from, tokens, pool.row, false),
+                rows(layer, from, tokens, pool.row, true),
+            );
+            access.write(table, from, &k, &v);
+        }
+    }
+
+    /// Every row of `[0, tokens)` of every layer, read through the table.
+    fn read(pool: &KvPool, table: &BlockTable, tokens: usize, layers: usize) -> Vec<f32> {
+        let mut out = Vec::new();
+        for layer in 0..layers {
+            let access = LayerAccess::new(pool, layer);
+            for values in [false, true] {
+                let blocks = access.blocks(table, values);
+                for p in 0..tokens {
+                    let at = (p % BLOCK_TOKENS) * pool.row;
+                    out.extend_from_slice(&blocks[p / BLOCK_TOKENS][at..at + pool.row]);
+                }
+            }
+        }
+        out
+    }
+
+    fn expected(tokens: usize, row: usize, layers: usize) -> Vec<f32> {
+        (0..layers)
+            .flat_map(|l| [false, true].map(|v| rows(l, 0, tokens, row, v)))
+            .flatten()
+            .collect()
+    }
+
+    #[test]
+    fn a_shared_block_is_copied_before_a_write_and_the_original_keeps_its_rows() {
+        let (layers, row) = (2, 3);
+        let pool = KvPool::with_shape(
+            layers,
+            row,
+            8 * (layers * 2 * BLOCK_TOKENS * row * 4) as u64,
+        );
+        assert_eq!(pool.counts().capacity, 8);
+        let mut a = BlockTable::new(&pool);
+        // 21 tokens: one full block and 5 rows of the next.
+        a.prepare_write(0, 21).unwrap();
+        write(&pool, &a, 0, 21, layers);
+        let b = a.clone();
+        assert_eq!((pool.counts().used, pool.counts().shared), (2, 2));
+        // The clone writes on: the full block stays shared, the partial one is copied first.
+        let mut b = b;
+        b.prepare_write(21, 40).unwrap();
+        assert_eq!(b.blocks()[0], a.blocks()[0]);
+        assert_ne!(b.blocks()[1], a.blocks()[1]);
+        assert_eq!((pool.counts().used, pool.counts().shared), (4, 1));
+        write(&pool, &b, 21, 19, layers);
+        assert_eq!(read(&pool, &a, 21, layers), expected(21, row, layers));
+        assert_eq!(read(&pool, &b, 40, layers), expected(40, row, layers));
+        // A write the pool cannot hold changes nothing.
+        let before = b.blocks().to_vec();
+        let err = b.prepare_write(40, 40 + 9 * BLOCK_TOKENS).unwrap_err();
+        assert_eq!((err.free, err.capacity), (4, 8));
+        assert_eq!(b.blocks(), &before[..]);
+        drop(a);
+        assert_eq!((pool.counts().used, pool.counts().shared), (3, 0));
+        drop(b);
+        assert_eq!(pool.counts().used, 0);
+    }
+
+    #[test]
+    fn pieces_split_and_rebuild_a_table_of_the_same_blocks() {
+        let (layers, row) = (1, 2);
+        let pool = KvPool::with_shape(layers, row, 1 << 20);
+        let mut table = BlockTable::new(&pool);
+        table.prepare_write(0, 45).unwrap();
+        write(&pool, &table, 0, 45, layers);
+        let whole = PagedKv::new(&table, 0, 45, vec![None]);
+        // Mid-block and on an edge.
+        for at in [20, 32] {
+            let (head, tail) = whole.split_at(at);
+            assert_eq!((head.end, tail.start), (at, at));
+            let rebuilt = table_from_pieces(&pool, &[&head, &tail], 45);
+            assert_eq!(rebuilt.blocks(), table.blocks());
+            assert_eq!(read(&pool, &rebuilt, 45, layers), expected(45, row, layers));
+        }
+        drop((whole, table));
+        assert_eq!(pool.counts().used, 0, "every reference given back");
+    }
 }

@@ -264,6 +264,9 @@ impl Scheduler {
         };
         let stats = Arc::new(SchedulerStats::new(config.max_seqs, config.token_budget));
         stats.prefix.set_enabled(prefix.is_some());
+        if let Some(blocks) = model.backend.kv_blocks() {
+            stats.set_kv_blocks(blocks);
+        }
         let (commands, received) = channel();
         let (engine_model, engine_stats) = (Arc::clone(&model), Arc::clone(&stats));
         // The loop is built on its thread: sessions are created, used and dropped there and
@@ -789,6 +792,10 @@ impl EngineLoop {
             .restore_prefix(&hit.segments, hit.state, ids, capacity)
         {
             Ok(session) => Some(Ok((session, hit.tokens))),
+            Err(e @ RuntimeError::Engine(spindle_cpu::EngineError::KvPoolFull(_))) => {
+                tracing::debug!("no KV blocks to restore a cached prefix: {e}");
+                Some(Err(e))
+            }
             Err(e) => {
                 tracing::warn!("a cached prefix could not be restored: {e}");
                 Some(Err(e))
