@@ -569,9 +569,10 @@ impl EngineLoop {
 
     /// Makes room in every running sequence's state for its next step (on the CPU the KV pool's
     /// blocks its tokens go into, on CUDA the KV caches grow now, not inside the shared step).
-    /// When there is no memory for it, the prefix cache gives back entries first; then the
-    /// sequence is preempted while others run (their finishing frees memory), and fails alone
-    /// otherwise. A sequence never writes into memory another holds.
+    /// When the CPU's KV pool is short, the prefix cache gives back entries first; then (or when
+    /// the device has no memory) the sequence is preempted while others run (their finishing
+    /// frees memory), and fails alone otherwise. A sequence never writes into memory another
+    /// holds.
     fn reserve_for_step(&mut self) {
         let mut n = 0;
         while n < self.running.len() {
@@ -579,8 +580,9 @@ impl EngineLoop {
             let sequence = &mut self.running[n];
             match self.model.backend.reserve(&mut sequence.session, tokens) {
                 Ok(()) => n += 1,
-                // The prefix cache gives back what it alone holds first (then this is retried).
-                Err(_) if self.evict_prefix_entry() => {}
+                // The prefix cache gives back the blocks it alone holds first (then this is
+                // retried).
+                Err(e) if kv_pool_full(&e) && self.evict_prefix_entry() => {}
                 Err(e) if self.running.len() > 1 => {
                     tracing::debug!("no memory to grow a sequence's state: {e}");
                     self.preempt(n);
@@ -730,9 +732,9 @@ impl EngineLoop {
 
     /// A session for `prompt` with room for `capacity` tokens, and how many of its tokens it
     /// holds already: the longest cached prefix ([`EngineLoop::restore_prefix`]), else a fresh
-    /// session. When there is no memory for it (the CPU's KV pool, or the device), prefix cache
-    /// entries are evicted, least recently used first, and it is tried again; the error is
-    /// returned once the cache has nothing left to give.
+    /// session. When the CPU's KV pool has no blocks for it, prefix cache entries are evicted,
+    /// least recently used first, and it is tried again; the error is returned once the cache
+    /// has nothing left to give (or at once for any other error, as on CUDA).
     fn open_session(
         &mut self,
         prompt: &[u32],
@@ -749,7 +751,7 @@ impl EngineLoop {
                     .map(|session| (session, 0)),
             };
             match opened {
-                Err(e) if self.evict_prefix_entry() => {
+                Err(e) if kv_pool_full(&e) && self.evict_prefix_entry() => {
                     tracing::debug!("no memory for a new sequence ({e}): a prefix entry evicted");
                 }
                 opened => return opened,
@@ -792,7 +794,7 @@ impl EngineLoop {
             .restore_prefix(&hit.segments, hit.state, ids, capacity)
         {
             Ok(session) => Some(Ok((session, hit.tokens))),
-            Err(e @ RuntimeError::Engine(spindle_cpu::EngineError::KvPoolFull(_))) => {
+            Err(e) if kv_pool_full(&e) => {
                 tracing::debug!("no KV blocks to restore a cached prefix: {e}");
                 Some(Err(e))
             }
@@ -1060,6 +1062,15 @@ impl EngineLoop {
             None => finish_request(request, prefill_time, decode_time),
         }
     }
+}
+
+/// Whether `error` is the CPU's KV block pool running short (which the prefix cache can relieve
+/// by dropping its references to blocks).
+fn kv_pool_full(error: &RuntimeError) -> bool {
+    matches!(
+        error,
+        RuntimeError::Engine(spindle_cpu::EngineError::KvPoolFull(_))
+    )
 }
 
 /// Sends a request's end: what it generated (cancelled unless it had finished).
