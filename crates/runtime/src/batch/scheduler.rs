@@ -569,10 +569,10 @@ impl EngineLoop {
 
     /// Makes room in every running sequence's state for its next step (on the CPU the KV pool's
     /// blocks its tokens go into, on CUDA the KV caches grow now, not inside the shared step).
-    /// When the CPU's KV pool is short, the prefix cache gives back entries first; then (or when
-    /// the device has no memory) the sequence is preempted while others run (their finishing
-    /// frees memory), and fails alone otherwise. A sequence never writes into memory another
-    /// holds.
+    /// When the CPU's KV pool is short, the prefix cache gives back entries first, then the
+    /// sequence admitted last is preempted; when the device has no memory, the sequence itself
+    /// is preempted while others run (their finishing frees memory). A sequence alone that
+    /// cannot grow fails. A sequence never writes into memory another holds.
     fn reserve_for_step(&mut self) {
         let mut n = 0;
         while n < self.running.len() {
@@ -585,7 +585,15 @@ impl EngineLoop {
                 Err(e) if kv_pool_full(&e) && self.evict_prefix_entry() => {}
                 Err(e) if self.running.len() > 1 => {
                     tracing::debug!("no memory to grow a sequence's state: {e}");
-                    self.preempt(n);
+                    // Out of KV blocks, the sequence admitted last makes room (first come,
+                    // first served, as for the state budget), and this one is tried again;
+                    // out of device memory, this one waits.
+                    let victim = if kv_pool_full(&e) {
+                        self.running.len() - 1
+                    } else {
+                        n
+                    };
+                    self.preempt(victim);
                 }
                 Err(e) => {
                     let sequence = self.running.remove(n);
