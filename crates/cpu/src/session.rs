@@ -135,9 +135,11 @@ impl KvRows {
     }
 }
 
-/// The attention layers' rows of tokens `[start, end)` of a sequence: a piece of a prefix that
-/// is valid at any cut (each token's KV row depends only on the tokens before it). `layers`
-/// follows the model's layers: `Some` for an attention layer, `None` for a GDN layer.
+/// The attention layers' rows of tokens `[start, end)` of a sequence, copied out: a piece of a
+/// prefix that is valid at any cut (each token's KV row depends only on the tokens before it).
+/// `layers` follows the model's layers: `Some` for an attention layer, `None` for a GDN layer.
+/// The layout of CUDA's prefix pieces kept on the host; the CPU's own pieces are references to
+/// its KV blocks ([`PagedKv`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvSegment {
     pub start: usize,
