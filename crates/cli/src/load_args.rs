@@ -53,6 +53,14 @@ pub struct LoadArgs {
     /// the released Qwen3.5/3.6 checkpoints); image prompts are then refused.
     #[arg(long)]
     pub no_vision: bool,
+
+    /// Bytes the CPU engine's KV block pool may hold: every sequence's keys and values in
+    /// blocks of 16 tokens, shared by the prefix cache and the sequences that resume from it
+    /// (default: half the memory available once the weights are loaded; blocks are allocated
+    /// as first used). When it is full a new request waits and a running one is preempted and
+    /// recomputed later. CUDA keeps per-sequence caches and refuses it.
+    #[arg(long, value_name = "BYTES")]
+    pub kv_pool: Option<u64>,
 }
 
 fn parse_quant(s: &str) -> Result<WeightFormat, String> {
@@ -103,6 +111,7 @@ impl LoadArgs {
             },
             check_weights: self.check_weights,
             no_vision: self.no_vision,
+            kv_pool_bytes: self.kv_pool,
             ..LoadOptions::default()
         }
     }

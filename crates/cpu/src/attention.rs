@@ -1,13 +1,15 @@
 //! Gated full attention over the KV cache (MODEL_MATH §1.4) for a step of sequences: projections
-//! over all their rows, then per sequence RoPE, KV append and attention over its own cache.
+//! over all their rows, then per sequence RoPE, the new keys and values written into its own
+//! blocks of the model's KV pool, and attention over its cache through its block table.
 
 use rayon::prelude::*;
 use spindle_kernels::activation::sigmoid;
-use spindle_kernels::attention::{attend, HeadCache};
+use spindle_kernels::attention::{attend, PagedHeads};
 use spindle_kernels::norm::rms_norm_zc_in_place;
 use spindle_kernels::rope::{apply_partial_rope, RopeFreqs};
 use spindle_model::{AttentionConfig, QsaConfig};
 
+use crate::paged::{BlockTable, KvPool, LayerAccess};
 use crate::qwen4::qsa;
 use crate::session::KvCache;
 use spindle_model::weights::AttentionWeights;
@@ -25,9 +27,11 @@ use crate::linear::LinearExt;
 
 /// Runs a step's tokens through one attention layer. `x` is the normed input `[N, H]` of every
 /// sequence in the step; `seqs` gives each sequence's rows of `x` (consecutive, in order, at
-/// its own positions) and its cache, to which the new keys and values are appended. The
-/// projections run once over all rows; the indexer's selection (qwen4_exp's QSA), RoPE and
-/// attention run per sequence over its own cache (in parallel across sequences).
+/// its own positions), its layer state and its block table into `pool` (made writable for the
+/// step's tokens: [`crate::paged::BlockTable::prepare_write`]), into which the new keys and
+/// values are written as layer `layer` (its index among the attention layers). The projections
+/// run once over all rows; the indexer's selection (qwen4_exp's QSA), RoPE and attention run
+/// per sequence over its own cache (in parallel across sequences).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     w: &AttentionWeights,
@@ -36,10 +40,12 @@ pub fn forward(
     rope: Rope,
     eps: f32,
     x: &[f32],
-    seqs: Vec<(Span, &mut KvCache)>,
+    pool: &KvPool,
+    layer: usize,
+    seqs: Vec<(Span, &mut KvCache, &BlockTable)>,
 ) -> Vec<f32> {
     let (n_h, d) = (shape.num_heads, shape.head_dim);
-    let spans: Vec<Span> = seqs.iter().map(|(span, _)| span.clone()).collect();
+    let spans: Vec<Span> = seqs.iter().map(|(span, _, _)| span.clone()).collect();
     let groups: Vec<usize> = spans.iter().map(Span::tokens).collect();
     let tokens: usize = groups.iter().sum();
     let indexer = match (&w.indexer, qsa) {
@@ -51,12 +57,14 @@ pub fn forward(
         k: w.k_proj.forward_groups(x, &groups),
         v: w.v_proj.forward_groups(x, &groups),
     };
-    let mut out = vec![0.0f32; tokens * n_h * d];
-    let parts: Vec<_> = split_rows(&mut out, n_h * d, &spans)
-        .into_iter()
-        .zip(seqs)
-        .collect();
-    for_each_seq(parts, |(out, (span, cache))| {
+    let mut tables = Vec::with_capacity(seqs.len());
+    let mut parts = Vec::with_capacity(seqs.len());
+    for (span, cache, table) in seqs {
+        tables.push(table);
+        parts.push((span, cache));
+    }
+    // Per sequence: the indexer's selection, queries, gates and keys after norms and RoPE.
+    let prepared = map_seqs(parts, |(span, cache)| {
         let selection = match &indexer {
             Some((iw, cfg, qk)) => {
                 let width = qsa::projection_width(cfg);
@@ -73,11 +81,40 @@ pub fn forward(
             }
             None => vec![None; span.tokens()],
         };
-        core(
-            w, shape, rope, eps, cache, &projected, &span, &selection, out,
-        )
+        prepare(w, shape, rope, eps, &projected, span, selection)
+    });
+    // The new keys and values into each sequence's own blocks, then attention reading them
+    // through the block tables.
+    let mut access = LayerAccess::new(pool, layer);
+    let row = shape.num_kv_heads * d;
+    for (p, table) in prepared.iter().zip(&tables) {
+        let r = &p.span.rows;
+        access.write(
+            table,
+            p.span.start,
+            &p.k,
+            &projected.v[r.start * row..r.end * row],
+        );
+    }
+    let mut out = vec![0.0f32; tokens * n_h * d];
+    let parts: Vec<_> = split_rows(&mut out, n_h * d, &spans)
+        .into_iter()
+        .zip(prepared.iter().zip(&tables))
+        .collect();
+    let access = &access;
+    for_each_seq(parts, |(out, (p, table))| {
+        core(shape, p, access, table, out)
     });
     w.o_proj.forward_groups(&out, &groups)
+}
+
+/// `f` over every part, in parallel when there are several, results in order.
+fn map_seqs<T: Send, U: Send>(parts: Vec<T>, f: impl Fn(T) -> U + Sync + Send) -> Vec<U> {
+    if parts.len() == 1 {
+        parts.into_iter().map(f).collect()
+    } else {
+        parts.into_par_iter().map(f).collect()
+    }
 }
 
 /// The step's query/gate, key and value projections, `[N, ·]` each.
@@ -87,27 +124,31 @@ struct Projected {
     v: Vec<f32>,
 }
 
-/// One sequence's attention core over its rows `span` of the projections: q/k norms, RoPE at
-/// its positions, KV append, attention over its cache (the indexer's `selection` where it
-/// chose), output gate; into `out [tokens, n_h·d]`.
-#[allow(clippy::too_many_arguments)]
-fn core(
+/// One sequence's rows ready for attention: queries and keys normed and rotated at their
+/// positions, the output gates, and which cached tokens each row attends to.
+struct Prepared {
+    span: Span,
+    q: Vec<f32>,
+    gate: Vec<f32>,
+    k: Vec<f32>,
+    selection: qsa::Selection,
+}
+
+/// q/k norms and RoPE at the sequence's positions for its rows `span` of the projections.
+fn prepare(
     w: &AttentionWeights,
     shape: &AttentionConfig,
     rope: Rope,
     eps: f32,
-    cache: &mut KvCache,
     projected: &Projected,
-    span: &Span,
-    selection: &qsa::Selection,
-    out: &mut [f32],
-) {
+    span: Span,
+    selection: qsa::Selection,
+) -> Prepared {
     let (n_h, n_kv, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
-    let (tokens, start) = (span.tokens(), span.start);
+    let tokens = span.tokens();
     let r = &span.rows;
     let q_full = &projected.q_full[r.start * n_h * 2 * d..r.end * n_h * 2 * d];
     let mut k = projected.k[r.start * n_kv * d..r.end * n_kv * d].to_vec();
-    let v = &projected.v[r.start * n_kv * d..r.end * n_kv * d];
 
     // Split the per-head [query | gate] interleave; norm and rotate queries and keys.
     let mut q = vec![0.0f32; tokens * n_h * d];
@@ -133,16 +174,35 @@ fn core(
             apply_partial_rope(kh, &cos, &sin);
         }
     }
-    cache.keys.extend_from_slice(&k);
-    cache.values.extend_from_slice(v);
+    Prepared {
+        span,
+        q,
+        gate,
+        k,
+        selection,
+    }
+}
 
-    let keys = HeadCache {
-        data: &cache.keys,
+/// One sequence's attention over its cache (its keys and values through `table`, the new
+/// rows already written), the indexer's selection where it chose, then the output gate; into
+/// `out [tokens, n_h·d]`.
+fn core(
+    shape: &AttentionConfig,
+    p: &Prepared,
+    access: &LayerAccess,
+    table: &BlockTable,
+    out: &mut [f32],
+) {
+    let (n_h, n_kv, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
+    let start = p.span.start;
+    let (key_blocks, value_blocks) = (access.blocks(table, false), access.blocks(table, true));
+    let keys = PagedHeads {
+        blocks: &key_blocks,
         heads: n_kv,
         head_dim: d,
     };
-    let values = HeadCache {
-        data: &cache.values,
+    let values = PagedHeads {
+        blocks: &value_blocks,
         heads: n_kv,
         head_dim: d,
     };
@@ -154,8 +214,8 @@ fn core(
         .enumerate()
         .for_each_init(Vec::new, |scores, (row, o)| {
             let (t, h) = (row / n_h, row % n_h);
-            let qh = &q[row * d..][..d];
-            match &selection[t] {
+            let qh = &p.q[row * d..][..d];
+            match &p.selection[t] {
                 None => attend(
                     qh,
                     keys,
@@ -179,6 +239,6 @@ fn core(
             }
         });
     out.iter_mut()
-        .zip(&gate)
+        .zip(&p.gate)
         .for_each(|(o, &g)| *o *= sigmoid(g));
 }

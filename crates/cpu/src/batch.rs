@@ -12,6 +12,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::error::{first_non_finite_row, EngineError, NonFiniteSite, Result};
+use crate::paged::KvPool;
 use crate::session::Session;
 use crate::BatchItem;
 use spindle_model::forward::LogitsFor;
@@ -119,6 +120,27 @@ impl<'s> Step<'s> {
     /// tokens do not fit its images (text inside an image's pads) gets its error and takes no
     /// rows; its session is unchanged.
     pub fn with_images(items: &'s mut [BatchItem<'_>], image_token: Option<u32>) -> Self {
+        Self::build(items, image_token, None)
+    }
+
+    /// [`Step::with_images`] for sessions whose keys and values live in `pool`: each running
+    /// sequence's block table is made ready for its new tokens first (new blocks, a private copy
+    /// of a shared block it would write into). A sequence the pool has no blocks for gets
+    /// [`EngineError::KvPoolFull`], one whose session belongs to another pool its error; either
+    /// takes no rows and its session is unchanged.
+    pub fn with_pool(
+        items: &'s mut [BatchItem<'_>],
+        image_token: Option<u32>,
+        pool: &Arc<KvPool>,
+    ) -> Self {
+        Self::build(items, image_token, Some(pool))
+    }
+
+    fn build(
+        items: &'s mut [BatchItem<'_>],
+        image_token: Option<u32>,
+        pool: Option<&Arc<KvPool>>,
+    ) -> Self {
         let mut results: Vec<Option<Result<Vec<f32>>>> = (0..items.len()).map(|_| None).collect();
         let mut seqs = Vec::with_capacity(items.len());
         let mut next_row = 0;
@@ -130,6 +152,16 @@ impl<'s> Step<'s> {
                 continue;
             }
             let start = it.session.position;
+            if let Some(pool) = pool {
+                if !Arc::ptr_eq(it.session.kv.pool(), pool) {
+                    results[item] = Some(Err(EngineError::ForeignSession));
+                    continue;
+                }
+                if let Err(e) = it.session.kv.prepare_write(start, start + it.ids.len()) {
+                    results[item] = Some(Err(e.into()));
+                    continue;
+                }
+            }
             let (rope, images) = match place(it.session, it.ids, image_token) {
                 Ok(placed) => placed,
                 Err(e) => {

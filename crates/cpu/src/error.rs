@@ -26,6 +26,17 @@ pub enum EngineError {
         position: usize,
     },
 
+    /// The KV block pool has no blocks for a sequence's next tokens: it waits (or is preempted)
+    /// until others free theirs; its state is unchanged.
+    #[error(transparent)]
+    KvPoolFull(#[from] spindle_model::paged::PoolFull),
+
+    /// A session made by another loaded model (its KV blocks are in that model's pool).
+    #[error(
+        "this session belongs to another loaded model (its KV blocks live in that model's pool)"
+    )]
+    ForeignSession,
+
     /// Image input the model cannot take: no tower loaded, or an image that does not fit it.
     #[error("{0}")]
     Image(String),

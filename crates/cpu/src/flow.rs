@@ -9,10 +9,11 @@ use std::convert::Infallible;
 
 use spindle_kernels::norm::{rms_norm_zc, GateActivation};
 use spindle_kernels::rope::RopeFreqs;
-use spindle_model::{GdnGate, ModelConfig};
+use spindle_model::{GdnGate, MixerKind, ModelConfig};
 
 use crate::batch::Step;
 use crate::error::{EngineError, NonFiniteSite, Result};
+use crate::paged::KvPool;
 use crate::qwen4::{hyper, ngram, ple};
 use crate::session::LayerState;
 use crate::BatchItem;
@@ -42,6 +43,8 @@ struct Ctx<'a> {
     hidden: usize,
     /// Residual streams: 1, or hc_count for qwen4_exp.
     streams: usize,
+    /// The KV pool every session of the step keeps its keys and values in.
+    pool: &'a KvPool,
 }
 
 /// Which sublayer of a layer is being wrapped.
@@ -92,11 +95,18 @@ fn mixer(ctx: &Ctx, index: usize, layer: &LayerWeights, step: &mut Step, x: &[f3
             let seqs = step
                 .seqs
                 .iter_mut()
-                .map(|seq| match &mut seq.session.layers[index] {
-                    LayerState::Attention(cache) => (seq.span.clone(), cache),
-                    LayerState::Gdn(_) => unreachable!("session layers follow the config"),
+                .map(|seq| {
+                    let session = &mut *seq.session;
+                    match &mut session.layers[index] {
+                        LayerState::Attention(cache) => (seq.span.clone(), cache, &session.kv),
+                        LayerState::Gdn(_) => unreachable!("session layers follow the config"),
+                    }
                 })
                 .collect();
+            let ordinal = config.layers[..index]
+                .iter()
+                .filter(|l| l.mixer == MixerKind::FullAttention)
+                .count();
             attention::forward(
                 w,
                 &config.attention,
@@ -107,6 +117,8 @@ fn mixer(ctx: &Ctx, index: usize, layer: &LayerWeights, step: &mut Step, x: &[f3
                 },
                 ctx.eps,
                 x,
+                ctx.pool,
+                ordinal,
                 seqs,
             )
         }
@@ -199,10 +211,14 @@ fn add_ple(ctx: &Ctx, w: &PleWeights, ordinal: usize, step: &mut Step, h: &mut [
 /// With `image_token` (a model whose vision tower is loaded), each sequence's pads take the
 /// rows of its pending images in place of their embeddings, and its rows rotate by 3-D
 /// positions (shared docs `VISION.md` §4).
+///
+/// Every session's keys and values live in `pool`; a sequence whose new tokens the pool has no
+/// blocks for gets [`EngineError::KvPoolFull`] and takes no part (its state is unchanged).
 pub fn forward(
     config: &ModelConfig,
     weights: &ModelWeights,
     rope: &RopeFreqs,
+    pool: &std::sync::Arc<KvPool>,
     image_token: Option<u32>,
     items: &mut [BatchItem],
 ) -> Vec<Result<Vec<f32>>> {
@@ -215,9 +231,10 @@ pub fn forward(
         eps: config.rms_norm_eps as f32,
         hidden,
         streams,
+        pool,
     };
     let width = streams * hidden;
-    let mut step = Step::with_images(items, image_token);
+    let mut step = Step::with_pool(items, image_token, pool);
     if step.seqs.is_empty() {
         return step.into_results();
     }

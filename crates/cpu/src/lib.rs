@@ -10,6 +10,7 @@ pub mod ffn;
 mod flow;
 mod gdn;
 pub mod linear;
+pub mod paged;
 pub mod qwen4;
 pub mod session;
 pub mod vision;
@@ -35,6 +36,7 @@ use spindle_vision::PreparedImage;
 
 pub use error::{first_non_finite_row, EngineError, NonFiniteSite, Result};
 pub use linear::LinearExt;
+pub use paged::KvPool;
 pub use session::Session;
 /// The expert provider's types live in `spindle_model::experts`; re-exported for the front ends.
 pub use spindle_model::experts;
@@ -69,6 +71,18 @@ pub struct LoadOptions {
     /// `quant` was asked for (`--quant`): a backend that runs block FP8 as stored (CUDA) then
     /// re-encodes an FP8 checkpoint's projections in `quant` instead.
     pub quant_given: bool,
+    /// Bytes the KV block pool may hold (every session's keys and values, the prefix cache's
+    /// blocks included). `None`: half the memory available once the weights are loaded
+    /// ([`default_kv_pool_bytes`]). Blocks are allocated as first used, so a large pool costs
+    /// nothing until sequences fill it. Ignored by CUDA, which keeps per-sequence caches.
+    pub kv_pool_bytes: Option<u64>,
+}
+
+/// The KV pool's size when none is given: half the memory this process may use now
+/// (MemAvailable, or the cgroup limit when lower; 4 GiB when neither can be read). Call it
+/// once the weights are loaded.
+pub fn default_kv_pool_bytes() -> u64 {
+    spindle_model::install::plan::memory_budget().unwrap_or(4 << 30) / 2
 }
 
 /// One sequence's share of a batched step ([`Engine::forward_batch`]).
@@ -94,6 +108,8 @@ pub struct Engine {
     expert_counters: Arc<ExpertCounters>,
     /// The vision tower, or why image input is not available.
     vision: std::result::Result<VisionWeights, String>,
+    /// Every session's keys and values, in blocks.
+    kv_pool: Arc<KvPool>,
 }
 
 impl Engine {
@@ -138,6 +154,10 @@ impl Engine {
             (ExpertResidency::Mapped, WeightFormat::Bf16) => Placement::Mapped,
             _ => Placement::Resident,
         };
+        let kv_pool = KvPool::new(
+            &config,
+            options.kv_pool_bytes.unwrap_or_else(default_kv_pool_bytes),
+        );
         Ok(Engine {
             config,
             weights,
@@ -147,6 +167,7 @@ impl Engine {
             placement,
             expert_counters: Arc::new(ExpertCounters::default()),
             vision,
+            kv_pool,
         })
     }
 
@@ -198,6 +219,10 @@ impl Engine {
         let weights = weights::load_from(&source, &config)?;
         let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
         let vision = load_vision(&source, &config, options)?;
+        let kv_pool = KvPool::new(
+            &config,
+            options.kv_pool_bytes.unwrap_or_else(default_kv_pool_bytes),
+        );
         Ok(Engine {
             config,
             weights,
@@ -207,6 +232,7 @@ impl Engine {
             placement,
             expert_counters: counters,
             vision,
+            kv_pool,
         })
     }
 
@@ -244,8 +270,24 @@ impl Engine {
             .bytes_per_token(self.config.moe.as_ref().map_or(0, |m| m.top_k))
     }
 
+    /// An empty session, its KV blocks to come from the engine's pool.
     pub fn new_session(&self) -> Session {
-        Session::new(&self.config)
+        Session::new(&self.config, &self.kv_pool)
+    }
+
+    /// The pool every session's keys and values live in.
+    pub fn kv_pool(&self) -> &Arc<KvPool> {
+        &self.kv_pool
+    }
+
+    /// Makes room in `session`'s block table for its tokens up to `tokens` (new blocks, and a
+    /// private copy of a shared block it would write into), so the steps that feed them need
+    /// no block from the pool. All or nothing: when the pool is short, the session is unchanged.
+    pub fn reserve(&self, session: &mut Session, tokens: usize) -> Result<()> {
+        if !Arc::ptr_eq(session.kv.pool(), &self.kv_pool) {
+            return Err(EngineError::ForeignSession);
+        }
+        Ok(session.kv.prepare_write(session.position, tokens)?)
     }
 
     /// Feeds `ids` to the session and returns logits `[rows, V]` (row-major) for the positions
@@ -287,7 +329,14 @@ impl Engine {
             .ok()
             .and_then(|_| self.config.vision.as_ref())
             .map(|v| v.tokens.image);
-        flow::forward(&self.config, &self.weights, &self.rope, image_token, items)
+        flow::forward(
+            &self.config,
+            &self.weights,
+            &self.rope,
+            &self.kv_pool,
+            image_token,
+            items,
+        )
     }
 
     /// The vision tower's weights, or why image input is not available (no `vision_config`,

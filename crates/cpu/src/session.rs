@@ -1,16 +1,20 @@
-//! One sequence's state: the KV cache of each attention layer and the conv and recurrent
-//! state of each GDN layer (f32).
+//! One sequence's state: its block table into the model's KV pool (every attention layer's
+//! keys and values), qwen4_exp's indexer keys, and the conv and recurrent state of each GDN
+//! layer (f32).
+
+use std::sync::Arc;
 
 use spindle_model::mrope::RopeCursor;
 use spindle_model::{MixerKind, ModelConfig};
 
+use crate::paged::{table_from_pieces, BlockTable, KvPool, PagedKv};
 use crate::qwen4::IndexerCache;
 
-/// Keys and values of every past token, `[len, n_kv, d]` each (keys after norm and RoPE).
+/// An attention layer's own state beside the keys and values (which live in the pool, reached
+/// through [`Session::kv`]): qwen4_exp's indexer keys, a row per token (small next to the KV
+/// rows, and only this family has them, so they stay with the sequence).
 #[derive(Clone, Debug, Default)]
 pub struct KvCache {
-    pub keys: Vec<f32>,
-    pub values: Vec<f32>,
     /// qwen4_exp: the QSA indexer's raw keys and pooled block keys.
     pub indexer: IndexerCache,
 }
@@ -37,11 +41,15 @@ pub struct PleState {
     pub conv: Vec<Vec<f32>>,
 }
 
-/// The state of one sequence. Cloning it snapshots the sequence.
+/// The state of one sequence. Cloning it snapshots the sequence: the clone shares every KV
+/// block, and whichever of the two writes into a shared block first copies it.
 #[derive(Clone, Debug)]
 pub struct Session {
     /// Number of tokens already processed (the next token's position).
     pub position: usize,
+    /// Keys and values of tokens `[0, position)` of every attention layer: token `p` in block
+    /// `kv.blocks()[p / BLOCK_TOKENS]` (blocks past the position may be reserved ahead).
+    pub kv: BlockTable,
     pub layers: Vec<LayerState>,
     pub ple: Option<PleState>,
     /// Why the state is incomplete, after a step failed part-way (no further steps run).
@@ -52,7 +60,8 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(config: &ModelConfig) -> Self {
+    /// An empty session whose KV blocks come from `pool` (the engine's).
+    pub fn new(config: &ModelConfig, pool: &Arc<KvPool>) -> Self {
         let g = &config.gdn;
         let layers = config
             .layers
@@ -75,6 +84,7 @@ impl Session {
         });
         Session {
             position: 0,
+            kv: BlockTable::new(pool),
             layers,
             ple,
             broken: None,
@@ -82,21 +92,20 @@ impl Session {
         }
     }
 
-    /// Bytes held by the caches and states.
+    /// Bytes held by the caches and states (every KV block the session references, shared
+    /// ones included).
     pub fn state_bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| match l {
-                LayerState::Attention(kv) => {
-                    (kv.keys.len()
-                        + kv.values.len()
-                        + kv.indexer.raw_keys.len()
-                        + kv.indexer.block_keys.len())
-                        * 4
-                }
-                LayerState::Gdn(s) => (s.conv.len() + s.recurrent.len()) * 4,
-            })
-            .sum::<usize>()
+        self.kv.bytes()
+            + self
+                .layers
+                .iter()
+                .map(|l| match l {
+                    LayerState::Attention(kv) => {
+                        (kv.indexer.raw_keys.len() + kv.indexer.block_keys.len()) * 4
+                    }
+                    LayerState::Gdn(s) => (s.conv.len() + s.recurrent.len()) * 4,
+                })
+                .sum::<usize>()
             + self
                 .ple
                 .as_ref()
@@ -126,9 +135,11 @@ impl KvRows {
     }
 }
 
-/// The attention layers' rows of tokens `[start, end)` of a sequence: a piece of a prefix that
-/// is valid at any cut (each token's KV row depends only on the tokens before it). `layers`
-/// follows the model's layers: `Some` for an attention layer, `None` for a GDN layer.
+/// The attention layers' rows of tokens `[start, end)` of a sequence, copied out: a piece of a
+/// prefix that is valid at any cut (each token's KV row depends only on the tokens before it).
+/// `layers` follows the model's layers: `Some` for an attention layer, `None` for a GDN layer.
+/// The layout of CUDA's prefix pieces kept on the host; the CPU's own pieces are references to
+/// its KV blocks ([`PagedKv`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvSegment {
     pub start: usize,
@@ -213,9 +224,11 @@ impl BoundaryState {
 }
 
 impl Session {
-    /// The attention layers' rows of tokens `[from, position)`. Refused for a broken session
-    /// (its state is incomplete) and for `from` past the position.
-    pub fn capture_kv(&self, from: usize) -> Result<KvSegment, String> {
+    /// The attention layers' KV of tokens `[from, position)`: references to the session's
+    /// blocks (no copy; the session copies a shared block before it writes into it again) and
+    /// qwen4_exp's indexer rows. Refused for a broken session (its state is incomplete) and for
+    /// `from` past the position.
+    pub fn capture_kv(&self, from: usize) -> Result<PagedKv, String> {
         self.check_capturable()?;
         if from > self.position {
             return Err(format!(
@@ -224,23 +237,17 @@ impl Session {
             ));
         }
         let tokens = self.position;
-        let layers = self
+        let indexer = self
             .layers
             .iter()
             .map(|l| match l {
-                LayerState::Attention(kv) => Some(KvRows {
-                    keys: KvRows::slice(&kv.keys, tokens, from, tokens),
-                    values: KvRows::slice(&kv.values, tokens, from, tokens),
-                    indexer_keys: KvRows::slice(&kv.indexer.raw_keys, tokens, from, tokens),
-                }),
-                LayerState::Gdn(_) => None,
+                LayerState::Attention(kv) if !kv.indexer.raw_keys.is_empty() => {
+                    Some(KvRows::slice(&kv.indexer.raw_keys, tokens, from, tokens))
+                }
+                _ => None,
             })
             .collect();
-        Ok(KvSegment {
-            start: from,
-            end: tokens,
-            layers,
-        })
+        Ok(PagedKv::new(&self.kv, from, tokens, indexer))
     }
 
     /// The GDN and PLE state at the session's position.
@@ -276,15 +283,18 @@ impl Session {
         Ok(())
     }
 
-    /// A session at `state.position` rebuilt from a prefix: the KV rows of `segments` (which
-    /// must run from 0 to the state's position without a gap, in order) and the boundary state.
-    /// Its next step continues as the session the pieces were captured from would have.
+    /// A session at `state.position` rebuilt from a prefix: the KV blocks of `segments` (which
+    /// must run from 0 to the state's position without a gap, in order, from `pool`) mapped
+    /// into its block table without a copy, and the boundary state. Its next step continues as
+    /// the session the pieces were captured from would have; its first write into a block the
+    /// pieces share (a prefix ending mid-block) copies that block first.
     pub fn restore(
         config: &ModelConfig,
-        segments: &[&KvSegment],
+        pool: &Arc<KvPool>,
+        segments: &[&PagedKv],
         state: &BoundaryState,
     ) -> Result<Session, String> {
-        let mut session = Session::new(config);
+        let mut session = Session::new(config, pool);
         let layers = session.layers.len();
         let mut position = 0;
         for segment in segments {
@@ -294,20 +304,21 @@ impl Session {
                     segment.start
                 ));
             }
-            if segment.layers.len() != layers {
+            if !Arc::ptr_eq(segment.pool(), pool) {
+                return Err("a prefix segment holds blocks of another model's KV pool".into());
+            }
+            if segment.indexer().len() != layers {
                 return Err(format!(
                     "a prefix segment has {} layers but the model {layers}",
-                    segment.layers.len()
+                    segment.indexer().len()
                 ));
             }
-            for (n, (layer, rows)) in session.layers.iter_mut().zip(&segment.layers).enumerate() {
+            for (n, (layer, rows)) in session.layers.iter_mut().zip(segment.indexer()).enumerate() {
                 match (layer, rows) {
                     (LayerState::Attention(kv), Some(rows)) => {
-                        kv.keys.extend_from_slice(&rows.keys);
-                        kv.values.extend_from_slice(&rows.values);
-                        kv.indexer.raw_keys.extend_from_slice(&rows.indexer_keys);
+                        kv.indexer.raw_keys.extend_from_slice(rows);
                     }
-                    (LayerState::Gdn(_), None) => {}
+                    (LayerState::Attention(_) | LayerState::Gdn(_), None) => {}
                     _ => return Err(format!("layer {n}'s kind differs in a prefix segment")),
                 }
             }
@@ -329,6 +340,7 @@ impl Session {
                 _ => return Err(format!("layer {n}'s kind differs in the boundary state")),
             }
         }
+        session.kv = table_from_pieces(pool, segments, position);
         session.ple.clone_from(&state.ple);
         session.position = position;
         Ok(session)

@@ -18,6 +18,7 @@ pub mod layout;
 pub mod mrope;
 pub mod names;
 pub mod ngram;
+pub mod paged;
 pub mod quant;
 pub mod synth;
 pub mod tensor;

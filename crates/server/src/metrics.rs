@@ -259,6 +259,33 @@ impl Metrics {
             "Sequences preempted for state memory (--state-memory) and recomputed later.",
             &plain(engine.preemptions().to_string()),
         );
+        // The CPU's paged KV cache; CUDA keeps per-sequence caches and reports none.
+        if let Some(kv) = engine.kv_blocks() {
+            for (name, help, value) in [
+                (
+                    "spindle_kv_blocks_used",
+                    "KV cache blocks in use (by running sequences and the prefix cache), each counted once.",
+                    kv.used,
+                ),
+                (
+                    "spindle_kv_blocks_free",
+                    "KV cache blocks the pool can still hand out (--kv-pool).",
+                    kv.free(),
+                ),
+                (
+                    "spindle_kv_blocks_shared",
+                    "KV cache blocks referenced more than once (a cached prefix shared by sequences).",
+                    kv.shared,
+                ),
+                (
+                    "spindle_kv_block_bytes",
+                    "Bytes of one KV cache block (16 tokens of every attention layer's keys and values).",
+                    kv.block_bytes,
+                ),
+            ] {
+                metric(name, "gauge", help, &plain(value.to_string()));
+            }
+        }
         let prefix = engine.prefix.snapshot();
         for (name, kind, help, value) in [
             (

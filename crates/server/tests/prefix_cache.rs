@@ -1,6 +1,7 @@
 //! The prefix cache through the server: a second request with the same 200-token system
 //! prompt reports cached prompt tokens in its usage (plain and streamed) and gets the answer a
-//! server without a cache gives; `/metrics` counts the hits; `--no-prefix-cache` reports none.
+//! server without a cache gives; `/metrics` counts the hits and the KV blocks the cache holds;
+//! `--no-prefix-cache` reports none.
 
 #[path = "server/common.rs"]
 #[allow(dead_code)]
@@ -88,6 +89,14 @@ async fn a_shared_system_prompt_is_served_from_the_cache() {
         metric(&metrics, "spindle_prefix_cache_evictions_total"),
         0.0
     );
+    // The CPU's paged KV: the cache holds the system prompt's blocks (16 tokens each) once
+    // the requests are done, and the pool has room left.
+    assert!(
+        metric(&metrics, "spindle_kv_blocks_used") >= (prompt_tokens / 16) as f64,
+        "the cached prompts' blocks"
+    );
+    assert!(metric(&metrics, "spindle_kv_blocks_free") > 0.0);
+    assert!(metric(&metrics, "spindle_kv_block_bytes") > 0.0);
 
     let metrics = plain.metrics().await;
     assert_eq!(metric(&metrics, "spindle_prefix_cache_enabled"), 0.0);

@@ -48,6 +48,12 @@ pub fn cuda_refusal(dir: &Path, options: &LoadOptions) -> Option<String> {
             ))
         }
     }
+    if let Some(bytes) = options.kv_pool_bytes {
+        return Some(format!(
+            "--kv-pool {bytes} is not available with --device cuda: the KV block pool is the CPU \
+             engine's; CUDA keeps a KV cache per sequence (drop the option, or use --device cpu)"
+        ));
+    }
     if let Some(slots) = options.expert_slots {
         return Some(format!(
             "--expert-slots {slots} is not available with --device cuda: expert slots are a \
@@ -342,6 +348,11 @@ impl CudaBackend {
             let layers = match segment {
                 PrefixKv::Host(h) => h.layers.len(),
                 PrefixKv::Device(_) => layer_count,
+                PrefixKv::Paged(_) => {
+                    return Err(crate::error::RuntimeError::Request(
+                        "a cached prefix held in the CPU engine's KV pool was given to CUDA".into(),
+                    ))
+                }
             };
             if segment.start() != position || layers != layer_count {
                 return Err(crate::error::RuntimeError::Request(format!(
@@ -472,6 +483,8 @@ fn kv_rows(segment: &PrefixKv, n: usize) -> Option<[Rows<'_>; 2]> {
             .as_ref()
             .map(|r| [Rows::Host(&r.keys), Rows::Host(&r.values)]),
         PrefixKv::Device(d) => d.rows(n),
+        // Refused by `restore` before any row is read.
+        PrefixKv::Paged(_) => None,
     }
 }
 
@@ -505,6 +518,15 @@ mod tests {
         };
         let why = cuda_refusal(dir, &slots).expect("refused");
         assert!(why.contains("--expert-slots 8"), "{why}");
+        let pool = LoadOptions {
+            kv_pool_bytes: Some(1 << 30),
+            ..LoadOptions::default()
+        };
+        let why = cuda_refusal(dir, &pool).expect("refused");
+        assert!(
+            why.contains("--kv-pool") && why.contains("--device cpu"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -230,35 +230,53 @@ impl Backend {
         self.new_session_with_capacity(0)
     }
 
-    /// A fresh session whose caches already hold `tokens` tokens where the backend allocates
-    /// them ahead (CUDA: a captured decode graph stays valid until the context passes them;
-    /// the CPU's caches grow as they fill).
+    /// A fresh session with room for `tokens` tokens: on the CPU, blocks of the model's KV pool
+    /// for them (an error when the pool is short, [`crate::RuntimeError`] from
+    /// `EngineError::KvPoolFull`); on CUDA, caches allocated ahead (a captured decode graph
+    /// stays valid until the context passes them).
     pub fn new_session_with_capacity(&self, tokens: usize) -> Result<BackendSession> {
         match self {
             Backend::Cpu(e) => {
-                let _grown_as_filled = tokens;
-                Ok(BackendSession::Cpu(e.new_session()))
+                let mut session = e.new_session();
+                e.reserve(&mut session, tokens)?;
+                Ok(BackendSession::Cpu(session))
             }
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => Ok(BackendSession::Cuda(Box::new(c.new_session(tokens)?))),
         }
     }
 
-    /// Makes room in `session` for `tokens` tokens where the backend allocates state ahead
-    /// (CUDA: the KV caches grow now, so a batched step never has to); a no-op on the CPU,
-    /// whose caches grow as they fill. An error means the device has no memory for it: the
-    /// session is unchanged.
+    /// The tokens a new sequence with a `prompt`-token prompt is given room for at admission,
+    /// `answer` being the room its answer may take: on the CPU the prompt and one block of
+    /// answer (the pool hands out further blocks as it decodes, so one long answer does not
+    /// hold blocks others could use); on CUDA, which allocates each sequence's caches ahead,
+    /// the prompt and the whole answer.
+    pub fn admission_tokens(&self, prompt: usize, answer: usize) -> usize {
+        match self {
+            Backend::Cpu(_) => prompt + answer.min(spindle_model::paged::BLOCK_TOKENS),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => prompt + answer,
+        }
+    }
+
+    /// Makes room in `session` for `tokens` tokens: on the CPU the blocks of the KV pool its next
+    /// tokens go into (copying a block it shares before writing into it), on CUDA its KV caches
+    /// grow now, so a batched step never has to. An error means there is no memory for it (the
+    /// pool, or the device): the session is unchanged.
     pub fn reserve(&self, session: &mut BackendSession, tokens: usize) -> Result<()> {
         match (self, session) {
-            (Backend::Cpu(_), BackendSession::Cpu(_)) => {
-                let _grown_as_filled = tokens;
-                Ok(())
-            }
+            (Backend::Cpu(e), BackendSession::Cpu(s)) => Ok(e.reserve(s, tokens)?),
             #[cfg(feature = "cuda")]
             (Backend::Cuda(c), BackendSession::Cuda(s)) => c.reserve(s, tokens),
             #[cfg(feature = "cuda")]
             (backend, _) => Err(backend.foreign_session()),
         }
+    }
+
+    /// The KV block pool's occupancy (blocks used, shared, free); `None` on CUDA, whose
+    /// sequences keep caches of their own.
+    pub fn kv_blocks(&self) -> Option<spindle_model::paged::BlockCounts> {
+        self.cpu().map(|e| e.kv_pool().counts())
     }
 
     /// Feeds `ids` to `session` and returns logits `[rows, V]` on the host for the positions
@@ -686,12 +704,13 @@ impl Backend {
     }
 
     /// The attention layers' KV rows of `session`'s tokens `[from, position)`, for the prefix
-    /// cache (on the host: CUDA copies them out).
+    /// cache: on the CPU references to the session's blocks of the KV pool (no copy), on CUDA
+    /// copies (on the device or the host).
     pub fn capture_kv(&self, session: &BackendSession, from: usize) -> Result<PrefixKv> {
         match (self, session) {
             (Backend::Cpu(_), BackendSession::Cpu(s)) => s
                 .capture_kv(from)
-                .map(PrefixKv::Host)
+                .map(PrefixKv::Paged)
                 .map_err(RuntimeError::Request),
             #[cfg(feature = "cuda")]
             (Backend::Cuda(c), BackendSession::Cuda(s)) => {
@@ -719,7 +738,9 @@ impl Backend {
 
     /// A new session holding a cached prefix: the KV rows of `segments` (from position 0, in
     /// order, without a gap) and the state at their end; `ids` are the prefix's tokens and
-    /// `capacity` the tokens the session will hold (CUDA allocates its caches for them now).
+    /// `capacity` the tokens the session is given room for ([`Backend::reserve`]). On the CPU
+    /// the prefix's blocks are mapped into the session's block table, not copied; only a block
+    /// the prefix ends in mid-way is copied, when the session first writes into it.
     /// Its next step continues exactly as the session the pieces were captured from would have.
     pub fn restore_prefix(
         &self,
@@ -737,28 +758,29 @@ impl Backend {
         }
         match self {
             Backend::Cpu(e) => {
-                let _grown_as_filled = capacity;
-                let on_host = || {
+                let foreign = || {
                     RuntimeError::Request(
-                        "a cached prefix held on a GPU was given to the CPU backend".into(),
+                        "a cached prefix held on a GPU or in host rows was given to the CPU backend (its prefixes are blocks of its KV pool)".into(),
                     )
                 };
                 #[allow(irrefutable_let_patterns)]
                 let PrefixState::Host(state) = state
                 else {
-                    return Err(on_host());
+                    return Err(foreign());
                 };
                 let segments = segments
                     .iter()
                     .map(|s| match s {
-                        PrefixKv::Host(s) => Ok(s),
+                        PrefixKv::Paged(s) => Ok(s),
+                        PrefixKv::Host(_) => Err(foreign()),
                         #[cfg(feature = "cuda")]
-                        PrefixKv::Device(_) => Err(on_host()),
+                        PrefixKv::Device(_) => Err(foreign()),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                Session::restore(e.config(), &segments, state)
-                    .map(BackendSession::Cpu)
-                    .map_err(RuntimeError::Request)
+                let mut session = Session::restore(e.config(), e.kv_pool(), &segments, state)
+                    .map_err(RuntimeError::Request)?;
+                e.reserve(&mut session, capacity)?;
+                Ok(BackendSession::Cpu(session))
             }
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c

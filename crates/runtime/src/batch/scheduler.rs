@@ -89,6 +89,8 @@ enum Command {
     /// Something changed (a cancel flag): look before sleeping again.
     Wake,
     CancelAll,
+    /// Empties the prefix cache, then answers.
+    ClearPrefixCache(Sender<()>),
     Shutdown,
 }
 
@@ -262,6 +264,9 @@ impl Scheduler {
         };
         let stats = Arc::new(SchedulerStats::new(config.max_seqs, config.token_budget));
         stats.prefix.set_enabled(prefix.is_some());
+        if let Some(blocks) = model.backend.kv_blocks() {
+            stats.set_kv_blocks(blocks);
+        }
         let (commands, received) = channel();
         let (engine_model, engine_stats) = (Arc::clone(&model), Arc::clone(&stats));
         // The loop is built on its thread: sessions are created, used and dropped there and
@@ -362,6 +367,15 @@ impl Scheduler {
     /// Cancels every sequence submitted so far (running or waiting).
     pub fn cancel_all(&self) {
         let _ = self.commands.send(Command::CancelAll);
+    }
+
+    /// Empties the prefix cache (its references to KV blocks are dropped: a block no running
+    /// sequence holds goes back to the pool) and returns once it is done.
+    pub fn clear_prefix_cache(&self) {
+        let (done, wait) = channel();
+        if self.commands.send(Command::ClearPrefixCache(done)).is_ok() {
+            let _ = wait.recv();
+        }
     }
 }
 
@@ -484,6 +498,11 @@ impl EngineLoop {
                     flag.store(true, Ordering::Release);
                 }
             }
+            Command::ClearPrefixCache(done) => {
+                while self.evict_prefix_entry() {}
+                self.publish();
+                let _ = done.send(());
+            }
             Command::Shutdown => self.stopping = true,
         }
     }
@@ -548,9 +567,12 @@ impl EngineLoop {
         }
     }
 
-    /// Makes room in every running sequence's state for its next step (on CUDA the KV caches
-    /// grow now, not inside the shared step). A sequence the device has no memory for is
-    /// preempted while others run (their finishing frees memory), and fails alone otherwise.
+    /// Makes room in every running sequence's state for its next step (on the CPU the KV pool's
+    /// blocks its tokens go into, on CUDA the KV caches grow now, not inside the shared step).
+    /// When the CPU's KV pool is short, the prefix cache gives back entries first, then the
+    /// sequence admitted last is preempted; when the device has no memory, the sequence itself
+    /// is preempted while others run (their finishing frees memory). A sequence alone that
+    /// cannot grow fails. A sequence never writes into memory another holds.
     fn reserve_for_step(&mut self) {
         let mut n = 0;
         while n < self.running.len() {
@@ -558,9 +580,20 @@ impl EngineLoop {
             let sequence = &mut self.running[n];
             match self.model.backend.reserve(&mut sequence.session, tokens) {
                 Ok(()) => n += 1,
+                // The prefix cache gives back the blocks it alone holds first (then this is
+                // retried).
+                Err(e) if kv_pool_full(&e) && self.evict_prefix_entry() => {}
                 Err(e) if self.running.len() > 1 => {
                     tracing::debug!("no memory to grow a sequence's state: {e}");
-                    self.preempt(n);
+                    // Out of KV blocks, the sequence admitted last makes room (first come,
+                    // first served, as for the state budget), and this one is tried again;
+                    // out of device memory, this one waits.
+                    let victim = if kv_pool_full(&e) {
+                        self.running.len() - 1
+                    } else {
+                        n
+                    };
+                    self.preempt(victim);
                 }
                 Err(e) => {
                     let sequence = self.running.remove(n);
@@ -631,15 +664,11 @@ impl EngineLoop {
             }
             let limit = request.cache_limit();
             let opened = Instant::now();
-            let session =
-                match self.restore_prefix(&request.prompt, limit, request.prompt.len() + room) {
-                    Some((session, cached)) => Ok((session, cached)),
-                    None => self
-                        .model
-                        .backend
-                        .new_session_with_capacity(request.prompt.len() + room)
-                        .map(|session| (session, 0)),
-                };
+            let capacity = self
+                .model
+                .backend
+                .admission_tokens(request.prompt.len(), room);
+            let session = self.open_session(&request.prompt, limit, capacity);
             match session {
                 Ok((mut session, cached)) => {
                     tracing::debug!(
@@ -709,14 +738,61 @@ impl EngineLoop {
         Ok(())
     }
 
+    /// A session for `prompt` with room for `capacity` tokens, and how many of its tokens it
+    /// holds already: the longest cached prefix ([`EngineLoop::restore_prefix`]), else a fresh
+    /// session. When the CPU's KV pool has no blocks for it, prefix cache entries are evicted,
+    /// least recently used first, and it is tried again; the error is returned once the cache
+    /// has nothing left to give (or at once for any other error, as on CUDA).
+    fn open_session(
+        &mut self,
+        prompt: &[u32],
+        limit: usize,
+        capacity: usize,
+    ) -> Result<(BackendSession, usize)> {
+        loop {
+            let opened = match self.restore_prefix(prompt, limit, capacity) {
+                Some(Ok(restored)) => Ok(restored),
+                Some(Err(_)) | None => self
+                    .model
+                    .backend
+                    .new_session_with_capacity(capacity)
+                    .map(|session| (session, 0)),
+            };
+            match opened {
+                Err(e) if kv_pool_full(&e) && self.evict_prefix_entry() => {
+                    tracing::debug!("no memory for a new sequence ({e}): a prefix entry evicted");
+                }
+                opened => return opened,
+            }
+        }
+    }
+
+    /// Evicts the prefix cache's least recently used entry (its blocks go back to the KV pool
+    /// unless a running sequence references them too); false without a cache or an entry.
+    fn evict_prefix_entry(&mut self) -> bool {
+        let Some(prefix) = self.prefix.as_mut() else {
+            return false;
+        };
+        if !prefix.cache.evict_one() {
+            return false;
+        }
+        self.stats.prefix.record_evictions(1);
+        self.stats
+            .prefix
+            .set_size(prefix.cache.bytes(), prefix.cache.entries());
+        true
+    }
+
     /// A session holding the longest cached prefix of `prompt` of at most `limit` tokens
-    /// (and never the whole prompt: its last token is fed to get logits).
+    /// (and never the whole prompt: its last token is fed to get logits); `None` without a
+    /// cache or on a miss, `Some(Err)` when restoring failed (memory; anything else is logged,
+    /// and the prompt is prefilled from nothing, which gives the same answer).
     fn restore_prefix(
         &mut self,
         prompt: &[u32],
         limit: usize,
         capacity: usize,
-    ) -> Option<(BackendSession, usize)> {
+    ) -> Option<Result<(BackendSession, usize)>> {
         let prefix = self.prefix.as_mut()?;
         let hit = prefix.cache.lookup(prompt, limit.min(prompt.len() - 1))?;
         let ids = &prompt[..hit.tokens];
@@ -725,10 +801,14 @@ impl EngineLoop {
             .backend
             .restore_prefix(&hit.segments, hit.state, ids, capacity)
         {
-            Ok(session) => Some((session, hit.tokens)),
+            Ok(session) => Some(Ok((session, hit.tokens))),
+            Err(e) if kv_pool_full(&e) => {
+                tracing::debug!("no KV blocks to restore a cached prefix: {e}");
+                Some(Err(e))
+            }
             Err(e) => {
                 tracing::warn!("a cached prefix could not be restored: {e}");
-                None
+                Some(Err(e))
             }
         }
     }
@@ -737,6 +817,9 @@ impl EngineLoop {
         let bytes = self.running.iter().map(|s| s.session.state_bytes()).sum();
         self.stats
             .set_occupancy(self.running.len(), self.waiting.len(), bytes);
+        if let Some(blocks) = self.model.backend.kv_blocks() {
+            self.stats.set_kv_blocks(blocks);
+        }
     }
 
     /// One batched forward step over the running sequences, then each one's token: every fed
@@ -987,6 +1070,15 @@ impl EngineLoop {
             None => finish_request(request, prefill_time, decode_time),
         }
     }
+}
+
+/// Whether `error` is the CPU's KV block pool running short (which the prefix cache can relieve
+/// by dropping its references to blocks).
+fn kv_pool_full(error: &RuntimeError) -> bool {
+    matches!(
+        error,
+        RuntimeError::Engine(spindle_cpu::EngineError::KvPoolFull(_))
+    )
 }
 
 /// Sends a request's end: what it generated (cancelled unless it had finished).

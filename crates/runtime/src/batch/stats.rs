@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::prefix::PrefixStats;
+use spindle_model::paged::BlockCounts;
 
 /// A histogram with fixed upper bounds, like Prometheus's.
 #[derive(Debug)]
@@ -86,6 +87,8 @@ pub struct SchedulerStats {
     pub inter_token_latency: Histogram,
     /// The prefix cache's counters (all zero without one).
     pub prefix: PrefixStats,
+    /// The KV block pool (CPU): `None` until the scheduler publishes it, and on CUDA.
+    kv_blocks: Mutex<Option<BlockCounts>>,
 }
 
 impl SchedulerStats {
@@ -101,7 +104,18 @@ impl SchedulerStats {
             time_to_first_token: Histogram::new(&LATENCY_BOUNDS),
             inter_token_latency: Histogram::new(&LATENCY_BOUNDS),
             prefix: PrefixStats::default(),
+            kv_blocks: Mutex::new(None),
         }
+    }
+
+    /// The KV block pool's occupancy when the backend pages its KV cache (the CPU), as of the
+    /// scheduler's last look (before and after every step).
+    pub fn kv_blocks(&self) -> Option<BlockCounts> {
+        *self.kv_blocks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn set_kv_blocks(&self, counts: BlockCounts) {
+        *self.kv_blocks.lock().unwrap_or_else(|e| e.into_inner()) = Some(counts);
     }
 
     /// Sequences with a session, being prefilled or decoded.

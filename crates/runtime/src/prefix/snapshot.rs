@@ -1,13 +1,20 @@
 //! The pieces of a cached prefix ([`crate::Backend::capture_kv`],
-//! [`crate::Backend::capture_state`], [`crate::Backend::restore_prefix`]): in host memory in
-//! the CPU session's layout, which the CUDA session's caches share row for row, or (CUDA) in
-//! device buffers of their own, captured and restored without crossing the bus.
+//! [`crate::Backend::capture_state`], [`crate::Backend::restore_prefix`]): on the CPU,
+//! references to blocks of the model's KV pool (shared with the sequences that use them, no
+//! copy); on CUDA, host rows in the CPU session's layout (which the CUDA session's caches
+//! share row for row) or device buffers of their own, captured and restored without crossing
+//! the bus.
 
+use spindle_cpu::paged::PagedKv;
 use spindle_cpu::session::{BoundaryState, KvSegment};
 
 /// The attention layers' KV rows of a run of tokens `[start, end)`: valid at any cut.
 #[derive(Clone, Debug)]
 pub enum PrefixKv {
+    /// Blocks of the CPU engine's KV pool, referenced (each block returns to the pool when its
+    /// last reference, a sequence's or the cache's, is dropped).
+    Paged(PagedKv),
+    /// Rows on the host (CUDA's pieces that did not go to the device).
     Host(KvSegment),
     #[cfg(feature = "cuda")]
     Device(spindle_cuda::DeviceKv),
@@ -24,6 +31,7 @@ pub enum PrefixState {
 impl PrefixKv {
     pub fn start(&self) -> usize {
         match self {
+            PrefixKv::Paged(p) => p.start,
             PrefixKv::Host(s) => s.start,
             #[cfg(feature = "cuda")]
             PrefixKv::Device(d) => d.start(),
@@ -32,6 +40,7 @@ impl PrefixKv {
 
     pub fn end(&self) -> usize {
         match self {
+            PrefixKv::Paged(p) => p.end,
             PrefixKv::Host(s) => s.end,
             #[cfg(feature = "cuda")]
             PrefixKv::Device(d) => d.end(),
@@ -40,6 +49,7 @@ impl PrefixKv {
 
     pub fn bytes(&self) -> u64 {
         match self {
+            PrefixKv::Paged(p) => p.bytes() as u64,
             PrefixKv::Host(s) => s.bytes() as u64,
             #[cfg(feature = "cuda")]
             PrefixKv::Device(d) => d.bytes() as u64,
@@ -49,6 +59,10 @@ impl PrefixKv {
     /// `[start, at)` and `[at, end)`.
     pub fn split_at(&self, at: usize) -> (PrefixKv, PrefixKv) {
         match self {
+            PrefixKv::Paged(p) => {
+                let (a, b) = p.split_at(at);
+                (PrefixKv::Paged(a), PrefixKv::Paged(b))
+            }
             PrefixKv::Host(s) => {
                 let (a, b) = s.split_at(at);
                 (PrefixKv::Host(a), PrefixKv::Host(b))

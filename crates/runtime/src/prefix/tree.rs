@@ -43,8 +43,9 @@ pub struct CachedPrefix<'a> {
 /// The prefixes of the sequences run so far, within `capacity` bytes. Entries are evicted
 /// least recently used first: a snapshot that has children loses only its state (its KV rows
 /// still serve the longer prefixes below it), a leaf loses everything. A restored sequence
-/// holds its own copy of what it restored, so nothing a running sequence uses is ever evicted
-/// from under it.
+/// holds its own reference to every KV block it restored (CPU) or its own copy of the rows
+/// (CUDA), so eviction never frees what a running sequence uses: a block returns to the pool
+/// only when its last reference goes.
 pub struct PrefixCache {
     nodes: Vec<Option<Node>>,
     free: Vec<usize>,
@@ -261,27 +262,33 @@ impl PrefixCache {
 
     /// Evicts least recently used entries until the cache holds at most `limit` bytes.
     pub fn evict_to(&mut self, limit: u64) {
-        while self.bytes > limit {
-            let victim = self
-                .nodes
-                .iter()
-                .enumerate()
-                .skip(1)
-                .filter_map(|(id, n)| n.as_ref().map(|n| (id, n)))
-                .filter(|(_, n)| n.children.is_empty() || n.state.is_some())
-                .min_by_key(|(_, n)| n.last_used)
-                .map(|(id, _)| id);
-            let Some(id) = victim else {
-                return;
-            };
-            self.evictions += 1;
-            if self.node(id).children.is_empty() {
-                self.remove_leaf(id);
-            } else {
-                let state = self.node_mut(id).state.take().expect("a snapshot");
-                self.bytes -= state.bytes();
-            }
+        while self.bytes > limit && self.evict_one() {}
+    }
+
+    /// Evicts the least recently used entry (a leaf with its KV rows, or the state of a
+    /// snapshot that has children); false when the cache holds nothing. The CPU scheduler calls
+    /// it when the KV pool runs short: the blocks an entry alone referenced go back to the pool.
+    pub fn evict_one(&mut self) -> bool {
+        let victim = self
+            .nodes
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter_map(|(id, n)| n.as_ref().map(|n| (id, n)))
+            .filter(|(_, n)| n.children.is_empty() || n.state.is_some())
+            .min_by_key(|(_, n)| n.last_used)
+            .map(|(id, _)| id);
+        let Some(id) = victim else {
+            return false;
+        };
+        self.evictions += 1;
+        if self.node(id).children.is_empty() {
+            self.remove_leaf(id);
+        } else {
+            let state = self.node_mut(id).state.take().expect("a snapshot");
+            self.bytes -= state.bytes();
         }
+        true
     }
 
     /// Removes leaf `id`, then its ancestors that are left as leaves without a snapshot (their
@@ -369,6 +376,7 @@ mod tests {
             .iter()
             .flat_map(|s| match s {
                 PrefixKv::Host(s) => s.layers[1].as_ref().unwrap().keys.clone(),
+                other => panic!("host rows were inserted, not {other:?}"),
             })
             .collect()
     }
