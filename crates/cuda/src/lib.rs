@@ -40,6 +40,7 @@ mod sampling;
 mod session;
 #[doc(hidden)]
 pub mod testing;
+pub mod tower;
 pub mod vision;
 mod weights;
 
@@ -65,7 +66,7 @@ pub use sampling::{
     apply_mask, sample_row_on_host, DeviceSampler, RowSampling, Sampled, MAX_SAMPLE_ROWS,
 };
 pub use session::CudaSession;
-pub use vision::{GpuVision, TowerTimes, TowerTrace};
+pub use vision::{GpuVision, TowerPath, TowerTimes, TowerTrace};
 
 /// Prefill runs in pieces of at most this many tokens (grid-dimension limits of the MoE
 /// kernels; the result is the same as one pass).
