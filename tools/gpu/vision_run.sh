@@ -14,13 +14,17 @@ if [[ " $parts " == *" tests "* ]]; then
   for t in tower vision; do
     el "== $t"
     SPINDLE_FIXTURES=$PWD/fixtures timeout ${TT:-150} ./$t-test --include-ignored --test-threads=1 --nocapture > "$OUT/$t.log" 2>&1
-    echo "rc=$?"
+    rc=$?; echo "rc=$rc"; [ "$t" = tower ] && tower_rc=$rc
     grep -E "test result|panicked|FAILED|max\|Δ\||planes|GEMM \[|attention n|LayerNorm|vs reference" "$OUT/$t.log" | cut -c1-220 | head -${LINES_PER:-60}
   done
 fi
 if [[ " $parts " == *" bench "* ]]; then
   el "== vision_bench"
   timeout 200 ./vision_bench --runs ${RUNS:-7} 2>&1 | tee "$OUT/vision_bench.log"
+fi
+if [ "${tower_rc:-0}" != 0 ] && [ -z "${FORCE:-}" ]; then
+  el "the tower's kernel tests failed: skipping TTFT and the demo (FORCE=1 runs them)"
+  parts=${parts//ttft/}; parts=${parts//demo/}
 fi
 if [[ " $parts " == *" ttft "* ]]; then
   el "== TTFT (features_run.sh PART=vision)"
