@@ -224,13 +224,20 @@ impl GpuVision {
         if let Err(why) = shape.kernel(TowerPrecision::SPLIT.attention) {
             return Ok(Err(why));
         }
-        let mut bytes = 0;
+        let (mut bytes, mut rounded) = (0, 0);
         let weights = upload_weights(dev, w, &mut bytes, |l| {
             Ok(HalfMatrix::upload(dev, l)?.map(|m| {
+                rounded += m.rounded;
                 let size = m.size_bytes();
                 (m, size)
             }))
         })?;
+        if rounded > 0 {
+            tracing::info!(
+                rounded,
+                "vision tower in fp16: weights below 2^-39 of their matrix's largest rounded"
+            );
+        }
         match weights {
             Ok(weights) => Ok(Ok(Self::finish(
                 dev,
@@ -394,14 +401,7 @@ impl GpuVision {
 
         // §3.1-3.2: patch embedding, plus the interpolated position table.
         let h = dev.zeros::<f32>(n * d)?;
-        self.biased(
-            dev,
-            &w.patch_embed,
-            pixels.arg(),
-            config.patch_row(),
-            &h,
-            n,
-        )?;
+        self.biased(dev, &w.patch_embed, pixels.arg(), config.patch_row(), &h, n)?;
         kernels::vision::VisionPosEmbedAdd::launch(
             dev,
             Launch::elementwise(n * d),

@@ -202,10 +202,8 @@ impl VisionConfig {
             }
         };
         let block = bytes(3 * d, d) + bytes(d, d) + bytes(i, d) + bytes(d, i);
-        let stored = d * row * 2
-            + self.depth * block
-            + bytes(wide, wide)
-            + bytes(self.out_hidden, wide);
+        let stored =
+            d * row * 2 + self.depth * block + bytes(wide, wide) + bytes(self.out_hidden, wide);
         let matrices = d * row
             + self.depth * (3 * d * d + d * d + i * d + d * i)
             + wide * wide

@@ -309,8 +309,8 @@ mod tests {
             env!("CARGO_MANIFEST_DIR"),
             "/../../fixtures/configs/qwen3_6_35b_a3b.config.json"
         ));
-        let config = ModelConfig::from_json_str(&std::fs::read_to_string(path).unwrap(), path)
-            .unwrap();
+        let config =
+            ModelConfig::from_json_str(&std::fs::read_to_string(path).unwrap(), path).unwrap();
         let v = config.vision.as_ref().unwrap();
         let bf16 = MemoryPlan::new(&config, WeightFormat::Bf16, 4096);
         let q8 = MemoryPlan::new(&config, WeightFormat::Bf16, 4096)
