@@ -262,7 +262,12 @@ impl CudaEngine {
         }
         images
             .iter()
-            .map(|image| tower.encode(&self.dev, image).map(Arc::new))
+            .enumerate()
+            .map(|(k, image)| match tower.encode(&self.dev, image) {
+                Ok(features) => Ok(Arc::new(features)),
+                Err(CudaError::Image(why)) => Err(CudaError::Image(format!("image {k}: {why}"))),
+                Err(e) => Err(e),
+            })
             .collect()
     }
 
