@@ -72,10 +72,11 @@ fn active_share(config: &ModelConfig, class: TensorClass, total: u64) -> u64 {
 pub fn run(args: &InspectArgs) -> Result<ExitCode> {
     let config = load_config(&args.path)?;
     let params = ParamCounts::from_config(&config);
-    let quant = if install::is_install(&args.path) {
-        Manifest::read(&args.path.join(install::MANIFEST))?.quant_format()
+    let (quant, vision_format) = if install::is_install(&args.path) {
+        let manifest = Manifest::read(&args.path.join(install::MANIFEST))?;
+        (manifest.quant_format(), manifest.vision_format())
     } else {
-        args.quant
+        (args.quant, WeightFormat::Bf16)
     };
     let plan = MemoryPlan::checked(&config, quant, args.context).ok_or_else(|| {
         anyhow::anyhow!(
@@ -85,6 +86,7 @@ pub fn run(args: &InspectArgs) -> Result<ExitCode> {
             config.max_position_embeddings
         )
     })?;
+    let plan = plan.with_vision_format(&config, vision_format);
     if args.json {
         let mut value = to_json(&args.path, &config, &params);
         value["memory_plan"] = plan_json(&plan, quant);

@@ -196,7 +196,8 @@ impl Engine {
         } else {
             options.context
         };
-        let plan = MemoryPlan::new(&config, quant, context);
+        let plan = MemoryPlan::new(&config, quant, context)
+            .with_vision_format(&config, install.manifest().vision_format());
         let placement = choose_placement(options, &plan);
         tracing::info!("{}: experts {placement:?}", dir.display());
         let counters = Arc::new(ExpertCounters::default());

@@ -433,8 +433,13 @@ fn a_q8_tower_stays_close_to_bf16() {
     .unwrap();
     // The blocks' and merger's matrices are q8; the patch embedding (a Conv3d kernel) is not.
     assert_eq!(manifest.classes["vision"], "bf16+q8");
+    assert_eq!(manifest.vision_format(), WeightFormat::Q8);
     let engine = Engine::load(&dst).unwrap();
     assert!(engine.vision_bytes() < case.engine.vision_bytes());
+    // The install's memory plan counts the tower as loaded, at q8.
+    let plan = install::plan::MemoryPlan::new(engine.config(), WeightFormat::Bf16, 64)
+        .with_vision_format(engine.config(), manifest.vision_format());
+    assert_eq!(plan.vision_bytes as usize, engine.vision_bytes());
     let (f, logits) = run_with_images(&case, &engine);
     let rms = |v: &mut dyn Iterator<Item = f32>| {
         let (sum, n) = v.fold((0.0f64, 0usize), |(s, n), x| {

@@ -1,8 +1,10 @@
 //! Time of one image through the vision tower on one GPU, at the released tower shape
 //! (`vision_config` of Qwen3.6-35B-A3B, `fixtures/configs/qwen3_6_35b_a3b.config.json`: 27
 //! blocks of width 1152, 16 heads, MLP 4304, merger to 2048) with random bf16 weights, so no
-//! checkpoint is needed. Prints the median of `--runs` encodings after a warm-up, then one
-//! encoding timed stage by stage (the device synchronised between stages).
+//! checkpoint is needed. Prints, for the SIMT f32 path (before) and the tensor-core path at each
+//! precision (after), the median of `--runs` encodings after a warm-up and one encoding timed
+//! stage by stage (the device synchronised between stages), and how far each tensor-core
+//! precision's features are from the SIMT path's.
 //!
 //! ```sh
 //! cargo build --release -p spindle-cuda --example vision_bench
@@ -12,6 +14,7 @@
 use std::path::Path;
 use std::time::Instant;
 
+use spindle_cuda::tower::TowerPrecision;
 use spindle_cuda::{Device, GpuVision};
 use spindle_model::quant::WeightFormat;
 use spindle_model::weights::vision::{BiasedLinear, LayerNormWeights, VisionBlock};
@@ -95,8 +98,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         merger_fc2: noise.linear(vc.out_hidden, wide),
     };
     let dev = Device::open(0)?;
-    let tower = GpuVision::upload(&dev, &weights, &vc)?;
-    drop(weights);
     // A size x size image (a multiple of 32: no resize) as its patch rows.
     let side = size / vc.patch;
     let grid = Grid {
@@ -109,38 +110,67 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         row_len: vc.patch_row(),
         grid,
     };
-    tower.check_image(&image, 0)?;
     println!(
-        "{} | tower {} blocks, D {d}, I {i}, {} heads, out {} | {:.2} GB bf16 | image {size}x{size}: {} patches, {} tokens",
+        "{} | tower {} blocks, D {d}, I {i}, {} heads, out {} | image {size}x{size}: {} patches, {} tokens",
         dev.describe(),
         vc.depth,
         vc.heads,
         vc.out_hidden,
-        tower.size_bytes() as f64 / 1e9,
         grid.patches(),
         grid.patches() / (vc.merge * vc.merge)
     );
-    tower.encode(&dev, &image)?; // warm-up
+    // Before: the SIMT f32 path; after: the tensor-core path at each precision.
+    let simt = GpuVision::upload_simt(&dev, &weights, &vc, "asked for".into())?;
+    let baseline = measure(&dev, &simt, &image, runs, "SIMT f32 (before)")?;
+    drop(simt);
+    let tower = match GpuVision::upload_tensor(&dev, &weights, &vc)? {
+        Ok(t) => t,
+        Err(why) => return Err(format!("the tensor-core tower refused the weights: {why}").into()),
+    };
+    for precision in TowerPrecision::ALL {
+        tower.set_precision(precision)?;
+        let features = measure(&dev, &tower, &image, runs, &precision.describe())?;
+        let scale = baseline.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let diff = baseline
+            .iter()
+            .zip(&features)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        println!("  features vs SIMT f32: max |Δ| {diff:.2e} (max |feature| {scale:.2e})");
+    }
+    Ok(())
+}
+
+/// Times `tower` on `image`: median of `runs` encodings after a warm-up, then one encoding
+/// stage by stage; returns the features.
+fn measure(
+    dev: &Device,
+    tower: &GpuVision,
+    image: &PreparedImage,
+    runs: usize,
+    label: &str,
+) -> Result<Vec<f32>, Box<dyn std::error::Error>> {
+    tower.check_image(image, 0)?;
+    tower.encode(dev, image)?; // warm-up
     let mut times = Vec::with_capacity(runs);
+    let mut features = Vec::new();
     for _ in 0..runs {
         let started = Instant::now();
-        let features = tower.encode(&dev, &image)?;
+        let f = tower.encode(dev, image)?;
         times.push(started.elapsed().as_secs_f64() * 1e3);
-        assert!(
-            features.rows.iter().all(|v| v.is_finite()),
-            "non-finite features"
-        );
+        assert!(f.rows.iter().all(|v| v.is_finite()), "non-finite features");
+        features = f.rows;
     }
     times.sort_by(|a, b| a.total_cmp(b));
     println!(
-        "encode (upload, tower, features back): median {:.2} ms, min {:.2} ms over {runs} runs",
+        "{label} | {:.2} GB weights | encode (upload, tower, features back): median {:.2} ms, min {:.2} ms over {runs} runs",
+        tower.size_bytes() as f64 / 1e9,
         times[runs / 2],
         times[0]
     );
-    let (_, t) = tower.encode_timed(&dev, &image)?;
+    let (_, t) = tower.encode_timed(dev, image)?;
     println!(
-        "stages (synchronised): host+upload {:.2} ms | patch+pos embed {:.2} ms | block GEMMs {:.2} ms | attention {:.2} ms | norms, rotary, bias, GELU {:.2} ms | merger {:.2} ms",
+        "  stages (synchronised): host+upload {:.2} ms | patch+pos embed {:.2} ms | block GEMMs {:.2} ms | attention {:.2} ms | norms, rotary, bias, GELU {:.2} ms | merger {:.2} ms",
         t.host_ms, t.embed_ms, t.gemm_ms, t.attention_ms, t.norms_ms, t.merger_ms
     );
-    Ok(())
+    Ok(features)
 }

@@ -40,6 +40,7 @@ mod sampling;
 mod session;
 #[doc(hidden)]
 pub mod testing;
+pub mod tower;
 pub mod vision;
 mod weights;
 
@@ -65,7 +66,7 @@ pub use sampling::{
     apply_mask, sample_row_on_host, DeviceSampler, RowSampling, Sampled, MAX_SAMPLE_ROWS,
 };
 pub use session::CudaSession;
-pub use vision::{GpuVision, TowerTimes, TowerTrace};
+pub use vision::{GpuVision, TowerPath, TowerTimes, TowerTrace};
 
 /// Prefill runs in pieces of at most this many tokens (grid-dimension limits of the MoE
 /// kernels; the result is the same as one pass).
@@ -285,7 +286,12 @@ impl CudaEngine {
         }
         images
             .iter()
-            .map(|image| tower.encode(&self.dev, image).map(Arc::new))
+            .enumerate()
+            .map(|(k, image)| match tower.encode(&self.dev, image) {
+                Ok(features) => Ok(Arc::new(features)),
+                Err(CudaError::Image(why)) => Err(CudaError::Image(format!("image {k}: {why}"))),
+                Err(e) => Err(e),
+            })
             .collect()
     }
 

@@ -31,6 +31,15 @@ impl From<WeightFormat> for DevFormat {
 }
 
 impl DevFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            DevFormat::Bf16 => "bf16",
+            DevFormat::Q8 => "q8",
+            DevFormat::Q4 => "q4",
+            DevFormat::Fp8 => "fp8",
+        }
+    }
+
     /// Whether the tensor-core GEMM and the grouped expert kernels read int8 activations.
     pub fn int8(self) -> bool {
         matches!(self, DevFormat::Q8 | DevFormat::Q4)

@@ -440,3 +440,60 @@ fn prefill_error_breakdown() {
         );
     }
 }
+
+/// The tensor-core tower at each precision it offers, on both fixtures: the tower's outputs
+/// and the prefill logits against the reference (printed, to choose the default), and the
+/// default (split planes everywhere) within the bounds.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tensor_core_tower_precisions() {
+    use spindle_cuda::tower::TowerPrecision;
+    use spindle_cuda::vision::TowerPath;
+    for name in FIXTURES {
+        let case = Case::load(name);
+        let tower = case.engine.vision().unwrap();
+        assert_eq!(
+            tower.path(),
+            TowerPath::Tensor(TowerPrecision::SPLIT),
+            "{name}: the fixture's tower runs on the tensor cores by default"
+        );
+        let (_, embeds_ref) = case.reference.f32("vision_embeds");
+        let (_, blocks_ref) = case.reference.f32("vision_blocks_out");
+        let (_, prefill_ref) = case.reference.f32("prefill_logits");
+        for precision in TowerPrecision::ALL {
+            tower.set_precision(precision).unwrap();
+            let traces: Vec<_> = case
+                .images
+                .iter()
+                .map(|i| case.engine.trace_image(i).unwrap())
+                .collect();
+            let embeds: Vec<f32> = traces
+                .iter()
+                .flat_map(|t| t.features.rows.clone())
+                .collect();
+            let blocks: Vec<f32> = traces.iter().flat_map(|t| t.blocks_out.clone()).collect();
+            let mut session = case.session();
+            let prefill = case
+                .engine
+                .forward(&mut session, &case.prompt, LogitsFor::All)
+                .unwrap();
+            let (e, b, p) = (
+                max_abs_diff(&embeds, &embeds_ref),
+                max_abs_diff(&blocks, &blocks_ref),
+                max_abs_diff(&prefill, &prefill_ref),
+            );
+            println!(
+                "{name}: {}: vision_blocks_out {b:.2e}, vision_embeds {e:.2e}, prefill logits {p:.2e}",
+                precision.describe()
+            );
+            if precision == TowerPrecision::SPLIT {
+                assert!(
+                    e < TOWER_TOLERANCE && b < TOWER_TOLERANCE,
+                    "{name}: tower {e} {b}"
+                );
+                assert!(p < LOGITS_TOLERANCE, "{name}: prefill {p}");
+            }
+        }
+        tower.set_precision(TowerPrecision::SPLIT).unwrap();
+    }
+}

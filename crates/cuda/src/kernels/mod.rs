@@ -174,6 +174,7 @@ pub mod norm;
 pub mod qwen4;
 pub mod reduce;
 pub mod sampling;
+pub mod tower;
 pub mod vision;
 
 /// The CUDA C sources, concatenated into one program (after the generated prelude) in this
@@ -193,6 +194,7 @@ const SOURCES: &[&str] = &[
     include_str!("qwen4.cu"),
     include_str!("sampling.cu"),
     include_str!("vision.cu"),
+    include_str!("tower.cu"),
 ];
 
 /// Every declared kernel, by source file.
@@ -209,6 +211,7 @@ const DECLARED: &[&[&[KernelDecl]]] = &[
     qwen4::DECLARED,
     sampling::DECLARED,
     vision::DECLARED,
+    tower::DECLARED,
 ];
 
 /// PTX of every kernel for `arch` (e.g. `sm_90`), compiled by NVRTC at most once per process.

@@ -8,6 +8,7 @@ use spindle_vision::Geometry;
 
 use super::Fields;
 use crate::error::{ModelError, Result};
+use crate::quant::WeightFormat;
 
 /// The Qwen3-VL vision tower without DeepStack (`VISION.md` §1.1, §3).
 #[derive(Clone, Debug, PartialEq)]
@@ -183,13 +184,31 @@ impl VisionConfig {
     /// Bytes of the tower as the CPU engine holds it: the matrices as stored (bf16), the
     /// position table, biases and norms copied as f32.
     pub fn loaded_bytes(&self) -> usize {
+        self.loaded_bytes_as(WeightFormat::Bf16)
+    }
+
+    /// [`VisionConfig::loaded_bytes`] for a tower whose block and merger matrices are stored in
+    /// `format` (an install's `--vision-quant`): each matrix whose rows are whole groups of
+    /// `format` takes its codes and scales, the rest (and the patch embedding, a Conv3d kernel
+    /// that installs keep as stored) bf16.
+    pub fn loaded_bytes_as(&self, format: WeightFormat) -> usize {
         let (d, i, row) = (self.hidden, self.intermediate, self.patch_row());
         let wide = d * self.merge * self.merge;
+        let bytes = |rows: usize, cols: usize| {
+            if format != WeightFormat::Bf16 && format.fits(cols) {
+                format.code_bytes(rows, cols) + format.scale_bytes(rows, cols)
+            } else {
+                rows * cols * 2
+            }
+        };
+        let block = bytes(3 * d, d) + bytes(d, d) + bytes(i, d) + bytes(d, i);
+        let stored =
+            d * row * 2 + self.depth * block + bytes(wide, wide) + bytes(self.out_hidden, wide);
         let matrices = d * row
             + self.depth * (3 * d * d + d * d + i * d + d * i)
             + wide * wide
             + self.out_hidden * wide;
-        matrices * 2 + (self.parameters() - matrices) * 4
+        stored + (self.parameters() - matrices) * 4
     }
 
     /// Parameters of the tower (every matrix and vector), for the memory plan.

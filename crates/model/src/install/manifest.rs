@@ -268,6 +268,19 @@ impl Manifest {
         self.quant.parse().unwrap_or_default()
     }
 
+    /// The format of the vision tower's quantized matrices (`--vision-quant`): class `vision`
+    /// lists its formats (`bf16`, or `bf16+q8` where the patch embedding stays bf16); bf16
+    /// when the install has no tower.
+    pub fn vision_format(&self) -> WeightFormat {
+        self.classes
+            .get("vision")
+            .into_iter()
+            .flat_map(|formats| formats.split('+'))
+            .filter_map(|f| f.parse::<WeightFormat>().ok())
+            .find(|&f| f != WeightFormat::Bf16)
+            .unwrap_or(WeightFormat::Bf16)
+    }
+
     pub fn expert_layer(&self, layer: usize) -> Option<&ExpertLayerLayout> {
         self.experts.iter().find(|l| l.layer == layer)
     }

@@ -144,6 +144,16 @@ impl MemoryPlan {
         }
     }
 
+    /// This plan with the vision tower counted as an install holds it: its block and merger
+    /// matrices in `format` ([`super::Manifest::vision_format`]).
+    pub fn with_vision_format(mut self, config: &ModelConfig, format: WeightFormat) -> Self {
+        self.vision_bytes = config
+            .vision
+            .as_ref()
+            .map_or(0, |v| v.loaded_bytes_as(format) as u64);
+        self
+    }
+
     /// Peak resident memory (bytes) one session needs with the experts in `residency`. For
     /// `Mapped` this is the upper bound, every expert page cached; the kernel may keep fewer.
     pub fn peak_rss(&self, residency: Residency) -> u64 {
@@ -292,6 +302,33 @@ pub fn checked_state_bytes(config: &ModelConfig, context: usize) -> Option<u64> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_q8_tower_is_counted_at_q8() {
+        let path = std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/configs/qwen3_6_35b_a3b.config.json"
+        ));
+        let config =
+            ModelConfig::from_json_str(&std::fs::read_to_string(path).unwrap(), path).unwrap();
+        let v = config.vision.as_ref().unwrap();
+        let bf16 = MemoryPlan::new(&config, WeightFormat::Bf16, 4096);
+        let q8 = MemoryPlan::new(&config, WeightFormat::Bf16, 4096)
+            .with_vision_format(&config, WeightFormat::Q8);
+        // q8 stores 1 + 2/32 bytes per weight where rows are whole groups of 32: every block
+        // matrix but fc2 (4304 columns) and both merger matrices; the patch embedding stays.
+        let (d, i) = (v.hidden, v.intermediate);
+        let wide = 4 * d;
+        let q8_weights = v.depth * (3 * d * d + d * d + i * d) + wide * wide + v.out_hidden * wide;
+        let saved = q8_weights as f64 * (2.0 - 1.0625);
+        assert_eq!((bf16.vision_bytes - q8.vision_bytes) as f64, saved);
+        assert_eq!(
+            MemoryPlan::new(&config, WeightFormat::Bf16, 4096)
+                .with_vision_format(&config, WeightFormat::Bf16)
+                .vision_bytes,
+            bf16.vision_bytes
+        );
+    }
 
     #[test]
     fn the_plan_counts_the_released_vision_tower() {
