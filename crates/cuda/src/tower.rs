@@ -10,16 +10,18 @@ use crate::device::{DevBuf, Device};
 use crate::error::{CudaError, Result};
 use crate::kernels::tower::{
     TowerAttention, TowerGemmF16, TowerLayerNormF16, TowerRopeSplitF16, TowerSplitF16,
+    TowerVTransposeF16,
 };
 use crate::kernels::{i, Launch, Ptr};
 use crate::matrix::{DevFormat, Source};
 
-/// Rows and columns of one GEMM block tile, and its pipeline depth (`tower.cu`).
+/// Rows and columns of one GEMM block tile, its pipeline depth and staged row (`tower.cu`).
 const GEMM_TILE: usize = 128;
-const GEMM_STAGES: usize = 4;
-const GEMM_ROW_BYTES: usize = 80;
-/// Query rows of one attention block and keys per tile; `n_pad` is a multiple of this.
-pub const ATTENTION_TILE: usize = 64;
+const GEMM_STAGES: usize = 3;
+const GEMM_ROW_BYTES: usize = 144;
+/// Query rows of one attention block (`n_pad` is a multiple of this), and keys per tile.
+pub const ATTENTION_ROWS: usize = 128;
+const ATTENTION_KEYS: usize = 64;
 
 /// How finely the tensor-core tower splits its activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -341,7 +343,7 @@ pub struct AttentionShape {
 
 impl AttentionShape {
     pub fn n_pad(&self) -> usize {
-        self.n.next_multiple_of(ATTENTION_TILE)
+        self.n.next_multiple_of(ATTENTION_ROWS)
     }
 
     pub fn hdp(&self) -> usize {
@@ -402,6 +404,22 @@ pub fn rope_split(
         sin,
         q,
         k,
+        i(shape.n),
+        i(shape.n_pad()),
+        i(shape.heads),
+        i(shape.hd),
+        i(shape.hdp()),
+        flag,
+    )?;
+    let width = shape.heads * shape.hd;
+    TowerVTransposeF16::launch(
+        dev,
+        Launch::new(
+            (width.div_ceil(32) as u32, shape.n.div_ceil(32) as u32, 1),
+            256,
+            0,
+        ),
+        qkv,
         vt,
         i(shape.n),
         i(shape.n_pad()),
@@ -433,7 +451,7 @@ pub fn attention(
         AttentionPlanes::QkSplit => (2, 1),
         AttentionPlanes::Single => (1, 1),
     };
-    let stage = k_planes * ATTENTION_TILE * (hdp * 2 + 16) + v_planes * hdp * 144;
+    let stage = k_planes * ATTENTION_KEYS * (hdp * 2 + 16) + v_planes * hdp * 144;
     let shared = 2 * stage;
     if shared > dev.shared_limit(kernel.name()) {
         return Err(CudaError::Unsupported(format!(
@@ -445,11 +463,11 @@ pub fn attention(
         dev,
         Launch::new(
             (
-                (shape.n_pad() / ATTENTION_TILE) as u32,
+                (shape.n_pad() / ATTENTION_ROWS) as u32,
                 shape.heads as u32,
                 1,
             ),
-            128,
+            256,
             shared as u32,
         ),
         q,

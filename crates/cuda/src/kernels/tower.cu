@@ -75,12 +75,11 @@ extern "C" __global__ void tower_layer_norm_f16(const float* __restrict__ x, con
     }
 }
 
-// qkv [n, 3·heads·hd] → q, k rotated as vision_rope_split does, then as 2 planes each:
-// q, k [2][heads][n_pad][hdp] and v transposed, vt [2][heads][hdp][n_pad]. Pads are left as
-// they are (zero).
+// qkv [n, 3·heads·hd] → q, k rotated as vision_rope_split does, as 2 planes each:
+// q, k [2][heads][n_pad][hdp] (v: tower_v_transpose_f16). Pads are left as they are (zero).
 extern "C" __global__ void tower_rope_split_f16(const float* __restrict__ qkv, const float* __restrict__ cos_t,
                                                 const float* __restrict__ sin_t, f16_t* __restrict__ q,
-                                                f16_t* __restrict__ k, f16_t* __restrict__ vt, int n, int n_pad,
+                                                f16_t* __restrict__ k, int n, int n_pad,
                                                 int heads, int hd, int hdp, int* __restrict__ flag) {
     int width = heads * hd, half = hd / 2;
     size_t total = (size_t)n * width, plane_qk = (size_t)heads * n_pad * hdp;
@@ -96,7 +95,6 @@ extern "C" __global__ void tower_rope_split_f16(const float* __restrict__ qkv, c
         float ko = j < half ? row[width + base + j + half] : row[width + base + j - half];
         float qv = j < half ? qa * c - qo * s : qa * c + qo * s;
         float kv = j < half ? ka * c - ko * s : ka * c + ko * s;
-        float vv = row[2 * width + col];
         f16_t hi, lo;
         size_t at = ((size_t)head * n_pad + r) * hdp + j;
         tw_split(qv, hi, lo, flag);
@@ -105,10 +103,32 @@ extern "C" __global__ void tower_rope_split_f16(const float* __restrict__ qkv, c
         tw_split(kv, hi, lo, flag);
         k[at] = hi;
         k[plane_qk + at] = lo;
-        tw_split(vv, hi, lo, flag);
-        size_t vat = ((size_t)head * hdp + j) * n_pad + r;
-        vt[vat] = hi;
-        vt[plane_qk + vat] = lo;
+    }
+}
+
+// v (the last third of each qkv row) → vt [2][heads][hdp][n_pad], transposed through shared
+// memory 32 × 32 at a time so that reads and writes both run along rows. Block (256 threads):
+// rows blockIdx.y·32.., columns blockIdx.x·32.. of v.
+extern "C" __global__ void tower_v_transpose_f16(const float* __restrict__ qkv, f16_t* __restrict__ vt, int n,
+                                                 int n_pad, int heads, int hd, int hdp, int* __restrict__ flag) {
+    __shared__ float tile[32][33];
+    int width = heads * hd, tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    int r0 = blockIdx.y * 32, c0 = blockIdx.x * 32;
+    for (int i = ty; i < 32; i += 8) {
+        int r = r0 + i, c = c0 + tx;
+        tile[i][tx] = r < n && c < width ? qkv[(size_t)r * 3 * width + 2 * width + c] : 0.0f;
+    }
+    __syncthreads();
+    size_t plane = (size_t)heads * n_pad * hdp;
+    for (int i = ty; i < 32; i += 8) {
+        int c = c0 + i, r = r0 + tx;
+        if (c < width && r < n) {
+            f16_t hi, lo;
+            tw_split(tile[tx][i], hi, lo, flag);
+            size_t at = ((size_t)(c / hd) * hdp + c % hd) * n_pad + r;
+            vt[at] = hi;
+            vt[plane + at] = lo;
+        }
     }
 }
 
@@ -125,12 +145,12 @@ __device__ __forceinline__ void tw_mma(float* c, const unsigned int* a, unsigned
 // Y[m, n] = act(scale·Σ_k A[m, k]·W[n, k] + bias[n]) for m < M, n < N: stored f32 at
 // Y[m·ldy + n] (added to it with accumulate), or with P non-null as planes P [M][out_planes][N].
 // A [M][PLANES][K], W [N][K], K a multiple of 8. A block of 8 warps owns a 128 × 128 tile (each
-// warp 64 rows × 32 columns) and walks K in steps of 32 through a 4-stage cp.async pipeline.
+// warp 32 rows × 64 columns) and walks K in steps of 64 through a 3-stage cp.async pipeline.
 #define TW_BM 128
 #define TW_BN 128
-#define TW_BK 32
-#define TW_STAGES 4
-#define TW_ROW 80  // bytes per staged row: 32 halves and 16 bytes of padding (conflict-free loads)
+#define TW_BK 64
+#define TW_STAGES 3
+#define TW_ROW 144  // bytes per staged row: 64 halves and 16 bytes of padding (conflict-free loads)
 
 template <int PLANES>
 __device__ __forceinline__ void tw_gemm_load(unsigned char* st, const f16_t* __restrict__ A,
@@ -138,17 +158,17 @@ __device__ __forceinline__ void tw_gemm_load(unsigned char* st, const f16_t* __r
                                              int kt) {
 #if __CUDA_ARCH__ >= 800
     int k0 = kt * TW_BK;
-    for (int e = threadIdx.x; e < PLANES * TW_BM * 4; e += blockDim.x) {
-        int plane = e / (TW_BM * 4), rem = e - plane * TW_BM * 4;
-        int r = rem >> 2, ch = rem & 3;
+    for (int e = threadIdx.x; e < PLANES * TW_BM * 8; e += blockDim.x) {
+        int plane = e / (TW_BM * 8), rem = e - plane * TW_BM * 8;
+        int r = rem >> 3, ch = rem & 7;
         int m = m0 + r, kb = k0 + ch * 8;
         bool ok = m < M && kb < K;
         const f16_t* g = ok ? A + ((size_t)m * PLANES + plane) * K + kb : A;
         cp_async16_zfill(st + plane * TW_BM * TW_ROW + r * TW_ROW + ch * 16, g, ok);
     }
     unsigned char* bs = st + PLANES * TW_BM * TW_ROW;
-    for (int e = threadIdx.x; e < TW_BN * 4; e += blockDim.x) {
-        int r = e >> 2, ch = e & 3;
+    for (int e = threadIdx.x; e < TW_BN * 8; e += blockDim.x) {
+        int r = e >> 3, ch = e & 7;
         int n = n0 + r, kb = k0 + ch * 8;
         bool ok = n < N && kb < K;
         const f16_t* g = ok ? W + (size_t)n * K + kb : W;
@@ -166,15 +186,15 @@ __device__ __forceinline__ void tw_gemm_impl(const f16_t* __restrict__ W, const 
     extern __shared__ __align__(16) unsigned char tw_smem[];
     const int STAGE = (PLANES + 1) * TW_BM * TW_ROW;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int wm = warp & 1, wn = warp >> 1;
+    int wm = warp & 3, wn = warp >> 2;  // warp tile: rows wm·32.., columns wn·64..
     int g8 = lane >> 2, tig = lane & 3;
     int m0 = blockIdx.y * TW_BM, n0 = blockIdx.x * TW_BN;
 
-    float acc[4][4][4];
+    float acc[2][8][4];
 #pragma unroll
-    for (int mi = 0; mi < 4; mi++)
+    for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < 8; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
 
@@ -193,19 +213,19 @@ __device__ __forceinline__ void tw_gemm_impl(const f16_t* __restrict__ W, const 
 
         const unsigned char* as = tw_smem + (kt % TW_STAGES) * STAGE;
         const unsigned char* bs = as + PLANES * TW_BM * TW_ROW;
-        float part[4][4][4];
+        float part[2][8][4];
 #pragma unroll
-        for (int mi = 0; mi < 4; mi++)
+        for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++)
+            for (int ni = 0; ni < 8; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) part[mi][ni][e] = 0.0f;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            unsigned int af[PLANES][4][4];
+        for (int h = 0; h < TW_BK / 16; h++) {
+            unsigned int af[PLANES][2][4];
 #pragma unroll
-            for (int mi = 0; mi < 4; mi++) {
-                int r = wm * 64 + mi * 16 + g8;
+            for (int mi = 0; mi < 2; mi++) {
+                int r = wm * 32 + mi * 16 + g8;
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     int off = (r + 8 * (q & 1)) * TW_ROW + h * 32 + 16 * (q >> 1) + tig * 4;
@@ -215,12 +235,12 @@ __device__ __forceinline__ void tw_gemm_impl(const f16_t* __restrict__ W, const 
                 }
             }
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                int n = wn * 32 + ni * 8 + g8;
+            for (int ni = 0; ni < 8; ni++) {
+                int n = wn * 64 + ni * 8 + g8;
                 unsigned int b0 = *(const unsigned int*)(bs + n * TW_ROW + h * 32 + tig * 4);
                 unsigned int b1 = *(const unsigned int*)(bs + n * TW_ROW + h * 32 + 16 + tig * 4);
 #pragma unroll
-                for (int mi = 0; mi < 4; mi++) {
+                for (int mi = 0; mi < 2; mi++) {
                     // The small plane first.
 #pragma unroll
                     for (int pl = PLANES - 1; pl >= 0; pl--) tw_mma(part[mi][ni], af[pl][mi], b0, b1);
@@ -228,22 +248,22 @@ __device__ __forceinline__ void tw_gemm_impl(const f16_t* __restrict__ W, const 
             }
         }
 #pragma unroll
-        for (int mi = 0; mi < 4; mi++)
+        for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++)
+            for (int ni = 0; ni < 8; ni++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) acc[mi][ni][e] += part[mi][ni][e];
     }
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 
 #pragma unroll
-    for (int mi = 0; mi < 4; mi++)
+    for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < 8; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int m = m0 + wm * 64 + mi * 16 + g8 + 8 * (e >> 1);
-                int n = n0 + wn * 32 + ni * 8 + tig * 2 + (e & 1);
+                int m = m0 + wm * 32 + mi * 16 + g8 + 8 * (e >> 1);
+                int n = n0 + wn * 64 + ni * 8 + tig * 2 + (e & 1);
                 if (m < M && n < N) {
                     float v = acc[mi][ni][e] * scale;
                     if (bias) v += bias[n];
@@ -273,12 +293,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) tower_gemm_f16_p2(TW_GEMM_A
 // ---- Attention ----
 // Bidirectional attention of one image's n rows, per head: o = softmax(q·kᵀ·scale)·v, flash
 // style. q, k [2][heads][n_pad][HDP] and vt [2][heads][HDP][n_pad] (tower_rope_split_f16;
-// n_pad a multiple of 64, pads zero); o as planes [n][out_planes][heads·hd]. A block of 4 warps
-// takes 64 query rows of one head (16 per warp) and walks the keys in tiles of 64 through a
-// 2-stage cp.async pipeline. Q·Kᵀ: with QKP 3, q_lo·k_hi + q_hi·k_lo and then q_hi·k_hi (QKP 1:
+// n_pad a multiple of 128, pads zero); o as planes [n][out_planes][heads·hd]. A block of 8
+// warps takes 128 query rows of one head (16 per warp) and walks the keys in tiles of 64
+// through a 2-stage cp.async pipeline. Q·Kᵀ: with QKP 3, q_lo·k_hi + q_hi·k_lo and then q_hi·k_hi (QKP 1:
 // the last alone); the online softmax in f32 (exp2); P·V likewise with P split into planes
 // (PVP 3) or rounded once (PVP 1), each key tile's P·V summed apart and then added in f32.
-#define TA_ROWS 64
+#define TA_ROWS 128
 #define TA_KEYS 64
 #define TA_VROW 144  // bytes per staged vᵀ row: 64 keys and 16 bytes of padding
 
@@ -482,7 +502,7 @@ __device__ __forceinline__ void tw_attention_impl(const f16_t* __restrict__ q, c
         int n, int n_pad, int heads, int hd, float scale_log2, int out_planes, int *__restrict__ flag
 #define TA_PASS q, k, vt, o, n, n_pad, heads, hd, scale_log2, out_planes, flag
 #define TA_KERNEL(NAME, HDP, QKP, PVP) \
-    extern "C" __global__ void __launch_bounds__(128) NAME(TA_ARGS) { tw_attention_impl<HDP, QKP, PVP>(TA_PASS); }
+    extern "C" __global__ void __launch_bounds__(256) NAME(TA_ARGS) { tw_attention_impl<HDP, QKP, PVP>(TA_PASS); }
 TA_KERNEL(tower_attention_h16, 16, 3, 3)
 TA_KERNEL(tower_attention_h32, 32, 3, 3)
 TA_KERNEL(tower_attention_h48, 48, 3, 3)

@@ -26,8 +26,7 @@ kernels! {
         out: Ptr<u16>,
         flag: Ptr<i32>,
     );
-    /// qkv → q, k rotated (2-D vision RoPE) and v, as two fp16 planes each: q, k
-    /// `[2][heads][n_pad][hdp]`, v transposed `[2][heads][hdp][n_pad]`.
+    /// qkv → q, k rotated (2-D vision RoPE), as two fp16 planes each: `[2][heads][n_pad][hdp]`.
     TowerRopeSplitF16 = "tower_rope_split_f16"
     (
         qkv: Ptr<f32>,
@@ -35,6 +34,17 @@ kernels! {
         sin: Ptr<f32>,
         q: Ptr<u16>,
         k: Ptr<u16>,
+        n: i32,
+        n_pad: i32,
+        heads: i32,
+        hd: i32,
+        hdp: i32,
+        flag: Ptr<i32>,
+    );
+    /// qkv's v → two fp16 planes transposed, `[2][heads][hdp][n_pad]` (32 × 32 tiles).
+    TowerVTransposeF16 = "tower_v_transpose_f16"
+    (
+        qkv: Ptr<f32>,
         vt: Ptr<u16>,
         n: i32,
         n_pad: i32,
@@ -97,6 +107,7 @@ pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
     TowerSplitF16::DECLS,
     TowerLayerNormF16::DECLS,
     TowerRopeSplitF16::DECLS,
+    TowerVTransposeF16::DECLS,
     TowerGemmF16::DECLS,
     TowerAttention::DECLS,
 ];
