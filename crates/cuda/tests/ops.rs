@@ -302,6 +302,66 @@ const CHECKED_ELSEWHERE: &[(&str, &str)] = &[
         "scatter_rows",
         "tests/vision.rs (image rows replacing their pads: logits with images vs transformers)",
     ),
+    (
+        "tower_split_f16",
+        "tests/tower.rs (hi/lo fp16 planes: the GEMM against an f64 reference)",
+    ),
+    (
+        "tower_gemm_f16_p1",
+        "tests/tower.rs (tensor-core tower GEMM, one plane, against f64)",
+    ),
+    (
+        "tower_gemm_f16_p2",
+        "tests/tower.rs (tensor-core tower GEMM, two planes, against f64)",
+    ),
+    (
+        "tower_layer_norm_f16",
+        "tests/tower.rs (LayerNorm into fp16 planes against f64)",
+    ),
+    (
+        "tower_rope_split_f16",
+        "tests/vision.rs (the tensor-core tower's 2-D rotary: vision_embeds vs transformers)",
+    ),
+    (
+        "tower_v_transpose_f16",
+        "tests/tower.rs (flash attention per image against f64)",
+    ),
+    (
+        "tower_attention_h16",
+        "tests/tower.rs (flash attention per image against f64) and tests/vision.rs (tensor_core_tower_precisions)",
+    ),
+    (
+        "tower_attention_h32",
+        "tests/tower.rs (flash attention per image against f64) and tests/vision.rs (tensor_core_tower_precisions)",
+    ),
+    (
+        "tower_attention_h32_fast",
+        "tests/vision.rs (tensor_core_tower_precisions: the cheaper attention precisions on the fixtures)",
+    ),
+    (
+        "tower_attention_h32_qk",
+        "tests/vision.rs (tensor_core_tower_precisions: the cheaper attention precisions on the fixtures)",
+    ),
+    (
+        "tower_attention_h48",
+        "tests/tower.rs (flash attention per image against f64) and tests/vision.rs (tensor_core_tower_precisions)",
+    ),
+    (
+        "tower_attention_h64",
+        "tests/tower.rs (flash attention per image against f64) and tests/vision.rs (tensor_core_tower_precisions)",
+    ),
+    (
+        "tower_attention_h80",
+        "tests/tower.rs (flash attention per image against f64) and tests/vision.rs (tensor_core_tower_precisions)",
+    ),
+    (
+        "tower_attention_h80_fast",
+        "tests/vision.rs (tensor_core_tower_precisions: the cheaper attention precisions on the fixtures)",
+    ),
+    (
+        "tower_attention_h80_qk",
+        "tests/vision.rs (tensor_core_tower_precisions: the cheaper attention precisions on the fixtures)",
+    ),
 ];
 
 #[test]
