@@ -249,6 +249,16 @@ pub(crate) enum Part {
         start: usize,
         end: usize,
     },
+    /// Bytes `start..end` of a mapped file in ggml blocks (a quantized GGUF tensor as
+    /// stored): run in its blocks on the CPU, or dequantized when read as a float matrix.
+    Blocks {
+        path: std::path::PathBuf,
+        map: std::sync::Arc<memmap2::Mmap>,
+        ty: crate::gguf::quants::GgmlType,
+        shape: Vec<usize>,
+        start: usize,
+        end: usize,
+    },
     /// Values converted on open.
     Owned { shape: Vec<usize>, values: Vec<f32> },
     /// An integer buffer rebuilt from metadata (qwen4exp's PLE hash constants), stored as I64.

@@ -20,7 +20,9 @@ use serde_json::Value;
 
 use crate::error::{ModelError, Result};
 use crate::fp8::BlockFp8;
+use crate::gguf::quants::{dequantize, GgmlType};
 use crate::tensor::{decode_f32, DType, Matrix, Storage};
+use crate::weights::BlockMatrix;
 
 mod assembled;
 mod fp8;
@@ -42,6 +44,8 @@ struct Entry {
     end: usize,
     /// For an `F8_E4M3` tensor: the name of its scale tensor.
     scale: Option<String>,
+    /// For a quantized GGUF tensor (stored as `U8`): its ggml block type.
+    ggml: Option<GgmlType>,
 }
 
 /// All tensors of a checkpoint directory, by name.
@@ -51,6 +55,9 @@ pub struct Checkpoint {
     entries: HashMap<String, Entry>,
     /// The block-FP8 `quantization_config`, when the checkpoint holds FP8 tensors.
     fp8: Option<BlockFp8>,
+    /// Whether the loader takes quantized GGUF tensors in their blocks
+    /// ([`Checkpoint::keep_blocks`]) rather than dequantized.
+    keep_blocks: bool,
 }
 
 impl Checkpoint {
@@ -80,6 +87,7 @@ impl Checkpoint {
             shards: Vec::new(),
             entries: HashMap::new(),
             fp8: None,
+            keep_blocks: false,
         };
         checkpoint.add_shard(&single)?;
         checkpoint.pair_fp8_scales()?;
@@ -94,6 +102,7 @@ impl Checkpoint {
             shards: Vec::new(),
             entries: HashMap::new(),
             fp8: None,
+            keep_blocks: false,
         };
         checkpoint.add_shard(file)?;
         checkpoint.pair_fp8_scales()?;
@@ -143,6 +152,7 @@ impl Checkpoint {
             shards: Vec::new(),
             entries: HashMap::new(),
             fp8: None,
+            keep_blocks: false,
         };
         for file in files {
             checkpoint.add_shard(&dir.join(file))?;
@@ -192,6 +202,7 @@ impl Checkpoint {
                 start,
                 end,
                 scale: None,
+                ggml: None,
             };
             if let Some(previous) = self.entries.insert(name.clone(), entry) {
                 return Err(ModelError::Index {
@@ -273,6 +284,15 @@ impl Checkpoint {
         self.check_shape(name, entry, shape)?;
         let cols = *shape.last().unwrap_or(&1);
         let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+        if let Some(ty) = entry.ggml {
+            let values = dequantize(ty, &self.shards[entry.shard].map[entry.start..entry.end]);
+            return Ok(Matrix::new(
+                DType::F32,
+                rows,
+                cols,
+                Storage::from_f32(&values),
+            ));
+        }
         if entry.scale.is_some() {
             let values = self.fp8_values(name, entry)?;
             return Ok(Matrix::new(
@@ -292,10 +312,38 @@ impl Checkpoint {
         Ok(Matrix::new(dtype, rows, cols, storage))
     }
 
+    /// Makes the loader take quantized GGUF tensors in their ggml blocks, memory-mapped
+    /// ([`Checkpoint::blocks`]), instead of dequantized to f32 ([`Checkpoint::matrix`]): what
+    /// the CPU engine does unless `--quant` asks for a format.
+    pub fn keep_blocks(&mut self, keep: bool) {
+        self.keep_blocks = keep;
+    }
+
+    /// Tensor `name` with exactly `shape` in its ggml blocks, when it is a quantized GGUF
+    /// tensor and [`Checkpoint::keep_blocks`] is on; `None` otherwise (read it with
+    /// [`Checkpoint::matrix`]).
+    pub fn blocks(&self, name: &str, shape: &[usize]) -> Result<Option<BlockMatrix>> {
+        let entry = self.entry(name)?;
+        self.check_shape(name, entry, shape)?;
+        let Some(ty) = entry.ggml.filter(|_| self.keep_blocks) else {
+            return Ok(None);
+        };
+        let cols = *shape.last().unwrap_or(&1);
+        let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+        let storage = Storage::new(&self.shards[entry.shard].map, entry.start, entry.end, 1);
+        Ok(Some(BlockMatrix::new(ty, rows, cols, storage)))
+    }
+
     /// Tensor `name` with exactly `shape`, converted to f32 (for norms, biases, small tensors).
     pub fn f32_values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let entry = self.entry(name)?;
         self.check_shape(name, entry, shape)?;
+        if let Some(ty) = entry.ggml {
+            return Ok(dequantize(
+                ty,
+                &self.shards[entry.shard].map[entry.start..entry.end],
+            ));
+        }
         if entry.scale.is_some() {
             return self.fp8_values(name, entry);
         }
@@ -338,6 +386,20 @@ impl Checkpoint {
         names.sort();
         for name in names {
             let entry = &self.entries[name];
+            if let Some(ty) = entry.ggml {
+                let values = dequantize(ty, &self.shards[entry.shard].map[entry.start..entry.end]);
+                if let Some((index, nan)) =
+                    crate::finite::first_non_finite(DType::F32, bytemuck::cast_slice(&values))
+                {
+                    return Err(crate::finite::non_finite_error(
+                        &self.shards[entry.shard].path,
+                        name,
+                        index,
+                        nan,
+                    ));
+                }
+                continue;
+            }
             let dtype = match entry.dtype {
                 StDtype::BF16 => DType::Bf16,
                 StDtype::F16 => DType::F16,

@@ -7,6 +7,7 @@ use crate::quant::{QuantizedMatrix, WeightFormat};
 use crate::tensor::{DType, Matrix};
 
 use super::packed::PackedMatrix;
+use super::BlockMatrix;
 
 /// A linear layer y = x·Wᵀ with W `[out, in]`: as stored in the checkpoint (memory-mapped)
 /// or quantized on load. Backends run it (the CPU engine's `LinearExt::forward`, the CUDA
@@ -17,6 +18,8 @@ pub enum Linear {
     Quantized(Arc<QuantizedMatrix>),
     /// Laid out by an install: a quantized resident tensor or an expert record's part.
     Packed(PackedMatrix),
+    /// A GGUF tensor in its ggml blocks, run as stored (`--quant` not given on the CPU).
+    Blocks(BlockMatrix),
 }
 
 impl Linear {
@@ -63,6 +66,7 @@ impl Linear {
             }
             Linear::Quantized(q) => q.mat(),
             Linear::Packed(p) => p.mat(),
+            Linear::Blocks(b) => b.mat(),
         }
     }
 
@@ -72,6 +76,7 @@ impl Linear {
             Linear::Mapped(m) => m.rows,
             Linear::Quantized(q) => q.rows,
             Linear::Packed(p) => p.rows,
+            Linear::Blocks(b) => b.rows,
         }
     }
 
@@ -81,6 +86,7 @@ impl Linear {
             Linear::Mapped(m) => m.cols,
             Linear::Quantized(q) => q.cols,
             Linear::Packed(p) => p.cols,
+            Linear::Blocks(b) => b.cols,
         }
     }
 

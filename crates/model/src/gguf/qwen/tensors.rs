@@ -104,9 +104,13 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                     ),
                     None => (
                         name,
-                        Part::Owned {
+                        Part::Blocks {
+                            path: f.path.clone(),
+                            map: f.map.clone(),
+                            ty: t.ty,
                             shape,
-                            values: values(),
+                            start: t.start,
+                            end: t.end,
                         },
                     ),
                 }
@@ -292,9 +296,13 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                                 start,
                                 end,
                             },
-                            None => Part::Owned {
+                            None => Part::Blocks {
+                                path: f.path.clone(),
+                                map: f.map.clone(),
+                                ty: t.ty,
                                 shape: vec![e_rows, e_cols],
-                                values: dequantize(t.ty, &f.map[start..end]),
+                                start,
+                                end,
                             },
                         };
                         out.push((name, part));
