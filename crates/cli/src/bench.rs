@@ -11,7 +11,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
 use spindle_cpu::Engine;
-use spindle_model::quant::WeightFormat;
 use spindle_runtime::bench::{self, BatchBenchOptions, BenchOptions, BenchReport};
 use spindle_runtime::{Backend, Device, Model};
 
@@ -180,9 +179,10 @@ fn gb(bytes: f64) -> f64 {
 fn print_cpu(args: &BenchArgs, name: &str, engine: &Engine, report: &BenchReport) {
     let experts = engine.expert_stats();
     // An install carries its own format; a checkpoint is quantized as asked.
-    let quant: WeightFormat = engine
-        .install()
-        .map_or(args.load.quant, |i| i.manifest().quant_format());
+    let quant: &str = match engine.install() {
+        Some(i) => i.manifest().quant_format().name(),
+        None => args.load.quant_label(),
+    };
     let decode = report.decode[0].tokens_per_s;
     if args.json {
         let value = json!({
@@ -199,7 +199,8 @@ fn print_cpu(args: &BenchArgs, name: &str, engine: &Engine, report: &BenchReport
             "decode_roofline_fraction": report.decode_roofline_fraction(),
             "peak_rss_bytes": report.peak_rss_bytes,
             "model": name,
-            "quant": quant.name(),
+            "quant": quant,
+            "weight_bytes": engine.weight_bytes(),
             "experts": format!("{:?}", engine.expert_placement()),
             "expert_hit_rate": experts.hit_rate(),
             "expert_bytes_read": experts.bytes_read,
@@ -209,10 +210,11 @@ fn print_cpu(args: &BenchArgs, name: &str, engine: &Engine, report: &BenchReport
         return;
     }
     println!(
-        "model        {} ({}, {} threads)",
+        "model        {} ({}, {} threads, weights {:.2} GB)",
         name,
-        quant.name(),
-        report.threads
+        quant,
+        report.threads,
+        engine.weight_bytes() as f64 / 1e9
     );
     println!(
         "prefill      {:>10.1} tok/s  (median of {}, min {:.1}, max {:.1}; {} tokens)",
@@ -283,7 +285,7 @@ fn print_gpu(args: &BenchArgs, name: &str, backend: &Backend, report: &BenchRepo
         let value = json!({
             "model": name,
             "device": report.device,
-            "quant": args.load.quant.name(),
+            "quant": args.load.quant().name(),
             "layers": layers,
             "cuda_graphs": report.graphs,
             "load_s": load_s,
@@ -305,7 +307,7 @@ fn print_gpu(args: &BenchArgs, name: &str, backend: &Backend, report: &BenchRepo
     println!(
         "model        {} ({}, {} layers) on {}{}",
         name,
-        args.load.quant.name(),
+        args.load.quant().name(),
         layers,
         report.device,
         if report.graphs { ", CUDA graphs" } else { "" }
@@ -440,7 +442,7 @@ fn run_batch(args: &BenchArgs, dir: &Path, name: &str) -> Result<ExitCode> {
         let value = json!({
             "model": name,
             "device": backend.device_name(),
-            "quant": args.load.quant.name(),
+            "quant": args.load.quant().name(),
             "prompt_tokens": args.prompt.min(64),
             "steps": args.gen,
             "runs": args.runs,
@@ -454,7 +456,7 @@ fn run_batch(args: &BenchArgs, dir: &Path, name: &str) -> Result<ExitCode> {
     println!(
         "model        {} ({}) on {}; {} prompt tokens per sequence, {} steps x {} runs",
         name,
-        args.load.quant.name(),
+        args.load.quant().name(),
         backend.device_name(),
         args.prompt.min(64),
         args.gen,

@@ -12,9 +12,12 @@ use spindle_model::quant::WeightFormat;
 pub struct LoadArgs {
     /// Weight format of the large projections: bf16 (as stored), or q8 / q4 quantized on load
     /// (int8 / int4, one f16 scale per 32 weights). An install keeps the format it was
-    /// converted to.
-    #[arg(long, default_value = "bf16", value_parser = parse_quant)]
-    pub quant: WeightFormat,
+    /// converted to. Not given: as stored; a GGUF file's quantized tensors (Q8_0, Q4_0,
+    /// Q4_K, Q5_K, Q6_K) then run in their own blocks on the CPU, memory-mapped (about the
+    /// file's size in memory). With a GGUF file, bf16 dequantizes them exactly to f32 on load
+    /// (several times the file's size) and q8 / q4 re-encode them (a second quantization).
+    #[arg(long, value_parser = parse_quant)]
+    pub quant: Option<WeightFormat>,
 
     /// Where the routed experts live: resident (in RAM), mapped (memory-mapped from an
     /// install; the page cache decides), streamed (a few slots per layer, misses read from an
@@ -67,6 +70,16 @@ fn parse_policy(s: &str) -> Result<CachePolicy, String> {
 }
 
 impl LoadArgs {
+    /// The format `--quant` asks for (bf16 when not given).
+    pub fn quant(&self) -> WeightFormat {
+        self.quant.unwrap_or_default()
+    }
+
+    /// `--quant` as a label for reports: the format, or "stored" when not given.
+    pub fn quant_label(&self) -> &'static str {
+        self.quant.map_or("stored", WeightFormat::name)
+    }
+
     /// Engine options, with a progress bar while weights are quantized.
     pub fn options(&self) -> LoadOptions {
         let bar = indicatif::ProgressBar::new(0);
@@ -77,7 +90,7 @@ impl LoadArgs {
             .expect("valid template")
             .progress_chars("=> "),
         );
-        bar.set_message(self.quant.name());
+        bar.set_message(self.quant().name());
         let progress = move |done: usize, total: usize| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
@@ -86,8 +99,9 @@ impl LoadArgs {
             }
         };
         LoadOptions {
-            quant: self.quant,
-            progress: (self.quant != WeightFormat::Bf16)
+            quant: self.quant(),
+            gguf_blocks: self.quant.is_none(),
+            progress: (self.quant() != WeightFormat::Bf16)
                 .then(|| Arc::new(progress) as Arc<dyn Fn(usize, usize) + Send + Sync>),
             experts: self.experts,
             expert_slots: self.expert_slots,

@@ -259,6 +259,12 @@ pub(crate) enum Part {
         start: usize,
         end: usize,
     },
+    /// ggml blocks reordered on open (whole rows moved, the blocks as stored).
+    OwnedBlocks {
+        ty: crate::gguf::quants::GgmlType,
+        shape: Vec<usize>,
+        bytes: Vec<u8>,
+    },
     /// Values converted on open.
     Owned { shape: Vec<usize>, values: Vec<f32> },
     /// An integer buffer rebuilt from metadata (qwen4exp's PLE hash constants), stored as I64.

@@ -56,6 +56,7 @@ impl Checkpoint {
             .map(|(_, p)| match p {
                 Part::Owned { values, .. } => values.len() * 4,
                 Part::Ints { values, .. } => values.len() * 8,
+                Part::OwnedBlocks { bytes, .. } => bytes.len(),
                 Part::Mapped { .. } | Part::Blocks { .. } => 0,
             })
             .sum();
@@ -110,6 +111,19 @@ impl Checkpoint {
                         usize::MAX,
                         StDtype::F32,
                         None,
+                        shape,
+                        at,
+                        at + bytes.len(),
+                    ));
+                    at += bytes.len();
+                }
+                Part::OwnedBlocks { ty, shape, bytes } => {
+                    owned[at..at + bytes.len()].copy_from_slice(&bytes);
+                    placed.push((
+                        name,
+                        usize::MAX,
+                        StDtype::U8,
+                        Some(ty),
                         shape,
                         at,
                         at + bytes.len(),

@@ -37,11 +37,6 @@ impl BlockMatrix {
         };
         MatRef::new(weights, self.rows, self.cols)
     }
-
-    /// Whether the blocks are the file's own bytes (memory-mapped), not a copy.
-    pub fn is_mapped(&self) -> bool {
-        matches!(self.storage, Storage::Mapped { .. })
-    }
 }
 
 impl std::fmt::Debug for BlockMatrix {
