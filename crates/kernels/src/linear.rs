@@ -212,7 +212,8 @@ fn row_dot(isa: Isa, w: &MatRef, r: usize, acts: &Acts, t: usize) -> f32 {
 }
 
 /// Weight row `r` dotted with every token of `acts` (`out [tokens]`), each value the one
-/// [`row_dot`] gives. On AVX-512 a Q8/Q4 row's codes are unpacked once for several tokens.
+/// [`row_dot`] gives. On AVX-512 a Q8/Q4 row's codes are unpacked once for several tokens, as
+/// are a K-quant row's superblocks on AVX2 and AVX-512.
 #[inline]
 fn row_dots(isa: Isa, w: &MatRef, r: usize, acts: &Acts, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -232,6 +233,14 @@ fn row_dots(isa: Isa, w: &MatRef, r: usize, acts: &Acts, out: &mut [f32]) {
             }
             _ => {}
         }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx2 | Isa::Avx512, Weights::Ggml { ty, blocks }, Acts::Int8(q)) =
+        (isa, w.weights, acts)
+    {
+        let rb = ggml_row_bytes(ty, w.cols);
+        // SAFETY: callers pass an `isa` the CPU runs, and AVX-512 implies AVX2 + FMA + F16C.
+        return unsafe { simd::avx2_ggml::dots_ggml(ty, &blocks[r * rb..(r + 1) * rb], q, out) };
     }
     for (t, o) in out.iter_mut().enumerate() {
         *o = row_dot(isa, w, r, acts, t);

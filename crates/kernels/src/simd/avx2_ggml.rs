@@ -6,6 +6,7 @@
 use std::arch::x86_64::*;
 
 use crate::ggml::{half_at, scales_mins, sum_lanes};
+use crate::quant::QuantizedActs;
 use spindle_model::gguf::quants::GgmlType;
 use spindle_model::quant::GROUP;
 
@@ -58,80 +59,37 @@ pub(crate) unsafe fn dot_ggml(ty: GgmlType, row: &[u8], xq: &[i8], xd: &[f32], x
     let groups = blocks * ty.block_elements() / GROUP;
     assert!(xq.len() >= groups * GROUP && xd.len() >= groups && xsd.len() >= groups);
     match ty {
-        GgmlType::Q4K | GgmlType::Q5K => dot_k45(ty == GgmlType::Q5K, row, xq, xd, xsd),
-        GgmlType::Q6K => dot_q6k(row, xq, xd),
+        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => dot_k(ty, row, xq, xd, xsd),
         GgmlType::Q8_0 | GgmlType::Q4_0 => dot_32(ty, row, xq, xd),
         _ => panic!("{} is a float type, not ggml blocks", ty.name()),
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-fn dot_k45(five: bool, row: &[u8], xq: &[i8], xd: &[f32], xsd: &[f32]) -> f32 {
-    let bytes = if five { 176 } else { 144 };
-    let mask = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
-    let ones16 = _mm256_set1_epi16(1);
-    let mut acc = _mm256_setzero_ps();
-    for (b, blk) in row.chunks_exact(bytes).enumerate() {
-        let (d, dmin) = (half_at(&blk[0..2]), half_at(&blk[2..4]));
-        let (sc, m) = scales_mins(&blk[4..16]);
-        let x = &xq[256 * b..256 * b + 256];
-        let mut v = [_mm256_setzero_si256(); 8];
-        // SAFETY: `blk` holds the block's bytes (qh at 16..48 for Q5_K, codes 128 bytes after
-        // them) and `x` 256 activations: every load reads 32 bytes inside them.
-        unsafe {
-            let (qh, qs) = if five {
-                (load(blk.as_ptr().add(16)), blk.as_ptr().add(48))
-            } else {
-                (_mm256_setzero_si256(), blk.as_ptr().add(16))
-            };
-            for j in 0..4 {
-                let q = load(qs.add(32 * j));
-                let mut lo = _mm256_and_si256(q, mask);
-                let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
-                if five {
-                    let bit = |k: i32| {
-                        let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(k));
-                        _mm256_slli_epi16(_mm256_and_si256(h, one), 4)
-                    };
-                    lo = _mm256_or_si256(lo, bit(2 * j as i32));
-                    hi = _mm256_or_si256(hi, bit(2 * j as i32 + 1));
-                }
-                let x0 = load(x.as_ptr().add(64 * j) as *const u8);
-                let x1 = load(x.as_ptr().add(64 * j + 32) as *const u8);
-                v[2 * j] = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), ones16);
-                v[2 * j + 1] = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), ones16);
-            }
-            let sumi = _mm256_cvtepi32_ps(sum8(&v));
-            let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                sc.as_ptr() as *const __m128i
-            )));
-            let m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                m.as_ptr() as *const __m128i
-            )));
-            let dl = _mm256_mul_ps(_mm256_set1_ps(d), sc);
-            let ml = _mm256_mul_ps(_mm256_set1_ps(dmin), m);
-            let t = _mm256_mul_ps(_mm256_loadu_ps(xd.as_ptr().add(8 * b)), sumi);
-            acc = _mm256_fmadd_ps(dl, t, acc);
-            acc = _mm256_fnmadd_ps(ml, _mm256_loadu_ps(xsd.as_ptr().add(8 * b)), acc);
-        }
-    }
-    hsum(acc)
+/// A K-quant superblock unpacked for the integer dots: its 8 groups' codes (unsigned for
+/// Q4_K/Q5_K, signed for Q6_K, whose int8 scales per 16 weights are `scales`), and per lane
+/// the f32 factors `dl` (d·sc; Q6_K: d) and `ml` (dmin·m; unused for Q6_K).
+struct Superblock {
+    codes: [__m256i; 8],
+    scales: [__m256i; 8],
+    dl: __m256,
+    ml: __m256,
+    signed: bool,
 }
 
+/// Unpacks one superblock of `ty` (`blk` its bytes).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_q6k(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+fn unpack(ty: GgmlType, blk: &[u8]) -> Superblock {
     let mask = _mm256_set1_epi8(0x0F);
-    let three = _mm256_set1_epi8(3);
-    let off = _mm256_set1_epi8(32);
-    let mut acc = _mm256_setzero_ps();
-    for (b, blk) in row.chunks_exact(210).enumerate() {
-        let d = half_at(&blk[208..210]);
-        let scales = &blk[192..208];
-        let x = &xq[256 * b..256 * b + 256];
-        let mut v = [_mm256_setzero_si256(); 8];
-        // SAFETY: `blk` is one 210-byte block (ql 0..128, qh 128..192) and `x` 256
-        // activations: every load reads 32 bytes inside them.
+    let mut codes = [_mm256_setzero_si256(); 8];
+    let mut scales = [_mm256_set1_epi16(1); 8];
+    if ty == GgmlType::Q6K {
+        assert!(blk.len() >= 210);
+        let three = _mm256_set1_epi8(3);
+        let off = _mm256_set1_epi8(32);
+        let sc = &blk[192..208];
+        // SAFETY: `blk` is one 210-byte block (ql 0..128, qh 128..192): every load reads 32
+        // bytes inside it.
         unsafe {
             for n in 0..2 {
                 let ql = blk.as_ptr().add(64 * n);
@@ -147,21 +105,150 @@ fn dot_q6k(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
                     };
                     let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32));
                     let h = _mm256_slli_epi16(_mm256_and_si256(h, three), 4);
-                    let q = _mm256_sub_epi8(_mm256_or_si256(nib, h), off);
-                    let xg = load(x.as_ptr().add(32 * g) as *const u8);
-                    let s = _mm256_set_m128i(
-                        _mm_set1_epi16(scales[2 * g + 1] as i8 as i16),
-                        _mm_set1_epi16(scales[2 * g] as i8 as i16),
+                    codes[g] = _mm256_sub_epi8(_mm256_or_si256(nib, h), off);
+                    scales[g] = _mm256_set_m128i(
+                        _mm_set1_epi16(sc[2 * g + 1] as i8 as i16),
+                        _mm_set1_epi16(sc[2 * g] as i8 as i16),
                     );
-                    v[g] = _mm256_madd_epi16(signed_pairs(q, xg), s);
                 }
             }
-            let sumi = _mm256_cvtepi32_ps(sum8(&v));
-            let t = _mm256_mul_ps(_mm256_loadu_ps(xd.as_ptr().add(8 * b)), sumi);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc);
+        }
+        return Superblock {
+            codes,
+            scales,
+            dl: _mm256_set1_ps(half_at(&blk[208..210])),
+            ml: _mm256_setzero_ps(),
+            signed: true,
+        };
+    }
+    let five = ty == GgmlType::Q5K;
+    assert!(blk.len() >= if five { 176 } else { 144 });
+    let (d, dmin) = (half_at(&blk[0..2]), half_at(&blk[2..4]));
+    let (sc, m) = scales_mins(&blk[4..16]);
+    let one = _mm256_set1_epi8(1);
+    // SAFETY: `blk` holds the block's bytes (qh at 16..48 for Q5_K, then 128 bytes of codes):
+    // every load reads 32 bytes inside it; `sc` and `m` hold 8 bytes each.
+    unsafe {
+        let (qh, qs) = if five {
+            (load(blk.as_ptr().add(16)), blk.as_ptr().add(48))
+        } else {
+            (_mm256_setzero_si256(), blk.as_ptr().add(16))
+        };
+        for j in 0..4 {
+            let q = load(qs.add(32 * j));
+            let mut lo = _mm256_and_si256(q, mask);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+            if five {
+                let bit = |k: i32| {
+                    let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(k));
+                    _mm256_slli_epi16(_mm256_and_si256(h, one), 4)
+                };
+                lo = _mm256_or_si256(lo, bit(2 * j as i32));
+                hi = _mm256_or_si256(hi, bit(2 * j as i32 + 1));
+            }
+            codes[2 * j] = lo;
+            codes[2 * j + 1] = hi;
+        }
+        let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            sc.as_ptr() as *const __m128i
+        )));
+        let m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            m.as_ptr() as *const __m128i
+        )));
+        Superblock {
+            codes,
+            scales,
+            dl: _mm256_mul_ps(_mm256_set1_ps(d), sc),
+            ml: _mm256_mul_ps(_mm256_set1_ps(dmin), m),
+            signed: false,
         }
     }
+}
+
+/// `acc` after one superblock `u` against one token's 256 activations `x` with their 8 group
+/// scales `xd` and scaled sums `xsd` (the reference's per-lane operations).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn step(u: &Superblock, x: &[i8], xd: &[f32], xsd: &[f32], acc: __m256) -> __m256 {
+    assert!(x.len() >= 256 && xd.len() >= 8 && xsd.len() >= 8);
+    let ones16 = _mm256_set1_epi16(1);
+    let mut v = [_mm256_setzero_si256(); 8];
+    // SAFETY: the loads read x[32g..32g + 32] for g < 8 and 8 values of `xd`/`xsd` (asserted).
+    unsafe {
+        for g in 0..8 {
+            let xg = load(x.as_ptr().add(32 * g) as *const u8);
+            v[g] = if u.signed {
+                _mm256_madd_epi16(signed_pairs(u.codes[g], xg), u.scales[g])
+            } else {
+                _mm256_madd_epi16(_mm256_maddubs_epi16(u.codes[g], xg), ones16)
+            };
+        }
+        let t = _mm256_mul_ps(_mm256_loadu_ps(xd.as_ptr()), _mm256_cvtepi32_ps(sum8(&v)));
+        let acc = _mm256_fmadd_ps(u.dl, t, acc);
+        if u.signed {
+            acc
+        } else {
+            _mm256_fnmadd_ps(u.ml, _mm256_loadu_ps(xsd.as_ptr()), acc)
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dot_k(ty: GgmlType, row: &[u8], xq: &[i8], xd: &[f32], xsd: &[f32]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (b, blk) in row.chunks_exact(ty.block_bytes()).enumerate() {
+        let u = unpack(ty, blk);
+        acc = step(&u, &xq[256 * b..], &xd[8 * b..], &xsd[8 * b..], acc);
+    }
     hsum(acc)
+}
+
+/// One K-quant row dotted with every token of `acts` (`out [tokens]`), each superblock
+/// unpacked once for all tokens; every value the bits [`dot_ggml`] gives for its token.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dots_ggml(ty: GgmlType, row: &[u8], acts: &QuantizedActs, out: &mut [f32]) {
+    if !matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) {
+        for (t, o) in out.iter_mut().enumerate() {
+            let (xq, xd, xsd) = acts.token(t);
+            // SAFETY: the caller's promise (AVX2 + FMA + F16C) carries over.
+            *o = unsafe { dot_ggml(ty, row, xq, xd, xsd) };
+        }
+        return;
+    }
+    let (cols, groups) = (acts.cols, acts.cols / GROUP);
+    assert!(row.len() / ty.block_bytes() * 256 == cols && acts.tokens() >= out.len());
+    ACC.with(|acc| {
+        let mut acc = acc.borrow_mut();
+        acc.clear();
+        acc.resize(out.len(), [0.0; 8]);
+        for (b, blk) in row.chunks_exact(ty.block_bytes()).enumerate() {
+            let u = unpack(ty, blk);
+            for (t, a) in acc.iter_mut().enumerate() {
+                let x = &acts.qs[t * cols + 256 * b..];
+                let g = t * groups + 8 * b;
+                // SAFETY: `a` holds 8 f32.
+                unsafe {
+                    let v = step(
+                        &u,
+                        x,
+                        &acts.d[g..],
+                        &acts.sd[g..],
+                        _mm256_loadu_ps(a.as_ptr()),
+                    );
+                    _mm256_storeu_ps(a.as_mut_ptr(), v);
+                }
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc.iter()) {
+            // SAFETY: `a` holds 8 f32.
+            *o = hsum(unsafe { _mm256_loadu_ps(a.as_ptr()) });
+        }
+    })
+}
+
+thread_local! {
+    /// Each worker's per-token lane accumulators for [`dots_ggml`].
+    static ACC: std::cell::RefCell<Vec<[f32; 8]>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Q8_0 and Q4_0 (blocks of 32): eight blocks per step, a partial last step lane by lane.
