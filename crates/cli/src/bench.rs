@@ -179,9 +179,15 @@ fn gb(bytes: f64) -> f64 {
 fn print_cpu(args: &BenchArgs, name: &str, engine: &Engine, report: &BenchReport) {
     let experts = engine.expert_stats();
     // An install carries its own format; a checkpoint is quantized as asked.
+    // A GGUF file without --quant runs its quantized tensors in their blocks.
+    let gguf = args
+        .model
+        .as_deref()
+        .is_some_and(spindle_model::gguf::is_gguf);
     let quant: &str = match engine.install() {
         Some(i) => i.manifest().quant_format().name(),
-        None => args.load.quant_label(),
+        None if gguf && args.load.quant.is_none() => "gguf blocks",
+        None => args.load.quant().name(),
     };
     let decode = report.decode[0].tokens_per_s;
     if args.json {

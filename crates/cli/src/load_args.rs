@@ -75,11 +75,6 @@ impl LoadArgs {
         self.quant.unwrap_or_default()
     }
 
-    /// `--quant` as a label for reports: the format, or "stored" when not given.
-    pub fn quant_label(&self) -> &'static str {
-        self.quant.map_or("stored", WeightFormat::name)
-    }
-
     /// Engine options, with a progress bar while weights are quantized.
     pub fn options(&self) -> LoadOptions {
         let bar = indicatif::ProgressBar::new(0);
