@@ -175,9 +175,9 @@ fn step(u: &Superblock, x: &[i8], xd: &[f32], xsd: &[f32], acc: __m256) -> __m25
     let mut v = [_mm256_setzero_si256(); 8];
     // SAFETY: the loads read x[32g..32g + 32] for g < 8 and 8 values of `xd`/`xsd` (asserted).
     unsafe {
-        for g in 0..8 {
+        for (g, vg) in v.iter_mut().enumerate() {
             let xg = load(x.as_ptr().add(32 * g) as *const u8);
-            v[g] = if u.signed {
+            *vg = if u.signed {
                 _mm256_madd_epi16(signed_pairs(u.codes[g], xg), u.scales[g])
             } else {
                 _mm256_madd_epi16(_mm256_maddubs_epi16(u.codes[g], xg), ones16)
