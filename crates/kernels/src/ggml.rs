@@ -209,8 +209,14 @@ mod tests {
     #[test]
     fn every_simd_path_matches_the_reference_bit_for_bit() {
         for ty in TYPES {
-            for superblocks in [1, 2, 11] {
-                let cols = 256 * superblocks;
+            // Rows of 1, 2 and 11 superblocks; Q8_0/Q4_0 also of 3 and 13 blocks of 32 (a
+            // partial last step of eight).
+            let short: &[usize] = match ty {
+                GgmlType::Q8_0 | GgmlType::Q4_0 => &[96, 416],
+                _ => &[],
+            };
+            for cols in [256, 512, 256 * 11].iter().chain(short) {
+                let (cols, superblocks) = (*cols, cols.div_ceil(256));
                 let row = random_blocks(ty, cols / ty.block_elements(), 11 + superblocks as u64);
                 for seed in 0..4 {
                     let x = random_vec(&mut seeded(100 + seed), cols, 1.5);
