@@ -49,11 +49,12 @@ fn mean_kl(p: &[f32], q: &[f32], vocab: usize) -> f64 {
 }
 
 /// Bound on a row's max |Δlogit| of the block kernels against the dequantized run, set from
-/// what was measured (printed by the test: 0.13 to 0.29 on most rows of either file) with 2x
-/// margin, and how many of the 30 rows (20 prompt + 10 decode) may exceed it: on Q5_K_M two
-/// consecutive prompt rows move by 5.3 and 7.5 and the next ones recover: a discrete change in
-/// this random model (most likely its top-2 routing of 4 experts flipping there), while every
-/// matrix's own output stays within about 0.4% of the dequantized one's, as on Q4_K_M. Mean KL bounds per file: measured 6.8e-4 and 6.0e-2.
+/// what was measured (printed by the test: 0.13 to 0.31 on most rows of either file) with 2x
+/// margin, and how many of the 30 rows (20 prompt + 10 decode) may exceed it: on Q5_K_M one
+/// prompt row moves by 7.5 and the next ones recover: a discrete change in this random model
+/// (most likely its top-2 routing of 4 experts flipping there), while every matrix's own
+/// output stays within about 0.4% of the dequantized one's, as on Q4_K_M. Mean KL bounds per
+/// file: measured 1.0e-3 and 3.7e-2.
 const ROW_DELTA: f32 = 0.6;
 
 #[test]
@@ -62,7 +63,7 @@ fn k_quant_blocks_match_the_dequantized_run_and_keep_the_files_size() {
     let steps = 10;
     for (name, outlier_rows, max_kl) in [
         ("qwen35moe_k256.Q4_K_M", 0, 2e-3),
-        ("qwen35moe_k256.Q5_K_M", 3, 0.15),
+        ("qwen35moe_k256.Q5_K_M", 2, 0.08),
     ] {
         let path = gguf(&format!("{name}.gguf"));
         let file_bytes = std::fs::metadata(&path).unwrap().len() as usize;
@@ -70,15 +71,14 @@ fn k_quant_blocks_match_the_dequantized_run_and_keep_the_files_size() {
         let exact = load(&path, WeightFormat::Bf16, false);
         let vocab = blocks.config().vocab_size;
 
-        // Memory: the blocks are the file's bytes; dequantized, the same weights take f32. Above
-        // the file: `ssm_out`, whose columns the converter reordered by 64-wide value heads
-        // (not whole 256-wide blocks), is held dequantized (7% of this small model).
+        // Memory: the blocks are the file's bytes (the norms and small GDN tensors as f32 on
+        // top); dequantized, the same weights take f32.
         let (held, f32_held) = (blocks.weight_bytes(), exact.weight_bytes());
         println!(
             "{name}: file {file_bytes} B, weights in blocks {held} B, dequantized {f32_held} B"
         );
         assert!(
-            held * 10 <= file_bytes * 11 && held * 10 >= file_bytes * 9,
+            held * 100 <= file_bytes * 101 && held * 10 >= file_bytes * 9,
             "{name}: {held} bytes of weights for a {file_bytes}-byte file"
         );
         assert!(f32_held >= 4 * held, "{name}: dequantized {f32_held} B");
@@ -147,7 +147,7 @@ fn a_truncated_k_quant_file_is_refused_naming_file_and_tensor() {
 #[test]
 fn q8_0_and_q4_0_blocks_match_the_dequantized_run() {
     // Q8_0 projections and Q4_0 routed experts of the fused-expert fixture (rows of 64). Bound:
-    // measured 0.57 (spindle's own --quant q8 of the dequantized weights: 1.62), 2x margin.
+    // measured 0.98, below spindle's own --quant q8 of the dequantized weights (1.62).
     let path = fixtures().join("gguf/qwen3_5_moe_fused.q8_0.gguf");
     let prompt: Vec<u32> = (0..16).map(|i| (i * 37 + 5) % 256).collect();
     let blocks = load(&path, WeightFormat::Bf16, true);
@@ -165,6 +165,23 @@ fn q8_0_and_q4_0_blocks_match_the_dequantized_run() {
     let q8_delta = max_abs_diff(&q8.prefill_logits, &rb.prefill_logits)
         .max(max_abs_diff(&q8.decode_logits, &rb.decode_logits));
     println!("q8_0/q4_0 blocks: max|Δ| {delta:.2e}; --quant q8 {q8_delta:.2e}");
-    assert!(delta > 0.0 && delta < 1.0, "max|Δ| {delta}");
+    assert!(
+        delta > 0.0 && delta < q8_delta,
+        "max|Δ| {delta}, q8 {q8_delta}"
+    );
     assert_eq!(ra.gen_ids, rb.gen_ids);
+}
+
+#[test]
+fn blocks_re_encoded_by_quant_equal_the_dequantized_file_re_encoded() {
+    // `--quant q8|q4` on blocks (library users may ask for both) re-encodes the same values,
+    // the columns `ssm_out` holds reordered put back in input order.
+    let path = gguf("qwen35moe_k256.Q4_K_M.gguf");
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 613 + 9) % 4096).collect();
+    for quant in [WeightFormat::Q8, WeightFormat::Q4] {
+        let a = load(&path, quant, true).greedy(&prompt, 4).unwrap();
+        let b = load(&path, quant, false).greedy(&prompt, 4).unwrap();
+        assert_eq!(a.prefill_logits, b.prefill_logits, "{quant}");
+        assert_eq!(a.decode_logits, b.decode_logits, "{quant}");
+    }
 }

@@ -258,6 +258,9 @@ pub(crate) enum Part {
         shape: Vec<usize>,
         start: usize,
         end: usize,
+        /// Column `c` of the stored blocks multiplies input element `input_order[c]` (the
+        /// converter reordered the columns in units smaller than a block).
+        input_order: Option<std::sync::Arc<[u32]>>,
     },
     /// ggml blocks reordered on open (whole rows moved, the blocks as stored).
     OwnedBlocks {

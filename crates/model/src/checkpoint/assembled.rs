@@ -93,6 +93,7 @@ impl Checkpoint {
                     shape,
                     start,
                     end,
+                    input_order,
                 } => {
                     let shard = match checkpoint.shards.iter().position(|s| s.path == path) {
                         Some(i) => i,
@@ -101,7 +102,15 @@ impl Checkpoint {
                             checkpoint.shards.len() - 1
                         }
                     };
-                    placed.push((name, shard, StDtype::U8, Some(ty), shape, start, end));
+                    placed.push((
+                        name,
+                        shard,
+                        StDtype::U8,
+                        Some((ty, input_order)),
+                        shape,
+                        start,
+                        end,
+                    ));
                 }
                 Part::Owned { shape, values } => {
                     let bytes: &[u8] = bytemuck::cast_slice(&values);
@@ -123,7 +132,7 @@ impl Checkpoint {
                         name,
                         usize::MAX,
                         StDtype::U8,
-                        Some(ty),
+                        Some((ty, None)),
                         shape,
                         at,
                         at + bytes.len(),
@@ -163,7 +172,8 @@ impl Checkpoint {
                 start,
                 end,
                 scale: None,
-                ggml,
+                ggml: ggml.as_ref().map(|(ty, _)| *ty),
+                input_order: ggml.and_then(|(_, order)| order),
             };
             if checkpoint.entries.insert(name.clone(), entry).is_some() {
                 return Err(ModelError::Index {

@@ -46,6 +46,9 @@ struct Entry {
     scale: Option<String>,
     /// For a quantized GGUF tensor (stored as `U8`): its ggml block type.
     ggml: Option<GgmlType>,
+    /// For a GGUF tensor whose columns the converter reordered: the input element each
+    /// stored column multiplies ([`BlockMatrix::input_order`]).
+    input_order: Option<Arc<[u32]>>,
 }
 
 /// All tensors of a checkpoint directory, by name.
@@ -203,6 +206,7 @@ impl Checkpoint {
                 end,
                 scale: None,
                 ggml: None,
+                input_order: None,
             };
             if let Some(previous) = self.entries.insert(name.clone(), entry) {
                 return Err(ModelError::Index {
@@ -284,8 +288,8 @@ impl Checkpoint {
         self.check_shape(name, entry, shape)?;
         let cols = *shape.last().unwrap_or(&1);
         let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
-        if let Some(ty) = entry.ggml {
-            let values = dequantize(ty, &self.shards[entry.shard].map[entry.start..entry.end]);
+        if entry.ggml.is_some() {
+            let values = self.ggml_values(entry, cols);
             return Ok(Matrix::new(
                 DType::F32,
                 rows,
@@ -331,18 +335,35 @@ impl Checkpoint {
         let cols = *shape.last().unwrap_or(&1);
         let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
         let storage = Storage::new(&self.shards[entry.shard].map, entry.start, entry.end, 1);
-        Ok(Some(BlockMatrix::new(ty, rows, cols, storage)))
+        let blocks = BlockMatrix::new(ty, rows, cols, storage);
+        Ok(Some(match &entry.input_order {
+            Some(order) => blocks.with_input_order(order.clone()),
+            None => blocks,
+        }))
+    }
+
+    /// A quantized GGUF tensor dequantized to f32, its columns in input order.
+    fn ggml_values(&self, entry: &Entry, cols: usize) -> Vec<f32> {
+        let ty = entry.ggml.expect("a ggml entry");
+        let values = dequantize(ty, &self.shards[entry.shard].map[entry.start..entry.end]);
+        let Some(order) = &entry.input_order else {
+            return values;
+        };
+        let mut out = vec![0.0f32; values.len()];
+        for (o, v) in out.chunks_exact_mut(cols).zip(values.chunks_exact(cols)) {
+            for (&to, &x) in order.iter().zip(v) {
+                o[to as usize] = x;
+            }
+        }
+        out
     }
 
     /// Tensor `name` with exactly `shape`, converted to f32 (for norms, biases, small tensors).
     pub fn f32_values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let entry = self.entry(name)?;
         self.check_shape(name, entry, shape)?;
-        if let Some(ty) = entry.ggml {
-            return Ok(dequantize(
-                ty,
-                &self.shards[entry.shard].map[entry.start..entry.end],
-            ));
+        if entry.ggml.is_some() {
+            return Ok(self.ggml_values(entry, *shape.last().unwrap_or(&1)));
         }
         if entry.scale.is_some() {
             return self.fp8_values(name, entry);

@@ -4,6 +4,7 @@
 use crate::gguf::quants::GgmlType;
 use crate::quant::view::{MatRef, Weights};
 use crate::tensor::Storage;
+use std::sync::Arc;
 
 /// A row-major `[rows, cols]` matrix in ggml blocks of one type (each row whole blocks).
 #[derive(Clone)]
@@ -12,6 +13,9 @@ pub struct BlockMatrix {
     pub rows: usize,
     pub cols: usize,
     storage: Storage,
+    /// Column `c` multiplies input element `input_order[c]` (the converter reordered the
+    /// columns; backends gather the input), or None when in order.
+    input_order: Option<Arc<[u32]>>,
 }
 
 impl BlockMatrix {
@@ -27,7 +31,22 @@ impl BlockMatrix {
             rows,
             cols,
             storage,
+            input_order: None,
         }
+    }
+
+    /// This matrix with its columns multiplying the input elements `order` (one per column).
+    pub fn with_input_order(self, order: Arc<[u32]>) -> Self {
+        assert_eq!(order.len(), self.cols, "one input index per column");
+        BlockMatrix {
+            input_order: Some(order),
+            ..self
+        }
+    }
+
+    /// The input element each column multiplies, when not in order: y = W·x[order].
+    pub fn input_order(&self) -> Option<&[u32]> {
+        self.input_order.as_deref()
     }
 
     pub fn mat(&self) -> MatRef<'_> {

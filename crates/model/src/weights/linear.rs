@@ -121,8 +121,22 @@ impl Linear {
         }
         let mat = self.mat();
         let mut values = vec![0.0f32; mat.rows * mat.cols];
+        let order = match self {
+            Linear::Blocks(b) => b.input_order(),
+            _ => None,
+        };
+        let mut stored = vec![0.0f32; mat.cols];
         for (r, row) in values.chunks_mut(mat.cols).enumerate() {
-            mat.row_to_f32(r, row);
+            match order {
+                None => mat.row_to_f32(r, row),
+                Some(order) => {
+                    // Columns back in input order.
+                    mat.row_to_f32(r, &mut stored);
+                    for (&to, &v) in order.iter().zip(&stored) {
+                        row[to as usize] = v;
+                    }
+                }
+            }
         }
         let quantized = QuantizedMatrix::quantize(&values, mat.rows, mat.cols, format);
         if let Linear::Mapped(m) = self {

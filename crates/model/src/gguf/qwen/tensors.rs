@@ -40,6 +40,23 @@ impl Heads {
         out
     }
 
+    /// Tiled order from `values` in grouped order (the inverse of [`Heads::untile`]): GGUF
+    /// head j·nk + k is HF head k·r + j.
+    fn tile<T: Copy + Default>(&self, values: &[T], block: usize, stride: usize) -> Vec<T> {
+        if !self.tiled {
+            return values.to_vec();
+        }
+        let unit = block * stride;
+        let mut out = vec![T::default(); values.len()];
+        for k in 0..self.nk {
+            for j in 0..self.per_k {
+                let (h, g) = (k * self.per_k + j, j * self.nk + k);
+                out[g * unit..(g + 1) * unit].copy_from_slice(&values[h * unit..(h + 1) * unit]);
+            }
+        }
+        out
+    }
+
     /// Columns in grouped order for a [rows, nv·block] matrix.
     fn untile_cols(&self, values: &[f32], rows: usize, block: usize) -> Vec<f32> {
         let cols = values.len() / rows;
@@ -111,6 +128,7 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                             shape,
                             start: t.start,
                             end: t.end,
+                            input_order: None,
                         },
                     ),
                 }
@@ -289,6 +307,24 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                     heads.untile(&values(), 1, 1),
                 )),
                 "ssm_norm.weight" => out.push(as_stored(l("linear_attn.norm.weight"), shape)),
+                "ssm_out.weight" if heads.tiled && float_dtype(t.ty).is_none() => {
+                    // The columns were tiled by value heads narrower than a block: the blocks
+                    // stay as stored and the input is gathered into their order instead.
+                    let positions: Vec<u32> = (0..t.ne[0] as u32).collect();
+                    let order = heads.tile(&positions, heads.hv, 1);
+                    out.push((
+                        l("linear_attn.out_proj.weight"),
+                        Part::Blocks {
+                            path: f.path.clone(),
+                            map: f.map.clone(),
+                            ty: t.ty,
+                            shape,
+                            start: t.start,
+                            end: t.end,
+                            input_order: Some(order.into()),
+                        },
+                    ))
+                }
                 "ssm_out.weight" => out.push(owned(
                     l("linear_attn.out_proj.weight"),
                     shape,
@@ -337,6 +373,7 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                                 shape: vec![e_rows, e_cols],
                                 start,
                                 end,
+                                input_order: None,
                             },
                         };
                         out.push((name, part));
