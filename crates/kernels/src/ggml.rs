@@ -18,7 +18,7 @@
 //! then the lanes summed as `((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))`.
 
 use half::f16;
-use spindle_model::gguf::quants::{scale_min_k4, GgmlType};
+use spindle_model::gguf::quants::GgmlType;
 use spindle_model::quant::GROUP;
 
 /// f16 little-endian bytes at `b[0..2]` as f32.
@@ -27,14 +27,24 @@ pub(crate) fn half_at(b: &[u8]) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
 }
 
-/// The eight 6-bit scales and mins of a Q4_K/Q5_K superblock (its 12 packed bytes).
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K superblock (its 12 packed bytes), as
+/// `spindle_model::gguf::quants::scale_min_k4` reads them, unpacked four at a time in u32 words (llama.cpp's `utmp`).
 #[inline(always)]
 pub(crate) fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
-    for j in 0..8 {
-        (sc[j], m[j]) = scale_min_k4(j, packed);
-    }
-    (sc, m)
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes(packed[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+    let (a, b, c) = (word(0), word(1), word(2));
+    let sc = [a & LOW6, (c & LOW4) | (((a >> 6) & LOW2) << 4)];
+    let m = [b & LOW6, ((c >> 4) & LOW4) | (((b >> 6) & LOW2) << 4)];
+    let bytes = |w: [u32; 2]| {
+        let mut out = [0u8; 8];
+        out[..4].copy_from_slice(&w[0].to_le_bytes());
+        out[4..].copy_from_slice(&w[1].to_le_bytes());
+        out
+    };
+    (bytes(sc), bytes(m))
 }
 
 /// The lane sum of the reference arithmetic (what AVX2's `hsum` computes).
@@ -140,7 +150,7 @@ mod tests {
     use crate::testutil::{rng as seeded, vec as random_vec};
     use rand::rngs::StdRng;
     use rand::Rng;
-    use spindle_model::gguf::quants::dequantize;
+    use spindle_model::gguf::quants::{dequantize, scale_min_k4};
 
     pub(crate) const TYPES: [GgmlType; 5] = [
         GgmlType::Q4K,
@@ -172,6 +182,18 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn scales_and_mins_unpack_as_the_dequantizer_reads_them() {
+        let mut rng = seeded(9);
+        for _ in 0..200 {
+            let packed: Vec<u8> = (0..12).map(|_| rng.random::<u8>()).collect();
+            let (sc, m) = scales_mins(&packed);
+            for j in 0..8 {
+                assert_eq!((sc[j], m[j]), scale_min_k4(j, &packed), "{packed:?} {j}");
+            }
+        }
     }
 
     #[test]
