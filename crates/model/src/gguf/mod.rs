@@ -5,7 +5,8 @@
 //! reorderings. Float tensors stored as the loader wants them stay memory-mapped, and so do
 //! quantized ones, in their ggml blocks (`Part::Blocks`: run as they are by the CPU, or
 //! dequantized exactly when read as a float matrix); reordered ones are converted on open
-//! (whole block rows moved where the reordering moves rows, f32 otherwise).
+//! (whole block rows moved where the reordering moves rows, f32 otherwise), except a tiled
+//! `ssm_out`, kept mapped with its input gathered into the stored column order.
 
 pub mod file;
 pub mod quants;
