@@ -11,7 +11,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
 use spindle_cpu::Engine;
-use spindle_model::quant::WeightFormat;
 use spindle_runtime::bench::{self, BatchBenchOptions, BenchOptions, BenchReport};
 use spindle_runtime::{Backend, Device, Model};
 
@@ -197,11 +196,16 @@ fn gb(bytes: f64) -> f64 {
 fn print_cpu(args: &BenchArgs, name: &str, engine: &Engine, report: &BenchReport) {
     let experts = engine.expert_stats();
     // An install carries its own format; a checkpoint is quantized as asked.
-    let quant: WeightFormat = engine
-        .install()
-        .map_or(args.load.quant.unwrap_or_default(), |i| {
-            i.manifest().quant_format()
-        });
+    // A GGUF file without --quant runs its quantized tensors in their blocks.
+    let gguf = args
+        .model
+        .as_deref()
+        .is_some_and(spindle_model::gguf::is_gguf);
+    let quant: &str = match engine.install() {
+        Some(i) => i.manifest().quant_format().name(),
+        None if gguf && args.load.quant.is_none() => "gguf blocks",
+        None => args.load.quant().name(),
+    };
     let decode = report.decode[0].tokens_per_s;
     if args.json {
         let value = json!({
@@ -218,7 +222,8 @@ fn print_cpu(args: &BenchArgs, name: &str, engine: &Engine, report: &BenchReport
             "decode_roofline_fraction": report.decode_roofline_fraction(),
             "peak_rss_bytes": report.peak_rss_bytes,
             "model": name,
-            "quant": quant.name(),
+            "quant": quant,
+            "weight_bytes": engine.weight_bytes(),
             "experts": format!("{:?}", engine.expert_placement()),
             "expert_hit_rate": experts.hit_rate(),
             "expert_bytes_read": experts.bytes_read,
@@ -228,10 +233,11 @@ fn print_cpu(args: &BenchArgs, name: &str, engine: &Engine, report: &BenchReport
         return;
     }
     println!(
-        "model        {} ({}, {} threads)",
+        "model        {} ({}, {} threads, weights {:.2} GB)",
         name,
-        quant.name(),
-        report.threads
+        quant,
+        report.threads,
+        engine.weight_bytes() as f64 / 1e9
     );
     println!(
         "prefill      {:>10.1} tok/s  (median of {}, min {:.1}, max {:.1}; {} tokens)",

@@ -255,7 +255,19 @@ fn human(n: u64) -> String {
 /// How the checkpoint stores its weights, as the config says.
 fn source_format(path: &Path, c: &ModelConfig) -> String {
     if spindle_model::gguf::is_gguf(path) {
-        return spindle_model::gguf::describe(path).unwrap_or_else(|e| e.to_string());
+        return match spindle_model::gguf::describe(path) {
+            Ok(d)
+                if ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"]
+                    .iter()
+                    .any(|t| d.contains(&format!("{t} x"))) =>
+            {
+                format!(
+                    "{d}; the CPU runs the quantized ones in their blocks (memory-mapped) unless --quant is given, CUDA dequantizes them"
+                )
+            }
+            Ok(d) => d,
+            Err(e) => e.to_string(),
+        };
     }
     match &c.fp8 {
         Some(fp8) => format!(

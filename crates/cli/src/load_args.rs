@@ -10,10 +10,14 @@ use spindle_model::quant::WeightFormat;
 
 #[derive(Debug, Args, Clone)]
 pub struct LoadArgs {
-    /// Weight format of the large projections: bf16 (as stored; the default), or q8 / q4
-    /// quantized on load (int8 / int4, one f16 scale per 32 weights). An install keeps the
-    /// format it was converted to. Without it, a block-FP8 checkpoint runs in FP8 on CUDA
-    /// (bf16 on the CPU, dequantized exactly); with it, its projections are re-encoded.
+    /// Weight format of the large projections: bf16 (as stored), or q8 / q4 quantized on load
+    /// (int8 / int4, one f16 scale per 32 weights). An install keeps the format it was
+    /// converted to. Not given: as stored; a block-FP8 checkpoint then runs in FP8 on CUDA
+    /// (bf16 on the CPU, dequantized exactly), and a GGUF file's quantized tensors (Q8_0, Q4_0,
+    /// Q4_K, Q5_K, Q6_K) run in their own blocks on the CPU, memory-mapped (about the file's
+    /// size in memory). Given: an FP8 checkpoint's projections are re-encoded; with a GGUF
+    /// file, bf16 dequantizes its blocks exactly to f32 on load (several times the file's
+    /// size) and q8 / q4 re-encode them (a second quantization).
     #[arg(long, value_parser = parse_quant)]
     pub quant: Option<WeightFormat>,
 
@@ -76,6 +80,11 @@ fn parse_policy(s: &str) -> Result<CachePolicy, String> {
 }
 
 impl LoadArgs {
+    /// The format `--quant` asks for (bf16 when not given).
+    pub fn quant(&self) -> WeightFormat {
+        self.quant.unwrap_or_default()
+    }
+
     /// Engine options, with a progress bar while weights are quantized.
     pub fn options(&self) -> LoadOptions {
         let bar = indicatif::ProgressBar::new(0);
@@ -86,8 +95,7 @@ impl LoadArgs {
             .expect("valid template")
             .progress_chars("=> "),
         );
-        let quant = self.quant.unwrap_or_default();
-        bar.set_message(quant.name());
+        bar.set_message(self.quant().name());
         let progress = move |done: usize, total: usize| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
@@ -96,9 +104,10 @@ impl LoadArgs {
             }
         };
         LoadOptions {
-            quant,
+            quant: self.quant(),
             quant_given: self.quant.is_some(),
-            progress: (quant != WeightFormat::Bf16)
+            gguf_blocks: self.quant.is_none(),
+            progress: (self.quant() != WeightFormat::Bf16)
                 .then(|| Arc::new(progress) as Arc<dyn Fn(usize, usize) + Send + Sync>),
             experts: self.experts,
             expert_slots: self.expert_slots,

@@ -48,6 +48,11 @@ pub use spindle_model::forward::{GreedyRun, LogitsFor};
 pub struct LoadOptions {
     /// Weight format of the large projections: as stored (bf16), or quantized on load.
     pub quant: WeightFormat,
+    /// Run a GGUF file's quantized tensors (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) in their ggml
+    /// blocks, memory-mapped, rather than dequantized to f32 on load (then re-encoded when
+    /// `quant` is q8/q4): what the CLI does when `--quant` is not given. Tensors the converter
+    /// reordered are converted on load either way.
+    pub gguf_blocks: bool,
     /// Called as projections are re-encoded: (done, total).
     pub progress: Option<std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>>,
     /// Where the routed experts live (streamed needs an install).
@@ -133,7 +138,8 @@ impl Engine {
             .into());
         }
         let config = ModelConfig::from_dir(dir)?;
-        let checkpoint = Checkpoint::open(dir)?;
+        let mut checkpoint = Checkpoint::open(dir)?;
+        checkpoint.keep_blocks(options.gguf_blocks);
         if options.check_weights {
             checkpoint.check_finite()?;
         }
@@ -269,6 +275,16 @@ impl Engine {
     pub fn weight_bytes_per_token(&self) -> usize {
         self.weights
             .bytes_per_token(self.config.moe.as_ref().map_or(0, |m| m.top_k))
+    }
+
+    /// Bytes of weights the engine holds: every tensor of [`Engine::weight_bytes_per_token`]
+    /// with all routed experts and the whole embedding (for a GGUF file run in its blocks,
+    /// about the file's size; dequantized, several times it).
+    pub fn weight_bytes(&self) -> usize {
+        let experts = self.config.moe.as_ref().map_or(0, |m| m.num_experts);
+        let embed = &self.weights.embed;
+        self.weights.bytes_per_token(experts) + embed.size_bytes()
+            - embed.size_bytes() / embed.rows()
     }
 
     /// An empty session, its KV blocks to come from the engine's pool.

@@ -256,6 +256,12 @@ impl<'a> Source<'a> {
                 "a weight matrix comes from a spindle install; the CUDA backend reads Hugging Face checkpoints only"
                     .into(),
             )),
+            // The CUDA loader never asks the checkpoint for blocks (`Checkpoint::keep_blocks`
+            // stays off): GGUF tensors arrive dequantized, as before.
+            Linear::Blocks(b) => Err(CudaError::Unsupported(format!(
+                "a {} weight matrix in GGUF blocks; the CUDA backend uploads it dequantized",
+                b.ty.name()
+            ))),
         }
     }
 

@@ -8,6 +8,7 @@ pub mod attention;
 pub mod gdn;
 pub mod gdn_chunked;
 pub mod gdn_fused;
+pub mod ggml;
 pub mod linear;
 pub mod norm;
 pub mod quant;

@@ -38,7 +38,8 @@ use crate::quant::QuantizedActs;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::avx512_direct::DIRECT_TOKENS;
 use crate::simd::{self, scalar, Isa};
-use spindle_model::quant::view::{MatRef, Weights};
+use spindle_model::gguf::quants::GgmlType;
+use spindle_model::quant::view::{ggml_row_bytes, MatRef, Weights};
 use spindle_model::quant::GROUP;
 
 /// Rows per parallel task in matvec and the small-batch path (16 and 64 measured within noise
@@ -55,6 +56,8 @@ pub fn gemm_min_tokens(w: &MatRef) -> usize {
 /// [`gemm_min_tokens`] on an explicit SIMD path.
 pub fn gemm_min_tokens_with(isa: Isa, w: &MatRef) -> usize {
     match w.weights {
+        // Rows in ggml blocks take the per-row int8 dots at every token count.
+        Weights::Ggml { .. } => usize::MAX,
         Weights::Q8 { .. } | Weights::Q4 { .. } if int8_gemm(isa) => INT8_GEMM_MIN_TOKENS,
         Weights::Q8 { .. } | Weights::Q4 { .. } => QUANT_GEMM_MIN_TOKENS,
         _ => FLOAT_GEMM_MIN_TOKENS,
@@ -62,10 +65,12 @@ pub fn gemm_min_tokens_with(isa: Isa, w: &MatRef) -> usize {
 }
 
 /// Whether matmul of `tokens` on `isa` sees the activations as int8 ([`QuantizedActs`]):
-/// always for Q8/Q4 weights, except in the f32 GEMM of the paths without the int8 GEMM.
+/// always for Q8/Q4 weights, except in the f32 GEMM of the paths without the int8 GEMM, and
+/// always for rows in ggml blocks.
 pub fn int8_activations(isa: Isa, w: &MatRef, tokens: usize) -> bool {
-    matches!(w.weights, Weights::Q8 { .. } | Weights::Q4 { .. })
-        && (tokens < gemm_min_tokens_with(isa, w) || int8_gemm(isa))
+    matches!(w.weights, Weights::Ggml { .. })
+        || matches!(w.weights, Weights::Q8 { .. } | Weights::Q4 { .. })
+            && (tokens < gemm_min_tokens_with(isa, w) || int8_gemm(isa))
 }
 
 /// Whether `isa` has the panel GEMMs (AVX-512: int8 VNNI for Q8/Q4, f32 panels for the rest).
@@ -129,7 +134,9 @@ enum Acts<'x> {
 impl<'x> Acts<'x> {
     fn new(isa: Isa, w: &MatRef, x: &'x [f32]) -> Self {
         match w.weights {
-            Weights::Q8 { .. } | Weights::Q4 { .. } => Acts::Int8(quantize_acts(isa, x, w.cols)),
+            Weights::Q8 { .. } | Weights::Q4 { .. } | Weights::Ggml { .. } => {
+                Acts::Int8(quantize_acts(isa, x, w.cols))
+            }
             _ => Acts::F32(x),
         }
     }
@@ -195,12 +202,18 @@ fn row_dot(isa: Isa, w: &MatRef, r: usize, acts: &Acts, t: usize) -> f32 {
             let (xq, xd, xsd) = q.token(t);
             dispatch!(isa, dot_q4(&qs[a / 2..b / 2], &scales[ga..gb], xq, xd, xsd))
         }
+        (Weights::Ggml { ty, blocks }, Acts::Int8(q)) => {
+            let (xq, xd, xsd) = q.token(t);
+            let rb = ggml_row_bytes(ty, cols);
+            dot_ggml(isa, ty, &blocks[r * rb..(r + 1) * rb], xq, xd, xsd)
+        }
         _ => unreachable!("Acts::new picks the activation form from the weight format"),
     }
 }
 
 /// Weight row `r` dotted with every token of `acts` (`out [tokens]`), each value the one
-/// [`row_dot`] gives. On AVX-512 a Q8/Q4 row's codes are unpacked once for several tokens.
+/// [`row_dot`] gives. On AVX-512 a Q8/Q4 row's codes are unpacked once for several tokens, as
+/// are a K-quant row's superblocks on AVX2 and AVX-512.
 #[inline]
 fn row_dots(isa: Isa, w: &MatRef, r: usize, acts: &Acts, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -221,8 +234,28 @@ fn row_dots(isa: Isa, w: &MatRef, r: usize, acts: &Acts, out: &mut [f32]) {
             _ => {}
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx2 | Isa::Avx512, Weights::Ggml { ty, blocks }, Acts::Int8(q)) =
+        (isa, w.weights, acts)
+    {
+        let rb = ggml_row_bytes(ty, w.cols);
+        // SAFETY: callers pass an `isa` the CPU runs, and AVX-512 implies AVX2 + FMA + F16C.
+        return unsafe { simd::avx2_ggml::dots_ggml(ty, &blocks[r * rb..(r + 1) * rb], q, out) };
+    }
     for (t, o) in out.iter_mut().enumerate() {
         *o = row_dot(isa, w, r, acts, t);
+    }
+}
+
+/// One row in ggml blocks of `ty` dotted with a token quantized per group of 32, on `isa`
+/// (AVX2 and AVX-512 run the AVX2 kernel; the others the reference): bit for bit
+/// [`crate::ggml::dot_ggml_ref`].
+pub fn dot_ggml(isa: Isa, ty: GgmlType, row: &[u8], xq: &[i8], xd: &[f32], xsd: &[f32]) -> f32 {
+    match isa {
+        // SAFETY: callers pass an `isa` the CPU runs, and AVX-512 implies AVX2 + FMA + F16C.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 => unsafe { simd::avx2_ggml::dot_ggml(ty, row, xq, xd, xsd) },
+        _ => crate::ggml::dot_ggml_ref(ty, row, xq, xd, xsd),
     }
 }
 
@@ -286,6 +319,14 @@ pub fn matvec_with(isa: Isa, w: &MatRef, x: &[f32], y: &mut [f32]) {
                 let scales = scales[rows.start * groups..rows.end * groups].chunks_exact(groups);
                 for ((out, wq), ws) in ys.iter_mut().zip(codes).zip(scales) {
                     *out = dispatch!(isa, dot_q4(wq, ws, xq, xd, xsd));
+                }
+            }
+            (Weights::Ggml { ty, blocks }, Acts::Int8(q)) => {
+                let (xq, xd, xsd) = q.token(0);
+                let rb = ggml_row_bytes(ty, w.cols);
+                let rows = blocks[rows.start * rb..rows.end * rb].chunks_exact(rb);
+                for (out, row) in ys.iter_mut().zip(rows) {
+                    *out = dot_ggml(isa, ty, row, xq, xd, xsd);
                 }
             }
             (Weights::Q8 { qs, scales }, Acts::Int8(q)) => {

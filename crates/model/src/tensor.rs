@@ -380,6 +380,25 @@ pub(crate) enum Part {
         start: usize,
         end: usize,
     },
+    /// Bytes `start..end` of a mapped file in ggml blocks (a quantized GGUF tensor as
+    /// stored): run in its blocks on the CPU, or dequantized when read as a float matrix.
+    Blocks {
+        path: std::path::PathBuf,
+        map: std::sync::Arc<memmap2::Mmap>,
+        ty: crate::gguf::quants::GgmlType,
+        shape: Vec<usize>,
+        start: usize,
+        end: usize,
+        /// Column `c` of the stored blocks multiplies input element `input_order[c]` (the
+        /// converter reordered the columns in units smaller than a block).
+        input_order: Option<std::sync::Arc<[u32]>>,
+    },
+    /// ggml blocks reordered on open (whole rows moved, the blocks as stored).
+    OwnedBlocks {
+        ty: crate::gguf::quants::GgmlType,
+        shape: Vec<usize>,
+        bytes: Vec<u8>,
+    },
     /// Values converted on open.
     Owned { shape: Vec<usize>, values: Vec<f32> },
     /// An integer buffer rebuilt from metadata (qwen4exp's PLE hash constants), stored as I64.

@@ -7,6 +7,8 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_ggml;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_direct;

@@ -49,13 +49,15 @@ impl Checkpoint {
             shards: Vec::new(),
             entries: HashMap::new(),
             fp8: None,
+            keep_blocks: false,
         };
         let owned_bytes: usize = tensors
             .iter()
             .map(|(_, p)| match p {
                 Part::Owned { values, .. } => values.len() * 4,
                 Part::Ints { values, .. } => values.len() * 8,
-                Part::Mapped { .. } => 0,
+                Part::OwnedBlocks { bytes, .. } => bytes.len(),
+                Part::Mapped { .. } | Part::Blocks { .. } => 0,
             })
             .sum();
         let io_err = |error| ModelError::Io {
@@ -82,18 +84,73 @@ impl Checkpoint {
                             checkpoint.shards.len() - 1
                         }
                     };
-                    placed.push((name, shard, st_dtype(dtype), shape, start, end));
+                    placed.push((name, shard, st_dtype(dtype), None, shape, start, end));
+                }
+                Part::Blocks {
+                    path,
+                    map,
+                    ty,
+                    shape,
+                    start,
+                    end,
+                    input_order,
+                } => {
+                    let shard = match checkpoint.shards.iter().position(|s| s.path == path) {
+                        Some(i) => i,
+                        None => {
+                            checkpoint.shards.push(Shard { path, map });
+                            checkpoint.shards.len() - 1
+                        }
+                    };
+                    placed.push((
+                        name,
+                        shard,
+                        StDtype::U8,
+                        Some((ty, input_order)),
+                        shape,
+                        start,
+                        end,
+                    ));
                 }
                 Part::Owned { shape, values } => {
                     let bytes: &[u8] = bytemuck::cast_slice(&values);
                     owned[at..at + bytes.len()].copy_from_slice(bytes);
-                    placed.push((name, usize::MAX, StDtype::F32, shape, at, at + bytes.len()));
+                    placed.push((
+                        name,
+                        usize::MAX,
+                        StDtype::F32,
+                        None,
+                        shape,
+                        at,
+                        at + bytes.len(),
+                    ));
+                    at += bytes.len();
+                }
+                Part::OwnedBlocks { ty, shape, bytes } => {
+                    owned[at..at + bytes.len()].copy_from_slice(&bytes);
+                    placed.push((
+                        name,
+                        usize::MAX,
+                        StDtype::U8,
+                        Some((ty, None)),
+                        shape,
+                        at,
+                        at + bytes.len(),
+                    ));
                     at += bytes.len();
                 }
                 Part::Ints { shape, values } => {
                     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
                     owned[at..at + bytes.len()].copy_from_slice(&bytes);
-                    placed.push((name, usize::MAX, StDtype::I64, shape, at, at + bytes.len()));
+                    placed.push((
+                        name,
+                        usize::MAX,
+                        StDtype::I64,
+                        None,
+                        shape,
+                        at,
+                        at + bytes.len(),
+                    ));
                     at += bytes.len();
                 }
             }
@@ -103,7 +160,7 @@ impl Checkpoint {
             path: dir.to_owned(),
             map: Arc::new(owned.make_read_only().map_err(io_err)?),
         });
-        for (name, shard, dtype, shape, start, end) in placed {
+        for (name, shard, dtype, ggml, shape, start, end) in placed {
             let entry = Entry {
                 shard: if shard == usize::MAX {
                     owned_shard
@@ -115,6 +172,8 @@ impl Checkpoint {
                 start,
                 end,
                 scale: None,
+                ggml: ggml.as_ref().map(|(ty, _)| *ty),
+                input_order: ggml.and_then(|(_, order)| order),
             };
             if checkpoint.entries.insert(name.clone(), entry).is_some() {
                 return Err(ModelError::Index {

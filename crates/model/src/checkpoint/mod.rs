@@ -20,7 +20,9 @@ use serde_json::Value;
 
 use crate::error::{ModelError, Result};
 use crate::fp8::BlockFp8;
+use crate::gguf::quants::{dequantize, GgmlType};
 use crate::tensor::{decode_f32, DType, Matrix, Storage};
+use crate::weights::BlockMatrix;
 
 mod assembled;
 mod fp8;
@@ -42,6 +44,11 @@ struct Entry {
     end: usize,
     /// For an `F8_E4M3` tensor: the name of its scale tensor.
     scale: Option<String>,
+    /// For a quantized GGUF tensor (stored as `U8`): its ggml block type.
+    ggml: Option<GgmlType>,
+    /// For a GGUF tensor whose columns the converter reordered: the input element each
+    /// stored column multiplies ([`BlockMatrix::input_order`]).
+    input_order: Option<Arc<[u32]>>,
 }
 
 /// All tensors of a checkpoint directory, by name.
@@ -51,6 +58,9 @@ pub struct Checkpoint {
     entries: HashMap<String, Entry>,
     /// The block-FP8 `quantization_config`, when the checkpoint holds FP8 tensors.
     fp8: Option<BlockFp8>,
+    /// Whether the loader takes quantized GGUF tensors in their blocks
+    /// ([`Checkpoint::keep_blocks`]) rather than dequantized.
+    keep_blocks: bool,
 }
 
 impl Checkpoint {
@@ -80,6 +90,7 @@ impl Checkpoint {
             shards: Vec::new(),
             entries: HashMap::new(),
             fp8: None,
+            keep_blocks: false,
         };
         checkpoint.add_shard(&single)?;
         checkpoint.pair_fp8_scales()?;
@@ -94,6 +105,7 @@ impl Checkpoint {
             shards: Vec::new(),
             entries: HashMap::new(),
             fp8: None,
+            keep_blocks: false,
         };
         checkpoint.add_shard(file)?;
         checkpoint.pair_fp8_scales()?;
@@ -143,6 +155,7 @@ impl Checkpoint {
             shards: Vec::new(),
             entries: HashMap::new(),
             fp8: None,
+            keep_blocks: false,
         };
         for file in files {
             checkpoint.add_shard(&dir.join(file))?;
@@ -192,6 +205,8 @@ impl Checkpoint {
                 start,
                 end,
                 scale: None,
+                ggml: None,
+                input_order: None,
             };
             if let Some(previous) = self.entries.insert(name.clone(), entry) {
                 return Err(ModelError::Index {
@@ -273,6 +288,15 @@ impl Checkpoint {
         self.check_shape(name, entry, shape)?;
         let cols = *shape.last().unwrap_or(&1);
         let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+        if entry.ggml.is_some() {
+            let values = self.ggml_values(entry, cols);
+            return Ok(Matrix::new(
+                DType::F32,
+                rows,
+                cols,
+                Storage::from_f32(&values),
+            ));
+        }
         if entry.scale.is_some() {
             // Dequantized when first read: a backend that runs the stored FP8 form (CUDA)
             // never makes the f32 copy.
@@ -294,10 +318,55 @@ impl Checkpoint {
         Ok(Matrix::new(dtype, rows, cols, storage))
     }
 
+    /// Makes the loader take quantized GGUF tensors in their ggml blocks, memory-mapped
+    /// ([`Checkpoint::blocks`]), instead of dequantized to f32 ([`Checkpoint::matrix`]): what
+    /// the CPU engine does unless `--quant` asks for a format.
+    pub fn keep_blocks(&mut self, keep: bool) {
+        self.keep_blocks = keep;
+    }
+
+    /// Tensor `name` with exactly `shape` in its ggml blocks, when it is a quantized GGUF
+    /// tensor and [`Checkpoint::keep_blocks`] is on; `None` otherwise (read it with
+    /// [`Checkpoint::matrix`]).
+    pub fn blocks(&self, name: &str, shape: &[usize]) -> Result<Option<BlockMatrix>> {
+        let entry = self.entry(name)?;
+        self.check_shape(name, entry, shape)?;
+        let Some(ty) = entry.ggml.filter(|_| self.keep_blocks) else {
+            return Ok(None);
+        };
+        let cols = *shape.last().unwrap_or(&1);
+        let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+        let storage = Storage::new(&self.shards[entry.shard].map, entry.start, entry.end, 1);
+        let blocks = BlockMatrix::new(ty, rows, cols, storage);
+        Ok(Some(match &entry.input_order {
+            Some(order) => blocks.with_input_order(order.clone()),
+            None => blocks,
+        }))
+    }
+
+    /// A quantized GGUF tensor dequantized to f32, its columns in input order.
+    fn ggml_values(&self, entry: &Entry, cols: usize) -> Vec<f32> {
+        let ty = entry.ggml.expect("a ggml entry");
+        let values = dequantize(ty, &self.shards[entry.shard].map[entry.start..entry.end]);
+        let Some(order) = &entry.input_order else {
+            return values;
+        };
+        let mut out = vec![0.0f32; values.len()];
+        for (o, v) in out.chunks_exact_mut(cols).zip(values.chunks_exact(cols)) {
+            for (&to, &x) in order.iter().zip(v) {
+                o[to as usize] = x;
+            }
+        }
+        out
+    }
+
     /// Tensor `name` with exactly `shape`, converted to f32 (for norms, biases, small tensors).
     pub fn f32_values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let entry = self.entry(name)?;
         self.check_shape(name, entry, shape)?;
+        if entry.ggml.is_some() {
+            return Ok(self.ggml_values(entry, *shape.last().unwrap_or(&1)));
+        }
         if entry.scale.is_some() {
             return self.fp8_values(name, entry);
         }
@@ -340,6 +409,20 @@ impl Checkpoint {
         names.sort();
         for name in names {
             let entry = &self.entries[name];
+            if let Some(ty) = entry.ggml {
+                let values = dequantize(ty, &self.shards[entry.shard].map[entry.start..entry.end]);
+                if let Some((index, nan)) =
+                    crate::finite::first_non_finite(DType::F32, bytemuck::cast_slice(&values))
+                {
+                    return Err(crate::finite::non_finite_error(
+                        &self.shards[entry.shard].path,
+                        name,
+                        index,
+                        nan,
+                    ));
+                }
+                continue;
+            }
             let dtype = match entry.dtype {
                 StDtype::BF16 => DType::Bf16,
                 StDtype::F16 => DType::F16,

@@ -2,8 +2,11 @@
 //! families: the container ([`file`]), the ggml types and their dequantizers ([`quants`]),
 //! and the mapping of an architecture's metadata to a [`ModelConfig`] and of its tensors back
 //! to the safetensors names and layout spindle loads ([`qwen`]), undoing the converter's
-//! reorderings. Float tensors stored as the loader wants them stay memory-mapped; quantized
-//! and reordered ones are converted to f32 when the file is opened.
+//! reorderings. Float tensors stored as the loader wants them stay memory-mapped, and so do
+//! quantized ones, in their ggml blocks (`Part::Blocks`: run as they are by the CPU, or
+//! dequantized exactly when read as a float matrix); reordered ones are converted on open
+//! (whole block rows moved where the reordering moves rows, f32 otherwise), except a tiled
+//! `ssm_out`, kept mapped with its input gathered into the stored column order.
 
 pub mod file;
 pub mod quants;

@@ -124,7 +124,21 @@ fn half(b: &[u8]) -> f32 {
 /// Dequantizes `bytes` of type `ty` (whole blocks) to f32.
 pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
     let n = bytes.len() / ty.block_bytes() * ty.block_elements();
-    let mut out = Vec::with_capacity(n);
+    let mut out = vec![0.0; n];
+    dequantize_into(ty, bytes, &mut out);
+    out
+}
+
+/// Dequantizes `bytes` of type `ty` (whole blocks) into `out`, which holds exactly their
+/// elements (a row of a matrix kept in its blocks: embedding lookups, tiles).
+pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    assert_eq!(
+        out.len(),
+        bytes.len() / ty.block_bytes() * ty.block_elements(),
+        "{} bytes dequantized into a slice of another length",
+        ty.name()
+    );
+    let mut out = Filler { out, at: 0 };
     match ty {
         GgmlType::F32 => out.extend(
             bytes
@@ -213,11 +227,30 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8]) -> Vec<f32> {
             }
         }
     }
-    out
+}
+
+/// Writes values one after another into a slice (the dequantizers' `Vec`-like sink).
+struct Filler<'a> {
+    out: &'a mut [f32],
+    at: usize,
+}
+
+impl Filler<'_> {
+    fn extend(&mut self, values: impl IntoIterator<Item = f32>) {
+        for v in values {
+            self.out[self.at] = v;
+            self.at += 1;
+        }
+    }
+
+    fn extend_from_slice(&mut self, values: &[f32]) {
+        self.out[self.at..self.at + values.len()].copy_from_slice(values);
+        self.at += values.len();
+    }
 }
 
 /// Scale and min of sub-block `j` of a Q4_K/Q5_K block (6 bits each, packed in 12 bytes).
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

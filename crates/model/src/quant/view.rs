@@ -1,6 +1,7 @@
 //! Borrowed weight matrices in the formats of [`crate::quant`]: what every backend's kernels
 //! read and upload.
 
+use crate::gguf::quants::{dequantize_into, GgmlType};
 use crate::quant::blocks::{self, GROUP, Q4_GROUP_BYTES};
 
 pub use crate::quant::blocks::bf16_to_f32;
@@ -22,6 +23,12 @@ pub enum Weights<'a> {
     Q4 {
         qs: &'a [u8],
         scales: &'a [u16],
+    },
+    /// A GGUF tensor kept in its ggml blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, laid out as in
+    /// `crate::gguf::quants`), each row a whole number of blocks.
+    Ggml {
+        ty: GgmlType,
+        blocks: &'a [u8],
     },
 }
 
@@ -46,6 +53,16 @@ impl<'a> MatRef<'a> {
             Weights::Q4 { qs, scales } => {
                 check_scales(scales.len(), rows, cols);
                 qs.len() * 2
+            }
+            Weights::Ggml { ty, blocks } => {
+                assert_eq!(
+                    cols % ty.block_elements(),
+                    0,
+                    "{} rows need a multiple of {} columns, got {cols}",
+                    ty.name(),
+                    ty.block_elements()
+                );
+                blocks.len() / ty.block_bytes() * ty.block_elements()
             }
         };
         assert_eq!(
@@ -76,6 +93,13 @@ impl<'a> MatRef<'a> {
                 qs: &qs[a / 2..b / 2],
                 scales: &scales[ga..gb],
             },
+            Weights::Ggml { ty, blocks } => {
+                let row = ggml_row_bytes(ty, self.cols);
+                Weights::Ggml {
+                    ty,
+                    blocks: &blocks[first * row..(first + count) * row],
+                }
+            }
         };
         MatRef {
             weights,
@@ -105,6 +129,10 @@ impl<'a> MatRef<'a> {
                 let bytes = &qs[ga * Q4_GROUP_BYTES..gb * Q4_GROUP_BYTES];
                 blocks::dequantize_q4_row(bytes, &scales[ga..gb], out)
             }
+            Weights::Ggml { ty, blocks } => {
+                let row = ggml_row_bytes(ty, self.cols);
+                dequantize_into(ty, &blocks[r * row..(r + 1) * row], out)
+            }
         }
     }
 
@@ -115,8 +143,14 @@ impl<'a> MatRef<'a> {
             Weights::F32(w) => w.len() * 4,
             Weights::Q8 { qs, scales } => qs.len() + scales.len() * 2,
             Weights::Q4 { qs, scales } => qs.len() + scales.len() * 2,
+            Weights::Ggml { blocks, .. } => blocks.len(),
         }
     }
+}
+
+/// Bytes of one row of `cols` elements in ggml blocks of `ty`.
+pub fn ggml_row_bytes(ty: GgmlType, cols: usize) -> usize {
+    cols / ty.block_elements() * ty.block_bytes()
 }
 
 fn check_scales(scales: usize, rows: usize, cols: usize) {

@@ -7,6 +7,7 @@ use crate::quant::{QuantizedMatrix, WeightFormat};
 use crate::tensor::{DType, Matrix};
 
 use super::packed::PackedMatrix;
+use super::BlockMatrix;
 
 /// A linear layer y = x·Wᵀ with W `[out, in]`: as stored in the checkpoint (memory-mapped)
 /// or quantized on load. Backends run it (the CPU engine's `LinearExt::forward`, the CUDA
@@ -17,6 +18,8 @@ pub enum Linear {
     Quantized(Arc<QuantizedMatrix>),
     /// Laid out by an install: a quantized resident tensor or an expert record's part.
     Packed(PackedMatrix),
+    /// A GGUF tensor in its ggml blocks, run as stored (`--quant` not given on the CPU).
+    Blocks(BlockMatrix),
 }
 
 impl Linear {
@@ -63,6 +66,7 @@ impl Linear {
             }
             Linear::Quantized(q) => q.mat(),
             Linear::Packed(p) => p.mat(),
+            Linear::Blocks(b) => b.mat(),
         }
     }
 
@@ -80,6 +84,7 @@ impl Linear {
             Linear::Mapped(m) => m.rows,
             Linear::Quantized(q) => q.rows,
             Linear::Packed(p) => p.rows,
+            Linear::Blocks(b) => b.rows,
         }
     }
 
@@ -89,6 +94,7 @@ impl Linear {
             Linear::Mapped(m) => m.cols,
             Linear::Quantized(q) => q.cols,
             Linear::Packed(p) => p.cols,
+            Linear::Blocks(b) => b.cols,
         }
     }
 
@@ -123,8 +129,22 @@ impl Linear {
         }
         let mat = self.mat();
         let mut values = vec![0.0f32; mat.rows * mat.cols];
+        let order = match self {
+            Linear::Blocks(b) => b.input_order(),
+            _ => None,
+        };
+        let mut stored = vec![0.0f32; mat.cols];
         for (r, row) in values.chunks_mut(mat.cols).enumerate() {
-            mat.row_to_f32(r, row);
+            match order {
+                None => mat.row_to_f32(r, row),
+                Some(order) => {
+                    // Columns back in input order.
+                    mat.row_to_f32(r, &mut stored);
+                    for (&to, &v) in order.iter().zip(&stored) {
+                        row[to as usize] = v;
+                    }
+                }
+            }
         }
         let quantized = QuantizedMatrix::quantize(&values, mat.rows, mat.cols, format);
         if let Linear::Mapped(m) = self {

@@ -4,6 +4,7 @@
 //! A_log, conv taps) are copied.
 
 mod attention;
+mod blocks;
 pub mod experts;
 mod gdn;
 mod linear;
@@ -17,6 +18,7 @@ mod source;
 pub mod vision;
 
 pub use attention::{AttentionWeights, IndexerWeights};
+pub use blocks::BlockMatrix;
 pub use gdn::{GdnProjection, GdnWeights};
 pub use linear::Linear;
 pub use load::{load, load_from};

@@ -40,6 +40,15 @@ impl Source<'_> {
                 return Ok(Linear::Packed(PackedMatrix::from_resident(&q)));
             }
         }
+        self.mapped(name, shape)
+    }
+
+    /// The matrix `name` of `shape` as the checkpoint holds it: mapped, or a GGUF tensor in
+    /// its blocks when the checkpoint keeps them.
+    pub fn mapped(&self, name: &str, shape: &[usize]) -> Result<Linear> {
+        if let Some(b) = self.ck.blocks(name, shape)? {
+            return Ok(Linear::Blocks(b));
+        }
         Ok(Linear::Mapped(self.ck.matrix(name, shape)?))
     }
 }
@@ -89,7 +98,7 @@ impl<'a> At<'a> {
 
     /// Matrix `d` as the checkpoint maps it (tensors an install never quantizes).
     pub fn mapped(&self, d: &TensorDef) -> Result<Linear> {
-        Ok(Linear::Mapped(self.src.ck.matrix(&self.name(d), &d.shape)?))
+        self.src.mapped(&self.name(d), &d.shape)
     }
 
     /// Small vector `d` copied as f32.

@@ -25,16 +25,33 @@ struct Heads {
 impl Heads {
     /// Rows (or columns) in grouped order from `values` in tiled order: HF head k·r + j is
     /// GGUF head j·nk + k, each `block` wide; `stride` elements per row/column unit.
-    fn untile(&self, values: &[f32], block: usize, stride: usize) -> Vec<f32> {
+    fn untile<T: Copy + Default>(&self, values: &[T], block: usize, stride: usize) -> Vec<T> {
         if !self.tiled {
             return values.to_vec();
         }
         let unit = block * stride;
-        let mut out = vec![0.0; values.len()];
+        let mut out = vec![T::default(); values.len()];
         for k in 0..self.nk {
             for j in 0..self.per_k {
                 let (h, g) = (k * self.per_k + j, j * self.nk + k);
                 out[h * unit..(h + 1) * unit].copy_from_slice(&values[g * unit..(g + 1) * unit]);
+            }
+        }
+        out
+    }
+
+    /// Tiled order from `values` in grouped order (the inverse of [`Heads::untile`]): GGUF
+    /// head j·nk + k is HF head k·r + j.
+    fn tile<T: Copy + Default>(&self, values: &[T], block: usize, stride: usize) -> Vec<T> {
+        if !self.tiled {
+            return values.to_vec();
+        }
+        let unit = block * stride;
+        let mut out = vec![T::default(); values.len()];
+        for k in 0..self.nk {
+            for j in 0..self.per_k {
+                let (h, g) = (k * self.per_k + j, j * self.nk + k);
+                out[g * unit..(g + 1) * unit].copy_from_slice(&values[h * unit..(h + 1) * unit]);
             }
         }
         out
@@ -104,9 +121,14 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                     ),
                     None => (
                         name,
-                        Part::Owned {
+                        Part::Blocks {
+                            path: f.path.clone(),
+                            map: f.map.clone(),
+                            ty: t.ty,
                             shape,
-                            values: values(),
+                            start: t.start,
+                            end: t.end,
+                            input_order: None,
                         },
                     ),
                 }
@@ -185,6 +207,40 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                     shape,
                     minus_one(values()),
                 )),
+                "attn_qkv.weight" | "attn_gate.weight"
+                    if arch != Arch::Qwen3Next && float_dtype(t.ty).is_none() =>
+                {
+                    let name = match rest {
+                        "attn_qkv.weight" => "in_proj_qkv",
+                        _ => "in_proj_z",
+                    };
+                    if !heads.tiled {
+                        out.push(as_stored(l(&format!("linear_attn.{name}.weight")), shape));
+                        continue;
+                    }
+                    // Whole rows move: the blocks are reordered as they are, exactly.
+                    let rb = t.ne[0] / t.ty.block_elements() * t.ty.block_bytes();
+                    let mut bytes = f.bytes(t).to_vec();
+                    let head = match rest {
+                        "attn_qkv.weight" => 2 * heads.nk * heads.hk,
+                        _ => 0,
+                    };
+                    if head * rb > bytes.len() {
+                        return Err(bad(format!(
+                            "shape {shape:?} is smaller than its q and k rows ({head})"
+                        )));
+                    }
+                    let tail = heads.untile(&bytes[head * rb..], heads.hv, rb);
+                    bytes[head * rb..].copy_from_slice(&tail);
+                    out.push((
+                        l(&format!("linear_attn.{name}.weight")),
+                        Part::OwnedBlocks {
+                            ty: t.ty,
+                            shape,
+                            bytes,
+                        },
+                    ));
+                }
                 "attn_qkv.weight" => {
                     let cols = t.ne[0];
                     let qk_rows = 2 * heads.nk * heads.hk;
@@ -251,6 +307,24 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                     heads.untile(&values(), 1, 1),
                 )),
                 "ssm_norm.weight" => out.push(as_stored(l("linear_attn.norm.weight"), shape)),
+                "ssm_out.weight" if heads.tiled && float_dtype(t.ty).is_none() => {
+                    // The columns were tiled by value heads narrower than a block: the blocks
+                    // stay as stored and the input is gathered into their order instead.
+                    let positions: Vec<u32> = (0..t.ne[0] as u32).collect();
+                    let order = heads.tile(&positions, heads.hv, 1);
+                    out.push((
+                        l("linear_attn.out_proj.weight"),
+                        Part::Blocks {
+                            path: f.path.clone(),
+                            map: f.map.clone(),
+                            ty: t.ty,
+                            shape,
+                            start: t.start,
+                            end: t.end,
+                            input_order: Some(order.into()),
+                        },
+                    ))
+                }
                 "ssm_out.weight" => out.push(owned(
                     l("linear_attn.out_proj.weight"),
                     shape,
@@ -292,9 +366,14 @@ pub(crate) fn tensors(files: &[GgufFile], config: &ModelConfig) -> Result<Vec<(S
                                 start,
                                 end,
                             },
-                            None => Part::Owned {
+                            None => Part::Blocks {
+                                path: f.path.clone(),
+                                map: f.map.clone(),
+                                ty: t.ty,
                                 shape: vec![e_rows, e_cols],
-                                values: dequantize(t.ty, &f.map[start..end]),
+                                start,
+                                end,
+                                input_order: None,
                             },
                         };
                         out.push((name, part));
