@@ -72,13 +72,7 @@ pub fn trace(w: &VisionWeights, config: &VisionConfig, image: &PreparedImage) ->
     TowerTrace {
         patch_embed,
         blocks_out,
-        features: ImageFeatures {
-            rows,
-            hidden: config.out_hidden,
-            frames: t,
-            height: gh / config.merge,
-            width: gw / config.merge,
-        },
+        features: ImageFeatures::merged(rows, config.out_hidden, image.grid, config.merge),
     }
 }
 

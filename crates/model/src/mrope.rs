@@ -20,6 +20,18 @@ pub struct ImageFeatures {
 }
 
 impl ImageFeatures {
+    /// The merger's output `rows` (`[tokens, hidden]`) for an image of patch grid `grid`,
+    /// merged `merge` x `merge`.
+    pub fn merged(rows: Vec<f32>, hidden: usize, grid: spindle_vision::Grid, merge: usize) -> Self {
+        ImageFeatures {
+            rows,
+            hidden,
+            frames: grid.t,
+            height: grid.h / merge,
+            width: grid.w / merge,
+        }
+    }
+
     /// How many `<|image_pad|>` tokens the image takes.
     pub fn tokens(&self) -> usize {
         self.frames * self.height * self.width

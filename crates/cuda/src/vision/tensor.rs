@@ -252,13 +252,7 @@ impl GpuVision {
         Ok(TowerTrace {
             patch_embed,
             blocks_out,
-            features: ImageFeatures {
-                rows,
-                hidden: config.out_hidden,
-                frames: t,
-                height: gh / config.merge,
-                width: gw / config.merge,
-            },
+            features: ImageFeatures::merged(rows, config.out_hidden, image.grid, config.merge),
         })
     }
 }
