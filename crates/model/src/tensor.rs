@@ -385,7 +385,7 @@ pub(crate) enum Part {
     Blocks {
         path: std::path::PathBuf,
         map: std::sync::Arc<memmap2::Mmap>,
-        ty: crate::gguf::quants::GgmlType,
+        ty: crate::quant::ggml::GgmlType,
         shape: Vec<usize>,
         start: usize,
         end: usize,
@@ -395,7 +395,7 @@ pub(crate) enum Part {
     },
     /// ggml blocks reordered on open (whole rows moved, the blocks as stored).
     OwnedBlocks {
-        ty: crate::gguf::quants::GgmlType,
+        ty: crate::quant::ggml::GgmlType,
         shape: Vec<usize>,
         bytes: Vec<u8>,
     },

@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use crate::error::{ModelError, Result};
 use crate::fp8::BlockFp8;
-use crate::gguf::quants::{dequantize, GgmlType};
+use crate::quant::ggml::{dequantize, GgmlType};
 use crate::tensor::{decode_f32, DType, Matrix, Storage};
 use crate::weights::BlockMatrix;
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
-use super::quants::GgmlType;
 use crate::error::{ModelError, Result};
+use crate::quant::ggml::GgmlType;
 
 /// One metadata value.
 #[derive(Clone, Debug, PartialEq)]

@@ -9,7 +9,7 @@
 //! `ssm_out`, kept mapped with its input gathered into the stored column order.
 
 pub mod file;
-pub mod quants;
+pub use crate::quant::ggml as quants;
 pub mod qwen;
 pub mod tokenizer;
 pub mod write;

@@ -6,8 +6,8 @@ use std::io::Write;
 use std::path::Path;
 
 use super::file::Value;
-use super::quants::GgmlType;
 use crate::error::{ModelError, Result};
+use crate::quant::ggml::GgmlType;
 
 /// One tensor to write: name, type, ggml dimensions (`ne[0]` fastest) and its bytes.
 pub struct TensorOut<'a> {

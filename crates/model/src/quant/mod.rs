@@ -22,6 +22,9 @@
 //! per token) and 0.0948 for symmetric/g64 (4.25 bits). At equal size symmetric/g32 is the most
 //! accurate, and it needs no min array. Q8/g32 measures 0.0053.
 //!
+//! [`ggml`] describes llama.cpp's block types as a GGUF file stores them (Q8_0, Q4_0, Q4_K,
+//! Q5_K, Q6_K) and dequantizes them exactly; the CPU runs them in those blocks.
+//!
 //! Activations quantized for the integer dot products are the CPU kernels' business
 //! (`spindle_kernels::quant`).
 
@@ -29,6 +32,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub mod blocks;
+pub mod ggml;
 mod matrix;
 pub mod view;
 

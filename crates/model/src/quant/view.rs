@@ -1,8 +1,8 @@
 //! Borrowed weight matrices in the formats of [`crate::quant`]: what every backend's kernels
 //! read and upload.
 
-use crate::gguf::quants::{dequantize_into, GgmlType};
 use crate::quant::blocks::{self, GROUP, Q4_GROUP_BYTES};
+use crate::quant::ggml::{dequantize_into, GgmlType};
 
 pub use crate::quant::blocks::bf16_to_f32;
 
@@ -25,7 +25,7 @@ pub enum Weights<'a> {
         scales: &'a [u16],
     },
     /// A GGUF tensor kept in its ggml blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, laid out as in
-    /// `crate::gguf::quants`), each row a whole number of blocks.
+    /// `crate::quant::ggml`), each row a whole number of blocks.
     Ggml {
         ty: GgmlType,
         blocks: &'a [u8],

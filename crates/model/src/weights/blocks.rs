@@ -1,7 +1,7 @@
 //! A GGUF tensor kept in its ggml blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K): the bytes of the file,
 //! memory-mapped, which the CPU kernels read directly (`spindle_kernels::linear`).
 
-use crate::gguf::quants::GgmlType;
+use crate::quant::ggml::GgmlType;
 use crate::quant::view::{MatRef, Weights};
 use crate::tensor::Storage;
 use std::sync::Arc;

@@ -5,7 +5,7 @@ use super::qwen4exp::{self, PLE_TABLE};
 use super::{arch_of, err, Arch};
 use crate::error::Result;
 use crate::gguf::file::GgufFile;
-use crate::gguf::quants::{dequantize, GgmlType};
+use crate::quant::ggml::{dequantize, GgmlType};
 use crate::tensor::DType;
 use crate::tensor::Part;
 use crate::ModelConfig;
