@@ -365,6 +365,19 @@ impl CudaEngine {
             .clear_graphs();
     }
 
+    /// Launches the decode kernels with programmatic dependent launch (the default on sm_90
+    /// and later, unless `SPINDLE_CUDA_PDL=0`) or plainly (the same bits; for A/B
+    /// measurements and the tests); drops the batched decode graphs. Sessions' decode graphs
+    /// keep the launches they were captured with: make new sessions after a change.
+    #[doc(hidden)]
+    pub fn set_pdl(&mut self, on: bool) {
+        self.dev.set_pdl(on);
+        self.batch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear_graphs();
+    }
+
     /// The largest batched step (in rows) whose projections run as decode matvecs per 8 rows.
     #[doc(hidden)]
     pub fn batch_matvec_rows(&self) -> usize {

@@ -425,3 +425,98 @@ fn qwen4_exp_graph_decode_matches_cpu_engine() {
         "{name}: long graph decode differs by {long_err}"
     );
 }
+
+/// The first index where two logit vectors differ in any bit, with both values.
+fn first_bit_difference(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits())
+        .map(|i| (i, a[i], b[i]))
+}
+
+/// Programmatic dependent launch (sm_90: the decode kernels start while their predecessor
+/// finishes, and wait for it in `griddepcontrol.wait`) changes when a kernel runs, never what
+/// it computes: on every fixture at bf16 and q4, with PDL on (the default) and off, the prompt's
+/// logits, 48 single-token decode steps (through the captured graph, then eagerly), the device
+/// argmax and three 3-token steps (the decode kernels' multi-token form) are the same bit for bit.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pdl_launches_equal_plain_launches() {
+    use spindle_model::quant::WeightFormat;
+    for name in FAMILIES {
+        let prompt = Reference::load(name).ids("prompt_ids");
+        for quant in [WeightFormat::Bf16, WeightFormat::Q4] {
+            let load_as = || {
+                CudaEngine::load_with(&fixture(name), device_ordinal(), quant, None)
+                    .unwrap_or_else(|e| panic!("{name} {quant}: {e}"))
+            };
+            let mut pdl = load_as();
+            let mut plain = load_as();
+            plain.set_pdl(false);
+            assert!(!plain.device().pdl());
+            if pdl.device().pdl_supported() {
+                assert!(
+                    pdl.device().pdl(),
+                    "{name}: PDL is off on a device that has it (SPINDLE_CUDA_PDL=0?)"
+                );
+                let waiting = pdl.device().pdl_kernels();
+                for k in [
+                    "embed_bf16",
+                    "decode_matvec_q4_t1",
+                    "decode_matvec_conv_q4_t1",
+                    "decode_moe_gate_up_q4",
+                    "decode_moe_down_q4",
+                    "gdn_decode_heads",
+                    "attention_prepare",
+                    "attention_decode_split",
+                    "attention_decode_combine",
+                    "argmax_two_stage",
+                ] {
+                    assert!(waiting.contains(&k), "{k} is not launched with PDL");
+                }
+            }
+            let vocab = pdl.config().vocab_size as u32;
+            for graphs in [true, false] {
+                pdl.set_graphs(graphs);
+                plain.set_graphs(graphs);
+                let mut a = pdl.new_session().unwrap();
+                let mut b = plain.new_session().unwrap();
+                let check = |what: &str, x: &[f32], y: &[f32]| {
+                    if let Some((i, u, v)) = first_bit_difference(x, y) {
+                        panic!("{name} {quant} graphs {graphs}: {what}: logit {i} is {u} with PDL, {v} without");
+                    }
+                };
+                let x = pdl.forward(&mut a, &prompt, LogitsFor::Last).unwrap();
+                let y = plain.forward(&mut b, &prompt, LogitsFor::Last).unwrap();
+                check("prompt", &x, &y);
+                for step in 0..48u32 {
+                    let id = (step * 7919 + 11) % vocab;
+                    let x = pdl.forward(&mut a, &[id], LogitsFor::Last).unwrap();
+                    let y = plain.forward(&mut b, &[id], LogitsFor::Last).unwrap();
+                    check(&format!("decode step {step}"), &x, &y);
+                }
+                if graphs {
+                    for (engine, s) in [("PDL", &a), ("plain", &b)] {
+                        assert!(
+                            s.graph.is_some() && !s.graph_failed,
+                            "{name} {quant}: the {engine} engine did not decode through a graph"
+                        );
+                    }
+                }
+                let ta = pdl.decode_argmax(&mut a, 5).unwrap();
+                let tb = plain.decode_argmax(&mut b, 5).unwrap();
+                assert_eq!(ta, tb, "{name} {quant} graphs {graphs}: device argmax");
+                for step in 0..3u32 {
+                    let ids: Vec<u32> = (0..3)
+                        .map(|j| (step * 104_729 + j * 31 + 7) % vocab)
+                        .collect();
+                    let x = pdl.forward(&mut a, &ids, LogitsFor::All).unwrap();
+                    let y = plain.forward(&mut b, &ids, LogitsFor::All).unwrap();
+                    check(&format!("3-token step {step}"), &x, &y);
+                }
+            }
+            println!("{name} {quant}: PDL on == off, bit for bit (graphs and eager)");
+        }
+    }
+}

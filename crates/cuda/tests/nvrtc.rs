@@ -105,3 +105,89 @@ fn param_kinds_map_to_ptx_widths() {
     assert!(Param::U32.matches_ptx("u32"));
     assert!(Param::F32.matches_ptx("f32") && !Param::F32.matches_ptx("u32"));
 }
+
+/// The kernels of a decode step wait on their predecessor (`PDL_WAIT()`, so the device
+/// launches them with programmatic dependent launch), and every kernel that waits does so
+/// before any global or shared memory access of its own in the PTX (only parameter loads and
+/// L2 prefetches come first) and lets its successor start only after that wait.
+#[test]
+#[ignore = "needs the NVRTC library (bash tests/nvrtc/run.sh)"]
+fn pdl_kernels_wait_before_touching_memory() {
+    let ptx = spindle_cuda::ptx_for("sm_90").unwrap_or_else(|e| panic!("{e}"));
+    let mut waiting = Vec::new();
+    let mut problems = Vec::new();
+    let mut current: Option<(String, bool)> = None;
+    for line in ptx.lines() {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix(".visible .entry ") {
+            current = Some((
+                rest.split('(').next().unwrap_or(rest).trim().to_owned(),
+                false,
+            ));
+            continue;
+        }
+        if line.contains(".func ") {
+            current = None;
+            continue;
+        }
+        let Some((name, waited)) = current.as_mut() else {
+            continue;
+        };
+        if line.starts_with("griddepcontrol.wait") {
+            if !*waited {
+                waiting.push(name.clone());
+            }
+            *waited = true;
+            continue;
+        }
+        let op = line.split_whitespace().next().unwrap_or("");
+        let touches_memory = ["ld.", "ldu.", "st.", "atom.", "red.", "cp.async"]
+            .iter()
+            .any(|p| op.starts_with(p))
+            && !op.starts_with("ld.param");
+        if !*waited && op.starts_with("griddepcontrol.launch_dependents") {
+            problems.push(format!("{name}: launches its dependents before it waits"));
+        }
+        if !*waited && touches_memory {
+            problems.push(format!("{name}: {line} before griddepcontrol.wait"));
+        }
+    }
+    let waiting_set: std::collections::HashSet<&str> = waiting.iter().map(String::as_str).collect();
+    // Problems only count for kernels that wait at all (the others launch plainly).
+    problems.retain(|p| waiting_set.contains(p.split(':').next().unwrap_or("")));
+    assert!(
+        problems.is_empty(),
+        "kernels launched with PDL touch memory before they wait:\n{}",
+        problems.join("\n")
+    );
+    for fmt in ["bf16", "q8", "q4", "fp8"] {
+        for t in ["t1", "t8"] {
+            for k in [
+                format!("decode_matvec_{fmt}_{t}"),
+                format!("decode_matvec_conv_{fmt}_{t}"),
+            ] {
+                if k.starts_with("decode_matvec_conv_fp8") {
+                    continue; // no FP8 conv variant
+                }
+                assert!(waiting_set.contains(k.as_str()), "{k} does not wait");
+            }
+        }
+        for k in [
+            format!("decode_moe_gate_up_{fmt}"),
+            format!("decode_moe_down_{fmt}"),
+        ] {
+            assert!(waiting_set.contains(k.as_str()), "{k} does not wait");
+        }
+    }
+    for k in [
+        "embed_bf16",
+        "rms_norm_zero_centred",
+        "gdn_decode_heads",
+        "attention_prepare",
+        "attention_decode_split",
+        "attention_decode_combine",
+        "argmax_two_stage",
+    ] {
+        assert!(waiting_set.contains(k), "{k} does not wait");
+    }
+}

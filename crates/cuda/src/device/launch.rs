@@ -75,18 +75,29 @@ impl Device {
             Some(_) => Some(timing("recording a profiling event")?),
             None => None,
         };
+        let programmatic = self.pdl() && self.pdl_kernels.contains(name);
         // SAFETY: the argument list matches the kernel's signature (the launcher is generated
         // from its declaration, which tests/nvrtc.rs checks against the PTX), and every
-        // address points into a live buffer of the right size.
+        // address points into a live buffer of the right size. A programmatic launch is made
+        // only of kernels whose PTX waits on their predecessor before touching its data.
         unsafe {
-            cudarc::driver::result::launch_kernel(
-                func.cu_function(),
-                grid,
-                (block, 1, 1),
-                shared_bytes,
-                self.stream.cu_stream(),
-                &mut params,
-            )
+            if programmatic {
+                launch_programmatic(
+                    func.cu_function(),
+                    cfg,
+                    self.stream.cu_stream(),
+                    &mut params,
+                )
+            } else {
+                cudarc::driver::result::launch_kernel(
+                    func.cu_function(),
+                    grid,
+                    (block, 1, 1),
+                    shared_bytes,
+                    self.stream.cu_stream(),
+                    &mut params,
+                )
+            }
         }
         .during(&format!("launching kernel {name}"))?;
         if let (Some(profile), Some(start)) = (&self.profile, start) {
@@ -96,6 +107,43 @@ impl Device {
         }
         Ok(())
     }
+}
+
+/// `cuLaunchKernelEx` with programmatic stream serialization allowed: the kernel may start
+/// before its predecessor on `stream` has finished (it waits in `griddepcontrol.wait`).
+///
+/// # Safety
+/// As `cudarc::driver::result::launch_kernel`, and the kernel waits on its predecessor before
+/// it reads or writes anything the predecessor may touch.
+unsafe fn launch_programmatic(
+    f: cudarc::driver::sys::CUfunction,
+    cfg: Launch,
+    stream: cudarc::driver::sys::CUstream,
+    params: &mut [*mut c_void],
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    use cudarc::driver::sys;
+    // SAFETY: a plain C union of integers; zero is a valid value of every field.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.programmaticStreamSerializationAllowed = 1;
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value,
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid.0,
+        gridDimY: cfg.grid.1,
+        gridDimZ: cfg.grid.2,
+        blockDimX: cfg.block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: cfg.shared_bytes,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: `config` and `attr` outlive the call; the caller vouches for the rest.
+    unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }
 
 /// Threads for a block that covers `n` elements (a multiple of 32, at most 1024).

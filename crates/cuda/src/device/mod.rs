@@ -9,9 +9,10 @@
 mod buffer;
 mod compile;
 mod launch;
+mod pdl;
 mod profile;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
@@ -57,6 +58,13 @@ pub struct Device {
     /// per group of rows) rather than a launch per group (`SPINDLE_CUDA_DECODE_GROUP_LAUNCH=0`,
     /// for A/B measurements: the same bits either way).
     group_launch: std::sync::atomic::AtomicBool,
+    /// Kernels launched with programmatic stream serialization ([`Device::pdl`]): those whose
+    /// PTX waits on their predecessor (`pdl.rs`).
+    pdl_kernels: HashSet<&'static str>,
+    /// The device takes programmatic dependent launches (sm_90 and later).
+    pdl_able: bool,
+    /// Programmatic dependent launch is on (`SPINDLE_CUDA_PDL=0` turns it off).
+    pdl: std::sync::atomic::AtomicBool,
 }
 
 impl Device {
@@ -92,6 +100,7 @@ impl Device {
         let arch = format!("sm_{major}{minor}");
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let ptx = ptx_for(&arch)?;
+        let waiting = pdl::waiting_kernels(&ptx);
         let module = ctx
             .load_module(Ptx::from_src(ptx))
             .during("loading the compiled kernels")?;
@@ -124,7 +133,19 @@ impl Device {
             kernels.insert(name, func);
             shared_limits.insert(name, limit);
         }
-        tracing::info!(ordinal, name = %name, arch = %arch, "CUDA device ready");
+        let pdl_kernels: HashSet<&'static str> = names
+            .iter()
+            .copied()
+            .filter(|n| waiting.contains(*n))
+            .collect();
+        let pdl_able = major >= 9;
+        tracing::info!(
+            ordinal,
+            name = %name,
+            arch = %arch,
+            pdl_kernels = pdl_kernels.len(),
+            "CUDA device ready"
+        );
         let profile = std::env::var_os("SPINDLE_CUDA_PROFILE")
             .is_some_and(|v| v != "0")
             .then(|| Mutex::new(Profile::default()));
@@ -147,6 +168,9 @@ impl Device {
             tensor_cores: (major >= 8
                 && std::env::var_os("SPINDLE_CUDA_TENSOR_CORES").is_none_or(|v| v != "0"))
             .into(),
+            pdl: pdl::enabled_for((major, minor)).into(),
+            pdl_kernels,
+            pdl_able,
             fp8_mma: ((major, minor) >= (8, 9)
                 && std::env::var_os("SPINDLE_CUDA_FP8_MMA").is_none_or(|v| v != "0"))
             .into(),
@@ -175,6 +199,32 @@ impl Device {
     pub fn set_group_launch(&self, on: bool) {
         self.group_launch
             .store(on, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether kernels that wait on their predecessor (`PDL_WAIT()`) are launched with
+    /// programmatic stream serialization: on sm_90 and later unless `SPINDLE_CUDA_PDL=0`.
+    /// The same bits either way.
+    pub fn pdl(&self) -> bool {
+        self.pdl.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns programmatic dependent launch off (or back on where the device has it), for
+    /// side-by-side comparisons; graphs captured before keep the launches they were made of.
+    pub fn set_pdl(&self, on: bool) {
+        self.pdl
+            .store(on && self.pdl_able, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the device takes programmatic dependent launches (sm_90 and later).
+    pub fn pdl_supported(&self) -> bool {
+        self.pdl_able
+    }
+
+    /// The kernels launched with programmatic stream serialization when [`Device::pdl`] is on.
+    pub fn pdl_kernels(&self) -> Vec<&'static str> {
+        let mut names: Vec<&'static str> = self.pdl_kernels.iter().copied().collect();
+        names.sort_unstable();
+        names
     }
 
     /// Whether the forward pass being issued is a batched step of decoding sequences only.

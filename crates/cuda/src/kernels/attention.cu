@@ -57,6 +57,7 @@ extern "C" __global__ void attention_prepare(const float* __restrict__ qkv, int 
                                              float* __restrict__ k_cache, float* __restrict__ v_cache,
                                              int n_h, int n_kv, int d, int start, const int* __restrict__ startp,
                                              int rope_delta, const int* __restrict__ slots, float eps) {
+    PDL_BEGIN();
     if (startp) start = *startp;  // graph replay: the position lives in device memory
     int t = blockIdx.x;
     attention_prepare_row(qkv + (size_t)t * ld, q_norm, k_norm, inv_freq, rot, q_out + (size_t)t * n_h * d,
@@ -248,6 +249,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_decode_split(const f
                                                                          float* __restrict__ part, int splits, int n_h,
                                                                          int n_kv, int d, int start,
                                                                          const int* __restrict__ startp, float scale) {
+    PDL_BEGIN();
     if (startp) start = *startp;
     int t = blockIdx.z;
     attention_decode_split_block(q, k_cache, v_cache, part, splits, n_h, n_kv, d, t, start + t + 1, scale);
@@ -310,6 +312,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_decode_combine(const
                                                                            const float* __restrict__ gate,
                                                                            float* __restrict__ out, int n_h, int d, int start,
                                                                            const int* __restrict__ startp) {
+    PDL_BEGIN();
     if (startp) start = *startp;
     int t = blockIdx.y;
     attention_decode_combine_block(part, splits, gate, out, n_h, d, t, start + t + 1);

@@ -260,3 +260,52 @@ __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 #endif
 }
+
+// ---- Programmatic dependent launch (sm_90; device/pdl.rs) ----
+// A kernel whose PTX holds griddepcontrol.wait is launched with programmatic stream
+// serialization: it may start while its predecessor on the stream still runs. PDL_WAIT()
+// blocks until the predecessor has finished and its writes are visible, so a kernel that uses
+// it calls it in every thread before its first read of anything an earlier kernel wrote and
+// before its first write of anything an earlier kernel reads; only index math, reads of
+// weights (never written on the device) and L2 prefetches (which change no value) come
+// before. PDL_LAUNCH() lets the next kernel's blocks start (they wait in their own
+// PDL_WAIT()); it comes after PDL_WAIT(), so when any block of a kernel runs, every kernel
+// before its predecessor has finished. Before sm_90 both are nothing (and the kernels are
+// launched plainly).
+#if __CUDA_ARCH__ >= 900
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_WAIT() ((void)0)
+#define PDL_LAUNCH() ((void)0)
+#endif
+// The two at a kernel's start, for kernels with no prologue of their own.
+#define PDL_BEGIN() \
+    do {            \
+        PDL_WAIT();   \
+        PDL_LAUNCH(); \
+    } while (0)
+
+// The most bytes of one matrix the blocks of a launch prefetch together (a part of the L2, so
+// that a large matrix's prefetch does not evict its own first lines).
+#define PREFETCH_L2_MAX (16u << 20)
+
+// Asks L2 to fetch bytes [lo, hi) from p, 128-byte lines spread over the block's threads. A
+// hint that changes no value: it may run before PDL_WAIT().
+__device__ __forceinline__ void prefetch_l2_range(const void* p, size_t lo, size_t hi) {
+#if __CUDA_ARCH__ >= 900
+    size_t base = (size_t)__cvta_generic_to_global(p);
+    for (size_t off = (lo & ~(size_t)127) + (size_t)threadIdx.x * 128; off < hi; off += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+#endif
+}
+
+// This block's share of a prefetch of [p, p + n) by the whole launch: the blocks of grid
+// row 0 split the first PREFETCH_L2_MAX bytes evenly (nothing when p is null).
+__device__ __forceinline__ void prefetch_l2_share(const void* p, size_t n) {
+    if (p == nullptr || blockIdx.y != 0 || blockIdx.z != 0) return;
+    n = n < (size_t)PREFETCH_L2_MAX ? n : (size_t)PREFETCH_L2_MAX;
+    size_t per = (n + gridDim.x - 1) / gridDim.x;
+    size_t lo = per * blockIdx.x, hi = lo + per < n ? lo + per : n;
+    prefetch_l2_range(p, lo, hi);
+}

@@ -3,6 +3,7 @@
 // h[t, s·H + i] = E[ids[t], i] for every stream s.
 extern "C" __global__ void embed_bf16(const bf16_t* __restrict__ E, const int* __restrict__ ids,
                                       float* __restrict__ h, int T, int hidden, int streams) {
+    PDL_BEGIN();
     size_t n = (size_t)T * streams * hidden;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         int i = e % hidden;

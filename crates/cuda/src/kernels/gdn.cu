@@ -198,6 +198,8 @@ extern "C" __global__ void __launch_bounds__(1024) gdn_decode_heads(
     const float* __restrict__ u, int ld, int T, int nk, int nv, int dk, int dv, int z_off, int b_off, int a_off,
     float* __restrict__ state, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
     const float* __restrict__ norm_w, float* __restrict__ out, float eps, int gate_sigmoid, int R) {
+    prefetch_l2_range(state + (size_t)blockIdx.x * dk * dv, 0, (size_t)dk * dv * 4);
+    PDL_BEGIN();
     gdn_decode_heads_body(u, ld, u, ld, T, nk, nv, dk, dv, z_off, b_off, a_off, state, a_log, dt_bias, norm_w, out,
                           eps, gate_sigmoid, R);
 }

@@ -83,6 +83,10 @@ __device__ __forceinline__ void decode_matvec_impl(const unsigned char* __restri
         if (gate) gate += (size_t)t0 * ldg;
         T = min(T - t0, NT);
     }
+    prefetch_l2_share(W, (size_t)(outs + pair) * WF<FMT>::row_bytes(cols));
+    prefetch_l2_share(S, (size_t)(outs + pair) * row_scale_words<FMT>(cols) * 2);
+    PDL_WAIT();
+    PDL_LAUNCH();
     stage_rows<FMT>(x, ldx, T, cols, nw, eps, xn, dsm);
     Staged<FMT> st{dsm, cols};
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

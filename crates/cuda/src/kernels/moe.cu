@@ -208,6 +208,9 @@ __device__ __forceinline__ void decode_moe_gate_up_impl(const unsigned char* __r
     extern __shared__ __align__(16) unsigned char dsm[];
     __shared__ int sidx[MATVEC_MAX_TOKENS * MOE_MAX_K];
     __shared__ float swt[MATVEC_MAX_TOKENS * MOE_MAX_K];
+    prefetch_l2_share(sgu, (size_t)2 * Is * WF<FMT>::row_bytes(H));
+    PDL_WAIT();
+    PDL_LAUNCH();
     // Every block routes the tokens itself (warp t, token t; the other warps start staging
     // meanwhile); block 0 publishes the choice for the down projections.
     {
@@ -304,6 +307,9 @@ __device__ __forceinline__ void decode_moe_down_impl(const unsigned char* __rest
     __shared__ int sidx[MATVEC_MAX_TOKENS * MOE_MAX_K];
     __shared__ float swt[MATVEC_MAX_TOKENS * MOE_MAX_K];
     __shared__ float ssg[MATVEC_MAX_TOKENS];
+    prefetch_l2_share(sdw, (size_t)H * WF<FMT>::row_bytes(Is));
+    PDL_WAIT();
+    PDL_LAUNCH();
     for (int e = threadIdx.x; e < T * k; e += blockDim.x) {
         sidx[e] = idx[e];
         swt[e] = wt[e];

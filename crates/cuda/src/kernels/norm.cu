@@ -5,6 +5,7 @@
 extern "C" __global__ void rms_norm_zero_centred(const float* __restrict__ x, int ldx, float* __restrict__ y,
                                                  int ldy, const float* __restrict__ w, int group, float eps) {
     __shared__ float red[33];
+    PDL_BEGIN();
     int t = blockIdx.x, g = blockIdx.y;
     const float* xr = x + (size_t)t * ldx + (size_t)g * group;
     float* yr = y + (size_t)t * ldy + (size_t)g * group;

@@ -9,6 +9,7 @@ extern "C" __global__ void argmax_two_stage(const float* __restrict__ x, int n, 
     __shared__ float bv[32];
     __shared__ int bi[32];
     __shared__ bool last;
+    PDL_BEGIN();
     float v = -SP_INF;
     int best = 0x7fffffff;
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x) {
