@@ -104,6 +104,17 @@ impl Device {
         let module = ctx
             .load_module(Ptx::from_src(ptx))
             .during("loading the compiled kernels")?;
+        if std::env::var_os("SPINDLE_CUDA_L2_PREFETCH").is_some_and(|v| v == "0") {
+            // The decode kernels' L2 prefetch of their weights (kernels/common.cuh), off for
+            // A/B measurements; the same bits either way.
+            let mut flag = module
+                .get_global("spindle_l2_prefetch", &stream)
+                .during("looking up spindle_l2_prefetch")?;
+            stream
+                .memcpy_htod(&[0u8; 4], &mut flag)
+                .during("turning the L2 prefetch off")?;
+            stream.synchronize().during("turning the L2 prefetch off")?;
+        }
         use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
         let sms = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)

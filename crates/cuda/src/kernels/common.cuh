@@ -290,10 +290,14 @@ __device__ __forceinline__ void cp_async_wait_all() {
 // that a large matrix's prefetch does not evict its own first lines).
 #define PREFETCH_L2_MAX (16u << 20)
 
+// 0: the prefetches below are off (`SPINDLE_CUDA_L2_PREFETCH=0`, set when the device opens).
+__constant__ int spindle_l2_prefetch = 1;
+
 // Asks L2 to fetch bytes [lo, hi) from p, 128-byte lines spread over the block's threads. A
 // hint that changes no value: it may run before PDL_WAIT().
 __device__ __forceinline__ void prefetch_l2_range(const void* p, size_t lo, size_t hi) {
 #if __CUDA_ARCH__ >= 900
+    if (!spindle_l2_prefetch) return;
     size_t base = (size_t)__cvta_generic_to_global(p);
     for (size_t off = (lo & ~(size_t)127) + (size_t)threadIdx.x * 128; off < hi; off += (size_t)blockDim.x * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
