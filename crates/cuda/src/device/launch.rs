@@ -75,20 +75,31 @@ impl Device {
             Some(_) => Some(timing("recording a profiling event")?),
             None => None,
         };
-        let programmatic = self.pdl() && self.pdl_kernels.contains(name);
-        // SAFETY: the argument list matches the kernel's signature (the launcher is generated
-        // from its declaration, which tests/nvrtc.rs checks against the PTX), and every
-        // address points into a live buffer of the right size. A programmatic launch is made
-        // only of kernels whose PTX waits on their predecessor before touching its data.
-        unsafe {
-            if programmatic {
+        let mut launched = false;
+        if self.pdl() && self.pdl_kernels.contains(name) {
+            // SAFETY: as below; the kernel's PTX waits on its predecessor before it touches
+            // anything the predecessor may read or write (tests/nvrtc.rs checks the order).
+            match unsafe {
                 launch_programmatic(
                     func.cu_function(),
                     cfg,
                     self.stream.cu_stream(),
                     &mut params,
                 )
-            } else {
+            } {
+                Ok(()) => launched = true,
+                Err(err) => {
+                    // A driver that refuses the attribute: plain launches from now on.
+                    tracing::warn!(kernel = name, error = %err, "programmatic dependent launch refused: launching plainly");
+                    self.set_pdl(false);
+                }
+            }
+        }
+        if !launched {
+            // SAFETY: the argument list matches the kernel's signature (the launcher is
+            // generated from its declaration, which tests/nvrtc.rs checks against the PTX),
+            // and every address points into a live buffer of the right size.
+            unsafe {
                 cudarc::driver::result::launch_kernel(
                     func.cu_function(),
                     grid,
@@ -98,8 +109,8 @@ impl Device {
                     &mut params,
                 )
             }
+            .during(&format!("launching kernel {name}"))?;
         }
-        .during(&format!("launching kernel {name}"))?;
         if let (Some(profile), Some(start)) = (&self.profile, start) {
             let end = timing("recording a profiling event")?;
             let mut profile = profile.lock().unwrap_or_else(|e| e.into_inner());
