@@ -51,6 +51,7 @@ use spindle_model::forward::NonFiniteSite;
 use spindle_model::forward::{GreedyRun, LogitsFor};
 use spindle_model::mrope::ImageFeatures;
 use spindle_model::quant::WeightFormat;
+use spindle_model::weights::Linear;
 use spindle_model::{Checkpoint, ModelConfig};
 use spindle_vision::PreparedImage;
 
@@ -178,9 +179,11 @@ impl CudaEngine {
     }
 
     /// As [`CudaEngine::load_with_vision`], with `quant` `None` keeping the weights as stored:
-    /// bf16, and a block-FP8 checkpoint's projections in FP8 (e4m3 codes and block scales on
-    /// the device); `Some(format)` re-encodes the projections in `format` (FP8 ones
-    /// dequantized exactly first; bf16 rounds them).
+    /// bf16, a block-FP8 checkpoint's projections in FP8 (e4m3 codes and block scales on the
+    /// device), a GGUF file's quantized projections in their blocks (Q4_K, Q5_K, Q6_K as
+    /// stored, Q8_0 / Q4_0 as the identical Q8 / Q4; [`matrix::ggml_source`]; the others, and
+    /// the embedding, dequantized exactly and rounded to bf16); `Some(format)` re-encodes the
+    /// projections in `format` (FP8 and GGUF ones dequantized exactly first; bf16 rounds them).
     pub fn load_as(
         dir: &Path,
         ordinal: usize,
@@ -188,7 +191,7 @@ impl CudaEngine {
         max_layers: Option<usize>,
         vision: bool,
     ) -> Result<Self> {
-        let keep_fp8 = quant.is_none();
+        let keep_stored = quant.is_none();
         let quant = quant.unwrap_or(WeightFormat::Bf16);
         let dev = Device::open(ordinal)?;
         let mut config = ModelConfig::from_dir(dir)?;
@@ -196,7 +199,8 @@ impl CudaEngine {
             config.layers.truncate(n.max(1));
         }
         check_supported(&config)?;
-        let checkpoint = Checkpoint::open(dir)?;
+        let mut checkpoint = Checkpoint::open(dir)?;
+        checkpoint.keep_blocks(keep_stored);
         let mut cpu = spindle_model::weights::load(&checkpoint, &config)?;
         if quant != WeightFormat::Bf16 {
             let started = std::time::Instant::now();
@@ -209,12 +213,13 @@ impl CudaEngine {
         }
         // Block-FP8 checkpoints dequantize to f32 on the host: the upload reads their stored
         // codes and scales when they stay FP8 (every group of 32 columns in one block), bf16
-        // otherwise.
+        // otherwise. GGUF blocks the device reads stay blocks; the others dequantize to bf16.
         cpu.round_wide_to_bf16_keeping(&|linear| {
-            keep_fp8
-                && linear
+            keep_stored
+                && (linear
                     .fp8()
                     .is_some_and(|f| matrix::fp8_fits(linear.cols(), f.block[1]))
+                    || matches!(linear, Linear::Blocks(b) if matrix::ggml_fits(b)))
         });
         let started = std::time::Instant::now();
         let gpu = weights::upload(&dev, &cpu, &config)?;
