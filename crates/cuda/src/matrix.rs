@@ -450,3 +450,107 @@ impl DevMatrix {
         self.parts.iter().map(|(_, p)| p.size_bytes()).sum()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spindle_model::quant::ggml::dequantize;
+    use spindle_model::tensor::Storage;
+
+    /// `rows` rows of `cols` in pseudo-random blocks of `ty` (finite f16 scales).
+    fn blocks(ty: GgmlType, rows: usize, cols: usize) -> (BlockMatrix, Vec<u8>) {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ ty.block_bytes() as u64;
+        let mut byte = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 32) as u8
+        };
+        let n = rows * cols / ty.block_elements() * ty.block_bytes();
+        let mut bytes: Vec<u8> = (0..n).map(|_| byte()).collect();
+        for blk in bytes.chunks_exact_mut(ty.block_bytes()) {
+            let scale = half::f16::from_f32(0.01 * (blk[5] as f32 - 128.0) / 128.0).to_bits();
+            let at = match ty {
+                GgmlType::Q6K => 208,
+                _ => 0,
+            };
+            blk[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+            if matches!(ty, GgmlType::Q4K | GgmlType::Q5K) {
+                blk[2..4].copy_from_slice(&scale.to_le_bytes());
+            }
+        }
+        let mut words = vec![0u64; n.div_ceil(8)];
+        for (i, &b) in bytes.iter().enumerate() {
+            words[i / 8] |= (b as u64) << (8 * (i % 8));
+        }
+        let storage = Storage::Owned {
+            words: std::sync::Arc::new(words),
+            len: n,
+        };
+        (BlockMatrix::new(ty, rows, cols, storage), bytes)
+    }
+
+    #[test]
+    fn q8_0_and_q4_0_blocks_are_spindles_q8_and_q4_groups() {
+        for (ty, format) in [
+            (GgmlType::Q8_0, WeightFormat::Q8),
+            (GgmlType::Q4_0, WeightFormat::Q4),
+        ] {
+            let (rows, cols) = (5, 96);
+            let (b, bytes) = blocks(ty, rows, cols);
+            let src = ggml_source(&b).unwrap();
+            assert_eq!(src.fmt, DevFormat::from(format));
+            let q = QuantizedMatrix {
+                rows,
+                cols,
+                qs: src.codes.to_vec(),
+                scales: src.scales.to_vec(),
+                format,
+            };
+            let mut row = vec![0.0f32; cols];
+            let want = dequantize(ty, &bytes);
+            for r in 0..rows {
+                q.mat().row_to_f32(r, &mut row);
+                assert_eq!(row, want[r * cols..(r + 1) * cols], "{} row {r}", ty.name());
+            }
+        }
+    }
+
+    #[test]
+    fn k_quant_blocks_split_into_codes_and_scale_words_losslessly() {
+        for (ty, fmt) in [
+            (GgmlType::Q4K, DevFormat::Q4K),
+            (GgmlType::Q5K, DevFormat::Q5K),
+            (GgmlType::Q6K, DevFormat::Q6K),
+        ] {
+            let (rows, cols) = (3, 512);
+            let (b, bytes) = blocks(ty, rows, cols);
+            let src = ggml_source(&b).unwrap();
+            assert_eq!(src.fmt, fmt);
+            assert_eq!(src.codes.len(), rows * fmt.row_bytes(cols));
+            assert_eq!(src.scales.len(), rows * fmt.row_scales(cols));
+            // Superblock k back from its codes and scale words.
+            let (cb, sw) = (fmt.row_bytes(256), fmt.row_scales(256));
+            let scale_bytes: Vec<u8> = src.scales.iter().flat_map(|w| w.to_le_bytes()).collect();
+            for (k, blk) in bytes.chunks_exact(ty.block_bytes()).enumerate() {
+                let codes = &src.codes[k * cb..(k + 1) * cb];
+                let scales = &scale_bytes[k * 2 * sw..(k + 1) * 2 * sw];
+                let whole = match ty {
+                    GgmlType::Q6K => {
+                        assert_eq!(&scales[18..], &[0, 0], "Q6_K padding");
+                        [codes, &scales[..18]].concat()
+                    }
+                    _ => [scales, codes].concat(),
+                };
+                assert_eq!(whole, blk, "{} superblock {k}", ty.name());
+            }
+        }
+        // Reordered columns stay on the host (dequantized by the loader).
+        let (b, _) = blocks(GgmlType::Q4K, 2, 256);
+        let order: std::sync::Arc<[u32]> = (0..256u32).rev().collect();
+        let reordered = b.with_input_order(order);
+        assert!(!ggml_fits(&reordered));
+        let err = ggml_source(&reordered).err().expect("refused").to_string();
+        assert!(err.contains("reordered columns"), "{err}");
+    }
+}
