@@ -37,8 +37,18 @@ Names come from `gguf.get_tensor_name_map`. Quantized types come from `gguf.quan
 with --dequantized OUT the script also writes the same model with every quantized tensor
 replaced by `gguf.quants.dequantize` of it (F32): the exact reference for the quantized file.
 
+With --random-q4-k-m (benchmarks of a big synthetic checkpoint, where the layout matters and
+the values do not) every matrix gets the type llama-quantize's Q4_K_M gives it (Q6_K: the LM
+head, and `attn_v` / `ffn_down*` of the layers `use_more_bits` picks; Q4_K: the others whose
+rows are whole superblocks; the router and 1-D tensors f32) holding random, well-scaled
+blocks (Q4_K: d in [1e-4, 3e-4], dmin = 7.5 d and each group's min equal to its scale, so a
+weight is d·sc·(q − 7.5); Q6_K: d in [1e-5, 3e-5]); the routed experts' values are not even
+read (a `spindle synth --zero-experts` checkpoint converts in seconds). Not llama-quantize's
+output: its quantization search is not run; only the file layout is Q4_K_M's.
+
 Usage: gguf_from_fixture.py FIXTURE_DIR OUT.gguf --type bf16|f32|q8_0|q4_0
        [--experts-type q4_0] [--dequantized OUT_DEQ.gguf] [--split-max-tensors N]
+       [--random-q4-k-m]
 Needs: pip install gguf numpy (gguf 0.19.0 was used).
 """
 import argparse
@@ -53,6 +63,10 @@ from gguf import GGMLQuantizationType as T
 TYPES = {"f32": T.F32, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}
 
 
+# Set by --random-q4-k-m: the routed experts' values are not read (random blocks replace them).
+SKIP_EXPERT_VALUES = False
+
+
 def read_safetensors(path, ints=None):
     data = path.read_bytes()
     n = struct.unpack("<Q", data[:8])[0]
@@ -65,6 +79,9 @@ def read_safetensors(path, ints=None):
         a, b = info["data_offsets"]
         raw = data[base + a:base + b]
         dt = info["dtype"]
+        if SKIP_EXPERT_VALUES and ".mlp.experts." in name and dt in ("BF16", "F16", "F32"):
+            out[name] = np.broadcast_to(np.float32(0), info["shape"])
+            continue
         if dt == "BF16":
             arr = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
         elif dt == "F16":
@@ -165,7 +182,12 @@ def main():
     ap.add_argument("--dequantized", type=Path)
     ap.add_argument("--split-max-tensors", type=int, default=0,
                     help="write a split set (NAME-00001-of-0000N.gguf) of at most this many tensors per file")
+    ap.add_argument("--random-q4-k-m", action="store_true",
+                    help="random blocks in the types of llama-quantize's Q4_K_M (benchmarks only)")
     args = ap.parse_args()
+    global SKIP_EXPERT_VALUES
+    SKIP_EXPERT_VALUES = args.random_q4_k_m
+    rng = np.random.default_rng(0x5eed)
 
     tensors, ints, h, top = load_fixture(args.fixture)
     mt = h["model_type"]
@@ -304,6 +326,11 @@ def main():
         if is_q4:
             write_qwen4exp_keys(w, an, {**top, **h}, ints, ple["row_dim"])
         for gname, t in out:
+            if args.random_q4_k_m and t.ndim >= 2 and "ffn_gate_inp" not in gname and "conv1d" not in gname:
+                ty = q4_k_m_type(gname, n_layers)
+                if ty is not None and t.shape[-1] % 256 == 0:
+                    w.add_tensor(gname, random_k_blocks(t.shape, ty, rng), raw_dtype=ty)
+                    continue
             t = np.ascontiguousarray(t, dtype=np.float32)
             is_expert = "_exps." in gname
             ty = TYPES[args.experts_type] if (is_expert and args.experts_type) else TYPES[args.type]
@@ -325,6 +352,39 @@ def main():
     write(args.out, False)
     if args.dequantized:
         write(args.dequantized, True)
+
+
+def q4_k_m_type(gname, n_layers):
+    """llama-quantize's Q4_K_M pick for a matrix: Q6_K for the LM head and for attn_v /
+    ffn_down* of the layers use_more_bits selects, Q4_K otherwise."""
+    if gname == "output.weight":
+        return T.Q6_K
+    if gname.startswith("blk.") and (".attn_v." in gname or ".ffn_down" in gname):
+        i = int(gname.split(".")[1])
+        more = i < n_layers // 8 or i >= 7 * n_layers // 8 or (i - n_layers // 8) % 3 == 2
+        return T.Q6_K if more else T.Q4_K
+    return T.Q4_K
+
+
+def random_k_blocks(shape, ty, rng):
+    """Random Q4_K / Q6_K blocks for a matrix of `shape`, as uint8 rows of blocks."""
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    nb = rows * cols // 256
+    size = 144 if ty == T.Q4_K else 210
+    b = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+    if ty == T.Q4_K:
+        d = rng.uniform(1e-4, 3e-4, nb).astype(np.float16)
+        b[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
+        b[:, 2:4] = (d.astype(np.float32) * 7.5).astype(np.float16).view(np.uint8).reshape(nb, 2)
+        # Mins equal to scales: the packed mins (bytes 4..8 of the 12) copy the scales' bytes,
+        # and the high nibbles of bytes 8..12 their low nibbles.
+        b[:, 8:12] = b[:, 4:8]
+        low = b[:, 12:16] & 0x0F
+        b[:, 12:16] = low | (low << 4)
+    else:
+        d = rng.uniform(1e-5, 3e-5, nb).astype(np.float16)
+        b[:, 208:210] = d.view(np.uint8).reshape(nb, 2)
+    return b.reshape(*shape[:-1], cols // 256 * size)
 
 
 def write_qwen4exp_keys(w, an, h, ints, ple_row_dim):

@@ -262,7 +262,7 @@ fn source_format(path: &Path, c: &ModelConfig) -> String {
                     .any(|t| d.contains(&format!("{t} x"))) =>
             {
                 format!(
-                    "{d}; the CPU runs the quantized ones in their blocks (memory-mapped) unless --quant is given, CUDA dequantizes them"
+                    "{d}; the quantized ones run in their blocks (CPU: memory-mapped; CUDA: uploaded as stored) unless --quant is given"
                 )
             }
             Ok(d) => d,

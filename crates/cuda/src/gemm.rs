@@ -8,11 +8,14 @@ use crate::kernels::{
     self, i, p, Launch, Ptr, TENSOR_GEMM_ROWS, TENSOR_GEMM_STAGES, TENSOR_GEMM_TOKENS,
 };
 use crate::matrix::{DevFormat, DevPart, DeviceLayout};
+use crate::matvec::ggml_only_decode;
 
 /// Whether the tensor-core GEMM ([`tensor_gemm`]) takes a matrix of `cols` columns in `fmt`
 /// (FP8: on sm_89 and later, the e4m3 `mma`).
 pub fn tensor_gemm_ok(dev: &Device, fmt: DevFormat, cols: usize) -> bool {
-    let kernel = tensor_gemm_kernel(fmt);
+    let Ok(kernel) = tensor_gemm_kernel(fmt) else {
+        return false;
+    };
     dev.tensor_cores()
         && (fmt != DevFormat::Fp8 || dev.fp8_tensor_cores())
         && cols % fmt.tensor_k() == 0
@@ -140,13 +143,14 @@ pub enum GemmRows {
 /// The rows of one grouped-GEMM tile (`moe_group_by_expert`).
 pub const GROUP_TILE: usize = TENSOR_GEMM_TOKENS;
 
-fn tensor_gemm_kernel(fmt: DevFormat) -> GemmTensor {
-    match fmt {
+fn tensor_gemm_kernel(fmt: DevFormat) -> Result<GemmTensor> {
+    Ok(match fmt {
         DevFormat::Bf16 => GemmTensor::BF16,
         DevFormat::Q8 => GemmTensor::Q8,
         DevFormat::Q4 => GemmTensor::Q4,
         DevFormat::Fp8 => GemmTensor::FP8,
-    }
+        DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K => return Err(ggml_only_decode(fmt)),
+    })
 }
 
 /// Dynamic shared memory of one tensor-core GEMM block: 4 stages of staged A and B rows
@@ -156,6 +160,8 @@ fn tensor_gemm_shared(fmt: DevFormat) -> usize {
         DevFormat::Bf16 => (80, 3, 80),
         DevFormat::Q8 | DevFormat::Fp8 => (48, 1, 48),
         DevFormat::Q4 => (48, 1, 16),
+        // Not taken (tensor_gemm_kernel refuses them).
+        DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K => (0, 0, 0),
     };
     TENSOR_GEMM_STAGES * (TENSOR_GEMM_TOKENS * a_row * planes + TENSOR_GEMM_ROWS * b_row)
 }
@@ -196,7 +202,7 @@ pub fn tensor_gemm(
     if n == 0 || m_tiles == 0 {
         return Ok(());
     }
-    tensor_gemm_kernel(w.fmt).launch(
+    tensor_gemm_kernel(w.fmt)?.launch(
         dev,
         Launch::new(
             (n.div_ceil(TENSOR_GEMM_ROWS) as u32, m_tiles as u32, 1),
@@ -232,7 +238,7 @@ pub fn simt_gemm(
     accumulate: bool,
 ) -> Result<()> {
     let grid = (w.rows.div_ceil(64) as u32, tokens.div_ceil(64) as u32, 1);
-    gemm_kernel(w.fmt).launch(
+    gemm_kernel(w.fmt)?.launch(
         dev,
         Launch::new(grid, 256, 0),
         w.codes.arg(),
@@ -248,11 +254,12 @@ pub fn simt_gemm(
     )
 }
 
-fn gemm_kernel(fmt: DevFormat) -> GemmSimt {
-    match fmt {
+fn gemm_kernel(fmt: DevFormat) -> Result<GemmSimt> {
+    Ok(match fmt {
         DevFormat::Bf16 => GemmSimt::BF16,
         DevFormat::Q8 => GemmSimt::Q8,
         DevFormat::Q4 => GemmSimt::Q4,
         DevFormat::Fp8 => GemmSimt::FP8,
-    }
+        DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K => return Err(ggml_only_decode(fmt)),
+    })
 }

@@ -51,6 +51,7 @@ use spindle_model::forward::NonFiniteSite;
 use spindle_model::forward::{GreedyRun, LogitsFor};
 use spindle_model::mrope::ImageFeatures;
 use spindle_model::quant::WeightFormat;
+use spindle_model::weights::Linear;
 use spindle_model::{Checkpoint, ModelConfig};
 use spindle_vision::PreparedImage;
 
@@ -178,9 +179,11 @@ impl CudaEngine {
     }
 
     /// As [`CudaEngine::load_with_vision`], with `quant` `None` keeping the weights as stored:
-    /// bf16, and a block-FP8 checkpoint's projections in FP8 (e4m3 codes and block scales on
-    /// the device); `Some(format)` re-encodes the projections in `format` (FP8 ones
-    /// dequantized exactly first; bf16 rounds them).
+    /// bf16, a block-FP8 checkpoint's projections in FP8 (e4m3 codes and block scales on the
+    /// device), a GGUF file's quantized projections in their blocks (Q4_K, Q5_K, Q6_K as
+    /// stored, Q8_0 / Q4_0 as the identical Q8 / Q4; [`matrix::ggml_source`]; the others, and
+    /// the embedding, dequantized exactly and rounded to bf16); `Some(format)` re-encodes the
+    /// projections in `format` (FP8 and GGUF ones dequantized exactly first; bf16 rounds them).
     pub fn load_as(
         dir: &Path,
         ordinal: usize,
@@ -188,7 +191,7 @@ impl CudaEngine {
         max_layers: Option<usize>,
         vision: bool,
     ) -> Result<Self> {
-        let keep_fp8 = quant.is_none();
+        let keep_stored = quant.is_none();
         let quant = quant.unwrap_or(WeightFormat::Bf16);
         let dev = Device::open(ordinal)?;
         let mut config = ModelConfig::from_dir(dir)?;
@@ -196,7 +199,8 @@ impl CudaEngine {
             config.layers.truncate(n.max(1));
         }
         check_supported(&config)?;
-        let checkpoint = Checkpoint::open(dir)?;
+        let mut checkpoint = Checkpoint::open(dir)?;
+        checkpoint.keep_blocks(keep_stored && gguf_blocks_wanted(&dev, &config, dir));
         let mut cpu = spindle_model::weights::load(&checkpoint, &config)?;
         if quant != WeightFormat::Bf16 {
             let started = std::time::Instant::now();
@@ -209,12 +213,13 @@ impl CudaEngine {
         }
         // Block-FP8 checkpoints dequantize to f32 on the host: the upload reads their stored
         // codes and scales when they stay FP8 (every group of 32 columns in one block), bf16
-        // otherwise.
+        // otherwise. GGUF blocks the device reads stay blocks; the others dequantize to bf16.
         cpu.round_wide_to_bf16_keeping(&|linear| {
-            keep_fp8
-                && linear
+            keep_stored
+                && (linear
                     .fp8()
                     .is_some_and(|f| matrix::fp8_fits(linear.cols(), f.block[1]))
+                    || matches!(linear, Linear::Blocks(b) if matrix::ggml_fits(b)))
         });
         let started = std::time::Instant::now();
         let gpu = weights::upload(&dev, &cpu, &config)?;
@@ -752,6 +757,40 @@ fn load_vision(
 }
 
 /// Refuses shapes the kernels cannot run, by name.
+/// Whether a GGUF file's quantized matrices stay in their blocks on the device (without
+/// `--quant`): its decode reads them in place (about the file's size in memory), but its
+/// prefill runs the decode kernels per 8 tokens, an eighth of the bf16 tensor-core GEMMs'
+/// speed. So they stay blocks only when the model in bf16 would not fit in 85% of the free
+/// device memory; `SPINDLE_CUDA_GGUF_BLOCKS=1` keeps them always, `=0` never.
+fn gguf_blocks_wanted(dev: &Device, config: &ModelConfig, dir: &Path) -> bool {
+    match std::env::var("SPINDLE_CUDA_GGUF_BLOCKS").as_deref() {
+        Ok("1") => return true,
+        Ok("0") => return false,
+        _ => {}
+    }
+    if !spindle_model::gguf::is_gguf(dir) {
+        return false;
+    }
+    let plan = spindle_model::install::plan::MemoryPlan::new(config, WeightFormat::Bf16, 0);
+    let bf16: u64 = plan.classes.iter().map(|(_, bytes, _)| bytes).sum();
+    let free = dev
+        .context()
+        .mem_get_info()
+        .map_or(0, |(free, _)| free as u64);
+    let blocks = bf16 > free / 100 * 85;
+    tracing::info!(
+        bf16_gb = bf16 as f64 / 1e9,
+        free_gb = free as f64 / 1e9,
+        "GGUF quantized matrices {}",
+        if blocks {
+            "kept in their blocks: the model in bf16 would not fit"
+        } else {
+            "dequantized to bf16 (faster prefill; SPINDLE_CUDA_GGUF_BLOCKS=1 keeps the blocks)"
+        }
+    );
+    blocks
+}
+
 fn check_supported(config: &ModelConfig) -> Result<()> {
     let g = &config.gdn;
     let a = &config.attention;

@@ -9,7 +9,9 @@ use crate::error::Result;
 use crate::gemm::{simt_gemm, tensor_gemm, tensor_gemm_ok, GemmActs, GemmRows};
 use crate::kernels::{self, i, Launch, Ptr, MATVEC_MAX_TOKENS};
 use crate::matrix::{DevMatrix, DevPart};
-use crate::matvec::{decode_matvec, decode_matvec_fits, matvec, DecodeIn, DecodeOut};
+use crate::matvec::{
+    decode_matvec, decode_matvec_fits, ggml_only_decode, matvec, DecodeIn, DecodeOut,
+};
 use crate::norm::group_norm;
 
 /// `y[t·ldy + r] (+)= Σ_c W[r, c]·x[t·ldx + c]` for `tokens` rows of x.
@@ -46,7 +48,9 @@ pub fn linear(
     let mut prepared: [Option<GemmActs>; 3] = [None, None, None];
     for (row0, part) in &w.parts {
         let y = y.at(*row0);
-        if tokens > MATVEC_MAX_TOKENS && tensor_gemm_ok(dev, part.fmt, part.cols) {
+        if part.fmt.ggml() {
+            ggml_linear(dev, part, x, ldx, y, ldy, tokens, accumulate)?;
+        } else if tokens > MATVEC_MAX_TOKENS && tensor_gemm_ok(dev, part.fmt, part.cols) {
             let slot = &mut prepared[part.fmt.acts_kind()];
             if slot.is_none() {
                 *slot = Some(GemmActs::prepare(
@@ -60,6 +64,34 @@ pub fn linear(
         }
     }
     Ok(())
+}
+
+/// A GGUF K-quant block for any number of tokens: the decode matvec, one launch with a row
+/// of blocks per group of [`MATVEC_MAX_TOKENS`] tokens (int8 activations as on the CPU; each
+/// weight read once per group: exact, not yet fast for long prompts).
+fn ggml_linear(
+    dev: &Device,
+    w: &DevPart,
+    x: Ptr<f32>,
+    ldx: usize,
+    y: Ptr<f32>,
+    ldy: usize,
+    tokens: usize,
+    accumulate: bool,
+) -> Result<()> {
+    if tokens == 0 || w.rows == 0 {
+        return Ok(());
+    }
+    let input = DecodeIn::plain(x, ldx);
+    if !decode_matvec_fits(dev, w, &input, tokens) {
+        return Err(ggml_only_decode(w.fmt));
+    }
+    let out = if accumulate {
+        DecodeOut::Accumulate { y, ldy, gate: None }
+    } else {
+        DecodeOut::Store { y, ldy }
+    };
+    decode_matvec(dev, w, 0, w.rows, input, tokens, out, 0)
 }
 
 fn linear_part(

@@ -4,7 +4,7 @@
 //! sigmoid gate, SwiGLU, GDN's causal conv).
 
 use crate::device::{DevBuf, Device};
-use crate::error::Result;
+use crate::error::{CudaError, Result};
 use crate::kernels::matvec::{DecodeMatvec, DecodeMatvecConv, Matvec};
 use crate::kernels::{i, Launch, Ptr, DECODE_CONV_WINDOW, MATVEC_MAX_TOKENS};
 use crate::matrix::{DevFormat, DevMatrix, DevPart, DeviceLayout};
@@ -24,7 +24,7 @@ pub fn matvec(
 ) -> Result<()> {
     let vec = w.vec_ok() && ldx % 4 == 0 && x.addr() % 16 == 0;
     let blocks = w.rows.div_ceil(8) as u32;
-    matvec_kernel(w.fmt).launch(
+    matvec_kernel(w.fmt)?.launch(
         dev,
         Launch::new((blocks, 1, 1), 256, 0),
         w.codes.arg(),
@@ -41,13 +41,23 @@ pub fn matvec(
     )
 }
 
-fn matvec_kernel(fmt: DevFormat) -> Matvec {
-    match fmt {
+fn matvec_kernel(fmt: DevFormat) -> Result<Matvec> {
+    Ok(match fmt {
         DevFormat::Bf16 => Matvec::BF16,
         DevFormat::Q8 => Matvec::Q8,
         DevFormat::Q4 => Matvec::Q4,
         DevFormat::Fp8 => Matvec::FP8,
-    }
+        DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K => return Err(ggml_only_decode(fmt)),
+    })
+}
+
+/// The error of a general (f32-activation) kernel asked to read a GGUF K-quant, which only the
+/// decode kernels read ([`crate::linear::linear`] routes them there).
+pub(crate) fn ggml_only_decode(fmt: DevFormat) -> CudaError {
+    CudaError::Unsupported(format!(
+        "{} weights run through the decode kernels only (a matrix whose input the decode matvec cannot stage)",
+        fmt.name()
+    ))
 }
 
 /// The input of a decode-path linear layer: `tokens` rows of `x` (stride `ldx`), optionally
@@ -98,7 +108,9 @@ fn lanes_per_row(chunks: usize) -> usize {
 pub fn staged_bytes(fmt: DevFormat, tokens: usize, cols: usize) -> usize {
     match fmt {
         DevFormat::Bf16 | DevFormat::Fp8 => tokens * cols * 4,
-        DevFormat::Q8 | DevFormat::Q4 => tokens * cols + tokens * (cols / 32) * 8,
+        DevFormat::Q8 | DevFormat::Q4 | DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K => {
+            tokens * cols + tokens * (cols / 32) * 8
+        }
     }
 }
 
@@ -131,7 +143,7 @@ pub fn decode_linear_conv(
     let conv = match (part.fmt, tokens) {
         // Released FP8 checkpoints leave GDN's b and a rows unconverted: in_proj is never one
         // FP8 block, and the conv runs on its own.
-        (DevFormat::Fp8, _) => return Ok(false),
+        (DevFormat::Fp8 | DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K, _) => return Ok(false),
         (DevFormat::Bf16, 1) => DecodeMatvecConv::BF16_T1,
         (DevFormat::Q8, 1) => DecodeMatvecConv::Q8_T1,
         (DevFormat::Q4, 1) => DecodeMatvecConv::Q4_T1,
@@ -163,6 +175,7 @@ pub(crate) fn decode_matvec_fits(
         DevFormat::Bf16 => cols % 8 == 0,
         DevFormat::Q8 | DevFormat::Q4 => cols % 32 == 0,
         DevFormat::Fp8 => cols % 16 == 0,
+        DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K => cols % 256 == 0,
     };
     layout
         && part.codes.ptr() % 16 == 0
@@ -186,6 +199,12 @@ fn decode_matvec_kernel(fmt: DevFormat, tokens: usize) -> DecodeMatvec {
         (DevFormat::Q8, _) => DecodeMatvec::Q8_T8,
         (DevFormat::Q4, _) => DecodeMatvec::Q4_T8,
         (DevFormat::Fp8, _) => DecodeMatvec::FP8_T8,
+        (DevFormat::Q4K, 1) => DecodeMatvec::Q4K_T1,
+        (DevFormat::Q5K, 1) => DecodeMatvec::Q5K_T1,
+        (DevFormat::Q6K, 1) => DecodeMatvec::Q6K_T1,
+        (DevFormat::Q4K, _) => DecodeMatvec::Q4K_T8,
+        (DevFormat::Q5K, _) => DecodeMatvec::Q5K_T8,
+        (DevFormat::Q6K, _) => DecodeMatvec::Q6K_T8,
     }
 }
 
@@ -256,7 +275,8 @@ fn decode_matvec_launch(
     let chunks = match part.fmt {
         DevFormat::Bf16 => part.cols / 8,
         DevFormat::Fp8 => part.cols / 16,
-        DevFormat::Q8 | DevFormat::Q4 => part.cols / 32,
+        DevFormat::Q8 | DevFormat::Q4 | DevFormat::Q4K | DevFormat::Q5K => part.cols / 32,
+        DevFormat::Q6K => part.cols / 64,
     };
     let lpr = lanes_per_row(chunks);
     let per_block = 8 * (32 / lpr);

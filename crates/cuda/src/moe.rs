@@ -16,7 +16,7 @@ use crate::kernels::moe::{MoeDown, MoeGateUp};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS, MOE_MAX_K};
 use crate::linear::{decode_linear, linear, project};
 use crate::matrix::{DevFormat, DevPart, DeviceLayout};
-use crate::matvec::{staged_bytes, DecodeIn, DecodeOut};
+use crate::matvec::{ggml_only_decode, staged_bytes, DecodeIn, DecodeOut};
 use crate::norm::norm_rows;
 use crate::weights::GpuMoe;
 
@@ -59,7 +59,12 @@ pub fn moe(
         0 => 0,
         rows => rows.max(MOE_MATVEC_ROWS),
     };
-    if tokens <= batch_rows && DecodePlan::new(dev, config, w, MATVEC_MAX_TOKENS).is_some() {
+    // GGUF K-quant experts run through the decode kernels only: any number of rows (prefill
+    // too) per group of MATVEC_MAX_TOKENS.
+    let ggml = w.experts_gate_up.fmt.ggml() || w.experts_down.fmt.ggml();
+    if (tokens <= batch_rows || ggml)
+        && DecodePlan::new(dev, config, w, MATVEC_MAX_TOKENS).is_some()
+    {
         let hidden = config.hidden_size;
         let y = match io {
             Io::Split(_) => Some(dev.scratch::<f32>(tokens * hidden)?),
@@ -100,10 +105,12 @@ pub fn moe(
     io.give(dev, x)
 }
 
-/// How the decode kernels run one MoE block: the routed experts' format, and whether the
-/// shared expert rides along in the same launches (same format) or runs on its own.
+/// How the decode kernels run one MoE block: the routed experts' formats (gate|up and down:
+/// a GGUF file may store them in different types), and whether the shared expert rides along
+/// in the same launches (same format) or runs on its own.
 struct DecodePlan {
     fmt: DevFormat,
+    down_fmt: DevFormat,
     /// The shared gate|up rows' block and first row in it, when it shares `fmt`.
     shared_gate_up: Option<(usize, usize)>,
     shared_down: bool,
@@ -121,15 +128,18 @@ impl DecodePlan {
             cfg.shared_intermediate,
         );
         let (gu, down) = (&w.experts_gate_up, &w.experts_down);
-        let fmt = gu.fmt;
-        let unit = match fmt {
+        let (fmt, down_fmt) = (gu.fmt, down.fmt);
+        let unit = |fmt: DevFormat| match fmt {
             DevFormat::Bf16 => 8,
             DevFormat::Q8 | DevFormat::Q4 => 32,
             DevFormat::Fp8 => 16,
+            DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K => 256,
         };
-        if down.fmt != fmt
-            || hidden % unit != 0
-            || inter % unit != 0
+        // Formats mix only where a GGUF file mixes them (bf16 / Q8 / Q4 / FP8 experts share
+        // one format, as the decode path always assumed).
+        if (down_fmt != fmt && !(fmt.ggml() || down_fmt.ggml()))
+            || hidden % unit(fmt) != 0
+            || inter % unit(down_fmt) != 0
             || !gu.vec_ok()
             || !down.vec_ok()
             || k > MOE_MAX_K
@@ -151,23 +161,24 @@ impl DecodePlan {
                     .then_some((n, rows.start - row0))
             });
         let shared_down = match w.shared_down.parts.as_slice() {
-            [(0, part)] => part.fmt == fmt && part.vec_ok() && shared % unit == 0,
+            [(0, part)] => part.fmt == down_fmt && part.vec_ok() && shared % unit(down_fmt) == 0,
             _ => false,
         };
         // The staged input, then each token's routing probabilities.
         let gate_up_shared_bytes =
             staged_bytes(fmt, tokens, hidden).next_multiple_of(16) + tokens * cfg.num_experts * 4;
-        let routed = staged_bytes(fmt, tokens * k, inter).next_multiple_of(16);
+        let routed = staged_bytes(down_fmt, tokens * k, inter).next_multiple_of(16);
         let down_shared_bytes = routed
             + if shared_down {
-                staged_bytes(fmt, tokens, shared)
+                staged_bytes(down_fmt, tokens, shared)
             } else {
                 0
             };
         let fits = gate_up_shared_bytes <= dev.shared_limit(gate_up_kernel(fmt).name())
-            && down_shared_bytes <= dev.shared_limit(down_kernel(fmt).name());
+            && down_shared_bytes <= dev.shared_limit(down_kernel(down_fmt).name());
         fits.then_some(DecodePlan {
             fmt,
+            down_fmt,
             shared_gate_up,
             shared_down,
             gate_up_shared_bytes,
@@ -187,6 +198,9 @@ fn gate_up_kernel(fmt: DevFormat) -> DecodeMoeGateUp {
         DevFormat::Q8 => DecodeMoeGateUp::Q8,
         DevFormat::Q4 => DecodeMoeGateUp::Q4,
         DevFormat::Fp8 => DecodeMoeGateUp::FP8,
+        DevFormat::Q4K => DecodeMoeGateUp::Q4K,
+        DevFormat::Q5K => DecodeMoeGateUp::Q5K,
+        DevFormat::Q6K => DecodeMoeGateUp::Q6K,
     }
 }
 
@@ -196,6 +210,9 @@ fn down_kernel(fmt: DevFormat) -> DecodeMoeDown {
         DevFormat::Q8 => DecodeMoeDown::Q8,
         DevFormat::Q4 => DecodeMoeDown::Q4,
         DevFormat::Fp8 => DecodeMoeDown::FP8,
+        DevFormat::Q4K => DecodeMoeDown::Q4K,
+        DevFormat::Q5K => DecodeMoeDown::Q5K,
+        DevFormat::Q6K => DecodeMoeDown::Q6K,
     }
 }
 
@@ -306,7 +323,7 @@ fn moe_decode(
     } else {
         (0, 0)
     };
-    let kernel = down_kernel(plan.fmt);
+    let kernel = down_kernel(plan.down_fmt);
     let grid = dev.resident_grid(
         kernel.name(),
         256,
@@ -466,12 +483,18 @@ pub(crate) fn routed_experts(
         DevFormat::Q8 => MoeGateUp::Q8,
         DevFormat::Q4 => MoeGateUp::Q4,
         DevFormat::Fp8 => MoeGateUp::FP8,
+        fmt @ (DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K) => {
+            return Err(ggml_only_decode(fmt))
+        }
     };
     let down_kernel = match down.fmt {
         DevFormat::Bf16 => MoeDown::BF16,
         DevFormat::Q8 => MoeDown::Q8,
         DevFormat::Q4 => MoeDown::Q4,
         DevFormat::Fp8 => MoeDown::FP8,
+        fmt @ (DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K) => {
+            return Err(ggml_only_decode(fmt))
+        }
     };
     gate_up_kernel.launch(
         dev,

@@ -269,3 +269,40 @@ pub fn argmax_of(dev: &Device, values: &[f32]) -> Result<usize> {
     crate::reduce::argmax(dev, x.ptr(), values.len(), &parts, out.ptr())?;
     Ok(dev.download(&out, 0, 1)?[0] as usize)
 }
+
+/// A GGUF matrix in blocks uploaded in its device layout ([`crate::matrix::ggml_source`]):
+/// its format's name, and for the K-quants every weight as the device reads it (f32
+/// `[rows, cols]`, through the `ggml_dequantize_*` kernels); Q8_0 / Q4_0 become the Q8 / Q4
+/// formats, whose values are not read back here (`None`).
+pub fn ggml_upload_values(
+    dev: &Device,
+    w: &spindle_model::weights::BlockMatrix,
+) -> Result<(&'static str, Option<Vec<f32>>)> {
+    use crate::kernels::ggml::GgmlDequantize;
+    use crate::kernels::{i, Launch};
+    use crate::matrix::DevFormat;
+    let m = DevMatrix::upload(dev, &Linear::Blocks(w.clone()))?;
+    let [(0, part)] = m.parts.as_slice() else {
+        unreachable!("one matrix uploads as one block");
+    };
+    let kernel = match part.fmt {
+        DevFormat::Q4K => GgmlDequantize::Q4K,
+        DevFormat::Q5K => GgmlDequantize::Q5K,
+        DevFormat::Q6K => GgmlDequantize::Q6K,
+        other => return Ok((other.name(), None)),
+    };
+    let out = dev.zeros::<f32>(w.rows * w.cols)?;
+    kernel.launch(
+        dev,
+        Launch::elementwise(w.rows * w.cols),
+        part.codes.arg(),
+        part.scales.arg(),
+        i(w.rows),
+        i(w.cols),
+        out.arg(),
+    )?;
+    Ok((
+        part.fmt.name(),
+        Some(dev.download(&out, 0, w.rows * w.cols)?),
+    ))
+}

@@ -466,9 +466,11 @@ fn upload_mlp(dev: &Device, m: &MlpWeights) -> Result<GpuMlp> {
 fn upload_moe(dev: &Device, m: &MoeWeights) -> Result<GpuMoe> {
     let e_count = m.experts.len();
     let (inter, hidden) = (m.experts[0].gate.rows(), m.experts[0].gate.cols());
+    // A GGUF file may store the down projections in another type than gate and up.
     let fmt = Source::of(&m.experts[0].gate)?.fmt;
+    let down_fmt = Source::of(&m.experts[0].down)?.fmt;
     let mut gate_up = DevPart::new(dev, fmt, e_count * 2 * inter, hidden)?;
-    let mut down = DevPart::new(dev, fmt, e_count * hidden, inter)?;
+    let mut down = DevPart::new(dev, down_fmt, e_count * hidden, inter)?;
     for (e, expert) in m.experts.iter().enumerate() {
         gate_up.put(dev, &Source::of(&expert.gate)?, 0, inter, e * 2 * inter)?;
         gate_up.put(

@@ -150,3 +150,33 @@ fn fp8_projections_kept_as_stored_are_dequantized_only_when_read() {
         }
     }
 }
+
+/// GGUF blocks kept by the checkpoint (`keep_blocks`) and rounded for the CUDA upload are the
+/// bf16 rounding of the same tensors dequantized on load: byte for byte, `ssm_out`'s
+/// reordered columns (`BlockMatrix::input_order`) put back in input order.
+#[test]
+fn gguf_blocks_round_to_the_dequantized_files_bf16() {
+    let path = fixtures().join("gguf/llama_cpp/qwen35moe_k256.Q4_K_M.gguf");
+    let config = ModelConfig::from_dir(&path).unwrap();
+    let load = |keep: bool| {
+        let mut ck = Checkpoint::open(&path).unwrap();
+        ck.keep_blocks(keep);
+        let mut w = spindle_model::weights::load(&ck, &config).unwrap();
+        w.round_wide_to_bf16();
+        w
+    };
+    let (blocks, dequantized) = (load(true), load(false));
+    let (a, b) = (mapped(&blocks), mapped(&dequantized));
+    assert_eq!(a.len(), b.len(), "every matrix mapped after rounding");
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!((x.dtype, x.rows, x.cols), (DType::Bf16, y.rows, y.cols));
+        assert!(x.bytes() == y.bytes(), "[{}, {}] differs", x.rows, x.cols);
+    }
+    let reordered = |w: &ModelWeights| {
+        w.layers.iter().any(|l| match &l.mixer {
+            MixerWeights::Gdn(g) => matches!(&g.out_proj, Linear::Mapped(_)),
+            _ => false,
+        })
+    };
+    assert!(reordered(&blocks), "ssm_out rounded from its blocks");
+}

@@ -107,11 +107,27 @@ template <> struct WF<3> {
     static constexpr int VALS = 16;
     __device__ static size_t row_bytes(int cols) { return (size_t)cols; }
 };
+// The GGUF K-quants (ggml.cu): codes per superblock of 256 weights (VALS: a decode chunk's).
+template <> struct WF<4> {
+    static constexpr int VALS = 32;
+    __device__ static size_t row_bytes(int cols) { return (size_t)cols / 2; }
+};
+template <> struct WF<5> {
+    static constexpr int VALS = 64;
+    __device__ static size_t row_bytes(int cols) { return (size_t)(cols >> 8) * 192; }
+};
+template <> struct WF<6> {
+    static constexpr int VALS = 32;
+    __device__ static size_t row_bytes(int cols) { return (size_t)(cols >> 8) * 160; }
+};
 
-// 16-bit scale words per row (bf16: none are read).
+// 16-bit scale words per row (bf16: none are read; K-quants: per superblock of 256).
 template <int FMT>
 __device__ __forceinline__ size_t row_scale_words(int cols) {
-    return FMT == 3 ? (size_t)((cols + 31) >> 5) * 2 : (size_t)(cols >> 5);
+    return FMT == 3   ? (size_t)((cols + 31) >> 5) * 2
+           : FMT == 5 ? (size_t)(cols >> 8) * 10
+           : FMT >= 4 ? (size_t)(cols >> 8) * 8
+                      : (size_t)(cols >> 5);
 }
 
 // The four e4m3fn codes of `w` (byte 0 first) as f32, each divided by 2^8: a code's sign,

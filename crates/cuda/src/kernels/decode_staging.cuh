@@ -142,12 +142,17 @@ __device__ void stage_rows(const float* __restrict__ x, int ldx, int T, int cols
 
 // ---- One chunk of a weight row against one staged token ----
 // A chunk is one group of 32 weights for Q8 (32 bytes) and Q4 (16 bytes), 8 weights for bf16,
-// 16 weights (half a scale group) for FP8.
+// 16 weights (half a scale group) for FP8; for the GGUF K-quants see ggml.cu (Q4_K, Q5_K: 32
+// weights, halves of two groups; Q6_K: 64 weights, halves of four groups).
 
 template <int FMT>
 struct Chunk {
-    uint4 a, b;  // b only for Q8
-    float s;     // the group's f16 scale, widened; FP8: the f32 scale times 2^8
+    uint4 a, b;  // b only for Q8 and Q5_K (its qh bytes)
+    uint4 c;     // Q6_K's qh bytes
+    float s;     // the group's f16 scale, widened; FP8: the f32 scale times 2^8; Q4_K/Q5_K:
+                 // d·sc of the first group; Q6_K: d
+    float s1, m0, m1;  // Q4_K/Q5_K: d·sc of the second group, dmin·m of both
+    int sc4;           // Q6_K: the int8 scales of the four groups' halves
 };
 
 template <int FMT>
@@ -164,6 +169,10 @@ __device__ __forceinline__ Chunk<FMT> load_dchunk(const unsigned char* __restric
     } else if (FMT == 3) {
         c.a = __ldg((const uint4*)w + ch);
         c.s = fp8_scale256(s, ch >> 1);
+    } else if (FMT == 4 || FMT == 6) {
+        kq_load_chunk<FMT>(w, s, ch, c.a, c.b, c.s, c.s1, c.m0, c.m1);
+    } else if (FMT == 5) {
+        q6k_load_chunk(w, s, ch, c.a, c.b, c.c, c.sc4, c.s);
     } else {
         c.a = __ldg((const uint4*)w + ch);
         c.s = f16_to_f32(__ldg(s + ch));
@@ -221,6 +230,41 @@ __device__ __forceinline__ float dchunk_dot(const Chunk<FMT>& c, const Staged<FM
             dot += w[0] * xv.x + w[1] * xv.y + w[2] * xv.z + w[3] * xv.w;
         }
         return c.s * dot;
+    } else if (FMT == 4 || FMT == 6) {
+        // Groups g0 = 2·(ch/2) and g0 + 1 of the row, half ch & 1 of each.
+        int g0 = (ch >> 1) << 1, h = ch & 1;
+        const signed char* q = st.q(t) + h * (st.cols >> 1);
+        int4 x0 = *(const int4*)(q + (size_t)g0 * 16);
+        int4 x1 = *(const int4*)(q + (size_t)(g0 + 1) * 16);
+        int i0, i1;
+        kq_isums<FMT>(c.a, c.b, (ch >> 1) & 3, x0, x1, i0, i1);
+        const float* d = st.d(t, T) + g0;
+        const int* sum = st.sum(t, T) + g0;
+        // weight = d·sc·q − dmin·m: fma(d·sc, xd·Σq·x, ·), then fma(−dmin·m, xd·Σx, ·) per group,
+        // the CPU's order (spindle_kernels::ggml::k_lane).
+        float acc = __fmaf_rn(c.s, d[0] * (float)i0, 0.0f);
+        acc = __fmaf_rn(-c.m0, d[0] * (float)sum[0], acc);
+        acc = __fmaf_rn(c.s1, d[1] * (float)i1, acc);
+        return __fmaf_rn(-c.m1, d[1] * (float)sum[1], acc);
+    } else if (FMT == 5) {
+        // Groups 8·(ch/4) + 4·((ch/2) & 1) + k, half ch & 1 of each.
+        int g0 = ((ch >> 2) << 3) + (((ch >> 1) & 1) << 2), h = ch & 1;
+        const signed char* q = st.q(t) + h * (st.cols >> 1);
+        const float* d = st.d(t, T) + g0;
+        unsigned int aw[4] = {c.a.x, c.a.y, c.a.z, c.a.w}, bw[4] = {c.b.x, c.b.y, c.b.z, c.b.w};
+        unsigned int cw[4] = {c.c.x, c.c.y, c.c.z, c.c.w};
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int4 x = *(const int4*)(q + (size_t)(g0 + k) * 16);
+            int xv[4] = {x.x, x.y, x.z, x.w};
+            int dp = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) dp = __dp4a((int)q6k_codes(aw[i], bw[i], cw[i], k), xv[i], dp);
+            int sc = (int)(signed char)((c.sc4 >> (8 * k)) & 0xff);
+            acc = __fmaf_rn(d[k], (float)(sc * dp), acc);
+        }
+        return c.s * acc;
     } else {
         const signed char* q = st.q(t);
         int4 lo = *(const int4*)(q + (size_t)ch * 16);
@@ -234,7 +278,7 @@ __device__ __forceinline__ float dchunk_dot(const Chunk<FMT>& c, const Staged<FM
 // Chunks per row of `cols` weights.
 template <int FMT>
 __device__ __forceinline__ int row_chunks(int cols) {
-    return FMT == 0 ? cols >> 3 : (FMT == 3 ? cols >> 4 : cols >> 5);
+    return FMT == 0 ? cols >> 3 : (FMT == 3 ? cols >> 4 : (FMT == 5 ? cols >> 6 : cols >> 5));
 }
 
 // acc[t] += this lane's share (chunks sl, sl + lpr, ...) of row (w, s) · staged token t.

@@ -179,6 +179,12 @@ extern "C" __global__ void __launch_bounds__(256) decode_matvec_q8_t8(DMV_ARGS) 
 extern "C" __global__ void __launch_bounds__(256) decode_matvec_q4_t8(DMV_ARGS) { decode_matvec_impl<2, MATVEC_MAX_TOKENS, false>(DMV_PASS, DMV_NOCONV); }
 extern "C" __global__ void __launch_bounds__(256) decode_matvec_fp8_t1(DMV_ARGS) { decode_matvec_impl<3, 1, false>(DMV_PASS, DMV_NOCONV); }
 extern "C" __global__ void __launch_bounds__(256) decode_matvec_fp8_t8(DMV_ARGS) { decode_matvec_impl<3, MATVEC_MAX_TOKENS, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) decode_matvec_q4k_t1(DMV_ARGS) { decode_matvec_impl<4, 1, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) decode_matvec_q4k_t8(DMV_ARGS) { decode_matvec_impl<4, MATVEC_MAX_TOKENS, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) decode_matvec_q6k_t1(DMV_ARGS) { decode_matvec_impl<5, 1, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) decode_matvec_q6k_t8(DMV_ARGS) { decode_matvec_impl<5, MATVEC_MAX_TOKENS, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) decode_matvec_q5k_t1(DMV_ARGS) { decode_matvec_impl<6, 1, false>(DMV_PASS, DMV_NOCONV); }
+extern "C" __global__ void __launch_bounds__(256) decode_matvec_q5k_t8(DMV_ARGS) { decode_matvec_impl<6, MATVEC_MAX_TOKENS, false>(DMV_PASS, DMV_NOCONV); }
 #define DMVC_ARGS DMV_ARGS, float *__restrict__ cstate, const float *__restrict__ cw, int cK, int cC
 #define DMVC_PASS DMV_PASS, cstate, cw, cK, cC
 extern "C" __global__ void __launch_bounds__(256) decode_matvec_conv_bf16_t1(DMVC_ARGS) { decode_matvec_impl<0, 1, true>(DMVC_PASS); }

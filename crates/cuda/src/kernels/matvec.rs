@@ -34,6 +34,12 @@ kernels! {
         Q4_T8 = "decode_matvec_q4_t8",
         FP8_T1 = "decode_matvec_fp8_t1",
         FP8_T8 = "decode_matvec_fp8_t8",
+        Q4K_T1 = "decode_matvec_q4k_t1",
+        Q4K_T8 = "decode_matvec_q4k_t8",
+        Q5K_T1 = "decode_matvec_q5k_t1",
+        Q5K_T8 = "decode_matvec_q5k_t8",
+        Q6K_T1 = "decode_matvec_q6k_t1",
+        Q6K_T8 = "decode_matvec_q6k_t8",
     }
     (
         w: Ptr<u8>,

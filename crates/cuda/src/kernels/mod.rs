@@ -168,6 +168,7 @@ pub mod elementwise;
 pub mod fp8;
 pub mod gdn;
 pub mod gemm;
+pub mod ggml;
 pub mod matvec;
 pub mod moe;
 pub mod norm;
@@ -181,6 +182,7 @@ pub mod vision;
 /// order: helpers first, each file after those it uses.
 const SOURCES: &[&str] = &[
     include_str!("common.cuh"),
+    include_str!("ggml.cu"),
     include_str!("decode_staging.cuh"),
     include_str!("matvec.cu"),
     include_str!("gemm.cu"),
@@ -199,6 +201,7 @@ const SOURCES: &[&str] = &[
 
 /// Every declared kernel, by source file.
 const DECLARED: &[&[&[KernelDecl]]] = &[
+    ggml::DECLARED,
     matvec::DECLARED,
     gemm::DECLARED,
     fp8::DECLARED,

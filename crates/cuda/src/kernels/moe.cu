@@ -383,6 +383,9 @@ extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_bf16(DGU_AR
 extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_q8(DGU_ARGS) { decode_moe_gate_up_impl<1>(DGU_PASS); }
 extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_q4(DGU_ARGS) { decode_moe_gate_up_impl<2>(DGU_PASS); }
 extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_fp8(DGU_ARGS) { decode_moe_gate_up_impl<3>(DGU_PASS); }
+extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_q4k(DGU_ARGS) { decode_moe_gate_up_impl<4>(DGU_PASS); }
+extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_q6k(DGU_ARGS) { decode_moe_gate_up_impl<5>(DGU_PASS); }
+extern "C" __global__ void __launch_bounds__(256) decode_moe_gate_up_q5k(DGU_ARGS) { decode_moe_gate_up_impl<6>(DGU_PASS); }
 
 #define DDOWN_ARGS                                                                                                \
     const unsigned char *__restrict__ dw, const unsigned short *__restrict__ ds, const unsigned char *__restrict__ sdw, \
@@ -394,6 +397,9 @@ extern "C" __global__ void __launch_bounds__(256) decode_moe_down_bf16(DDOWN_ARG
 extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q8(DDOWN_ARGS) { decode_moe_down_impl<1>(DDOWN_PASS); }
 extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q4(DDOWN_ARGS) { decode_moe_down_impl<2>(DDOWN_PASS); }
 extern "C" __global__ void __launch_bounds__(256) decode_moe_down_fp8(DDOWN_ARGS) { decode_moe_down_impl<3>(DDOWN_PASS); }
+extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q4k(DDOWN_ARGS) { decode_moe_down_impl<4>(DDOWN_PASS); }
+extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q6k(DDOWN_ARGS) { decode_moe_down_impl<5>(DDOWN_PASS); }
+extern "C" __global__ void __launch_bounds__(256) decode_moe_down_q5k(DDOWN_ARGS) { decode_moe_down_impl<6>(DDOWN_PASS); }
 
 // ---- Grouped small-batch experts (batched decode): each chosen expert's weights read once ----
 // A batched decode step of 9-128 tokens picks each expert for a few tokens. The pairs are

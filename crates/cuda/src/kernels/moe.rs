@@ -60,6 +60,9 @@ kernels! {
         Q8 = "decode_moe_gate_up_q8",
         Q4 = "decode_moe_gate_up_q4",
         FP8 = "decode_moe_gate_up_fp8",
+        Q4K = "decode_moe_gate_up_q4k",
+        Q5K = "decode_moe_gate_up_q5k",
+        Q6K = "decode_moe_gate_up_q6k",
     }
     (
         gu: Ptr<u8>,
@@ -88,6 +91,9 @@ kernels! {
         Q8 = "decode_moe_down_q8",
         Q4 = "decode_moe_down_q4",
         FP8 = "decode_moe_down_fp8",
+        Q4K = "decode_moe_down_q4k",
+        Q5K = "decode_moe_down_q5k",
+        Q6K = "decode_moe_down_q6k",
     }
     (
         dw: Ptr<u8>,

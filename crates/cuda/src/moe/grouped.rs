@@ -26,6 +26,7 @@ impl DecodePlan {
         };
         let experts = cfg.num_experts;
         matches!(self.fmt, DevFormat::Q8 | DevFormat::Q4)
+            && self.down_fmt == self.fmt
             && self.shared_gate_up.is_some()
             && self.shared_down
             && cfg.shared_intermediate > 0

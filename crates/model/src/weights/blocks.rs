@@ -49,6 +49,11 @@ impl BlockMatrix {
         self.input_order.as_deref()
     }
 
+    /// The stored blocks, row after row (`rows · ggml_row_bytes(ty, cols)` bytes).
+    pub fn bytes(&self) -> &[u8] {
+        self.storage.bytes()
+    }
+
     pub fn mat(&self) -> MatRef<'_> {
         let weights = Weights::Ggml {
             ty: self.ty,

@@ -108,11 +108,29 @@ impl Linear {
         self.mat().size_bytes()
     }
 
-    /// This layer rounded to bf16 when it is mapped as f32 or f16; otherwise unchanged.
+    /// This layer rounded to bf16 when it is mapped as f32 or f16, or held in GGUF blocks
+    /// (dequantized exactly first, columns in input order); otherwise unchanged.
     pub fn rounded_to_bf16(&self) -> Linear {
         match self {
             Linear::Mapped(m) if m.dtype != DType::Bf16 => {
                 Linear::from_f32(WeightFormat::Bf16, &m.to_f32(), m.rows, m.cols)
+            }
+            Linear::Blocks(b) => {
+                let (mat, order) = (b.mat(), b.input_order());
+                let mut values = vec![0.0f32; b.rows * b.cols];
+                let mut stored = vec![0.0f32; b.cols];
+                for (r, row) in values.chunks_mut(b.cols).enumerate() {
+                    match order {
+                        None => mat.row_to_f32(r, row),
+                        Some(order) => {
+                            mat.row_to_f32(r, &mut stored);
+                            for (&to, &v) in order.iter().zip(&stored) {
+                                row[to as usize] = v;
+                            }
+                        }
+                    }
+                }
+                Linear::from_f32(WeightFormat::Bf16, &values, b.rows, b.cols)
             }
             _ => self.clone(),
         }
