@@ -1072,13 +1072,15 @@ impl EngineLoop {
     }
 }
 
-/// Whether `error` is the CPU's KV block pool running short (which the prefix cache can relieve
-/// by dropping its references to blocks).
+/// Whether `error` is the KV block pool running short (which the prefix cache can relieve by
+/// dropping its references to blocks).
 fn kv_pool_full(error: &RuntimeError) -> bool {
-    matches!(
-        error,
-        RuntimeError::Engine(spindle_cpu::EngineError::KvPoolFull(_))
-    )
+    match error {
+        RuntimeError::Engine(spindle_cpu::EngineError::KvPoolFull(_)) => true,
+        #[cfg(feature = "cuda")]
+        RuntimeError::Cuda(e) => spindle_cuda::is_pool_full(e).is_some(),
+        _ => false,
+    }
 }
 
 /// Sends a request's end: what it generated (cancelled unless it had finished).
