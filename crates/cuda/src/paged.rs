@@ -64,13 +64,13 @@ impl KvPool {
             .map_err(|e| {
                 CudaError::Unsupported(format!(
                     "the KV block pool of {blocks} blocks ({} MiB) does not fit the device: {e}",
-                    blocks * block_bytes >> 20
+                    (blocks * block_bytes) >> 20
                 ))
             })?;
         tracing::info!(
             blocks,
             tokens = blocks * BLOCK_TOKENS,
-            mib = blocks * block_bytes >> 20,
+            mib = (blocks * block_bytes) >> 20,
             "KV block pool on the device"
         );
         Ok(KvPool {
