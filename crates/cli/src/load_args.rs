@@ -58,11 +58,12 @@ pub struct LoadArgs {
     #[arg(long)]
     pub no_vision: bool,
 
-    /// Bytes the CPU engine's KV block pool may hold: every sequence's keys and values in
-    /// blocks of 16 tokens, shared by the prefix cache and the sequences that resume from it
-    /// (default: half the memory available once the weights are loaded; blocks are allocated
-    /// as first used). When it is full a new request waits and a running one is preempted and
-    /// recomputed later. CUDA keeps per-sequence caches and refuses it.
+    /// Bytes the KV block pool may hold: every sequence's keys and values in blocks of 16
+    /// tokens, shared by the prefix cache and the sequences that resume from it (default on the
+    /// CPU: half the memory available once the weights are loaded, blocks allocated as first
+    /// used; on CUDA: half the device memory free after the weights, at most a million tokens,
+    /// allocated at load). When it is full a new request waits and a running one is preempted
+    /// and recomputed later.
     #[arg(long, value_name = "BYTES")]
     pub kv_pool: Option<u64>,
 }

@@ -79,7 +79,8 @@ pub struct LoadOptions {
     /// Bytes the KV block pool may hold (every session's keys and values, the prefix cache's
     /// blocks included). `None`: half the memory available once the weights are loaded
     /// ([`default_kv_pool_bytes`]). Blocks are allocated as first used, so a large pool costs
-    /// nothing until sequences fill it. Ignored by CUDA, which keeps per-sequence caches.
+    /// nothing until sequences fill it. CUDA sizes its device pool by it (allocated at load;
+    /// `None` there: half the device memory free after the weights, at most a million tokens).
     pub kv_pool_bytes: Option<u64>,
 }
 

@@ -28,13 +28,16 @@ pub struct AttentionCtx<'a> {
     /// `rope_inv_freq` on the device (f64, r/2 values).
     pub inv_freq: &'a DevBuf<f64>,
     pub eps: f32,
+    /// The layer's keys and values in the KV block pool (`[n_blocks, BLOCK_TOKENS, n_kv, d]`).
+    pub pool: (Ptr<f32>, Ptr<f32>),
 }
 
 /// Tokens whose block scores one selection launch holds (a longer prefill selects in pieces).
 pub const SCORE_TOKENS: usize = 64;
 
-/// Grows the cache to hold at least `needed` tokens, keeping its contents (and the
-/// flash-decoding partials, or the QSA indexer's keys and scores, sized for that capacity).
+/// Grows the layer's per-sequence scratch to cover at least `needed` positions: the
+/// flash-decoding partials, or the QSA indexer's keys and scores (keeping their contents). The
+/// keys and values themselves are blocks of the pool.
 pub fn reserve(
     dev: &Device,
     cache: &mut KvCache,
@@ -45,14 +48,7 @@ pub fn reserve(
         return Ok(());
     }
     let a = &config.attention;
-    let row = a.num_kv_heads * a.head_dim;
     let capacity = needed.max(cache.capacity * 2).max(256);
-    let mut keys = dev.zeros(capacity * row)?;
-    let mut values = dev.zeros(capacity * row)?;
-    dev.copy(&cache.keys, &mut keys, cache.capacity * row)?;
-    dev.copy(&cache.values, &mut values, cache.capacity * row)?;
-    cache.keys = keys;
-    cache.values = values;
     match (cache.indexer.as_mut(), config.qsa.as_ref()) {
         (Some(indexer), Some(q)) => {
             // QSA layers attend through selection lists, never the flash path.
@@ -83,12 +79,14 @@ pub fn reserve(
 
 /// Runs a step's `tokens` tokens through one attention layer (input and output as `io`): the
 /// projections once over all rows, the core (q/k norms, RoPE at each sequence's own
-/// positions, the KV append, QSA selection, attention) per sequence on its own cache.
+/// positions, the KV append, QSA selection, attention) per sequence on its own blocks (`seqs`:
+/// the layer's cache, the device block table, the rows; every table already holds the step's
+/// positions).
 pub fn forward(
     dev: &Device,
     ctx: &AttentionCtx,
     w: &GpuAttention,
-    seqs: &mut [(&mut KvCache, Seg)],
+    seqs: &mut [(&mut KvCache, Ptr<i32>, Seg)],
     io: Io,
     tokens: usize,
     batch: Option<LayerTables>,
@@ -123,6 +121,8 @@ pub fn forward(
                 i(ctx.config.rope.rotary_dim),
                 q.arg(),
                 gate.arg(),
+                ctx.pool.0,
+                ctx.pool.1,
                 t.table,
                 t.positions,
                 i(b),
@@ -140,6 +140,8 @@ pub fn forward(
                     split_shared as u32,
                 ),
                 q.arg(),
+                ctx.pool.0,
+                ctx.pool.1,
                 t.table,
                 partials.arg(),
                 i(t.splits),
@@ -164,7 +166,7 @@ pub fn forward(
             return io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens);
         }
     }
-    for (cache, seg) in seqs.iter_mut() {
+    for (cache, table, seg) in seqs.iter_mut() {
         if seg.tokens > 0 {
             let rows = (qkv.arg_at(seg.offset * w.qkv.rows), w.qkv.rows);
             let qgo = (
@@ -172,7 +174,7 @@ pub fn forward(
                 gate.arg_at(seg.offset * n_h * d),
                 out.arg_at(seg.offset * n_h * d),
             );
-            core(dev, ctx, w, cache, rows, qgo, seg)?;
+            core(dev, ctx, w, cache, *table, rows, qgo, seg)?;
         }
     }
     io.finish(dev, &w.o_proj, out.arg(), n_h * d, hidden, tokens)
@@ -180,12 +182,13 @@ pub fn forward(
 
 /// One sequence's attention core on its rows of the step: `qkv` rows (address, stride) in,
 /// the gated attention output rows `out` (`[tokens, n_h·d]`) out; `q` and `gate` are scratch
-/// rows of the same shape.
+/// rows of the same shape. `table` is the sequence's device block table.
 fn core(
     dev: &Device,
     ctx: &AttentionCtx,
     w: &GpuAttention,
     cache: &mut KvCache,
+    table: Ptr<i32>,
     (qkv, ld): (Ptr<f32>, usize),
     (q, gate, out): (Ptr<f32>, Ptr<f32>, Ptr<f32>),
     seg: &Seg,
@@ -193,7 +196,10 @@ fn core(
     let a = &ctx.config.attention;
     let (n_h, n_kv, d) = (a.num_heads, a.num_kv_heads, a.head_dim);
     let (tokens, start, start_dev) = (seg.tokens, seg.start, seg.start_dev);
+    // Blocks are taken before the step (a captured graph cannot allocate); the scratch that
+    // follows the capacity is grown here when a caller has not (a no-op in a graph).
     reserve(dev, cache, start + tokens, ctx.config)?;
+    let (keys, values) = ctx.pool;
     kernels::attention::AttentionPrepare::launch(
         dev,
         Launch::new(
@@ -209,8 +215,9 @@ fn core(
         i(ctx.config.rope.rotary_dim),
         q,
         gate,
-        cache.keys.arg(),
-        cache.values.arg(),
+        keys,
+        values,
+        table,
         i(n_h),
         i(n_kv),
         i(d),
@@ -234,7 +241,7 @@ fn core(
             dev,
             heads,
             (q, gate, out),
-            (cache.keys.arg(), cache.values.arg(), cache.partials.arg()),
+            (keys, values, table, cache.partials.arg()),
             cache.capacity,
             tokens,
             start,
@@ -256,7 +263,7 @@ fn core(
                 dev,
                 heads,
                 (q.at(t0 * rows), gate.at(t0 * rows), out.at(t0 * rows)),
-                (cache.keys.arg(), cache.values.arg(), cache.partials.arg()),
+                (keys, values, table, cache.partials.arg()),
                 cache.capacity,
                 n,
                 start + t0,
@@ -270,10 +277,18 @@ fn core(
             return Ok(());
         }
     }
-    let (keys, values) = (cache.keys.arg(), cache.values.arg());
     let tiled = selection.is_none()
         && tokens > MATVEC_MAX_TOKENS
-        && attend_tiled(dev, heads, q, gate, keys, values, out, tokens, start)?;
+        && attend_tiled(
+            dev,
+            heads,
+            q,
+            gate,
+            (keys, values, table),
+            out,
+            tokens,
+            start,
+        )?;
     if !tiled {
         let sel = selection
             .as_ref()
@@ -283,8 +298,7 @@ fn core(
             heads,
             q,
             gate,
-            keys,
-            values,
+            (keys, values, table),
             sel,
             out,
             tokens,
@@ -308,7 +322,8 @@ pub(crate) struct Heads {
 }
 
 /// Flash-decoding of at most [`MATVEC_MAX_TOKENS`] tokens at positions `start..` (or from the
-/// position at `start_dev`, in a captured graph) over a cache of `capacity` positions:
+/// position at `start_dev`, in a captured graph) over a cache of `capacity` positions (keys
+/// and values through the block table, or contiguous when it is null):
 /// `attention_decode_split` scores [`ATTN_SPLIT_KEYS`] keys per block into `partials`
 /// (`[tokens, n_h, ⌈capacity / ATTN_SPLIT_KEYS⌉, d + 2]` f32; blocks past the context exit,
 /// so the grid is fixed by the capacity), `attention_decode_combine` merges them and applies
@@ -318,7 +333,7 @@ pub(crate) fn attend_split(
     dev: &Device,
     h: Heads,
     (q, gate, out): (Ptr<f32>, Ptr<f32>, Ptr<f32>),
-    (keys, values, partials): (Ptr<f32>, Ptr<f32>, Ptr<f32>),
+    (keys, values, table, partials): (Ptr<f32>, Ptr<f32>, Ptr<i32>, Ptr<f32>),
     capacity: usize,
     tokens: usize,
     start: usize,
@@ -340,6 +355,7 @@ pub(crate) fn attend_split(
         q,
         keys,
         values,
+        table,
         partials,
         i(splits),
         i(n_h),
@@ -396,14 +412,14 @@ fn split_shape(dev: &Device, h: Heads, splits: usize) -> Option<usize> {
 /// Causal attention of `tokens` tokens at positions `start..` over the cache through the
 /// tiled prefill kernel (a block per kv head and run of tokens: every K/V row read once per
 /// block); false, launching nothing, when the shape does not suit it. q, gate and out are
-/// `[tokens, n_h·d]`, keys and values `[capacity, n_kv·d]`.
+/// `[tokens, n_h·d]`; keys and values are rows `[n_kv·d]` reached through the block table
+/// (contiguous when it is null).
 pub(crate) fn attend_tiled(
     dev: &Device,
     h: Heads,
     q: Ptr<f32>,
     gate: Ptr<f32>,
-    keys: Ptr<f32>,
-    values: Ptr<f32>,
+    (keys, values, table): (Ptr<f32>, Ptr<f32>, Ptr<i32>),
     out: Ptr<f32>,
     tokens: usize,
     start: usize,
@@ -429,6 +445,7 @@ pub(crate) fn attend_tiled(
         gate,
         keys,
         values,
+        table,
         out,
         i(tokens),
         i(h.n_h),
@@ -442,14 +459,14 @@ pub(crate) fn attend_tiled(
 }
 
 /// Attention through `attention_serial` (a block per (token, head)): over the causal prefix, or,
-/// with `sel = Some((positions, counts, stride))`, over each token's selected positions.
+/// with `sel = Some((positions, counts, stride))`, over each token's selected positions; keys
+/// and values through the block table (contiguous when it is null).
 pub(crate) fn attend_serial(
     dev: &Device,
     h: Heads,
     q: Ptr<f32>,
     gate: Ptr<f32>,
-    keys: Ptr<f32>,
-    values: Ptr<f32>,
+    (keys, values, table): (Ptr<f32>, Ptr<f32>, Ptr<i32>),
     sel: Option<(Ptr<i32>, Ptr<i32>, usize)>,
     out: Ptr<f32>,
     tokens: usize,
@@ -464,6 +481,7 @@ pub(crate) fn attend_serial(
         gate,
         keys,
         values,
+        table,
         sel,
         counts,
         i(stride),

@@ -71,6 +71,12 @@ impl BatchState {
     pub(crate) fn clear_graphs(&mut self) {
         self.graphs.clear();
     }
+
+    /// Drops the graphs and the pad sequence (whose blocks belong to the engine's KV pool).
+    pub(crate) fn reset(&mut self) {
+        self.graphs.clear();
+        self.dummy = None;
+    }
 }
 
 /// Runs `f` with the device's small-batch matvec limit set to the engine's (at most
@@ -366,17 +372,18 @@ fn eager_step(
         .flat_map(|it| it.ids.iter().map(|&id| id as i32))
         .collect();
     let ids_buf = dev.upload(&ids_i32)?;
-    // A decode step (one token each): the caches grown first, then the batched kernels read
-    // every sequence's state addresses and position from device tables.
+    // Every sequence's blocks first (a step cannot stop half-way for want of them); a decode
+    // step (one token each) then reads every sequence's state addresses and position from
+    // device tables in the batched kernels.
+    for it in items.iter_mut() {
+        let needed = it.session.position + it.ids.len();
+        ensure_capacity(e, it.session, needed)?;
+    }
     let decode = items.iter().all(|it| it.ids.len() == 1);
     let mut tables = None;
     let mut splits = 1;
     let _table_buf;
     if decode {
-        for it in items.iter_mut() {
-            let needed = it.session.position + 1;
-            ensure_capacity(e, it.session, needed)?;
-        }
         let sessions: Vec<&CudaSession> = items.iter().map(|it| &*it.session).collect();
         splits = max_splits(&sessions);
         let layout = IoLayout::new(e.config.layers.len(), items.len());

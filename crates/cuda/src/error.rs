@@ -39,6 +39,10 @@ pub enum CudaError {
         site: spindle_model::forward::NonFiniteSite,
         token: usize,
     },
+    /// The KV block pool has no blocks for a sequence's next tokens (it waits, or another
+    /// sequence or the prefix cache gives blocks back).
+    #[error(transparent)]
+    KvPoolFull(spindle_model::paged::PoolFull),
     #[error(transparent)]
     Model(#[from] ModelError),
 }

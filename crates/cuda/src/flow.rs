@@ -169,6 +169,7 @@ pub(crate) fn forward_device(
     }
     let dev = &e.dev;
     let start = session.position;
+    ensure_capacity(e, session, start + ids.len())?;
     let small = ids.len() <= MATVEC_MAX_TOKENS;
     let ids_i32: Vec<i32> = ids.iter().map(|&id| id as i32).collect();
     let (ids_dev, _ids_buf) = if small {
@@ -209,12 +210,16 @@ pub(crate) fn forward(
         .download_raw(logits.ptr, logits.rows * e.gpu.lm_head().rows)
 }
 
-/// Grows every KV cache (and QSA indexer cache) to hold `needed` tokens.
+/// Makes the session ready to hold `needed` tokens: its block table gets the blocks of its next
+/// positions (a private copy of any block it shares with the prefix cache or another sequence,
+/// new ones at its end; [`CudaError::KvPoolFull`] when the pool is short, the session unchanged),
+/// and every attention layer's flash-decoding partials (or QSA indexer cache) cover them.
 pub(crate) fn ensure_capacity(
     e: &CudaEngine,
     session: &mut CudaSession,
     needed: usize,
 ) -> Result<()> {
+    session.kv.prepare_write(&e.dev, session.position, needed)?;
     for layer in &mut session.layers {
         if let LayerState::Attention(cache) = layer {
             attention::reserve(&e.dev, cache, needed, &e.config)?;
@@ -486,12 +491,22 @@ pub(crate) fn body(
                         config,
                         inv_freq: &e.inv_freq,
                         eps: s.eps,
+                        pool: e
+                            .kv_pool
+                            .layer(index)
+                            .expect("the pool has every attention layer"),
                     };
                     let mut caches: Vec<_> = seqs
                         .iter_mut()
-                        .map(|sq| match &mut sq.session.layers[index] {
-                            LayerState::Attention(cache) => (cache, sq.seg),
-                            LayerState::Gdn(_) => unreachable!("session layers follow the config"),
+                        .map(|sq| {
+                            let session = &mut *sq.session;
+                            let table = Ptr::raw(session.kv.table_ptr());
+                            match &mut session.layers[index] {
+                                LayerState::Attention(cache) => (cache, table, sq.seg),
+                                LayerState::Gdn(_) => {
+                                    unreachable!("session layers follow the config")
+                                }
+                            }
                         })
                         .collect();
                     attention::forward(dev, &ctx, w, &mut caches, io, s.tokens, tables)

@@ -33,6 +33,7 @@ mod matvec;
 mod mlp;
 mod moe;
 mod norm;
+mod paged;
 mod prefix;
 mod qwen4;
 mod reduce;
@@ -62,7 +63,8 @@ pub use error::{CudaError, Result};
 #[doc(hidden)]
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
 pub use kernels::ptx_for;
-pub use prefix::{DeviceKv, DeviceState, HostLayer, PrefixLayer, Rows};
+pub use paged::{is_pool_full, DeviceKv, KvPool};
+pub use prefix::{DeviceState, HostLayer, PrefixLayer, Rows};
 pub use sampling::{
     apply_mask, sample_row_on_host, DeviceSampler, RowSampling, Sampled, MAX_SAMPLE_ROWS,
 };
@@ -145,6 +147,8 @@ pub struct CudaEngine {
     prefix_staging: std::sync::Mutex<Option<device::MappedHost>>,
     /// The vision tower on the device, or why image input is not available.
     vision: std::result::Result<GpuVision, String>,
+    /// Every sequence's keys and values, in blocks ([`paged`]).
+    kv_pool: Arc<paged::KvPool>,
 }
 
 impl CudaEngine {
@@ -243,6 +247,19 @@ impl CudaEngine {
         let inv_freq = dev.upload(&inv_freq)?;
         let graphs = !dev.profiling() && std::env::var_os("SPINDLE_CUDA_NO_GRAPHS").is_none();
         let workspace_bytes = gpu.scratch_bytes(&config, kernels::MATVEC_MAX_TOKENS);
+        let free = dev
+            .context()
+            .mem_get_info()
+            .map_err(|source| CudaError::Driver {
+                what: "reading the free device memory".into(),
+                source,
+            })?
+            .0;
+        let kv_pool = Arc::new(paged::KvPool::new(
+            &dev,
+            &config,
+            paged::KvPool::default_bytes(&config, free.saturating_sub(workspace_bytes)),
+        )?);
         Ok(CudaEngine {
             dev,
             config,
@@ -260,6 +277,7 @@ impl CudaEngine {
             probing: Default::default(),
             prefix_staging: Default::default(),
             vision,
+            kv_pool,
         })
     }
 
@@ -406,7 +424,31 @@ impl CudaEngine {
     }
 
     pub fn new_session(&self) -> Result<CudaSession> {
-        CudaSession::new(&self.dev, &self.config, self.workspace_bytes)
+        CudaSession::new(&self.dev, &self.config, &self.kv_pool, self.workspace_bytes)
+    }
+
+    /// Drops the batched steps' graphs and pad sequence (the pad's block goes back to the
+    /// pool; both are made again by the next batched step).
+    #[doc(hidden)]
+    pub fn drop_batch_state(&self) {
+        self.batch.lock().unwrap_or_else(|p| p.into_inner()).reset();
+    }
+
+    /// The KV block pool every session's keys and values live in.
+    pub fn kv_pool(&self) -> &Arc<paged::KvPool> {
+        &self.kv_pool
+    }
+
+    /// Replaces the KV block pool by one of `bytes` (`--kv-pool`; by default half the device
+    /// memory free after the weights, at most a million tokens' blocks). Sessions made before
+    /// keep the old pool's blocks until they are dropped.
+    pub fn set_kv_pool_bytes(&mut self, bytes: u64) -> Result<()> {
+        // The old pool's memory goes first when nothing else holds it.
+        let empty = Arc::new(paged::KvPool::new(&self.dev, &self.config, 0)?);
+        self.kv_pool = empty;
+        self.kv_pool = Arc::new(paged::KvPool::new(&self.dev, &self.config, bytes)?);
+        self.batch.lock().unwrap_or_else(|p| p.into_inner()).reset();
+        Ok(())
     }
 
     /// A session whose KV caches already hold `tokens` tokens (a decode graph stays valid
@@ -423,11 +465,9 @@ impl CudaEngine {
         flow::ensure_capacity(self, session, tokens)
     }
 
-    /// Admission: an upper bound on the device bytes a new sequence needs to reach `context`
-    /// tokens (its KV caches at the largest capacity they can grow to, GDN and PLE state,
-    /// flash-decoding partials, its workspace). A scheduler admits a sequence when
-    /// [`CudaEngine::free_device_bytes`] covers this (with a margin for batched steps'
-    /// scratch) and lets it wait otherwise. Sequence state is per session for now, not pooled.
+    /// Admission: an upper bound on the device bytes a new sequence needs outside the KV block
+    /// pool to reach `context` tokens (GDN and PLE state, flash-decoding partials, its block
+    /// table, its workspace); its keys and values take blocks of [`CudaEngine::kv_pool`].
     pub fn sequence_bytes(&self, context: usize) -> usize {
         session::sequence_state_bytes(&self.config, context) + self.workspace_bytes
     }

@@ -1,15 +1,15 @@
-//! A session's state read out (to the host, or into device buffers of its own) and a session
-//! built from such pieces: the prefix cache's capture and restore on CUDA. The device caches
-//! keep the CPU session's layout row for row (keys and values `[tokens, n_kv, d]`, GDN conv
-//! `[K−1, C]` and recurrent `[n_v, d_k, d_v]`, all f32), so a host piece has one format for
-//! both backends. Pieces kept on the device ([`DeviceKv`], [`DeviceState`]) are captured and
-//! restored by copies inside device memory: a 4,000-token prefix of the 40-layer 35B-A3B
-//! shape took 36 ms to restore and 40-100 ms per snapshot through the host.
-
-use std::sync::Arc;
+//! A session's state read out (to the host, or kept on the device) and a session built from
+//! such pieces: the prefix cache's capture and restore on CUDA. Host pieces keep the CPU
+//! session's layout row for row (keys and values `[tokens, n_kv, d]`, GDN conv `[K−1, C]` and
+//! recurrent `[n_v, d_k, d_v]`, all f32), so a host piece has one format for both backends.
+//! On the device, a prefix's keys and values stay in the KV pool's blocks: capture takes a
+//! reference to the session's blocks ([`DeviceKv`], no copy) and restore maps them into the new
+//! session's block table (the block the prefix ends in mid-way is copied when the session first
+//! writes into it). GDN states are copied into buffers of their own ([`DeviceState`]) and back.
 
 use crate::device::{DevBuf, MappedHost};
 use crate::error::{CudaError, Result};
+use crate::paged::{table_from_pieces, BlockTable, DeviceKv};
 use crate::session::{CudaSession, LayerState};
 use crate::{flow, CudaEngine};
 
@@ -49,79 +49,6 @@ pub enum PrefixLayer<'a> {
         conv: Rows<'a>,
         recurrent: Rows<'a>,
     },
-}
-
-/// The attention layers' key and value rows of tokens `[start, end)` in device memory of their
-/// own. Splitting one shares its buffers between the halves (no copy): the buffers are freed
-/// when both halves are gone.
-#[derive(Clone)]
-pub struct DeviceKv {
-    start: usize,
-    end: usize,
-    /// The position of the buffers' first row.
-    base: usize,
-    /// f32 per token row (n_kv · d).
-    width: usize,
-    /// Per layer (`None` for a GDN layer): keys and values of rows `base..`.
-    layers: Arc<Vec<Option<[DevBuf<f32>; 2]>>>,
-}
-
-impl DeviceKv {
-    pub fn start(&self) -> usize {
-        self.start
-    }
-
-    pub fn end(&self) -> usize {
-        self.end
-    }
-
-    /// Device bytes of this segment's rows.
-    pub fn bytes(&self) -> usize {
-        let layers = self.layers.iter().filter(|l| l.is_some()).count();
-        layers * 2 * (self.end - self.start) * self.width * 4
-    }
-
-    /// `[start, at)` and `[at, end)`, sharing this segment's buffers.
-    pub fn split_at(&self, at: usize) -> (DeviceKv, DeviceKv) {
-        assert!(
-            self.start <= at && at <= self.end,
-            "split of a KV segment outside it"
-        );
-        let head = DeviceKv {
-            end: at,
-            ..self.clone()
-        };
-        let tail = DeviceKv {
-            start: at,
-            ..self.clone()
-        };
-        (head, tail)
-    }
-
-    /// Layer `n`'s keys and values of this segment's rows (`None` for a GDN layer), valid
-    /// while this segment lives.
-    pub fn rows(&self, n: usize) -> Option<[Rows<'static>; 2]> {
-        let [keys, values] = self.layers.get(n)?.as_ref()?;
-        let skip = (self.start - self.base) * self.width;
-        let len = (self.end - self.start) * self.width;
-        let at = |b: &DevBuf<f32>| Rows::Device {
-            ptr: b.ptr() + (skip * 4) as u64,
-            len,
-        };
-        Some([at(keys), at(values)])
-    }
-}
-
-impl std::fmt::Debug for DeviceKv {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "DeviceKv({}..{}, {} bytes)",
-            self.start,
-            self.end,
-            self.bytes()
-        )
-    }
 }
 
 /// Every GDN layer's conv and recurrent state at one position, in device memory of its own.
@@ -195,20 +122,50 @@ impl CudaEngine {
                 "KV rows from position {from} asked of a session at position {to}"
             )));
         }
+        self.read_rows(&session.kv.table, 0, from, to)
+    }
+
+    /// The key and value rows of a piece of the prefix cache held in the pool's blocks, on the
+    /// host (`None` for a GDN layer).
+    pub fn read_device_kv(&self, piece: &DeviceKv) -> Result<Vec<Option<HostLayer>>> {
+        let base = piece.start() / spindle_model::paged::BLOCK_TOKENS;
+        self.read_rows(piece.table(), base, piece.start(), piece.end())
+    }
+
+    /// Rows `[from, to)` of every attention layer read through `table` (entry 0 = block
+    /// `base`): gathered on the device, then one copy per layer and kind to the host.
+    fn read_rows(
+        &self,
+        table: &BlockTable,
+        base: usize,
+        from: usize,
+        to: usize,
+    ) -> Result<Vec<Option<HostLayer>>> {
         let width = self.config.attention.num_kv_heads * self.config.attention.head_dim;
-        session
-            .layers
-            .iter()
-            .map(|layer| match layer {
-                LayerState::Attention(kv) => Ok(Some(HostLayer::Attention {
-                    keys: self
-                        .dev
-                        .download(&kv.keys, from * width, (to - from) * width)?,
-                    values: self
-                        .dev
-                        .download(&kv.values, from * width, (to - from) * width)?,
-                })),
-                LayerState::Gdn(_) => Ok(None),
+        let gathered = self.dev.zeros::<f32>((to - from) * width)?;
+        (0..self.config.layers.len())
+            .map(|n| {
+                if self.kv_pool.layer(n).is_none() {
+                    return Ok(None);
+                }
+                let mut kinds = Vec::with_capacity(2);
+                for values in [false, true] {
+                    let mut at = 0;
+                    table.runs(base, from, to, |id, r, rows| {
+                        let bytes = rows * width * 4;
+                        self.dev.copy_raw(
+                            table.row_addr(n, values, id, r),
+                            gathered.at(at),
+                            bytes,
+                        )?;
+                        at += rows * width;
+                        Ok(())
+                    })?;
+                    kinds.push(self.download(gathered.ptr(), (to - from) * width)?);
+                }
+                let values = kinds.pop().expect("two kinds");
+                let keys = kinds.pop().expect("two kinds");
+                Ok(Some(HostLayer::Attention { keys, values }))
             })
             .collect()
     }
@@ -253,8 +210,8 @@ impl CudaEngine {
         let width = self.config.attention.num_kv_heads * self.config.attention.head_dim;
         for (n, (state, piece)) in session.layers.iter_mut().zip(layers).enumerate() {
             match (state, piece) {
-                (LayerState::Attention(kv), PrefixLayer::Attention { keys, values }) => {
-                    for (cache, rows) in [(&mut kv.keys, keys), (&mut kv.values, values)] {
+                (LayerState::Attention(_), PrefixLayer::Attention { keys, values }) => {
+                    for (is_values, rows) in [(false, keys), (true, values)] {
                         let held: usize = rows.iter().map(Rows::len).sum();
                         if held != position * width {
                             return Err(CudaError::Unsupported(format!(
@@ -264,19 +221,33 @@ impl CudaEngine {
                         }
                         let mut at = 0;
                         for part in rows {
-                            self.put(cache.at(at), part)?;
-                            at += part.len();
+                            let tokens = part.len() / width.max(1);
+                            let uploaded;
+                            let src = match *part {
+                                Rows::Host(data) => {
+                                    uploaded = self.dev.upload(data)?;
+                                    uploaded.ptr()
+                                }
+                                Rows::Device { ptr, .. } => ptr,
+                            };
+                            let table = &session.kv.table;
+                            let mut read = 0;
+                            table.runs(0, at, at + tokens, |id, r, count| {
+                                let bytes = count * width * 4;
+                                self.dev.copy_raw(
+                                    src + (read * width * 4) as u64,
+                                    table.row_addr(n, is_values, id, r),
+                                    bytes,
+                                )?;
+                                read += count;
+                                Ok(())
+                            })?;
+                            at += tokens;
                         }
                     }
                 }
                 (LayerState::Gdn(g), PrefixLayer::Gdn { conv, recurrent }) => {
-                    if conv.len() != g.conv.len() || recurrent.len() != g.recurrent.len() {
-                        return Err(CudaError::Unsupported(format!(
-                            "layer {n}'s cached GDN state does not fit the model"
-                        )));
-                    }
-                    self.put(g.conv.ptr(), conv)?;
-                    self.put(g.recurrent.ptr(), recurrent)?;
+                    put_gdn(self, n, g, conv, recurrent)?;
                 }
                 _ => {
                     return Err(CudaError::Unsupported(format!(
@@ -289,36 +260,73 @@ impl CudaEngine {
         Ok(session)
     }
 
-    /// The attention layers' key and value rows of tokens `[from, position)`, copied into
-    /// device buffers of their own.
+    /// A new session at `position` whose keys and values are the blocks of `pieces` (contiguous
+    /// from 0, in order; mapped into its block table, not copied) and whose GDN layers hold
+    /// `gdn` (one entry per layer: conv and recurrent state, `None` for an attention layer),
+    /// room made for `capacity` tokens. The block the prefix ends in mid-way stays shared until
+    /// the session first writes into it (then it gets a copy of its own).
+    pub fn session_from_blocks(
+        &self,
+        position: usize,
+        pieces: &[&DeviceKv],
+        gdn: &[Option<[Rows<'_>; 2]>],
+        capacity: usize,
+    ) -> Result<CudaSession> {
+        self.refuse_uncovered()?;
+        let mut session = self.new_session()?;
+        if gdn.len() != session.layers.len() {
+            return Err(CudaError::Unsupported(format!(
+                "a cached prefix has {} layers but the model {}",
+                gdn.len(),
+                session.layers.len()
+            )));
+        }
+        let mut at = 0;
+        for piece in pieces {
+            if piece.start() != at {
+                return Err(CudaError::Unsupported(format!(
+                    "cached prefix pieces do not join up at position {at}"
+                )));
+            }
+            at = piece.end();
+        }
+        if at != position {
+            return Err(CudaError::Unsupported(format!(
+                "cached prefix pieces end at {at}, not at {position}"
+            )));
+        }
+        let table = table_from_pieces(&self.kv_pool, pieces, position)?;
+        session.kv.set(&self.dev, table)?;
+        session.position = position;
+        for (n, (state, piece)) in session.layers.iter_mut().zip(gdn).enumerate() {
+            match (state, piece) {
+                (LayerState::Gdn(g), Some([conv, recurrent])) => {
+                    put_gdn(self, n, g, conv, recurrent)?
+                }
+                (LayerState::Attention(_), None) => {}
+                _ => {
+                    return Err(CudaError::Unsupported(format!(
+                        "layer {n}'s kind differs in a cached prefix"
+                    )))
+                }
+            }
+        }
+        flow::ensure_capacity(self, &mut session, capacity.max(position))?;
+        Ok(session)
+    }
+
+    /// The attention layers' keys and values of tokens `[from, position)` as references to the
+    /// session's blocks (no copy; the session copies a block it shares before writing into it).
     pub fn stash_kv_rows(&self, session: &CudaSession, from: usize) -> Result<DeviceKv> {
         self.refuse_uncovered()?;
+        refuse_imaged(session)?;
         let to = session.position;
         if from > to {
             return Err(CudaError::Unsupported(format!(
                 "KV rows from position {from} asked of a session at position {to}"
             )));
         }
-        let width = self.config.attention.num_kv_heads * self.config.attention.head_dim;
-        let len = (to - from) * width;
-        let layers = session
-            .layers
-            .iter()
-            .map(|layer| match layer {
-                LayerState::Attention(kv) => Ok(Some([
-                    self.stash(kv.keys.ptr() + (from * width * 4) as u64, len)?,
-                    self.stash(kv.values.ptr() + (from * width * 4) as u64, len)?,
-                ])),
-                LayerState::Gdn(_) => Ok(None),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(DeviceKv {
-            start: from,
-            end: to,
-            base: from,
-            width,
-            layers: Arc::new(layers),
-        })
+        Ok(DeviceKv::new(&session.kv.table, from, to))
     }
 
     /// Every GDN layer's conv and recurrent state at the session's position, copied into
@@ -392,6 +400,23 @@ impl CudaEngine {
             None => Ok(()),
         }
     }
+}
+
+/// Writes a cached GDN state into layer `n`'s state.
+fn put_gdn(
+    e: &CudaEngine,
+    n: usize,
+    g: &mut crate::session::GdnState,
+    conv: &Rows<'_>,
+    recurrent: &Rows<'_>,
+) -> Result<()> {
+    if conv.len() != g.conv.len() || recurrent.len() != g.recurrent.len() {
+        return Err(CudaError::Unsupported(format!(
+            "layer {n}'s cached GDN state does not fit the model"
+        )));
+    }
+    e.put(g.conv.ptr(), conv)?;
+    e.put(g.recurrent.ptr(), recurrent)
 }
 
 /// A restored session starts at rope_delta 0 with no image fed: state that depends on an image

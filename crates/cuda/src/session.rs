@@ -1,5 +1,8 @@
-//! One sequence's state on the device: KV caches, GDN conv and recurrent state (f32), and for
-//! qwen4_exp the QSA indexer caches, the PLE n-gram history and the PLE conv rows.
+//! One sequence's state on the device: its KV block table (the keys and values live in the
+//! model's [`KvPool`]), GDN conv and recurrent state (f32), and for qwen4_exp the QSA indexer
+//! caches, the PLE n-gram history and the PLE conv rows.
+
+use std::sync::Arc;
 
 use spindle_model::mrope::RopeCursor;
 use spindle_model::{MixerKind, ModelConfig, QsaConfig};
@@ -7,18 +10,20 @@ use spindle_model::{MixerKind, ModelConfig, QsaConfig};
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
 use crate::kernels::{Ptr, MATVEC_MAX_TOKENS};
+use crate::paged::{KvPool, SeqKv};
 
-/// Keys (after norm and RoPE) and values `[capacity, n_kv, d]`; rows `< position` are valid.
+/// One attention layer's per-sequence scratch beside its keys and values (which are rows of the
+/// pool's blocks, reached through the session's block table).
 pub struct KvCache {
-    pub keys: DevBuf<f32>,
-    pub values: DevBuf<f32>,
-    /// Token rows allocated.
+    /// Positions the flash-decoding grid and partials cover (grown by doubling; a captured
+    /// graph's grid is fixed by it).
     pub capacity: usize,
     /// Flash-decoding partials: (max, sum, Σp·v) per (token, head, split of 32 keys) for
     /// `MATVEC_MAX_TOKENS` tokens at this capacity (empty for a QSA layer, which attends
     /// through selection lists).
     pub partials: DevBuf<f32>,
-    /// Bumped whenever the cache is reallocated (a captured graph holds its addresses).
+    /// Bumped whenever the capacity grows (a captured graph holds the partials' address and a
+    /// grid fixed by the capacity).
     pub generation: u64,
     /// qwen4_exp: the QSA indexer's keys, grown with the cache.
     pub indexer: Option<IndexerCache>,
@@ -88,9 +93,9 @@ impl Seg {
 }
 
 /// A decode step of B sequences of one token each, as its batched kernels read it: per layer
-/// two arrays of B state addresses (GDN: conv states then recurrent states; attention: key
-/// caches then value caches), each sequence's position, and the flash-decoding splits that
-/// cover the largest KV cache.
+/// two arrays of B state addresses (GDN: conv states then recurrent states; attention: the
+/// sequences' block tables, twice), each sequence's position, and the flash-decoding splits
+/// that cover the largest KV cache.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeTables {
     /// Device address of `[layers][2][B]` u64.
@@ -133,7 +138,7 @@ impl DecodeTables {
             for (l, layer) in s.layers.iter().enumerate() {
                 let (first, second) = match layer {
                     LayerState::Gdn(g) => (g.conv.ptr(), g.recurrent.ptr()),
-                    LayerState::Attention(kv) => (kv.keys.ptr(), kv.values.ptr()),
+                    LayerState::Attention(_) => (s.kv.table_ptr(), s.kv.table_ptr()),
                 };
                 table[l * 2 * b + n] = first;
                 table[l * 2 * b + b + n] = second;
@@ -214,16 +219,17 @@ impl StepIo {
     }
 }
 
-/// The most KV rows a cache holding `context` tokens can have allocated, however it grew
-/// (`attention::reserve` grows to max(needed, 2·capacity, 256)): max(256, 2·(context − 1)).
+/// The most positions a layer's flash-decoding partials (and QSA indexer cache) can cover at
+/// `context` tokens, however they grew (`attention::reserve` grows to max(needed, 2·capacity,
+/// 256)): max(256, 2·(context − 1)).
 pub fn kv_capacity_bound(context: usize) -> usize {
     (2 * context.saturating_sub(1)).max(context).max(256)
 }
 
-/// Device bytes one sequence's state holds at `context` tokens, as [`CudaSession::state_bytes`]
-/// counts them plus the flash-decoding partials, at the capacity [`kv_capacity_bound`] gives (the
-/// session's own workspace is not included). While a cache grows, the old and the new
-/// allocation are held together for a moment.
+/// Device bytes one sequence's state holds at `context` tokens outside the KV block pool (GDN
+/// and PLE state, the flash-decoding partials or QSA indexer keys at the capacity
+/// [`kv_capacity_bound`] gives, the block table); the session's own workspace is not included.
+/// Its keys and values are blocks of the pool, counted there.
 pub fn sequence_state_bytes(config: &ModelConfig, context: usize) -> usize {
     let a = &config.attention;
     let g = &config.gdn;
@@ -231,20 +237,15 @@ pub fn sequence_state_bytes(config: &ModelConfig, context: usize) -> usize {
     let mut floats = 0;
     for spec in &config.layers {
         floats += match spec.mixer {
-            MixerKind::FullAttention => {
-                let kv = 2 * capacity * a.num_kv_heads * a.head_dim;
-                kv + match &config.qsa {
-                    Some(q) => {
-                        capacity * q.head_dim + capacity.div_ceil(q.compress_ratio) * q.head_dim
-                    }
-                    None => {
-                        MATVEC_MAX_TOKENS
-                            * a.num_heads
-                            * capacity.div_ceil(crate::kernels::ATTN_SPLIT_KEYS)
-                            * (a.head_dim + 2)
-                    }
+            MixerKind::FullAttention => match &config.qsa {
+                Some(q) => capacity * q.head_dim + capacity.div_ceil(q.compress_ratio) * q.head_dim,
+                None => {
+                    MATVEC_MAX_TOKENS
+                        * a.num_heads
+                        * capacity.div_ceil(crate::kernels::ATTN_SPLIT_KEYS)
+                        * (a.head_dim + 2)
                 }
-            }
+            },
             MixerKind::LinearAttention => {
                 (g.conv_kernel - 1) * g.conv_channels()
                     + g.num_value_heads * g.key_head_dim * g.value_head_dim
@@ -255,7 +256,8 @@ pub fn sequence_state_bytes(config: &ModelConfig, context: usize) -> usize {
         let width = config.hyper.as_ref().map_or(1, |h| h.streams) * config.hidden_size;
         floats += ple.layers.len() * (ple.conv_kernel - 1) * ple.ngram_size * width;
     }
-    floats * std::mem::size_of::<f32>()
+    let table = spindle_model::paged::blocks_for(config.max_position_embeddings);
+    (floats + table) * std::mem::size_of::<f32>()
 }
 
 /// Blocks of the device argmax (`argmax_two_stage`).
@@ -266,6 +268,8 @@ pub struct CudaSession {
     /// Number of tokens already processed (the next token's position).
     pub position: usize,
     pub layers: Vec<LayerState>,
+    /// The KV block table (every attention layer's keys and values of this sequence).
+    pub kv: SeqKv,
     pub ple: Option<PleState>,
     /// Scratch for forward passes of at most `kernels::MATVEC_MAX_TOKENS` tokens (decode).
     pub workspace: DevBuf<u8>,
@@ -283,20 +287,19 @@ pub struct CudaSession {
 }
 
 impl CudaSession {
-    /// Bytes held by the caches and states on the device (KV caches with their QSA indexer
-    /// keys, GDN conv and recurrent states, PLE conv rows), as the CPU session counts them.
+    /// Bytes held by the caches and states on the device (KV blocks referenced, shared ones
+    /// included, QSA indexer keys, GDN conv and recurrent states, PLE conv rows), as the CPU
+    /// session counts them.
     pub fn state_bytes(&self) -> usize {
+        let blocks = self.kv.blocks().len() * self.kv.table.pool().block_bytes();
         let layers: usize = self
             .layers
             .iter()
             .map(|l| match l {
-                LayerState::Attention(kv) => {
-                    kv.keys.len()
-                        + kv.values.len()
-                        + kv.indexer
-                            .as_ref()
-                            .map_or(0, |i| i.raw_keys.len() + i.block_keys.len())
-                }
+                LayerState::Attention(kv) => kv
+                    .indexer
+                    .as_ref()
+                    .map_or(0, |i| i.raw_keys.len() + i.block_keys.len()),
                 LayerState::Gdn(s) => s.conv.len() + s.recurrent.len(),
             })
             .sum();
@@ -304,10 +307,10 @@ impl CudaSession {
             .ple
             .as_ref()
             .map_or(0, |p| p.conv.iter().map(|c| c.len()).sum());
-        (layers + ple) * std::mem::size_of::<f32>()
+        blocks + (layers + ple) * std::mem::size_of::<f32>()
     }
 
-    /// The sum of the KV caches' generations (changes when any cache is reallocated).
+    /// The sum of the KV caches' generations (changes when any layer's capacity grows).
     pub fn cache_generation(&self) -> u64 {
         self.layers
             .iter()
@@ -320,7 +323,12 @@ impl CudaSession {
 }
 
 impl CudaSession {
-    pub(crate) fn new(dev: &Device, config: &ModelConfig, workspace_bytes: usize) -> Result<Self> {
+    pub(crate) fn new(
+        dev: &Device,
+        config: &ModelConfig,
+        pool: &Arc<KvPool>,
+        workspace_bytes: usize,
+    ) -> Result<Self> {
         let g = &config.gdn;
         let layers = config
             .layers
@@ -328,8 +336,6 @@ impl CudaSession {
             .map(|spec| {
                 Ok(match spec.mixer {
                     MixerKind::FullAttention => LayerState::Attention(KvCache {
-                        keys: dev.zeros(0)?,
-                        values: dev.zeros(0)?,
                         partials: dev.zeros(0)?,
                         capacity: 0,
                         generation: 0,
@@ -366,6 +372,7 @@ impl CudaSession {
         Ok(CudaSession {
             position: 0,
             layers,
+            kv: SeqKv::new(dev, pool, config.max_position_embeddings)?,
             ple,
             workspace: dev.zeros(workspace_bytes)?,
             step_io: StepIo::new(dev)?,

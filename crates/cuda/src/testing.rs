@@ -10,7 +10,7 @@ use crate::attention::{attend_serial, attend_split, attend_tiled, Heads};
 use crate::device::Device;
 use crate::error::Result;
 use crate::io::Io;
-use crate::kernels::{Ptr, ATTN_SPLIT_KEYS};
+use crate::kernels::{Ptr, ATTN_SPLIT_KEYS, MATVEC_MAX_TOKENS};
 use crate::linear::{decode_linear, project};
 use crate::matrix::DevMatrix;
 use crate::matvec::{DecodeIn, DecodeOut};
@@ -74,36 +74,143 @@ pub fn attention_of(
     gate: &[f32],
     keys: &[f32],
     values: &[f32],
-    (n_h, n_kv, d): (usize, usize, usize),
+    heads: (usize, usize, usize),
     tokens: usize,
     start: usize,
     tiled: bool,
 ) -> Result<Option<Vec<f32>>> {
-    let heads = Heads { n_h, n_kv, d };
-    let (q, gate) = (dev.upload(q)?, dev.upload(gate)?);
-    let (keys, values) = (dev.upload(keys)?, dev.upload(values)?);
-    let out = dev.zeros::<f32>(tokens * n_h * d)?;
-    let args = (q.arg(), gate.arg(), keys.arg(), values.arg(), out.arg());
-    if tiled {
-        if !attend_tiled(
-            dev, heads, args.0, args.1, args.2, args.3, args.4, tokens, start,
-        )? {
-            return Ok(None);
-        }
+    let path = if tiled {
+        AttentionPath::Tiled
     } else {
-        attend_serial(
+        AttentionPath::Serial
+    };
+    attention_paged_of(dev, q, gate, keys, values, heads, tokens, start, path, None)
+}
+
+/// Which attention kernels [`attention_paged_of`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionPath {
+    /// `attention_prefill_tiled`.
+    Tiled,
+    /// `attention_serial`.
+    Serial,
+    /// Flash-decoding (`attention_decode_split` + combine) per group of at most 8 rows, over a
+    /// grid covering `capacity` positions.
+    Split { capacity: usize },
+}
+
+/// As [`attention_of`], through `path`, with the keys and values laid out as a paged cache when
+/// `blocks` is given: position p at row `blocks[p / 16]·16 + p % 16` of a pool of
+/// `max(blocks) + 1` blocks (the rows of other blocks hold garbage); contiguous otherwise.
+/// None when the shape does not suit the kernels.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_paged_of(
+    dev: &Device,
+    q: &[f32],
+    gate: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    (n_h, n_kv, d): (usize, usize, usize),
+    tokens: usize,
+    start: usize,
+    path: AttentionPath,
+    blocks: Option<&[i32]>,
+) -> Result<Option<Vec<f32>>> {
+    use spindle_model::paged::BLOCK_TOKENS;
+    let heads = Heads { n_h, n_kv, d };
+    let row = n_kv * d;
+    let visible = start + tokens;
+    let place = |rows: &[f32], pool_rows: usize| -> Vec<f32> {
+        match blocks {
+            None => {
+                let mut out = rows.to_vec();
+                out.resize(pool_rows * row, 0.0);
+                out
+            }
+            Some(b) => {
+                let mut out: Vec<f32> =
+                    (0..pool_rows * row).map(|i| (i % 7) as f32 - 1e3).collect();
+                for p in 0..visible {
+                    let at = b[p / BLOCK_TOKENS] as usize * BLOCK_TOKENS + p % BLOCK_TOKENS;
+                    out[at * row..(at + 1) * row].copy_from_slice(&rows[p * row..(p + 1) * row]);
+                }
+                out
+            }
+        }
+    };
+    let pool_rows = match (blocks, path) {
+        (Some(b), _) => {
+            assert!(
+                b.len() * BLOCK_TOKENS >= visible,
+                "the table covers every position"
+            );
+            (*b.iter().max().expect("a block") as usize + 1) * BLOCK_TOKENS
+        }
+        (None, AttentionPath::Split { capacity }) => capacity.max(visible),
+        (None, _) => visible,
+    };
+    let (q, gate) = (dev.upload(q)?, dev.upload(gate)?);
+    let (k_pool, v_pool) = (
+        dev.upload(&place(keys, pool_rows))?,
+        dev.upload(&place(values, pool_rows))?,
+    );
+    let table = blocks.map(|b| dev.upload(b)).transpose()?;
+    let table_arg = table.as_ref().map_or(Ptr::null(), |t| t.arg());
+    let kv = (k_pool.arg(), v_pool.arg(), table_arg);
+    let out = dev.zeros::<f32>(tokens * n_h * d)?;
+    match path {
+        AttentionPath::Tiled => {
+            if !attend_tiled(
+                dev,
+                heads,
+                q.arg(),
+                gate.arg(),
+                kv,
+                out.arg(),
+                tokens,
+                start,
+            )? {
+                return Ok(None);
+            }
+        }
+        AttentionPath::Serial => attend_serial(
             dev,
             heads,
-            args.0,
-            args.1,
-            args.2,
-            args.3,
+            q.arg(),
+            gate.arg(),
+            kv,
             None,
-            args.4,
+            out.arg(),
             tokens,
             start,
             Ptr::null(),
-        )?;
+        )?,
+        AttentionPath::Split { capacity } => {
+            assert!(visible <= capacity, "the grid covers every position");
+            let partials = dev.zeros::<f32>(
+                MATVEC_MAX_TOKENS * n_h * capacity.div_ceil(ATTN_SPLIT_KEYS) * (d + 2),
+            )?;
+            let rows = n_h * d;
+            for (t0, n) in crate::io::row_groups(tokens) {
+                let ran = attend_split(
+                    dev,
+                    heads,
+                    (
+                        q.arg().at(t0 * rows),
+                        gate.arg().at(t0 * rows),
+                        out.arg().at(t0 * rows),
+                    ),
+                    (kv.0, kv.1, kv.2, partials.arg()),
+                    capacity,
+                    n,
+                    start + t0,
+                    Ptr::null(),
+                )?;
+                if !ran {
+                    return Ok(None);
+                }
+            }
+        }
     }
     Ok(Some(dev.download(&out, 0, tokens * n_h * d)?))
 }
@@ -233,7 +340,7 @@ pub fn attention_split_of(
         dev,
         heads,
         (q.arg(), gate.arg(), out.arg()),
-        (k_cache.arg(), v_cache.arg(), partials.arg()),
+        (k_cache.arg(), v_cache.arg(), Ptr::null(), partials.arg()),
         capacity,
         tokens,
         start,

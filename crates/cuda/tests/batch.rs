@@ -397,10 +397,12 @@ fn admission_bound_covers_a_session() {
             engine
                 .forward(&mut session, &prompt, LogitsFor::Last)
                 .unwrap();
+            // Outside the pool, plus the blocks its keys and values take.
+            let bound = engine.sequence_bytes(n)
+                + spindle_model::paged::blocks_for(n) * engine.kv_pool().block_bytes();
             assert!(
-                engine.sequence_bytes(n) >= session.state_bytes(),
-                "{name} at {n}: bound {} below {}",
-                engine.sequence_bytes(n),
+                bound >= session.state_bytes(),
+                "{name} at {n}: bound {bound} below {}",
                 session.state_bytes()
             );
         }

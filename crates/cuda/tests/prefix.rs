@@ -2,11 +2,15 @@
 //! (key and value rows in two segments, the GDN state at the cut) and rebuilt in a new session
 //! continues exactly as the original: the same logits, bit for bit, over a prompt chunk and
 //! greedy decode steps, on every fixture the CUDA prefix cache covers. qwen4_exp is refused by
-//! name. The same pieces kept in device buffers (the server's default) restore alike. Needs a
-//! CUDA GPU: `cargo test --release -p spindle-cuda --test prefix -- --ignored`.
+//! name. The same prefix kept as references to the KV pool's blocks (the server's default)
+//! restores alike, its blocks mapped into the new session's table. Two sequences diverging after
+//! a shared prefix run concurrently on the shared blocks (counted once by the pool), each as its
+//! cold run; a pool too small for both makes the second wait, not differ; every reference goes
+//! back. Needs a CUDA GPU: `cargo test --release -p spindle-cuda --test prefix -- --ignored`.
 
-use spindle_cuda::{CudaEngine, HostLayer, PrefixLayer, Rows};
+use spindle_cuda::{CudaBatchItem, CudaEngine, HostLayer, PrefixLayer, Rows};
 use spindle_model::forward::LogitsFor;
+use spindle_model::paged::{blocks_for, BLOCK_TOKENS};
 
 fn pseudo_random(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut state = seed;
@@ -81,23 +85,39 @@ fn check(name: &str, cut: usize, split: usize) {
     let mut restored = engine.session_from_prefix(cut, &layers, 64).unwrap();
     assert_eq!(restored.position, cut);
 
-    // The same pieces kept on the device: the rows split in two halves sharing their buffers.
+    // The same prefix kept in the pool: references to the session's blocks, split in two
+    // pieces (a block holding the split mid-way is referenced by both), mapped into a new table.
+    let used_before = engine.kv_pool().counts().used;
     let (head, tail) = engine.stash_kv_rows(&original, 0).unwrap().split_at(split);
+    assert_eq!(
+        engine.kv_pool().counts().used,
+        used_before,
+        "{name}: a capture takes no block"
+    );
     let stashed = engine.stash_recurrent(&original).unwrap();
-    let device_layers: Vec<PrefixLayer> = (0..stashed.layer_count())
-        .map(|n| match stashed.layer(n) {
-            Some([conv, recurrent]) => PrefixLayer::Gdn { conv, recurrent },
-            None => {
-                let rows: Vec<[Rows; 2]> =
-                    [&head, &tail].iter().filter_map(|s| s.rows(n)).collect();
-                PrefixLayer::Attention {
-                    keys: rows.iter().map(|[k, _]| *k).collect(),
-                    values: rows.iter().map(|[_, v]| *v).collect(),
-                }
-            }
-        })
+    let gdn: Vec<Option<[Rows; 2]>> = (0..stashed.layer_count())
+        .map(|n| stashed.layer(n))
         .collect();
-    let mut on_device = engine.session_from_prefix(cut, &device_layers, 64).unwrap();
+    let mut on_device = engine
+        .session_from_blocks(cut, &[&head, &tail], &gdn, 64)
+        .unwrap();
+    assert_eq!(on_device.position, cut);
+    // The restored session's full blocks are the original's (mapped, not copied); a block the
+    // prefix ends in mid-way was copied when room was made to write into it.
+    let full = cut / BLOCK_TOKENS;
+    assert_eq!(
+        &on_device.kv.blocks()[..full],
+        &original.kv.blocks()[..full],
+        "{name}: the full blocks of the prefix are shared"
+    );
+    let partial = cut % BLOCK_TOKENS;
+    if partial > 0 {
+        assert_ne!(
+            on_device.kv.blocks()[full],
+            original.kv.blocks()[full],
+            "{name}: the partial block is copied before the restored session writes into it"
+        );
+    }
     drop((head, tail, stashed));
 
     let rest = &prompt[cut..];
@@ -114,6 +134,17 @@ fn check(name: &str, cut: usize, split: usize) {
         a, c,
         "{name}: the rest of the prompt after a prefix restored on the device differs"
     );
+    // The rest as a chunk of its own against the whole prompt at once: the last row within the
+    // prefix cache's bound.
+    let mut cold = engine.new_session().unwrap();
+    let whole = engine.forward(&mut cold, &prompt, LogitsFor::Last).unwrap();
+    let diff = spindle_testkit::max_abs_diff(&whole, &a[a.len() - vocab..]);
+    assert!(
+        diff <= 1e-4,
+        "{name}: the prompt's last {} tokens after its first {cut} differ from the cold run by {diff}",
+        rest.len()
+    );
+    drop(cold);
     let mut next = spindle_kernels::softmax::argmax(&a[a.len() - vocab..]) as u32;
     for step in 0..4 {
         let a = engine
@@ -160,4 +191,200 @@ fn qwen4_exp_is_refused_by_name() {
     let session = engine.new_session().unwrap();
     let err = engine.read_recurrent(&session).err().expect("refused");
     assert!(err.to_string().contains("qwen4_exp"), "{err}");
+}
+
+/// Two requests diverging after a shared prefix of `shared` tokens, on one engine: the second is
+/// restored from the first's blocks and both then run concurrently (batched prompt chunks, then
+/// batched decode steps); each must match its cold run (logits within 1e-4, the same greedy
+/// tokens). The shared full blocks are counted once by the pool, and every reference goes back
+/// when the sessions and pieces are dropped.
+fn diverging(name: &str, shared: usize) {
+    let dir = spindle_testkit::fixture(name);
+    let engine = CudaEngine::load(&dir, 0).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let vocab = engine.config().vocab_size;
+    let prefix = pseudo_random(shared, vocab, 5);
+    let tails = [pseudo_random(11, vocab, 6), pseudo_random(7, vocab, 7)];
+    let prompts: Vec<Vec<u32>> = tails
+        .iter()
+        .map(|t| prefix.iter().chain(t).copied().collect())
+        .collect();
+    let steps = 5;
+
+    // Cold runs, one at a time.
+    let cold: Vec<(Vec<f32>, Vec<u32>)> = prompts
+        .iter()
+        .map(|p| {
+            let mut s = engine.new_session().unwrap();
+            let last = engine.forward(&mut s, p, LogitsFor::Last).unwrap();
+            let mut tokens = vec![spindle_kernels::softmax::argmax(&last) as u32];
+            for _ in 1..steps {
+                let l = engine
+                    .forward(&mut s, &[*tokens.last().unwrap()], LogitsFor::Last)
+                    .unwrap();
+                tokens.push(spindle_kernels::softmax::argmax(&l) as u32);
+            }
+            (last, tokens)
+        })
+        .collect();
+    assert_eq!(
+        engine.kv_pool().counts().used,
+        0,
+        "{name}: cold runs gave their blocks back"
+    );
+
+    // The first request's prefix captured, the second restored from it.
+    let mut first = engine.new_session().unwrap();
+    engine
+        .forward(&mut first, &prefix, LogitsFor::Last)
+        .unwrap();
+    let piece = engine.stash_kv_rows(&first, 0).unwrap();
+    let state = engine.stash_recurrent(&first).unwrap();
+    let gdn: Vec<Option<[Rows; 2]>> = (0..state.layer_count()).map(|n| state.layer(n)).collect();
+    let second = engine
+        .session_from_blocks(shared, &[&piece], &gdn, shared + tails[1].len())
+        .unwrap();
+    let full = shared / BLOCK_TOKENS;
+    let counts = engine.kv_pool().counts();
+    assert!(
+        counts.shared >= full,
+        "{name}: {} shared blocks, {full} expected",
+        counts.shared
+    );
+    // Each sequence's own blocks plus the shared ones once.
+    let own = blocks_for(shared) + 1 + (blocks_for(shared) - full);
+    assert!(
+        counts.used <= own,
+        "{name}: {} blocks used, at most {own} expected",
+        counts.used
+    );
+
+    // The tails as one batched step, then decode steps of both at once.
+    let mut sessions = [first, second];
+    let mut last: Vec<Vec<f32>> = {
+        let [a, b] = &mut sessions;
+        let mut items = [
+            CudaBatchItem {
+                session: a,
+                ids: &tails[0],
+                want: LogitsFor::Last,
+            },
+            CudaBatchItem {
+                session: b,
+                ids: &tails[1],
+                want: LogitsFor::Last,
+            },
+        ];
+        engine
+            .forward_batch(&mut items)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect()
+    };
+    let mut tokens: Vec<Vec<u32>> = vec![Vec::new(), Vec::new()];
+    for (n, (cold_last, _)) in cold.iter().enumerate() {
+        let diff = spindle_testkit::max_abs_diff(&last[n], cold_last);
+        assert!(
+            diff <= 1e-4,
+            "{name}: request {n} after the shared prefix differs by {diff}"
+        );
+    }
+    for step in 0..steps {
+        for n in 0..2 {
+            tokens[n].push(spindle_kernels::softmax::argmax(&last[n]) as u32);
+        }
+        if step + 1 == steps {
+            break;
+        }
+        let next = [tokens[0][step], tokens[1][step]];
+        let [a, b] = &mut sessions;
+        let mut items = [
+            CudaBatchItem {
+                session: a,
+                ids: &next[..1],
+                want: LogitsFor::Last,
+            },
+            CudaBatchItem {
+                session: b,
+                ids: &next[1..],
+                want: LogitsFor::Last,
+            },
+        ];
+        last = engine
+            .forward_batch(&mut items)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+    }
+    for n in 0..2 {
+        assert_eq!(
+            tokens[n], cold[n].1,
+            "{name}: request {n}'s greedy tokens differ"
+        );
+    }
+    // The pieces still hold the prefix's blocks; the sequences wrote only their own.
+    assert!(engine.kv_pool().counts().shared >= full);
+    drop(sessions);
+    drop((piece, state));
+    // The batched steps' pad sequence holds a block of its own.
+    engine.drop_batch_state();
+    assert_eq!(
+        engine.kv_pool().counts(),
+        spindle_model::paged::BlockCounts {
+            used: 0,
+            shared: 0,
+            ..engine.kv_pool().counts()
+        },
+        "{name}: every reference went back"
+    );
+    eprintln!(
+        "{name}: two requests after a shared prefix of {shared} tokens match their cold runs"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn requests_diverging_after_a_shared_prefix_run_concurrently() {
+    for name in ["qwen3_5_moe", "qwen3_5_dense", "qwen3_next_moe"] {
+        // Mid-block and on a block edge.
+        diverging(name, 37);
+        diverging(name, 48);
+    }
+}
+
+/// A pool too small for two sequences refuses the second one's blocks by name (the pool is
+/// unchanged, the first sequence unharmed); once the first is gone the second runs and gives
+/// the same logits as with room to spare.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_full_pool_makes_a_sequence_wait_not_differ() {
+    let dir = spindle_testkit::fixture("qwen3_5_moe");
+    let mut engine = CudaEngine::load(&dir, 0).unwrap();
+    let vocab = engine.config().vocab_size;
+    let prompt = pseudo_random(40, vocab, 9);
+    let mut roomy = engine.new_session().unwrap();
+    let want = engine.forward(&mut roomy, &prompt, LogitsFor::All).unwrap();
+    drop(roomy);
+
+    // Room for 4 blocks (64 tokens): one 40-token sequence (3 blocks) fits, two do not.
+    let block = engine.kv_pool().block_bytes() as u64;
+    engine.set_kv_pool_bytes(4 * block).unwrap();
+    assert_eq!(engine.kv_pool().counts().capacity, 4);
+    let mut a = engine.new_session().unwrap();
+    let got = engine.forward(&mut a, &prompt, LogitsFor::All).unwrap();
+    assert_eq!(got, want, "the same sequence in a small pool");
+    let mut b = engine.new_session().unwrap();
+    let err = engine
+        .forward(&mut b, &prompt, LogitsFor::All)
+        .expect_err("no blocks for a second sequence");
+    assert!(
+        spindle_cuda::is_pool_full(&err).is_some() && err.to_string().contains("KV block pool"),
+        "{err}"
+    );
+    assert_eq!(b.position, 0, "the refused step changed nothing");
+    assert_eq!(engine.kv_pool().counts().used, 3);
+    drop(a);
+    let got = engine.forward(&mut b, &prompt, LogitsFor::All).unwrap();
+    assert_eq!(got, want, "the waiting sequence, run once room was made");
+    drop(b);
+    assert_eq!(engine.kv_pool().counts().used, 0);
 }

@@ -259,7 +259,7 @@ impl Metrics {
             "Sequences preempted for state memory (--state-memory) and recomputed later.",
             &plain(engine.preemptions().to_string()),
         );
-        // The CPU's paged KV cache; CUDA keeps per-sequence caches and reports none.
+        // The KV block pool (the CPU's in host memory, CUDA's on the device).
         if let Some(kv) = engine.kv_blocks() {
             for (name, help, value) in [
                 (

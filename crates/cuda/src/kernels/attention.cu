@@ -1,5 +1,16 @@
-// Gated full attention (MODEL_MATH §1.4) over a device KV cache [capacity, n_kv, d], and
-// qwen4_exp's QSA selection of the positions each query sees (MODEL_MATH §4.4).
+// Gated full attention (MODEL_MATH §1.4) over a device KV cache, and qwen4_exp's QSA selection
+// of the positions each query sees (MODEL_MATH §4.4).
+//
+// A cache is paged: keys and values of one layer are a pool of blocks [n_blocks, KV_BLOCK_TOKENS,
+// n_kv, d], and a sequence's block table (i32 block ids in position order) puts position p in
+// row table[p / KV_BLOCK_TOKENS]·KV_BLOCK_TOKENS + p % KV_BLOCK_TOKENS. A null table reads the
+// cache as one contiguous run of rows (the vision tower, tests). Only the addresses follow the
+// table: every kernel visits the keys in the order it did over a contiguous cache.
+
+// The row of position `pos` in a paged cache (see above).
+__device__ __forceinline__ size_t kv_row(const int* __restrict__ table, int pos) {
+    return table ? (size_t)table[pos / KV_BLOCK_TOKENS] * KV_BLOCK_TOKENS + pos % KV_BLOCK_TOKENS : (size_t)pos;
+}
 
 // Partial NeoX RoPE of one head vector held one element per thread (x = this thread's value,
 // sh = the whole vector in shared memory). cos/sin in f64 from inv_freq, cast to f32 (as the CPU).
@@ -23,6 +34,7 @@ __device__ __forceinline__ void attention_prepare_row(const float* __restrict__ 
                                                       const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
                                                       int rot, float* __restrict__ q_row, float* __restrict__ gate_row,
                                                       float* __restrict__ k_cache, float* __restrict__ v_cache,
+                                                      const int* __restrict__ table,
                                                       int n_h, int n_kv, int d, int pos, int rpos,
                                                       const int* __restrict__ slots, float eps) {
     extern __shared__ float sh[];  // [d]
@@ -43,7 +55,7 @@ __device__ __forceinline__ void attention_prepare_row(const float* __restrict__ 
         q_row[(size_t)head * d + j] = r;
         gate_row[(size_t)head * d + j] = src[d + j];
     } else {
-        size_t at = ((size_t)pos * n_kv + kvh) * d + j;
+        size_t at = (kv_row(table, pos) * n_kv + kvh) * d + j;
         k_cache[at] = r;
         v_cache[at] = row[(size_t)n_h * 2 * d + (size_t)n_kv * d + (size_t)kvh * d + j];
     }
@@ -55,28 +67,30 @@ extern "C" __global__ void attention_prepare(const float* __restrict__ qkv, int 
                                              const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
                                              int rot, float* __restrict__ q_out, float* __restrict__ gate_out,
                                              float* __restrict__ k_cache, float* __restrict__ v_cache,
+                                             const int* __restrict__ table,
                                              int n_h, int n_kv, int d, int start, const int* __restrict__ startp,
                                              int rope_delta, const int* __restrict__ slots, float eps) {
     PDL_BEGIN();
     if (startp) start = *startp;  // graph replay: the position lives in device memory
     int t = blockIdx.x;
     attention_prepare_row(qkv + (size_t)t * ld, q_norm, k_norm, inv_freq, rot, q_out + (size_t)t * n_h * d,
-                          gate_out + (size_t)t * n_h * d, k_cache, v_cache, n_h, n_kv, d, start + t,
+                          gate_out + (size_t)t * n_h * d, k_cache, v_cache, table, n_h, n_kv, d, start + t,
                           start + t + rope_delta, slots ? slots + (size_t)t * (rot / 2) : nullptr, eps);
 }
 
 // attention_prepare for B sequences of one token: block (b, head) on row b of qkv, sequence
-// b's caches at kv[b] (keys) and kv[B + b] (values), its position positions[b].
+// b's block table at kv[b], its position positions[b]; the layer's pools k_cache, v_cache.
 extern "C" __global__ void attention_prepare_batch(const float* __restrict__ qkv, int ld,
                                                    const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                                    const double* __restrict__ inv_freq, int rot,
                                                    float* __restrict__ q_out, float* __restrict__ gate_out,
+                                                   float* __restrict__ k_cache, float* __restrict__ v_cache,
                                                    const unsigned long long* __restrict__ kv,
                                                    const int* __restrict__ positions, int B, int n_h, int n_kv, int d,
                                                    float eps) {
     int b = blockIdx.x;
     attention_prepare_row(qkv + (size_t)b * ld, q_norm, k_norm, inv_freq, rot, q_out + (size_t)b * n_h * d,
-                          gate_out + (size_t)b * n_h * d, (float*)kv[b], (float*)kv[B + b], n_h, n_kv, d,
+                          gate_out + (size_t)b * n_h * d, k_cache, v_cache, (const int*)kv[b], n_h, n_kv, d,
                           positions[b], positions[b], nullptr, eps);
 }
 
@@ -88,6 +102,7 @@ extern "C" __global__ void attention_prepare_batch(const float* __restrict__ qkv
 // Each warp runs an online softmax over every ATT_WARPS-th key; warps merge at the end.
 extern "C" __global__ void attention_serial(const float* __restrict__ q, const float* __restrict__ gate,
                                             const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+                                            const int* __restrict__ table,
                                             const int* __restrict__ sel, const int* __restrict__ sel_count,
                                             int sel_stride, float* __restrict__ out, int n_h, int n_kv, int d,
                                             int start, const int* __restrict__ startp, float scale) {
@@ -109,8 +124,9 @@ extern "C" __global__ void attention_serial(const float* __restrict__ q, const f
     float m = -SP_INF, l = 0.0f;
     for (int idx = warp; idx < n; idx += ATT_WARPS) {
         int pos = sel ? sel[(size_t)t * sel_stride + idx] : idx;
-        const float* kr = k_cache + ((size_t)pos * n_kv + kvh) * d;
-        const float* vr = v_cache + ((size_t)pos * n_kv + kvh) * d;
+        size_t row = kv_row(table, pos);
+        const float* kr = k_cache + (row * n_kv + kvh) * d;
+        const float* vr = v_cache + (row * n_kv + kvh) * d;
         float dot = 0.0f;
 #pragma unroll
         for (int i = 0; i < ATT_MAX_PER_LANE; i++) {
@@ -162,6 +178,7 @@ extern "C" __global__ void attention_serial(const float* __restrict__ q, const f
 __device__ __forceinline__ void attention_decode_split_block(const float* __restrict__ q,
                                                              const float* __restrict__ k_cache,
                                                              const float* __restrict__ v_cache,
+                                                             const int* __restrict__ table,
                                                              float* __restrict__ part, int splits, int n_h,
                                                              int n_kv, int d, int t, int n, float scale) {
     // q [ρ][d], keys [ATTN_SPLIT_KEYS][d + 4] (padded: a lane per key reads without bank conflicts),
@@ -188,7 +205,7 @@ __device__ __forceinline__ void attention_decode_split_block(const float* __rest
             bool is_v = r >= nk;
             r -= is_v ? nk : 0;
             int kk = r / d4, c = r - kk * d4;
-            const float4* src = (const float4*)((is_v ? v_cache : k_cache) + ((size_t)(k0 + kk) * n_kv + g) * d) + c;
+            const float4* src = (const float4*)((is_v ? v_cache : k_cache) + (kv_row(table, k0 + kk) * n_kv + g) * d) + c;
             cp_async16(is_v ? vs + kk * d4 + c : ks + kk * kstride + c, src);
         }
     }
@@ -246,22 +263,25 @@ __device__ __forceinline__ void attention_decode_split_block(const float* __rest
 extern "C" __global__ void __launch_bounds__(256) attention_decode_split(const float* __restrict__ q,
                                                                          const float* __restrict__ k_cache,
                                                                          const float* __restrict__ v_cache,
+                                                                         const int* __restrict__ table,
                                                                          float* __restrict__ part, int splits, int n_h,
                                                                          int n_kv, int d, int start,
                                                                          const int* __restrict__ startp, float scale) {
     PDL_BEGIN();
     if (startp) start = *startp;
     int t = blockIdx.z;
-    attention_decode_split_block(q, k_cache, v_cache, part, splits, n_h, n_kv, d, t, start + t + 1, scale);
+    attention_decode_split_block(q, k_cache, v_cache, table, part, splits, n_h, n_kv, d, t, start + t + 1, scale);
 }
 
 // attention_decode_split for B sequences of one token: block (g, split, b) on row b of q and
-// part, sequence b's caches at kv[b] (keys) and kv[B + b] (values), position positions[b].
+// part, sequence b's block table at kv[b], position positions[b]; the layer's pools k_cache,
+// v_cache.
 extern "C" __global__ void __launch_bounds__(256) attention_decode_split_batch(
-    const float* __restrict__ q, const unsigned long long* __restrict__ kv, float* __restrict__ part, int splits,
+    const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+    const unsigned long long* __restrict__ kv, float* __restrict__ part, int splits,
     int n_h, int n_kv, int d, const int* __restrict__ positions, int B, float scale) {
     int b = blockIdx.z;
-    attention_decode_split_block(q, (const float*)kv[b], (const float*)kv[B + b], part, splits, n_h, n_kv, d, b,
+    attention_decode_split_block(q, k_cache, v_cache, (const int*)kv[b], part, splits, n_h, n_kv, d, b,
                                  positions[b] + 1, scale);
 }
 
@@ -550,7 +570,8 @@ extern "C" __global__ void __launch_bounds__(QSA_PICK_THREADS) qsa_pick_blocks(c
 
 extern "C" __global__ void __launch_bounds__(256) attention_prefill_tiled(
     const float* __restrict__ q, const float* __restrict__ gate, const float* __restrict__ k_cache,
-    const float* __restrict__ v_cache, float* __restrict__ out, int T, int n_h, int n_kv, int d, int start,
+    const float* __restrict__ v_cache, const int* __restrict__ table, float* __restrict__ out, int T, int n_h,
+    int n_kv, int d, int start,
     int causal, float scale) {
     extern __shared__ __align__(16) float ap_smem[];
     int ld = d + 4;  // padded rows: float4 reads of 8 rows in a warp hit distinct banks
@@ -593,7 +614,7 @@ extern "C" __global__ void __launch_bounds__(256) attention_prefill_tiled(
             int kp = k0 + kk;
             float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
             if (kp <= last) {
-                size_t at = ((size_t)kp * n_kv + g) * d;
+                size_t at = (kv_row(table, kp) * n_kv + g) * d;
                 kv = ((const float4*)(k_cache + at))[c];
                 vv = ((const float4*)(v_cache + at))[c];
             }

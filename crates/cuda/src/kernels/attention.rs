@@ -17,6 +17,7 @@ kernels! {
         gate_out: Ptr<f32>,
         k_cache: Ptr<f32>,
         v_cache: Ptr<f32>,
+        table: Ptr<i32>,
         n_h: i32,
         n_kv: i32,
         d: i32,
@@ -33,6 +34,7 @@ kernels! {
         gate: Ptr<f32>,
         k_cache: Ptr<f32>,
         v_cache: Ptr<f32>,
+        table: Ptr<i32>,
         sel: Ptr<i32>,
         sel_count: Ptr<i32>,
         sel_stride: i32,
@@ -51,6 +53,7 @@ kernels! {
         q: Ptr<f32>,
         k_cache: Ptr<f32>,
         v_cache: Ptr<f32>,
+        table: Ptr<i32>,
         part: Ptr<f32>,
         splits: i32,
         n_h: i32,
@@ -136,6 +139,7 @@ kernels! {
         gate: Ptr<f32>,
         k_cache: Ptr<f32>,
         v_cache: Ptr<f32>,
+        table: Ptr<i32>,
         out: Ptr<f32>,
         tokens: i32,
         n_h: i32,
@@ -146,7 +150,7 @@ kernels! {
         scale: f32,
     );
     /// Batched decode: `attention_prepare` for B sequences of one token, grid (B, n_h + n_kv);
-    /// sequence b's keys at `kv[b]`, values at `kv[B + b]`, position `positions[b]`.
+    /// sequence b's block table at `kv[b]`, position `positions[b]`, into the layer's pools.
     AttentionPrepareBatch = "attention_prepare_batch"
     (
         qkv: Ptr<f32>,
@@ -157,6 +161,8 @@ kernels! {
         rot: i32,
         q_out: Ptr<f32>,
         gate_out: Ptr<f32>,
+        k_cache: Ptr<f32>,
+        v_cache: Ptr<f32>,
         kv: Ptr<u64>,
         positions: Ptr<i32>,
         seqs: i32,
@@ -169,6 +175,8 @@ kernels! {
     AttentionDecodeSplitBatch = "attention_decode_split_batch"
     (
         q: Ptr<f32>,
+        k_cache: Ptr<f32>,
+        v_cache: Ptr<f32>,
         kv: Ptr<u64>,
         part: Ptr<f32>,
         splits: i32,

@@ -117,6 +117,8 @@ shared_constants! {
     MATVEC_MAX_TOKENS = 8;
     /// Keys per flash-decoding split (`attention_decode_split`).
     ATTN_SPLIT_KEYS = 32;
+    /// Tokens per block of a paged KV cache (`spindle_model::paged::BLOCK_TOKENS`).
+    KV_BLOCK_TOKENS = spindle_model::paged::BLOCK_TOKENS;
     /// Rows (query heads × tokens) of one tiled prefill attention block.
     ATTN_PREFILL_ROWS = 64;
     /// Keys per tile of the tiled prefill attention.

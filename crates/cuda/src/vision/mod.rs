@@ -703,6 +703,7 @@ fn attend(
         kernels::Ptr::null(),
         k.arg(),
         v.arg(),
+        kernels::Ptr::null(),
         o.arg(),
         i(n),
         i(heads),

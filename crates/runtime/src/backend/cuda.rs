@@ -48,12 +48,6 @@ pub fn cuda_refusal(dir: &Path, options: &LoadOptions) -> Option<String> {
             ))
         }
     }
-    if let Some(bytes) = options.kv_pool_bytes {
-        return Some(format!(
-            "--kv-pool {bytes} is not available with --device cuda: the KV block pool is the CPU \
-             engine's; CUDA keeps a KV cache per sequence (drop the option, or use --device cpu)"
-        ));
-    }
     if let Some(slots) = options.expert_slots {
         return Some(format!(
             "--expert-slots {slots} is not available with --device cuda: expert slots are a \
@@ -107,8 +101,11 @@ impl CudaBackend {
         let quant = (options.quant_given
             || options.quant != spindle_model::quant::WeightFormat::Bf16)
             .then_some(options.quant);
-        let engine =
+        let mut engine =
             spindle_cuda::CudaEngine::load_as(dir, ordinal, quant, layers, !options.no_vision)?;
+        if let Some(bytes) = options.kv_pool_bytes {
+            engine.set_kv_pool_bytes(bytes)?;
+        }
         tracing::info!(
             device = %engine.device_name(),
             graphs = engine.uses_graphs(),
@@ -368,31 +365,54 @@ impl CudaBackend {
                 state.position()
             )));
         }
-        let gdn = |n: usize| -> Option<[Rows<'_>; 2]> {
-            match state {
+        let gdn: Vec<Option<[Rows<'_>; 2]>> = (0..layer_count)
+            .map(|n| match state {
                 PrefixState::Host(h) => h.layers[n]
                     .as_ref()
                     .map(|g| [Rows::Host(&g.conv), Rows::Host(&g.recurrent)]),
                 PrefixState::Device(d) => d.layer(n),
-            }
-        };
-        let layers: Vec<spindle_cuda::PrefixLayer> = (0..layer_count)
-            .map(|n| match gdn(n) {
-                Some([conv, recurrent]) => spindle_cuda::PrefixLayer::Gdn { conv, recurrent },
-                None => {
-                    let rows: Vec<[Rows; 2]> =
-                        segments.iter().filter_map(|s| kv_rows(s, n)).collect();
-                    spindle_cuda::PrefixLayer::Attention {
-                        keys: rows.iter().map(|[k, _]| *k).collect(),
-                        values: rows.iter().map(|[_, v]| *v).collect(),
-                    }
-                }
             })
             .collect();
         let _held = self.held();
-        let session = self
-            .engine
-            .session_from_prefix(state.position(), &layers, capacity)?;
+        // Pieces in the KV pool's blocks are mapped into the new session's table (no copy);
+        // a prefix with pieces on the host is written row by row (pool pieces read out first).
+        let pooled: Vec<&spindle_cuda::DeviceKv> = segments
+            .iter()
+            .filter_map(|s| match s {
+                PrefixKv::Device(d) => Some(d),
+                _ => None,
+            })
+            .collect();
+        let session = if pooled.len() == segments.len() {
+            self.engine
+                .session_from_blocks(state.position(), &pooled, &gdn, capacity)?
+        } else {
+            let read: Vec<Option<Vec<Option<spindle_cuda::HostLayer>>>> = segments
+                .iter()
+                .map(|s| match s {
+                    PrefixKv::Device(d) => self.engine.read_device_kv(d).map(Some),
+                    _ => Ok(None),
+                })
+                .collect::<std::result::Result<_, _>>()?;
+            let layers: Vec<spindle_cuda::PrefixLayer> = (0..layer_count)
+                .map(|n| match gdn[n] {
+                    Some([conv, recurrent]) => spindle_cuda::PrefixLayer::Gdn { conv, recurrent },
+                    None => {
+                        let rows: Vec<[Rows; 2]> = segments
+                            .iter()
+                            .zip(&read)
+                            .filter_map(|(s, r)| kv_rows(s, r.as_deref(), n))
+                            .collect();
+                        spindle_cuda::PrefixLayer::Attention {
+                            keys: rows.iter().map(|[k, _]| *k).collect(),
+                            values: rows.iter().map(|[_, v]| *v).collect(),
+                        }
+                    }
+                })
+                .collect();
+            self.engine
+                .session_from_prefix(state.position(), &layers, capacity)?
+        };
         Ok(CudaSessionGuard {
             session: ManuallyDrop::new(session),
             lock: Arc::clone(&self.lock),
@@ -475,14 +495,24 @@ impl Drop for CudaSessionGuard {
     }
 }
 
-/// Layer `n`'s keys and values in `segment` (`None` for a GDN layer), wherever they are.
+/// Layer `n`'s keys and values in `segment` (`None` for a GDN layer): its host rows, or for a
+/// piece in the KV pool the rows `read` out of it.
 #[cfg(feature = "cuda")]
-fn kv_rows(segment: &PrefixKv, n: usize) -> Option<[Rows<'_>; 2]> {
+fn kv_rows<'a>(
+    segment: &'a PrefixKv,
+    read: Option<&'a [Option<spindle_cuda::HostLayer>]>,
+    n: usize,
+) -> Option<[Rows<'a>; 2]> {
     match segment {
         PrefixKv::Host(h) => h.layers[n]
             .as_ref()
             .map(|r| [Rows::Host(&r.keys), Rows::Host(&r.values)]),
-        PrefixKv::Device(d) => d.rows(n),
+        PrefixKv::Device(_) => match read?.get(n)? {
+            Some(spindle_cuda::HostLayer::Attention { keys, values }) => {
+                Some([Rows::Host(keys), Rows::Host(values)])
+            }
+            _ => None,
+        },
         // Refused by `restore` before any row is read.
         PrefixKv::Paged(_) => None,
     }
@@ -518,15 +548,12 @@ mod tests {
         };
         let why = cuda_refusal(dir, &slots).expect("refused");
         assert!(why.contains("--expert-slots 8"), "{why}");
+        // CUDA has a KV block pool too: --kv-pool sizes it.
         let pool = LoadOptions {
             kv_pool_bytes: Some(1 << 30),
             ..LoadOptions::default()
         };
-        let why = cuda_refusal(dir, &pool).expect("refused");
-        assert!(
-            why.contains("--kv-pool") && why.contains("--device cpu"),
-            "{why}"
-        );
+        assert_eq!(cuda_refusal(dir, &pool), None);
     }
 
     #[test]

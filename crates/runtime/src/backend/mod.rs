@@ -230,10 +230,9 @@ impl Backend {
         self.new_session_with_capacity(0)
     }
 
-    /// A fresh session with room for `tokens` tokens: on the CPU, blocks of the model's KV pool
-    /// for them (an error when the pool is short, [`crate::RuntimeError`] from
-    /// `EngineError::KvPoolFull`); on CUDA, caches allocated ahead (a captured decode graph
-    /// stays valid until the context passes them).
+    /// A fresh session with room for `tokens` tokens: blocks of the model's KV pool for them
+    /// (an error when the pool is short, [`crate::RuntimeError`] from `EngineError::KvPoolFull`
+    /// or `CudaError::KvPoolFull`).
     pub fn new_session_with_capacity(&self, tokens: usize) -> Result<BackendSession> {
         match self {
             Backend::Cpu(e) => {
@@ -247,22 +246,17 @@ impl Backend {
     }
 
     /// The tokens a new sequence with a `prompt`-token prompt is given room for at admission,
-    /// `answer` being the room its answer may take: on the CPU the prompt and one block of
-    /// answer (the pool hands out further blocks as it decodes, so one long answer does not
-    /// hold blocks others could use); on CUDA, which allocates each sequence's caches ahead,
-    /// the prompt and the whole answer.
+    /// `answer` being the room its answer may take: the prompt and one block of answer, on
+    /// both backends (the KV pool hands out further blocks as it decodes, so one long answer
+    /// does not hold blocks others could use).
     pub fn admission_tokens(&self, prompt: usize, answer: usize) -> usize {
-        match self {
-            Backend::Cpu(_) => prompt + answer.min(spindle_model::paged::BLOCK_TOKENS),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => prompt + answer,
-        }
+        prompt + answer.min(spindle_model::paged::BLOCK_TOKENS)
     }
 
-    /// Makes room in `session` for `tokens` tokens: on the CPU the blocks of the KV pool its next
-    /// tokens go into (copying a block it shares before writing into it), on CUDA its KV caches
-    /// grow now, so a batched step never has to. An error means there is no memory for it (the
-    /// pool, or the device): the session is unchanged.
+    /// Makes room in `session` for `tokens` tokens: the blocks of the KV pool its next tokens go
+    /// into (copying a block it shares before writing into it), and on CUDA the scratch that
+    /// follows the context, so a batched step never has to. An error means there is no memory
+    /// for it (the pool, or the device): the session is unchanged.
     pub fn reserve(&self, session: &mut BackendSession, tokens: usize) -> Result<()> {
         match (self, session) {
             (Backend::Cpu(e), BackendSession::Cpu(s)) => Ok(e.reserve(s, tokens)?),
@@ -273,10 +267,13 @@ impl Backend {
         }
     }
 
-    /// The KV block pool's occupancy (blocks used, shared, free); `None` on CUDA, whose
-    /// sequences keep caches of their own.
+    /// The KV block pool's occupancy (blocks used, shared, free).
     pub fn kv_blocks(&self) -> Option<spindle_model::paged::BlockCounts> {
-        self.cpu().map(|e| e.kv_pool().counts())
+        match self {
+            Backend::Cpu(e) => Some(e.kv_pool().counts()),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => Some(c.engine().kv_pool().counts()),
+        }
     }
 
     /// Feeds `ids` to `session` and returns logits `[rows, V]` on the host for the positions
@@ -704,8 +701,8 @@ impl Backend {
     }
 
     /// The attention layers' KV rows of `session`'s tokens `[from, position)`, for the prefix
-    /// cache: on the CPU references to the session's blocks of the KV pool (no copy), on CUDA
-    /// copies (on the device or the host).
+    /// cache: references to the session's blocks of the KV pool (no copy), or on CUDA with
+    /// `SPINDLE_PREFIX_ON_HOST=1` copies on the host.
     pub fn capture_kv(&self, session: &BackendSession, from: usize) -> Result<PrefixKv> {
         match (self, session) {
             (Backend::Cpu(_), BackendSession::Cpu(s)) => s
@@ -738,9 +735,10 @@ impl Backend {
 
     /// A new session holding a cached prefix: the KV rows of `segments` (from position 0, in
     /// order, without a gap) and the state at their end; `ids` are the prefix's tokens and
-    /// `capacity` the tokens the session is given room for ([`Backend::reserve`]). On the CPU
-    /// the prefix's blocks are mapped into the session's block table, not copied; only a block
-    /// the prefix ends in mid-way is copied, when the session first writes into it.
+    /// `capacity` the tokens the session is given room for ([`Backend::reserve`]). The prefix's
+    /// blocks are mapped into the session's block table, not copied; only a block the prefix
+    /// ends in mid-way is copied, when the session first writes into it (on CUDA, pieces held
+    /// on the host are written into new blocks).
     /// Its next step continues exactly as the session the pieces were captured from would have.
     pub fn restore_prefix(
         &self,

@@ -567,9 +567,9 @@ impl EngineLoop {
         }
     }
 
-    /// Makes room in every running sequence's state for its next step (on the CPU the KV pool's
-    /// blocks its tokens go into, on CUDA the KV caches grow now, not inside the shared step).
-    /// When the CPU's KV pool is short, the prefix cache gives back entries first, then the
+    /// Makes room in every running sequence's state for its next step (the KV pool's blocks its
+    /// tokens go into, taken now, not inside the shared step). When the KV pool is short, the
+    /// prefix cache gives back entries first, then the
     /// sequence admitted last is preempted; when the device has no memory, the sequence itself
     /// is preempted while others run (their finishing frees memory). A sequence alone that
     /// cannot grow fails. A sequence never writes into memory another holds.
@@ -653,9 +653,8 @@ impl EngineLoop {
                     return;
                 }
             }
-            // Where a backend allocates state ahead (CUDA), the prompt and the answer's room
-            // are allocated now, so running out of memory keeps this sequence waiting instead
-            // of failing a step that others share.
+            // The prompt's blocks and the answer's first are taken now, so running out of
+            // memory keeps this sequence waiting instead of failing a step that others share.
             let room = request.decoder.room(RESERVED_ANSWER_TOKENS);
             let mut request = request;
             if let Err(e) = self.encode_images(&mut request) {
@@ -1072,13 +1071,15 @@ impl EngineLoop {
     }
 }
 
-/// Whether `error` is the CPU's KV block pool running short (which the prefix cache can relieve
-/// by dropping its references to blocks).
+/// Whether `error` is the KV block pool running short (which the prefix cache can relieve by
+/// dropping its references to blocks).
 fn kv_pool_full(error: &RuntimeError) -> bool {
-    matches!(
-        error,
-        RuntimeError::Engine(spindle_cpu::EngineError::KvPoolFull(_))
-    )
+    match error {
+        RuntimeError::Engine(spindle_cpu::EngineError::KvPoolFull(_)) => true,
+        #[cfg(feature = "cuda")]
+        RuntimeError::Cuda(e) => spindle_cuda::is_pool_full(e).is_some(),
+        _ => false,
+    }
 }
 
 /// Sends a request's end: what it generated (cancelled unless it had finished).
