@@ -61,7 +61,7 @@ pub use error::{CudaError, Result};
 #[doc(hidden)]
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
 pub use kernels::ptx_for;
-pub use prefix::{DeviceKv, DeviceState, HostLayer, PrefixLayer, Rows};
+pub use prefix::{DeviceKv, DeviceState, HostLayer, HostPle, PrefixLayer, Rows};
 pub use sampling::{
     apply_mask, sample_row_on_host, DeviceSampler, RowSampling, Sampled, MAX_SAMPLE_ROWS,
 };

@@ -688,21 +688,6 @@ impl Backend {
         }
     }
 
-    /// Whether sessions of this backend can be captured into and restored from the prefix
-    /// cache ([`crate::prefix`]); the error says why not.
-    pub fn prefix_cache_support(&self) -> Result<()> {
-        match self {
-            Backend::Cpu(_) => Ok(()),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => match c.engine().prefix_refusal() {
-                None => Ok(()),
-                Some(why) => Err(RuntimeError::Unsupported(format!(
-                    "{why}: the server runs without a prefix cache"
-                ))),
-            },
-        }
-    }
-
     /// The attention layers' KV rows of `session`'s tokens `[from, position)`, for the prefix
     /// cache: on the CPU references to the session's blocks of the KV pool (no copy), on CUDA
     /// copies (on the device or the host).
