@@ -490,10 +490,9 @@ impl Drop for CudaSessionGuard {
     }
 }
 
-/// Layer `n`'s keys and values in `segment` (`None` for a GDN layer), wherever they are.
-#[cfg(feature = "cuda")]
 /// Layer `n`'s QSA indexer keys in a cached segment (qwen4_exp's, on the host: the device
 /// pieces do not carry them, so such a model caches on the host), `None` when it has none.
+#[cfg(feature = "cuda")]
 fn indexer_rows(segment: &PrefixKv, n: usize) -> Option<Rows<'_>> {
     match segment {
         PrefixKv::Host(h) => h.layers[n]
@@ -504,6 +503,8 @@ fn indexer_rows(segment: &PrefixKv, n: usize) -> Option<Rows<'_>> {
     }
 }
 
+/// Layer `n`'s keys and values in `segment` (`None` for a GDN layer), wherever they are.
+#[cfg(feature = "cuda")]
 fn kv_rows(segment: &PrefixKv, n: usize) -> Option<[Rows<'_>; 2]> {
     match segment {
         PrefixKv::Host(h) => h.layers[n]
