@@ -13,7 +13,7 @@ use crate::constraint::{Constraint, TokenMask};
 use crate::error::{Result, RuntimeError};
 use crate::images::TokenPrompt;
 use crate::model::Model;
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Penalised, Sampler, SamplingParams};
 
 /// How to generate. Everything past `stop` is the logits-processing step between the forward
 /// pass and the sampler ([`SequenceDecoder::step`]). The grammar and the bans before
@@ -253,7 +253,12 @@ impl SequenceDecoder {
         }
         let logprobs = self.logprobs.map(|k| Logprobs::of(logits, k));
         self.process(logits)?;
-        let id = self.sampler.sample(logits, &self.history);
+        let penalised = Penalised::within(
+            self.sampler.params().penalty_window,
+            &self.history,
+            self.prompt_tokens,
+        );
+        let id = self.sampler.sample(logits, penalised);
         if let Some(lp) = logprobs {
             self.token_logprobs.push(lp.entry(id));
         }
@@ -351,10 +356,11 @@ impl SequenceDecoder {
             return None;
         }
         let uniform = self.sampler.next_uniform().unwrap_or(0.0);
+        let params = self.sampler.params();
         Some(Draw {
-            params: self.sampler.params(),
+            params,
             uniform,
-            history: &self.history,
+            penalised: Penalised::of(params, &self.history, self.prompt_tokens),
         })
     }
 
@@ -381,10 +387,11 @@ impl SequenceDecoder {
             vocab: self.vocab,
             failed: &mut self.mask_failed,
         };
+        let params = self.sampler.params();
         let draw = Draw {
-            params: self.sampler.params(),
+            params,
             uniform,
-            history: &self.history,
+            penalised: Penalised::of(params, &self.history, self.prompt_tokens),
         };
         Some((draw, mask))
     }

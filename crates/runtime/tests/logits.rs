@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 use spindle_cpu::LogitsFor;
 use spindle_kernels::softmax::argmax;
 use spindle_runtime::batch::{BatchConfig, Scheduler};
-use spindle_runtime::sampling::SamplingParams;
+use spindle_runtime::sampling::{Penalised, SamplingParams};
 use spindle_runtime::{
     demo_dir, Completion, Finish, Flow, GenerateOptions, Grammar, Model, Prompt, RuntimeError,
     SequenceDecoder,
@@ -561,7 +561,7 @@ fn a_mask_allowing_one_token_forces_it() {
         Draw {
             params,
             uniform: 0.999,
-            history: &[],
+            penalised: Penalised::NONE,
         }
     }
     let picks = [

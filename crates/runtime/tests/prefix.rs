@@ -555,3 +555,49 @@ fn preempted_sequences_resume_from_the_cache_with_their_answers() {
         }
     }
 }
+
+/// A model with no full-attention layer (its KV pool has no blocks) captures and restores
+/// its prefixes too: the GDN state alone, the KV pieces empty.
+#[test]
+fn a_model_without_attention_layers_restores_its_prefix() {
+    // The qwen3_5_moe fixture cut to its first three layers, all linear attention.
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture("qwen3_5_moe")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config_path = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    let text = if config.get("text_config").is_some() {
+        &mut config["text_config"]
+    } else {
+        &mut config
+    };
+    text["num_hidden_layers"] = 3.into();
+    let types = text["layer_types"].as_array().unwrap()[..3].to_vec();
+    assert!(types.iter().all(|t| t == "linear_attention"));
+    text["layer_types"] = types.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+
+    let backend = Backend::load(dir.path(), Device::Cpu, &LoadOptions::default()).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 200).collect();
+    let cut = 21;
+    let mut warm = backend.new_session().unwrap();
+    backend
+        .forward(&mut warm, &prompt[..cut], LogitsFor::Last)
+        .unwrap();
+    let kv = backend.capture_kv(&warm, 0).unwrap();
+    let state = backend.capture_state(&warm).unwrap();
+    let (head, tail) = kv.split_at(9);
+    let mut restored = backend
+        .restore_prefix(&[&head, &tail], &state, &prompt[..cut], prompt.len())
+        .unwrap();
+    let (logits, ids) = finish(&backend, &mut restored, &prompt, cut);
+    let (want, want_ids) = finish(&backend, &mut warm, &prompt, cut);
+    assert!(
+        logits == want,
+        "the restored session differs from the original"
+    );
+    assert_eq!(ids, want_ids);
+}

@@ -38,6 +38,9 @@ pub struct RawCommon {
     pub ignore_eos: Option<bool>,
     pub skip_special_tokens: Option<bool>,
     pub include_stop_str_in_output: Option<bool>,
+    /// Not a request field: Ollama's `repeat_last_n` ([`SamplingParams::penalty_window`]).
+    #[serde(skip)]
+    pub penalty_window: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -272,6 +275,7 @@ impl RawCommon {
             repetition_penalty: f(self.repetition_penalty, defaults.repetition_penalty),
             presence_penalty: f(self.presence_penalty, defaults.presence_penalty),
             frequency_penalty: f(self.frequency_penalty, defaults.frequency_penalty),
+            penalty_window: self.penalty_window,
             // A negative seed is as good a seed as any: keep its bits.
             seed: self.seed.map(|s| s as u64).or(defaults.seed),
         };

@@ -45,6 +45,7 @@ pub const OPTION_FIELDS: Fields = Fields {
         "num_predict",
         "stop",
         "repeat_penalty",
+        "repeat_last_n",
         "presence_penalty",
         "frequency_penalty",
     ],
@@ -62,6 +63,9 @@ pub const OPTION_FIELDS: Fields = Fields {
         "vocab_only",
     ],
 };
+
+/// Ollama's default `repeat_last_n`: the penalties read the last 64 tokens.
+pub const OLLAMA_REPEAT_LAST_N: usize = 64;
 
 /// A checked Ollama request.
 #[derive(Debug, Clone)]
@@ -91,6 +95,19 @@ fn common(
     let at = "options.";
     // -1 (infinite) and -2 (fill the context) both run to the end of the turn or context.
     let num_predict = optional::<i64>(&options, "num_predict", at)?.filter(|&n| n >= 0);
+    // The penalties read the last repeat_last_n tokens, prompt included, as Ollama's
+    // llama.cpp sampler does: 64 unless given, -1 the whole context, 0 none.
+    let penalty_window = match optional::<i64>(&options, "repeat_last_n", at)? {
+        None => Some(OLLAMA_REPEAT_LAST_N),
+        Some(-1) => Some(usize::MAX),
+        Some(n) if n >= 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "options.repeat_last_n",
+                format!("options.repeat_last_n is {n} but must be -1 (the whole context), 0 (off) or a count"),
+            ))
+        }
+    };
     let raw = RawCommon {
         stream: Some(optional(body, "stream", "")?.unwrap_or(true)),
         max_tokens: num_predict,
@@ -98,11 +115,13 @@ fn common(
         top_p: optional(&options, "top_p", at)?,
         top_k: optional(&options, "top_k", at)?,
         min_p: optional(&options, "min_p", at)?,
-        seed: optional(&options, "seed", at)?,
+        // Ollama's default seed, -1, and any negative one draw at random.
+        seed: optional::<i64>(&options, "seed", at)?.filter(|&s| s >= 0),
         stop: options.get("stop").cloned(),
         repetition_penalty: optional(&options, "repeat_penalty", at)?,
         presence_penalty: optional(&options, "presence_penalty", at)?,
         frequency_penalty: optional(&options, "frequency_penalty", at)?,
+        penalty_window,
         ..RawCommon::default()
     };
     let rename = [
