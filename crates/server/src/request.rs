@@ -333,13 +333,16 @@ fn logit_bias(bias: Option<&Map<String, Value>>) -> Result<Vec<(u32, f32)>, ApiE
 
 /// Refuses a field outside `accepted` (implemented) and `ignored` (known not to change the
 /// output): a field that would change the output and is not implemented must not be dropped
-/// silently.
+/// silently. A null field counts as absent (as on every other endpoint), and `modalities:
+/// ["text"]`, the default every client may send, asks for what is served.
 pub fn check_fields(body: &Value, accepted: &[&str], ignored: &[&str]) -> Result<(), ApiError> {
     let Some(fields) = body.as_object() else {
         return Ok(());
     };
-    for key in fields.keys() {
-        if !accepted.contains(&key.as_str()) && !ignored.contains(&key.as_str()) {
+    for (key, value) in fields {
+        let default =
+            value.is_null() || (key == "modalities" && *value == serde_json::json!(["text"]));
+        if !default && !accepted.contains(&key.as_str()) && !ignored.contains(&key.as_str()) {
             return Err(ApiError::invalid(
                 key,
                 format!("{key} is not supported by this server"),
@@ -924,6 +927,19 @@ mod tests {
 
     fn param(body: Value) -> Option<String> {
         chat(body).unwrap_err().param
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_unless_unset_or_the_default_modality() {
+        let check = |body: Value| check_fields(&body, CHAT_FIELDS, IGNORED_FIELDS);
+        assert!(check(json!({"audio": null, "functions": null, "modalities": ["text"]})).is_ok());
+        for (body, at) in [
+            (json!({"audio": {"voice": "x"}}), "audio"),
+            (json!({"modalities": ["text", "audio"]}), "modalities"),
+            (json!({"functions": []}), "functions"),
+        ] {
+            assert_eq!(check(body).unwrap_err().param.as_deref(), Some(at));
+        }
     }
 
     #[test]

@@ -449,6 +449,10 @@ impl EngineLoop {
                 self.cancel_everything();
                 return;
             }
+            // The running sequences take the blocks their next step needs before anyone is
+            // admitted, so a newcomer never takes them and is preempted at once (a waste of
+            // its admission, and of the prefix cache entries evicted for it).
+            self.reserve_for_step();
             self.admit();
             self.preempt_over_budget();
             self.reserve_for_step();

@@ -172,7 +172,18 @@ fn output_config(
         vars.insert("reasoning_effort".into(), Value::String(effort));
     }
     if let Some(format) = config.get("format").filter(|f| !f.is_null()) {
-        let schema = format.get("schema").cloned().unwrap_or(Value::Null);
+        if format.get("type").and_then(Value::as_str) != Some("json_schema") {
+            return Err(ApiError::invalid(
+                "output_config.format.type",
+                "output_config.format.type must be \"json_schema\"",
+            ));
+        }
+        let Some(schema) = format.get("schema").filter(|s| s.is_object()).cloned() else {
+            return Err(ApiError::invalid(
+                "output_config.format.schema",
+                "output_config.format needs its schema (an object)",
+            ));
+        };
         apply_constraint(
             generation,
             "output_config.format",
@@ -191,7 +202,7 @@ fn output_config(
 /// `max_tokens` is `None` for count_tokens, which has none.
 fn thinking(value: Option<&Value>, max_tokens: Option<i64>) -> Result<bool, ApiError> {
     let Some(value) = value else { return Ok(false) };
-    if value.get("display").and_then(Value::as_str) == Some("omitted") {
+    if optional::<String>(value, "display", "thinking.")?.as_deref() == Some("omitted") {
         return Err(ApiError::invalid(
             "thinking.display",
             "thinking.display \"omitted\" is not supported: thinking is always returned",
@@ -399,17 +410,15 @@ fn tools(
     }
     let mut constraint = None;
     if let Some(choice) = choice {
-        if choice
-            .get("disable_parallel_tool_use")
-            .and_then(Value::as_bool)
-            == Some(true)
-        {
+        let single =
+            optional::<bool>(choice, "disable_parallel_tool_use", "tool_choice.")? == Some(true);
+        if single {
             constraint = Some(Constraint::OneToolCallAtMost);
         }
         match choice.get("type").and_then(Value::as_str) {
             Some("auto") => {}
             Some("none") => out.clear(),
-            Some("any") => constraint = Some(Constraint::AnyTool),
+            Some("any") => constraint = Some(Constraint::AnyTool { parallel: !single }),
             Some("tool") => {
                 let name = choice.get("name").and_then(Value::as_str).unwrap_or("");
                 if !list
@@ -474,6 +483,7 @@ pub fn usage(prompt_tokens: usize, output_tokens: usize, cached: usize) -> Value
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spindle_runtime::Grammar;
 
     fn parse_ok(body: Value) -> MessagesRequest {
         parse(&body, &SamplingParams::default(), false).unwrap()
@@ -602,6 +612,35 @@ mod tests {
             json!({"max_tokens": 5, "messages": user, "output_config": {"format": {"type": "json_schema", "schema": {}}}}),
         );
         assert!(matches!(&r.generation.grammar, Some((f, _)) if f == "output_config.format"));
+        for format in [
+            json!({"type": "xyz", "schema": {}}),
+            json!({"type": "json_schema"}),
+        ] {
+            let at = param(
+                json!({"max_tokens": 5, "messages": user, "output_config": {"format": format}}),
+            );
+            assert!(at.starts_with("output_config.format."), "{at}");
+        }
+        // `any` without parallel calls: one call, and only one, is forced.
+        let grammar = |choice: Value| match parse_ok(
+            json!({"max_tokens": 5, "messages": user, "tools": tools, "tool_choice": choice}),
+        )
+        .generation
+        .grammar
+        {
+            Some((_, Grammar::Lark(g))) => g,
+            other => panic!("a tool-call grammar, not {other:?}"),
+        };
+        assert!(grammar(json!({"type": "any"})).contains("(\"\\n\" call)*"));
+        assert!(
+            grammar(json!({"type": "any", "disable_parallel_tool_use": true}))
+                .starts_with("start: call\n")
+        );
+        assert_eq!(
+            param(json!({"max_tokens": 5, "messages": user, "tools": tools,
+                "tool_choice": {"type": "any", "disable_parallel_tool_use": "yes"}})),
+            "tool_choice.disable_parallel_tool_use"
+        );
         assert_eq!(
             param(json!({"max_tokens": 5, "messages": user, "output_config": {"effort": "huge"}})),
             "output_config.effort"

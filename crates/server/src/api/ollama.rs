@@ -328,7 +328,8 @@ pub fn parse_generate(
     if prompt.is_empty() {
         return Ok(None);
     }
-    let system: Option<String> = optional(body, "system", "")?;
+    // An empty system prompt is no system prompt, as Ollama reads it.
+    let system: Option<String> = optional::<String>(body, "system", "")?.filter(|s| !s.is_empty());
     let mut images = Vec::new();
     let count = base64_images(body.get("images"), "images", &mut images)?;
     let prompt = if optional(body, "raw", "")?.unwrap_or(false) {
@@ -419,6 +420,49 @@ mod tests {
         assert_eq!(
             messages[1]["tool_calls"][0]["function"]["arguments"],
             json!({"a": 1})
+        );
+    }
+
+    #[test]
+    fn penalties_read_the_last_repeat_last_n_tokens_and_negative_seeds_draw_at_random() {
+        let user = json!([{"role": "user", "content": "hi"}]);
+        let window = |options: Value| {
+            parse_chat(
+                &json!({"messages": user, "options": options}),
+                &SamplingParams::default(),
+            )
+            .unwrap()
+            .generation
+            .options
+            .sampling
+        };
+        assert_eq!(window(json!({})).penalty_window, Some(OLLAMA_REPEAT_LAST_N));
+        assert_eq!(window(json!({"repeat_last_n": 8})).penalty_window, Some(8));
+        assert_eq!(window(json!({"repeat_last_n": 0})).penalty_window, Some(0));
+        assert_eq!(
+            window(json!({"repeat_last_n": -1})).penalty_window,
+            Some(usize::MAX)
+        );
+        assert_eq!(
+            param_chat(json!({"messages": user, "options": {"repeat_last_n": -2}})),
+            "options.repeat_last_n"
+        );
+        assert_eq!(window(json!({"seed": -1})).seed, None);
+        assert_eq!(window(json!({"seed": 3})).seed, Some(3));
+        // Empty strings and lists are unset, as Ollama's Go clients send them.
+        let r = parse_generate(
+            &json!({"prompt": "hi", "system": "", "suffix": "", "template": "", "context": []}),
+            &SamplingParams::default(),
+        )
+        .unwrap()
+        .unwrap();
+        let Prompt::Chat { messages, .. } = r.prompt else {
+            panic!("a chat prompt")
+        };
+        assert_eq!(
+            messages.as_array().unwrap().len(),
+            1,
+            "no empty system turn"
         );
     }
 
