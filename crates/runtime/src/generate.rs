@@ -42,6 +42,9 @@ pub struct GenerateOptions {
     /// Record each generated token's log-probability, with this many of the most likely
     /// alternatives (0 to 20), in [`Completion::logprobs`].
     pub logprobs: Option<usize>,
+    /// Ids never sampled (a mask on every step, where the logits are): e.g. the tool-call
+    /// opener when the request's `tool_choice` is `none`.
+    pub banned_ids: Vec<u32>,
 }
 
 /// The log-probability of one generated token under the model (log-softmax of its raw logits,
@@ -145,6 +148,8 @@ pub struct SequenceDecoder {
     logit_bias: Vec<(u32, f32)>,
     /// Ids banned before `min_tokens` (EOS and stop token ids).
     enders: Vec<u32>,
+    /// [`GenerateOptions::banned_ids`].
+    banned: Vec<u32>,
     min_tokens: usize,
     constraint: Option<Constraint>,
     /// The mask for the next token, computed ahead ([`SequenceDecoder::prepare`]).
@@ -232,6 +237,7 @@ impl SequenceDecoder {
             finish: None,
             logit_bias: options.logit_bias.clone(),
             enders: eos_ids,
+            banned: options.banned_ids.clone(),
             min_tokens: options.min_tokens,
             constraint: options.constraint.clone(),
             mask: None,
@@ -300,11 +306,14 @@ impl SequenceDecoder {
         }
         // A complete grammar may only end: the bans must not leave nothing to sample.
         let grammar_done = mask.as_ref().is_some_and(TokenMask::only_eos);
-        if self.ids.len() < self.min_tokens && !grammar_done {
-            for &id in &self.enders {
-                if let Some(logit) = logits.get_mut(id as usize) {
-                    *logit = f32::NEG_INFINITY;
-                }
+        let enders = if self.ids.len() < self.min_tokens && !grammar_done {
+            &self.enders[..]
+        } else {
+            &[]
+        };
+        for &id in enders.iter().chain(&self.banned) {
+            if let Some(logit) = logits.get_mut(id as usize) {
+                *logit = f32::NEG_INFINITY;
             }
         }
         for &(id, bias) in &self.logit_bias {
@@ -384,6 +393,7 @@ impl SequenceDecoder {
             } else {
                 &[]
             },
+            banned: &self.banned,
             vocab: self.vocab,
             failed: &mut self.mask_failed,
         };
@@ -499,6 +509,8 @@ pub struct SequenceMask<'a> {
     ready: Option<TokenMask>,
     /// Ids banned at this step (EOS and stop token ids before `min_tokens`).
     enders: &'a [u32],
+    /// Ids banned at every step ([`GenerateOptions::banned_ids`]).
+    banned: &'a [u32],
     vocab: usize,
     failed: &'a mut Option<RuntimeError>,
 }
@@ -507,7 +519,9 @@ impl SequenceMask<'_> {
     /// Whether the step has a mask at all (a grammar, or bans before `min_tokens`); one that
     /// has none costs nothing.
     pub fn is_needed(&self) -> bool {
-        self.constraint.as_ref().is_some_and(|c| c.active()) || !self.enders.is_empty()
+        self.constraint.as_ref().is_some_and(|c| c.active())
+            || !self.enders.is_empty()
+            || !self.banned.is_empty()
     }
 
     /// The allowed ids as bits (`vocab.div_ceil(32)` words, bit `id % 32` of word `id / 32`),
@@ -531,15 +545,15 @@ impl SequenceMask<'_> {
             },
         };
         let grammar_done = grammar.as_ref().is_some_and(TokenMask::only_eos);
-        let bans = if grammar_done { &[][..] } else { self.enders };
-        if grammar.is_none() && bans.is_empty() {
+        let enders = if grammar_done { &[][..] } else { self.enders };
+        if grammar.is_none() && enders.is_empty() && self.banned.is_empty() {
             return None;
         }
         let mut bits = match &grammar {
             Some(mask) => mask.words(words),
             None => vec![u32::MAX; words],
         };
-        for &id in bans {
+        for &id in enders.iter().chain(self.banned) {
             if let Some(word) = bits.get_mut(id as usize / 32) {
                 *word &= !(1u32 << (id % 32));
             }

@@ -428,3 +428,31 @@ fn a_state_budget_preempts_and_recomputes_without_changing_any_answer() {
         (0, 0, 0)
     );
 }
+
+/// Banned ids are never sampled, in the scheduler (a mask where the logits are) as in
+/// `Model::generate` (on the host), and both give the same answer.
+#[test]
+fn banned_ids_are_never_sampled_on_either_path() {
+    let model = demo();
+    let prompt = ids(&model, "Tell me a story about a robot who learns to paint.");
+    let free = solo(&model, &prompt, &options(12, SamplingParams::default()));
+    // Ban the free answer's first two tokens: the answer changes and holds neither.
+    let banned: Vec<u32> = free.ids[..2].to_vec();
+    let options = GenerateOptions {
+        banned_ids: banned.clone(),
+        ..options(12, SamplingParams::default())
+    };
+    let alone = solo(&model, &prompt, &options);
+    assert!(
+        alone.ids.iter().all(|id| !banned.contains(id)),
+        "{:?} holds a banned id of {banned:?}",
+        alone.ids
+    );
+    assert_ne!(alone.ids, free.ids);
+    let scheduler = Scheduler::start(Arc::clone(&model), BatchConfig::default()).unwrap();
+    let (_, batched) = collect(scheduler.submit(prompt, &options).unwrap());
+    assert_eq!(
+        batched.ids, alone.ids,
+        "the masked scheduler path differs from the host's"
+    );
+}

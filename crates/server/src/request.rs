@@ -129,6 +129,10 @@ pub struct Generation {
     /// The structured output asked for (`response_format`, `guided_*`, ...), to be compiled
     /// against the model, with the field that asked.
     pub grammar: Option<(String, Grammar)>,
+    /// `tool_choice` `none`: the model may not call a tool, so the tool-call opener is never
+    /// sampled (the template sees no tools, but a conversation holding earlier calls could
+    /// lead it to write one).
+    pub tools_off: bool,
 }
 
 impl Generation {
@@ -299,9 +303,11 @@ impl RawCommon {
                 ignore_eos: self.ignore_eos.unwrap_or(false),
                 constraint: None,
                 logprobs: None,
+                banned_ids: Vec::new(),
             },
             n,
             grammar: None,
+            tools_off: false,
         })
     }
 }
@@ -580,6 +586,7 @@ impl RawChat {
             .map(|(i, m)| m.to_template(i, &mut images))
             .collect::<Result<Vec<_>, _>>()?;
         let (tools, tool_grammar) = self.checked_tools()?;
+        generation.tools_off = matches!(&self.tool_choice, Some(Value::String(s)) if s == "none");
         if let Some(grammar) = tool_grammar {
             if let Some((field, _)) = &generation.grammar {
                 return Err(ApiError::invalid(
@@ -927,6 +934,21 @@ mod tests {
 
     fn param(body: Value) -> Option<String> {
         chat(body).unwrap_err().param
+    }
+
+    #[test]
+    fn tool_choice_none_turns_tool_calls_off() {
+        let user = json!([{"role": "user", "content": "hi"}]);
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        let off = |choice: Value| {
+            chat(json!({"messages": user, "tools": tools, "tool_choice": choice}))
+                .unwrap()
+                .generation
+                .tools_off
+        };
+        assert!(off(json!("none")));
+        assert!(!off(json!("auto")));
+        assert!(!off(json!("required")));
     }
 
     #[test]

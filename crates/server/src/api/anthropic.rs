@@ -130,6 +130,10 @@ pub fn parse(
     }
     refuse_prefill(&messages, &format!("messages[{}].role", raw.len() - 1))?;
     let (tools, constraint) = tools(field("tools"), field("tool_choice"))?;
+    generation.tools_off = field("tool_choice")
+        .and_then(|c| c.get("type"))
+        .and_then(Value::as_str)
+        == Some("none");
     if let Some(constraint) = constraint {
         apply_constraint(&mut generation, "tool_choice", constraint, tools.as_ref())?;
     }

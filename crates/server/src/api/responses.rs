@@ -122,6 +122,7 @@ pub fn parse(body: &Value, defaults: &SamplingParams) -> Result<ResponsesRequest
     }
     let parallel = optional::<bool>(body, "parallel_tool_calls", "")? != Some(false);
     let (tools, constraint) = tools(field("tools"), field("tool_choice"), parallel)?;
+    generation.tools_off = field("tool_choice").and_then(Value::as_str) == Some("none");
     let forced = constraint.is_some();
     if let Some(constraint) = constraint {
         apply_constraint(&mut generation, "tool_choice", constraint, tools.as_ref())?;
