@@ -45,6 +45,19 @@ pub struct GenerateOptions {
     /// Ids never sampled (a mask on every step, where the logits are): e.g. the tool-call
     /// opener when the request's `tool_choice` is `none`.
     pub banned_ids: Vec<u32>,
+    /// A cap on the tokens of each reasoning block.
+    pub reasoning_budget: Option<ReasoningBudget>,
+}
+
+/// A cap on the tokens of a reasoning block (`<think>` ... `</think>`): once a block holds
+/// `tokens` tokens, its closing token is the only one allowed (Anthropic's `budget_tokens`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReasoningBudget {
+    pub tokens: usize,
+    pub open: u32,
+    pub close: u32,
+    /// The prompt ends inside a reasoning block (the chat template opened it).
+    pub starts_inside: bool,
 }
 
 /// The log-probability of one generated token under the model (log-softmax of its raw logits,
@@ -150,6 +163,9 @@ pub struct SequenceDecoder {
     enders: Vec<u32>,
     /// [`GenerateOptions::banned_ids`].
     banned: Vec<u32>,
+    budget: Option<ReasoningBudget>,
+    /// Tokens of the reasoning block the sequence is in (`None` outside one).
+    reasoning: Option<usize>,
     min_tokens: usize,
     constraint: Option<Constraint>,
     /// The mask for the next token, computed ahead ([`SequenceDecoder::prepare`]).
@@ -238,6 +254,11 @@ impl SequenceDecoder {
             logit_bias: options.logit_bias.clone(),
             enders: eos_ids,
             banned: options.banned_ids.clone(),
+            budget: options.reasoning_budget,
+            reasoning: options
+                .reasoning_budget
+                .filter(|b| b.starts_inside)
+                .map(|_| 0),
             min_tokens: options.min_tokens,
             constraint: options.constraint.clone(),
             mask: None,
@@ -316,6 +337,13 @@ impl SequenceDecoder {
                 *logit = f32::NEG_INFINITY;
             }
         }
+        if let Some(close) = self.forced_close() {
+            for (id, logit) in logits.iter_mut().enumerate() {
+                if id != close as usize {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
         for &(id, bias) in &self.logit_bias {
             if let Some(logit) = logits.get_mut(id as usize) {
                 // A banned token stays banned.
@@ -385,6 +413,7 @@ impl SequenceDecoder {
             return None;
         }
         let uniform = self.sampler.next_uniform().unwrap_or(0.0);
+        let only = self.forced_close();
         let mask = SequenceMask {
             constraint: self.constraint.as_mut(),
             ready: self.mask.take(),
@@ -394,6 +423,7 @@ impl SequenceDecoder {
                 &[]
             },
             banned: &self.banned,
+            only,
             vocab: self.vocab,
             failed: &mut self.mask_failed,
         };
@@ -424,6 +454,15 @@ impl SequenceDecoder {
         }
         self.ids.push(id);
         self.history.push(id);
+        if let Some(budget) = self.budget {
+            self.reasoning = if id == budget.close {
+                None
+            } else if id == budget.open {
+                Some(0)
+            } else {
+                self.reasoning.map(|n| n + 1)
+            };
+        }
         let delta = self.stream.push(id)?;
         let mut text = delta.text;
         if let Some(reason) = delta.finished {
@@ -438,6 +477,13 @@ impl SequenceDecoder {
         self.text.push_str(&text);
         let next = self.finish.is_none().then_some(id);
         Ok(TokenStep { text, next })
+    }
+
+    /// The closing token of a reasoning block that has spent its budget: the only token the
+    /// next step may take.
+    fn forced_close(&self) -> Option<u32> {
+        let budget = self.budget?;
+        (self.reasoning? >= budget.tokens).then_some(budget.close)
     }
 
     /// Ends the sequence from outside (the caller stopped it): returns the text held back
@@ -511,6 +557,8 @@ pub struct SequenceMask<'a> {
     enders: &'a [u32],
     /// Ids banned at every step ([`GenerateOptions::banned_ids`]).
     banned: &'a [u32],
+    /// The one id allowed at this step (a reasoning block's close, its budget spent).
+    only: Option<u32>,
     vocab: usize,
     failed: &'a mut Option<RuntimeError>,
 }
@@ -522,6 +570,7 @@ impl SequenceMask<'_> {
         self.constraint.as_ref().is_some_and(|c| c.active())
             || !self.enders.is_empty()
             || !self.banned.is_empty()
+            || self.only.is_some()
     }
 
     /// The allowed ids as bits (`vocab.div_ceil(32)` words, bit `id % 32` of word `id / 32`),
@@ -531,6 +580,13 @@ impl SequenceMask<'_> {
     /// [`SequenceDecoder::accept`] reports the failure.
     pub fn compute(self) -> Option<Vec<u32>> {
         let words = self.vocab.div_ceil(32);
+        if let Some(id) = self.only {
+            let mut bits = vec![0u32; words];
+            if let Some(word) = bits.get_mut(id as usize / 32) {
+                *word |= 1 << (id % 32);
+            }
+            return Some(bits);
+        }
         let grammar = match self.ready {
             Some(mask) => Some(mask),
             None => match self.constraint {

@@ -133,6 +133,8 @@ pub struct Generation {
     /// sampled (the template sees no tools, but a conversation holding earlier calls could
     /// lead it to write one).
     pub tools_off: bool,
+    /// The most tokens a reasoning block may take (Anthropic's `thinking.budget_tokens`).
+    pub reasoning_budget: Option<usize>,
 }
 
 impl Generation {
@@ -304,10 +306,12 @@ impl RawCommon {
                 constraint: None,
                 logprobs: None,
                 banned_ids: Vec::new(),
+                reasoning_budget: None,
             },
             n,
             grammar: None,
             tools_off: false,
+            reasoning_budget: None,
         })
     }
 }

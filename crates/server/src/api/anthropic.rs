@@ -139,7 +139,9 @@ pub fn parse(
     }
     let mut vars = Map::new();
     let budget_limit = max_tokens.filter(|_| !count_only);
-    set_thinking(&mut vars, thinking(field("thinking"), budget_limit)?);
+    let (think, budget) = thinking(field("thinking"), budget_limit)?;
+    set_thinking(&mut vars, think);
+    generation.reasoning_budget = budget;
     if let Some(config) = field("output_config") {
         output_config(config, &mut generation, &mut vars)?;
     }
@@ -200,12 +202,18 @@ fn output_config(
 
 /// `thinking`: `{"type": "enabled", "budget_tokens": n}` (below `max_tokens`), `adaptive`
 /// or `between_tools` (on: a Qwen template cannot leave it to the model) or
-/// `{"type": "disabled"}`; absent means disabled, as on Anthropic's API. The budget is not
-/// counted apart from the answer: `max_tokens` bounds both together. `display: "omitted"`
-/// (thinking hidden from the answer) is refused; `summarized` returns the whole thinking.
-/// `max_tokens` is `None` for count_tokens, which has none.
-fn thinking(value: Option<&Value>, max_tokens: Option<i64>) -> Result<bool, ApiError> {
-    let Some(value) = value else { return Ok(false) };
+/// `{"type": "disabled"}`; absent means disabled, as on Anthropic's API. Whether thinking is
+/// on, and its budget: a thinking block of `budget_tokens` tokens is closed there (its
+/// closing token forced), and `max_tokens` bounds thinking and answer together.
+/// `display: "omitted"` (thinking hidden from the answer) is refused; `summarized` returns
+/// the whole thinking. `max_tokens` is `None` for count_tokens, which has none.
+fn thinking(
+    value: Option<&Value>,
+    max_tokens: Option<i64>,
+) -> Result<(bool, Option<usize>), ApiError> {
+    let Some(value) = value else {
+        return Ok((false, None));
+    };
     if optional::<String>(value, "display", "thinking.")?.as_deref() == Some("omitted") {
         return Err(ApiError::invalid(
             "thinking.display",
@@ -213,8 +221,8 @@ fn thinking(value: Option<&Value>, max_tokens: Option<i64>) -> Result<bool, ApiE
         ));
     }
     match value.get("type").and_then(Value::as_str) {
-        Some("disabled") => Ok(false),
-        Some("adaptive" | "between_tools") => Ok(true),
+        Some("disabled") => Ok((false, None)),
+        Some("adaptive" | "between_tools") => Ok((true, None)),
         Some("enabled") => {
             let budget = value
                 .get("budget_tokens")
@@ -231,7 +239,7 @@ fn thinking(value: Option<&Value>, max_tokens: Option<i64>) -> Result<bool, ApiE
                     format!("thinking.budget_tokens is {budget} but must be at least 1 and below max_tokens"),
                 ));
             }
-            Ok(true)
+            Ok((true, usize::try_from(budget).ok()))
         }
         _ => Err(ApiError::invalid(
             "thinking.type",

@@ -28,7 +28,7 @@ use axum::Router;
 use serde_json::Value;
 use spindle_vision::{ImageInput, PreparedImage};
 
-use spindle_runtime::{GenerateOptions, PreparedPrompt, Prompt, RuntimeError};
+use spindle_runtime::{GenerateOptions, PreparedPrompt, Prompt, ReasoningBudget, RuntimeError};
 
 use crate::error::ApiError;
 use crate::images::{
@@ -440,6 +440,17 @@ async fn choice_options(
     if generation.tools_off {
         if let Some(id) = state.model.tokenizer.token_to_id(TOOL_CALL_OPENER) {
             options.banned_ids.push(id);
+        }
+    }
+    if let Some(tokens) = generation.reasoning_budget {
+        let id = |t: &str| state.model.tokenizer.token_to_id(t);
+        if let (Some(open), Some(close)) = (id("<think>"), id("</think>")) {
+            options.reasoning_budget = Some(ReasoningBudget {
+                tokens,
+                open,
+                close,
+                starts_inside: starts_in_reasoning,
+            });
         }
     }
     if let Some((id, _)) = options
