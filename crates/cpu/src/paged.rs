@@ -174,8 +174,12 @@ impl BlockTable {
         Ok(())
     }
 
-    /// The references of blocks `[first, last)` (by index in this table), as a table.
+    /// The references of blocks `[first, last)` (by index in this table), as a table. A
+    /// model without attention layers has no blocks: its tables stay empty.
     fn slice(&self, first: usize, last: usize) -> BlockTable {
+        if self.pool.layers == 0 {
+            return BlockTable::new(&self.pool);
+        }
         BlockTable::retaining(&self.pool, &self.blocks[first..last])
     }
 }
@@ -284,12 +288,12 @@ impl PagedKv {
         self.end - self.start
     }
 
-    /// Bytes of the rows this piece stands for: its tokens' keys and values in every attention
-    /// layer and its indexer rows (blocks it shares with another piece or a sequence are
-    /// counted by each; the pool counts each block once).
+    /// Bytes this piece holds: the whole blocks it references (a block it covers only in
+    /// part is held whole, so a cache of short pieces is bounded by what it keeps from the
+    /// pool; blocks shared with another piece or a sequence are counted by each, the pool
+    /// counts each once) and its indexer rows.
     pub fn bytes(&self) -> usize {
-        self.tokens() * self.blocks.pool.token_bytes()
-            + self.indexer.iter().flatten().map(Vec::len).sum::<usize>() * 4
+        self.blocks.bytes() + self.indexer.iter().flatten().map(Vec::len).sum::<usize>() * 4
     }
 
     pub fn pool(&self) -> &Arc<KvPool> {

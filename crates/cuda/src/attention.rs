@@ -606,6 +606,39 @@ fn select(
     })
 }
 
+/// Recomputes the block keys of every block complete at `position` from the indexer's raw
+/// keys (rows `[0, position)` already in `cache`), bit for bit what the forward pass wrote:
+/// a session restored from cached raw keys.
+pub fn rebuild_block_keys(
+    dev: &Device,
+    config: &ModelConfig,
+    w: &GpuIndexer,
+    inv_freq: &DevBuf<f64>,
+    cache: &KvCache,
+    position: usize,
+) -> Result<()> {
+    let (Some(q), Some(indexer)) = (config.qsa.as_ref(), cache.indexer.as_ref()) else {
+        return Ok(());
+    };
+    let (d_i, cr) = (q.head_dim, q.compress_ratio);
+    let blocks = position / cr;
+    if blocks == 0 {
+        return Ok(());
+    }
+    kernels::attention::QsaBlockKeys::launch(
+        dev,
+        Launch::new((blocks as u32, 1, 1), threads_for(d_i), (d_i * 4) as u32),
+        indexer.raw_keys.arg(),
+        w.k_norm.arg(),
+        inv_freq.arg(),
+        i(config.rope.rotary_dim),
+        indexer.block_keys.arg(),
+        i(d_i),
+        i(cr),
+        config.rms_norm_eps as f32,
+    )
+}
+
 /// The positions `qsa_pick_blocks` selects for one token that sees `visible` positions, from
 /// `scores` of its ⌊visible / cr⌋ complete blocks (host data in and out; for a GPU test
 /// against the CPU engine's selection).

@@ -64,7 +64,7 @@ pub use error::{CudaError, Result};
 pub use gdn::{delta_rule_on_host, DeltaForm, DeltaInputs};
 pub use kernels::ptx_for;
 pub use paged::{is_pool_full, DeviceKv, KvPool};
-pub use prefix::{DeviceState, HostLayer, PrefixLayer, Rows};
+pub use prefix::{DeviceState, HostLayer, HostPle, PrefixLayer, Rows};
 pub use sampling::{
     apply_mask, sample_row_on_host, DeviceSampler, RowSampling, Sampled, MAX_SAMPLE_ROWS,
 };

@@ -15,8 +15,13 @@ use crate::{flow, CudaEngine};
 
 /// One layer's piece of a prefix on the host.
 pub enum HostLayer {
-    /// Key and value rows of a run of tokens, `[tokens, n_kv, d]` each.
-    Attention { keys: Vec<f32>, values: Vec<f32> },
+    /// Key and value rows of a run of tokens, `[tokens, n_kv, d]` each, and (qwen4_exp) the
+    /// QSA indexer's raw keys of those tokens, `[tokens, d_i]` (empty without QSA).
+    Attention {
+        keys: Vec<f32>,
+        values: Vec<f32>,
+        indexer: Vec<f32>,
+    },
     /// The GDN state at one position.
     Gdn { conv: Vec<f32>, recurrent: Vec<f32> },
 }
@@ -39,16 +44,27 @@ impl Rows<'_> {
 }
 
 /// What [`CudaEngine::session_from_prefix`] writes into one layer: key and value rows in
-/// order from position 0 (one piece per cached segment), or the GDN state at the prefix's end.
+/// order from position 0 (one piece per cached segment; with QSA also the indexer's raw keys,
+/// from which the block keys are recomputed), or the GDN state at the prefix's end.
 pub enum PrefixLayer<'a> {
     Attention {
         keys: Vec<Rows<'a>>,
         values: Vec<Rows<'a>>,
+        /// qwen4_exp: the QSA indexer's raw keys, pieces as `keys` (none without QSA).
+        indexer: Vec<Rows<'a>>,
     },
     Gdn {
         conv: Rows<'a>,
         recurrent: Rows<'a>,
     },
+}
+
+/// qwen4_exp's PLE state at one position on the host: the n-gram history (the last
+/// ngram_size − 1 ids) and each PLE layer's conv rows, in the session's layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostPle {
+    pub history: Vec<i32>,
+    pub conv: Vec<Vec<f32>>,
 }
 
 /// Every GDN layer's conv and recurrent state at one position, in device memory of its own.
@@ -99,11 +115,12 @@ impl std::fmt::Debug for DeviceState {
 }
 
 impl CudaEngine {
-    /// Why sessions of this model cannot be cached yet, if they cannot: qwen4_exp's QSA
-    /// indexer block keys and PLE rows are not read out.
-    pub fn prefix_refusal(&self) -> Option<String> {
+    /// Why this model's prefix pieces cannot be kept on the device, if they cannot:
+    /// qwen4_exp's QSA indexer keys and PLE state go through the host pieces
+    /// ([`CudaEngine::read_kv_rows`], [`CudaEngine::read_ple`]), which carry them.
+    pub fn device_pieces_refusal(&self) -> Option<String> {
         (self.config.qsa.is_some() || self.config.ple.is_some()).then(|| {
-            "the prefix cache on CUDA does not cover qwen4_exp's QSA and PLE state yet".into()
+            "qwen4_exp's QSA indexer keys and PLE state are cached on the host, not on the device".into()
         })
     }
 
@@ -114,7 +131,6 @@ impl CudaEngine {
         session: &CudaSession,
         from: usize,
     ) -> Result<Vec<Option<HostLayer>>> {
-        self.refuse_uncovered()?;
         refuse_imaged(session)?;
         let to = session.position;
         if from > to {
@@ -122,7 +138,23 @@ impl CudaEngine {
                 "KV rows from position {from} asked of a session at position {to}"
             )));
         }
-        self.read_rows(&session.kv.table, 0, from, to)
+        let mut layers = self.read_rows(&session.kv.table, 0, from, to)?;
+        // qwen4_exp: each attention layer's raw indexer keys of the same tokens.
+        let d_i = self.config.qsa.as_ref().map_or(0, |q| q.head_dim);
+        for (layer, state) in layers.iter_mut().zip(&session.layers) {
+            if let (
+                Some(HostLayer::Attention { indexer, .. }),
+                LayerState::Attention(crate::session::KvCache {
+                    indexer: Some(ix), ..
+                }),
+            ) = (layer, state)
+            {
+                *indexer = self
+                    .dev
+                    .download(&ix.raw_keys, from * d_i, (to - from) * d_i)?;
+            }
+        }
+        Ok(layers)
     }
 
     /// The key and value rows of a piece of the prefix cache held in the pool's blocks, on the
@@ -165,7 +197,11 @@ impl CudaEngine {
                 }
                 let values = kinds.pop().expect("two kinds");
                 let keys = kinds.pop().expect("two kinds");
-                Ok(Some(HostLayer::Attention { keys, values }))
+                Ok(Some(HostLayer::Attention {
+                    keys,
+                    values,
+                    indexer: Vec::new(),
+                }))
             })
             .collect()
     }
@@ -173,7 +209,6 @@ impl CudaEngine {
     /// Every GDN layer's conv and recurrent state at the session's position (`None` for an
     /// attention layer).
     pub fn read_recurrent(&self, session: &CudaSession) -> Result<Vec<Option<HostLayer>>> {
-        self.refuse_uncovered()?;
         refuse_imaged(session)?;
         session
             .layers
@@ -197,7 +232,6 @@ impl CudaEngine {
         layers: &[PrefixLayer<'_>],
         capacity: usize,
     ) -> Result<CudaSession> {
-        self.refuse_uncovered()?;
         let mut session = self.new_session()?;
         if layers.len() != session.layers.len() {
             return Err(CudaError::Unsupported(format!(
@@ -210,7 +244,14 @@ impl CudaEngine {
         let width = self.config.attention.num_kv_heads * self.config.attention.head_dim;
         for (n, (state, piece)) in session.layers.iter_mut().zip(layers).enumerate() {
             match (state, piece) {
-                (LayerState::Attention(_), PrefixLayer::Attention { keys, values }) => {
+                (
+                    LayerState::Attention(kv),
+                    PrefixLayer::Attention {
+                        keys,
+                        values,
+                        indexer,
+                    },
+                ) => {
                     for (is_values, rows) in [(false, keys), (true, values)] {
                         let held: usize = rows.iter().map(Rows::len).sum();
                         if held != position * width {
@@ -245,6 +286,7 @@ impl CudaEngine {
                             at += tokens;
                         }
                     }
+                    self.restore_indexer(n, kv, indexer, position)?;
                 }
                 (LayerState::Gdn(g), PrefixLayer::Gdn { conv, recurrent }) => {
                     put_gdn(self, n, g, conv, recurrent)?;
@@ -272,7 +314,7 @@ impl CudaEngine {
         gdn: &[Option<[Rows<'_>; 2]>],
         capacity: usize,
     ) -> Result<CudaSession> {
-        self.refuse_uncovered()?;
+        self.refuse_device_pieces()?;
         let mut session = self.new_session()?;
         if gdn.len() != session.layers.len() {
             return Err(CudaError::Unsupported(format!(
@@ -318,7 +360,7 @@ impl CudaEngine {
     /// The attention layers' keys and values of tokens `[from, position)` as references to the
     /// session's blocks (no copy; the session copies a block it shares before writing into it).
     pub fn stash_kv_rows(&self, session: &CudaSession, from: usize) -> Result<DeviceKv> {
-        self.refuse_uncovered()?;
+        self.refuse_device_pieces()?;
         refuse_imaged(session)?;
         let to = session.position;
         if from > to {
@@ -332,7 +374,7 @@ impl CudaEngine {
     /// Every GDN layer's conv and recurrent state at the session's position, copied into
     /// device buffers of their own.
     pub fn stash_recurrent(&self, session: &CudaSession) -> Result<DeviceState> {
-        self.refuse_uncovered()?;
+        self.refuse_device_pieces()?;
         let layers = session
             .layers
             .iter()
@@ -394,8 +436,101 @@ impl CudaEngine {
         Ok(staging)
     }
 
-    fn refuse_uncovered(&self) -> Result<()> {
-        match self.prefix_refusal() {
+    /// qwen4_exp's PLE state at the session's position (`None` for the other families).
+    pub fn read_ple(&self, session: &CudaSession) -> Result<Option<HostPle>> {
+        refuse_imaged(session)?;
+        let Some(ple) = &session.ple else {
+            return Ok(None);
+        };
+        Ok(Some(HostPle {
+            history: self.dev.download(&ple.history, 0, ple.history.len())?,
+            conv: ple
+                .conv
+                .iter()
+                .map(|c| self.dev.download(c, 0, c.len()))
+                .collect::<Result<_>>()?,
+        }))
+    }
+
+    /// Writes qwen4_exp's PLE state (as [`CudaEngine::read_ple`] read it) into `session`, after
+    /// [`CudaEngine::session_from_prefix`]: the n-gram history and each PLE layer's conv rows.
+    pub fn write_ple(&self, session: &mut CudaSession, ple: &HostPle) -> Result<()> {
+        let Some(state) = &mut session.ple else {
+            return Err(CudaError::Unsupported(
+                "a cached prefix carries PLE state but the model has no PLE layers".into(),
+            ));
+        };
+        let fits = ple.history.len() == state.history.len()
+            && ple.conv.len() == state.conv.len()
+            && ple
+                .conv
+                .iter()
+                .zip(&state.conv)
+                .all(|(a, b)| a.len() == b.len());
+        if !fits {
+            return Err(CudaError::Unsupported(
+                "a cached prefix's PLE state does not fit the model".into(),
+            ));
+        }
+        self.dev.write(&mut state.history, 0, &ple.history)?;
+        for (rows, buf) in ple.conv.iter().zip(&mut state.conv) {
+            self.upload(buf.ptr(), rows)?;
+        }
+        Ok(())
+    }
+
+    /// Layer `n`'s QSA indexer from cached raw keys (pieces in order from position 0): the
+    /// raw keys written, the block keys of every complete block recomputed from them. Nothing
+    /// for a layer without QSA, which must be given no indexer rows.
+    fn restore_indexer(
+        &self,
+        n: usize,
+        kv: &crate::session::KvCache,
+        rows: &[Rows<'_>],
+        position: usize,
+    ) -> Result<()> {
+        let (Some(ix), Some(q)) = (kv.indexer.as_ref(), self.config.qsa.as_ref()) else {
+            if rows.iter().any(|r| r.len() > 0) {
+                return Err(CudaError::Unsupported(format!(
+                    "layer {n}'s cached prefix holds QSA indexer keys but the layer has no indexer"
+                )));
+            }
+            return Ok(());
+        };
+        let held: usize = rows.iter().map(Rows::len).sum();
+        if held != position * q.head_dim {
+            return Err(CudaError::Unsupported(format!(
+                "layer {n}'s cached indexer keys hold {} tokens, not {position}",
+                held / q.head_dim.max(1)
+            )));
+        }
+        let mut at = 0;
+        for part in rows {
+            self.put(ix.raw_keys.at(at), part)?;
+            at += part.len();
+        }
+        let crate::weights::GpuMixer::Attention(w) = &self.gpu.layers[n].mixer else {
+            return Err(CudaError::Unsupported(format!(
+                "layer {n}'s kind differs in a cached prefix"
+            )));
+        };
+        let Some(indexer_w) = w.indexer.as_ref() else {
+            return Err(CudaError::Unsupported(format!(
+                "layer {n} has indexer keys but no indexer weights"
+            )));
+        };
+        crate::attention::rebuild_block_keys(
+            &self.dev,
+            &self.config,
+            indexer_w,
+            &self.inv_freq,
+            kv,
+            position,
+        )
+    }
+
+    fn refuse_device_pieces(&self) -> Result<()> {
+        match self.device_pieces_refusal() {
             Some(why) => Err(CudaError::Unsupported(why)),
             None => Ok(()),
         }

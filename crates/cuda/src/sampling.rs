@@ -35,8 +35,11 @@ pub struct RowSampling<'a> {
     /// The draw in [0, 1), taken by the caller from the sequence's own seeded RNG (so a seed
     /// gives the same stream in any batch).
     pub uniform: f64,
-    /// Ids to penalise (prompt + generated so far); read only when a penalty is on.
+    /// Ids to penalise; read only when a penalty is on. The repetition penalty takes every
+    /// one, presence and frequency count those from `counted_from` on (the answer's, as
+    /// OpenAI and vLLM count them; all of a window as llama.cpp does).
     pub history: &'a [u32],
+    pub counted_from: usize,
 }
 
 impl RowSampling<'_> {
@@ -372,6 +375,7 @@ fn pack_params(
         w[10] = uniform as u32;
         w[11] = (uniform >> 32) as u32;
         w[12] = mask_at as u32;
+        w[13] = row.counted_from.min(row.history.len()) as u32;
     }
     Ok(words)
 }
@@ -431,10 +435,16 @@ pub fn apply_mask(logits: &mut [f32], bits: &[u32]) {
 /// with the draw `uniform`: what the device computes, for the rows it leaves to the host.
 pub fn sample_row_on_host(logits: &mut [f32], row: &RowSampling<'_>) -> u32 {
     if row.penalises() {
-        let mut sorted = row.history.to_vec();
+        // id·2, +1 where presence and frequency count it.
+        let mut sorted: Vec<u64> = row
+            .history
+            .iter()
+            .enumerate()
+            .map(|(j, &id)| (id as u64) << 1 | (j >= row.counted_from) as u64)
+            .collect();
         sorted.sort_unstable();
-        for run in sorted.chunk_by(|a, b| a == b) {
-            let Some(logit) = logits.get_mut(run[0] as usize) else {
+        for run in sorted.chunk_by(|a, b| a >> 1 == b >> 1) {
+            let Some(logit) = logits.get_mut((run[0] >> 1) as usize) else {
                 continue;
             };
             if *logit > 0.0 {
@@ -442,7 +452,10 @@ pub fn sample_row_on_host(logits: &mut [f32], row: &RowSampling<'_>) -> u32 {
             } else {
                 *logit *= row.repetition_penalty;
             }
-            *logit -= row.presence_penalty + row.frequency_penalty * run.len() as f32;
+            let count = run.iter().filter(|&&x| x & 1 == 1).count();
+            if count > 0 {
+                *logit -= row.presence_penalty + row.frequency_penalty * count as f32;
+            }
         }
     }
     if row.is_greedy() {

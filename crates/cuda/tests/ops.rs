@@ -248,6 +248,10 @@ const CHECKED_ELSEWHERE: &[(&str, &str)] = &[
     ("gdn_recurrent", "tests/gdn_chunked.rs, tests/fixtures.rs"),
     ("gdn_decode_heads", "tests/fixtures.rs (GDN decode)"),
     ("gdn_chunk_prep", "tests/gdn_chunked.rs"),
+    (
+        "qsa_block_keys",
+        "tests/prefix.rs (a qwen4_exp session restored from raw indexer keys continues bit for bit)",
+    ),
     ("gdn_chunk_scan", "tests/gdn_chunked.rs"),
     ("gdn_gated_norm", "tests/gdn_chunked.rs"),
     (

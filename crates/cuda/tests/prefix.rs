@@ -1,12 +1,14 @@
 //! The prefix cache's capture and restore on CUDA: a session read out to the host at a cut
 //! (key and value rows in two segments, the GDN state at the cut) and rebuilt in a new session
 //! continues exactly as the original: the same logits, bit for bit, over a prompt chunk and
-//! greedy decode steps, on every fixture the CUDA prefix cache covers. qwen4_exp is refused by
-//! name. The same prefix kept as references to the KV pool's blocks (the server's default)
-//! restores alike, its blocks mapped into the new session's table. Two sequences diverging after
-//! a shared prefix run concurrently on the shared blocks (counted once by the pool), each as its
-//! cold run; a pool too small for both makes the second wait, not differ; every reference goes
-//! back. Needs a CUDA GPU: `cargo test --release -p spindle-cuda --test prefix -- --ignored`.
+//! greedy decode steps, on every fixture (qwen4_exp with its QSA indexer keys, whose block keys
+//! the restore recomputes, and its PLE state; its pieces go through the host, device pieces
+//! are refused by name). The same prefix kept as references to the KV pool's blocks (the
+//! server's default) restores alike, its blocks mapped into the new session's table. Two
+//! sequences diverging after a shared prefix run concurrently on the shared blocks (counted
+//! once by the pool), each as its cold run; a pool too small for both makes the second wait,
+//! not differ; every reference goes back. Needs a CUDA GPU: `cargo test --release -p
+//! spindle-cuda --test prefix -- --ignored`.
 
 use spindle_cuda::{CudaBatchItem, CudaEngine, HostLayer, PrefixLayer, Rows};
 use spindle_model::forward::LogitsFor;
@@ -39,6 +41,7 @@ fn check(name: &str, cut: usize, split: usize) {
 
     // Rows [0, split) and [split, cut): the first segment cut from a whole read-out.
     let width = engine.config().attention.num_kv_heads * engine.config().attention.head_dim;
+    let d_i = engine.config().qsa.as_ref().map_or(0, |q| q.head_dim);
     let first: Vec<Option<HostLayer>> = engine
         .read_kv_rows(&original, 0)
         .unwrap()
@@ -48,10 +51,16 @@ fn check(name: &str, cut: usize, split: usize) {
                 HostLayer::Attention {
                     mut keys,
                     mut values,
+                    mut indexer,
                 } => {
                     keys.truncate(split * width);
                     values.truncate(split * width);
-                    HostLayer::Attention { keys, values }
+                    indexer.truncate(split * d_i);
+                    HostLayer::Attention {
+                        keys,
+                        values,
+                        indexer,
+                    }
                 }
                 gdn => gdn,
             })
@@ -59,22 +68,41 @@ fn check(name: &str, cut: usize, split: usize) {
         .collect();
     let second = engine.read_kv_rows(&original, split).unwrap();
     let state = engine.read_recurrent(&original).unwrap();
+    let ple = engine.read_ple(&original).unwrap();
+    assert_eq!(
+        ple.is_some(),
+        engine.config().ple.is_some(),
+        "{name}: PLE state read out exactly for a model with PLE layers"
+    );
     let layers: Vec<PrefixLayer> = first
         .iter()
         .zip(&second)
         .zip(&state)
         .map(|((a, b), s)| match (a, b, s) {
             (
-                Some(HostLayer::Attention { keys, values }),
+                Some(HostLayer::Attention {
+                    keys,
+                    values,
+                    indexer,
+                }),
                 Some(HostLayer::Attention {
                     keys: k2,
                     values: v2,
+                    indexer: i2,
                 }),
                 None,
-            ) => PrefixLayer::Attention {
-                keys: vec![Rows::Host(keys), Rows::Host(k2)],
-                values: vec![Rows::Host(values), Rows::Host(v2)],
-            },
+            ) => {
+                assert_eq!(
+                    indexer.len() + i2.len(),
+                    cut * d_i,
+                    "{name}: indexer keys of every position read out"
+                );
+                PrefixLayer::Attention {
+                    keys: vec![Rows::Host(keys), Rows::Host(k2)],
+                    values: vec![Rows::Host(values), Rows::Host(v2)],
+                    indexer: vec![Rows::Host(indexer), Rows::Host(i2)],
+                }
+            }
             (None, None, Some(HostLayer::Gdn { conv, recurrent })) => PrefixLayer::Gdn {
                 conv: Rows::Host(conv),
                 recurrent: Rows::Host(recurrent),
@@ -84,6 +112,37 @@ fn check(name: &str, cut: usize, split: usize) {
         .collect();
     let mut restored = engine.session_from_prefix(cut, &layers, 64).unwrap();
     assert_eq!(restored.position, cut);
+    if let Some(ple) = &ple {
+        engine.write_ple(&mut restored, ple).unwrap();
+    }
+    if engine.device_pieces_refusal().is_some() {
+        // qwen4_exp: device pieces are refused by name (the server caches it on the host).
+        let err = engine.stash_kv_rows(&original, 0).err().expect("refused");
+        assert!(err.to_string().contains("qwen4_exp"), "{err}");
+        let rest = &prompt[cut..];
+        let a = engine.forward(&mut original, rest, LogitsFor::All).unwrap();
+        let b = engine.forward(&mut restored, rest, LogitsFor::All).unwrap();
+        assert_eq!(
+            a, b,
+            "{name}: the rest of the prompt after a restored prefix differs"
+        );
+        let mut next = spindle_kernels::softmax::argmax(&a[a.len() - vocab..]) as u32;
+        for step in 0..4 {
+            let a = engine
+                .forward(&mut original, &[next], LogitsFor::Last)
+                .unwrap();
+            let b = engine
+                .forward(&mut restored, &[next], LogitsFor::Last)
+                .unwrap();
+            assert_eq!(
+                a, b,
+                "{name}: decode step {step} after a restored prefix differs"
+            );
+            next = spindle_kernels::softmax::argmax(&a) as u32;
+        }
+        eprintln!("{name}: cut {cut} (segments split at {split}): restored session identical");
+        return;
+    }
 
     // The same prefix kept in the pool: references to the session's blocks, split in two
     // pieces (a block holding the split mid-way is referenced by both), mapped into a new table.
@@ -185,12 +244,19 @@ fn restored_sessions_continue_identically() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn qwen4_exp_is_refused_by_name() {
-    let dir = spindle_testkit::fixture("qwen4_exp");
-    let engine = CudaEngine::load(&dir, 0).unwrap();
-    let session = engine.new_session().unwrap();
-    let err = engine.read_recurrent(&session).err().expect("refused");
-    assert!(err.to_string().contains("qwen4_exp"), "{err}");
+fn qwen4_exp_restores_its_indexer_and_ple_state() {
+    // Cuts past several complete indexer blocks and mid-block, segments split mid-way.
+    let cr = {
+        let dir = spindle_testkit::fixture("qwen4_exp");
+        let config = spindle_model::ModelConfig::from_dir(&dir).unwrap();
+        config
+            .qsa
+            .as_ref()
+            .expect("qwen4_exp has QSA")
+            .compress_ratio
+    };
+    check("qwen4_exp", 3 * cr + 1, cr + 2);
+    check("qwen4_exp", 4 * cr, 0);
 }
 
 /// Two requests diverging after a shared prefix of `shared` tokens, on one engine: the second is

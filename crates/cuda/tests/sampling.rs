@@ -262,6 +262,8 @@ fn check_batch(
                 frequency_penalty: freq,
                 uniform: uniform(rng),
                 history: &histories[r],
+                // All counted, a third counted (a prompt and an answer), none counted.
+                counted_from: histories[r].len() * (r % 3) / 2,
             }
         })
         .collect();
@@ -389,6 +391,7 @@ fn a_batch_of_draws_matches_the_reference_draw_for_draw() {
                 frequency_penalty: freq,
                 uniform: 0.0,
                 history: &[],
+                counted_from: 0,
             },
         );
         let (mut equal, mut separated, mut draws) = (0, 0, 0);
@@ -405,6 +408,7 @@ fn a_batch_of_draws_matches_the_reference_draw_for_draw() {
                     frequency_penalty: freq,
                     uniform: uniform(&mut rng),
                     history: &[],
+                    counted_from: 0,
                 })
                 .collect();
             let got = sampler.sample_rows(&dev, buf.ptr(), vocab, &specs).unwrap();
@@ -461,6 +465,7 @@ fn timing_of_device_sampling_against_downloading_the_rows() {
             frequency_penalty: if pen { 0.2 } else { 0.0 },
             uniform: uniform(rng),
             history: &history,
+            counted_from: history.len() / 2,
         };
         let before = sampler.host_rows();
         let mut time = |t: f32, k: usize, p: f32, pen: bool, rng: &mut Rng| {
@@ -537,6 +542,7 @@ fn masked_device_sampling_matches_the_host_reference_on_the_masked_row() {
                     frequency_penalty: freq,
                     uniform: uniform(&mut rng),
                     history: &histories[r],
+                    counted_from: histories[r].len() * (r % 3) / 2,
                 }
             })
             .collect();

@@ -13,7 +13,7 @@ use crate::constraint::{Constraint, TokenMask};
 use crate::error::{Result, RuntimeError};
 use crate::images::TokenPrompt;
 use crate::model::Model;
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Penalised, Sampler, SamplingParams};
 
 /// How to generate. Everything past `stop` is the logits-processing step between the forward
 /// pass and the sampler ([`SequenceDecoder::step`]). The grammar and the bans before
@@ -42,6 +42,22 @@ pub struct GenerateOptions {
     /// Record each generated token's log-probability, with this many of the most likely
     /// alternatives (0 to 20), in [`Completion::logprobs`].
     pub logprobs: Option<usize>,
+    /// Ids never sampled (a mask on every step, where the logits are): e.g. the tool-call
+    /// opener when the request's `tool_choice` is `none`.
+    pub banned_ids: Vec<u32>,
+    /// A cap on the tokens of each reasoning block.
+    pub reasoning_budget: Option<ReasoningBudget>,
+}
+
+/// A cap on the tokens of a reasoning block (`<think>` ... `</think>`): once a block holds
+/// `tokens` tokens, its closing token is the only one allowed (Anthropic's `budget_tokens`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReasoningBudget {
+    pub tokens: usize,
+    pub open: u32,
+    pub close: u32,
+    /// The prompt ends inside a reasoning block (the chat template opened it).
+    pub starts_inside: bool,
 }
 
 /// The log-probability of one generated token under the model (log-softmax of its raw logits,
@@ -145,6 +161,11 @@ pub struct SequenceDecoder {
     logit_bias: Vec<(u32, f32)>,
     /// Ids banned before `min_tokens` (EOS and stop token ids).
     enders: Vec<u32>,
+    /// [`GenerateOptions::banned_ids`].
+    banned: Vec<u32>,
+    budget: Option<ReasoningBudget>,
+    /// Tokens of the reasoning block the sequence is in (`None` outside one).
+    reasoning: Option<usize>,
     min_tokens: usize,
     constraint: Option<Constraint>,
     /// The mask for the next token, computed ahead ([`SequenceDecoder::prepare`]).
@@ -232,6 +253,12 @@ impl SequenceDecoder {
             finish: None,
             logit_bias: options.logit_bias.clone(),
             enders: eos_ids,
+            banned: options.banned_ids.clone(),
+            budget: options.reasoning_budget,
+            reasoning: options
+                .reasoning_budget
+                .filter(|b| b.starts_inside)
+                .map(|_| 0),
             min_tokens: options.min_tokens,
             constraint: options.constraint.clone(),
             mask: None,
@@ -253,7 +280,12 @@ impl SequenceDecoder {
         }
         let logprobs = self.logprobs.map(|k| Logprobs::of(logits, k));
         self.process(logits)?;
-        let id = self.sampler.sample(logits, &self.history);
+        let penalised = Penalised::within(
+            self.sampler.params().penalty_window,
+            &self.history,
+            self.prompt_tokens,
+        );
+        let id = self.sampler.sample(logits, penalised);
         if let Some(lp) = logprobs {
             self.token_logprobs.push(lp.entry(id));
         }
@@ -295,9 +327,19 @@ impl SequenceDecoder {
         }
         // A complete grammar may only end: the bans must not leave nothing to sample.
         let grammar_done = mask.as_ref().is_some_and(TokenMask::only_eos);
-        if self.ids.len() < self.min_tokens && !grammar_done {
-            for &id in &self.enders {
-                if let Some(logit) = logits.get_mut(id as usize) {
+        let enders = if self.ids.len() < self.min_tokens && !grammar_done {
+            &self.enders[..]
+        } else {
+            &[]
+        };
+        for &id in enders.iter().chain(&self.banned) {
+            if let Some(logit) = logits.get_mut(id as usize) {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+        if let Some(close) = self.forced_close() {
+            for (id, logit) in logits.iter_mut().enumerate() {
+                if id != close as usize {
                     *logit = f32::NEG_INFINITY;
                 }
             }
@@ -351,10 +393,11 @@ impl SequenceDecoder {
             return None;
         }
         let uniform = self.sampler.next_uniform().unwrap_or(0.0);
+        let params = self.sampler.params();
         Some(Draw {
-            params: self.sampler.params(),
+            params,
             uniform,
-            history: &self.history,
+            penalised: Penalised::of(params, &self.history, self.prompt_tokens),
         })
     }
 
@@ -370,6 +413,7 @@ impl SequenceDecoder {
             return None;
         }
         let uniform = self.sampler.next_uniform().unwrap_or(0.0);
+        let only = self.forced_close();
         let mask = SequenceMask {
             constraint: self.constraint.as_mut(),
             ready: self.mask.take(),
@@ -378,13 +422,16 @@ impl SequenceDecoder {
             } else {
                 &[]
             },
+            banned: &self.banned,
+            only,
             vocab: self.vocab,
             failed: &mut self.mask_failed,
         };
+        let params = self.sampler.params();
         let draw = Draw {
-            params: self.sampler.params(),
+            params,
             uniform,
-            history: &self.history,
+            penalised: Penalised::of(params, &self.history, self.prompt_tokens),
         };
         Some((draw, mask))
     }
@@ -407,6 +454,15 @@ impl SequenceDecoder {
         }
         self.ids.push(id);
         self.history.push(id);
+        if let Some(budget) = self.budget {
+            self.reasoning = if id == budget.close {
+                None
+            } else if id == budget.open {
+                Some(0)
+            } else {
+                self.reasoning.map(|n| n + 1)
+            };
+        }
         let delta = self.stream.push(id)?;
         let mut text = delta.text;
         if let Some(reason) = delta.finished {
@@ -421,6 +477,13 @@ impl SequenceDecoder {
         self.text.push_str(&text);
         let next = self.finish.is_none().then_some(id);
         Ok(TokenStep { text, next })
+    }
+
+    /// The closing token of a reasoning block that has spent its budget: the only token the
+    /// next step may take.
+    fn forced_close(&self) -> Option<u32> {
+        let budget = self.budget?;
+        (self.reasoning? >= budget.tokens).then_some(budget.close)
     }
 
     /// Ends the sequence from outside (the caller stopped it): returns the text held back
@@ -492,6 +555,10 @@ pub struct SequenceMask<'a> {
     ready: Option<TokenMask>,
     /// Ids banned at this step (EOS and stop token ids before `min_tokens`).
     enders: &'a [u32],
+    /// Ids banned at every step ([`GenerateOptions::banned_ids`]).
+    banned: &'a [u32],
+    /// The one id allowed at this step (a reasoning block's close, its budget spent).
+    only: Option<u32>,
     vocab: usize,
     failed: &'a mut Option<RuntimeError>,
 }
@@ -500,7 +567,10 @@ impl SequenceMask<'_> {
     /// Whether the step has a mask at all (a grammar, or bans before `min_tokens`); one that
     /// has none costs nothing.
     pub fn is_needed(&self) -> bool {
-        self.constraint.as_ref().is_some_and(|c| c.active()) || !self.enders.is_empty()
+        self.constraint.as_ref().is_some_and(|c| c.active())
+            || !self.enders.is_empty()
+            || !self.banned.is_empty()
+            || self.only.is_some()
     }
 
     /// The allowed ids as bits (`vocab.div_ceil(32)` words, bit `id % 32` of word `id / 32`),
@@ -510,6 +580,13 @@ impl SequenceMask<'_> {
     /// [`SequenceDecoder::accept`] reports the failure.
     pub fn compute(self) -> Option<Vec<u32>> {
         let words = self.vocab.div_ceil(32);
+        if let Some(id) = self.only {
+            let mut bits = vec![0u32; words];
+            if let Some(word) = bits.get_mut(id as usize / 32) {
+                *word |= 1 << (id % 32);
+            }
+            return Some(bits);
+        }
         let grammar = match self.ready {
             Some(mask) => Some(mask),
             None => match self.constraint {
@@ -524,15 +601,15 @@ impl SequenceMask<'_> {
             },
         };
         let grammar_done = grammar.as_ref().is_some_and(TokenMask::only_eos);
-        let bans = if grammar_done { &[][..] } else { self.enders };
-        if grammar.is_none() && bans.is_empty() {
+        let enders = if grammar_done { &[][..] } else { self.enders };
+        if grammar.is_none() && enders.is_empty() && self.banned.is_empty() {
             return None;
         }
         let mut bits = match &grammar {
             Some(mask) => mask.words(words),
             None => vec![u32::MAX; words],
         };
-        for &id in bans {
+        for &id in enders.iter().chain(self.banned) {
             if let Some(word) = bits.get_mut(id as usize / 32) {
                 *word &= !(1u32 << (id % 32));
             }

@@ -30,8 +30,8 @@ pub use demo::{demo_dir, DEMO_MODEL_ID};
 pub use device::Device;
 pub use error::{Result, RuntimeError};
 pub use generate::{
-    Completion, Finish, Flow, GenerateOptions, SequenceDecoder, SequenceMask, TokenLogprob,
-    TokenStep,
+    Completion, Finish, Flow, GenerateOptions, ReasoningBudget, SequenceDecoder, SequenceMask,
+    TokenLogprob, TokenStep,
 };
 pub use images::{check_image_pads, TokenPrompt};
 pub use input::InputError;

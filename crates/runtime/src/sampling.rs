@@ -22,15 +22,64 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Drop tokens less likely than `min_p` times the most likely one.
     pub min_p: f32,
-    /// HF/vLLM repetition penalty for tokens in the history: positive logits are divided by
-    /// it, negative ones multiplied.
+    /// HF/vLLM repetition penalty for tokens seen (prompt and answer): positive logits are
+    /// divided by it, negative ones multiplied.
     pub repetition_penalty: f32,
-    /// OpenAI presence penalty: subtracted once from every token in the history.
+    /// OpenAI presence penalty: subtracted once from every token the answer holds.
     pub presence_penalty: f32,
-    /// OpenAI frequency penalty: subtracted once per occurrence in the history.
+    /// OpenAI frequency penalty: subtracted once per occurrence in the answer.
     pub frequency_penalty: f32,
+    /// Which tokens the penalties read ([`Penalised::of`]): `None` as OpenAI and vLLM do
+    /// (repetition over the prompt and the answer, presence and frequency over the answer);
+    /// `Some(n)` as llama.cpp and Ollama do (`repeat_last_n`: all three over the last `n`
+    /// tokens, prompt included).
+    pub penalty_window: Option<usize>,
     /// Seed of the random draws; `None` seeds from the operating system.
     pub seed: Option<u64>,
+}
+
+/// The token ids a step's penalties read: the repetition penalty takes every id of `ids`,
+/// the presence and frequency penalties count the ids from `counted_from` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Penalised<'a> {
+    pub ids: &'a [u32],
+    pub counted_from: usize,
+}
+
+impl<'a> Penalised<'a> {
+    /// Nothing penalised.
+    pub const NONE: Penalised<'static> = Penalised {
+        ids: &[],
+        counted_from: 0,
+    };
+
+    /// What `params` penalise in a sequence whose ids so far are `history` (its prompt, the
+    /// first `prompt` of them, then the answer).
+    pub fn of(params: &SamplingParams, history: &'a [u32], prompt: usize) -> Self {
+        Self::within(params.penalty_window, history, prompt)
+    }
+
+    /// [`Penalised::of`] for a [`SamplingParams::penalty_window`].
+    pub fn within(window: Option<usize>, history: &'a [u32], prompt: usize) -> Self {
+        match window {
+            None => Penalised {
+                ids: history,
+                counted_from: prompt.min(history.len()),
+            },
+            Some(n) => Penalised {
+                ids: &history[history.len().saturating_sub(n)..],
+                counted_from: 0,
+            },
+        }
+    }
+
+    /// Every id counted by all three penalties.
+    pub fn all(ids: &'a [u32]) -> Self {
+        Penalised {
+            ids,
+            counted_from: 0,
+        }
+    }
 }
 
 impl Default for SamplingParams {
@@ -44,6 +93,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            penalty_window: None,
             seed: None,
         }
     }
@@ -157,8 +207,8 @@ pub struct Sampler {
     rng: StdRng,
     /// Scratch: (token id, scaled logit, then probability) of the surviving candidates.
     candidates: Vec<(u32, f32, f64)>,
-    /// Scratch: the sorted history, for counting occurrences.
-    sorted_history: Vec<u32>,
+    /// Scratch: the penalised ids (id·2, +1 where presence and frequency count it), sorted.
+    sorted_history: Vec<u64>,
 }
 
 impl Sampler {
@@ -181,12 +231,11 @@ impl Sampler {
     }
 
     /// Picks the next token from one row of logits `[V]`. The penalties are applied to
-    /// `logits` in place for the tokens in `history` (the ids the caller wants penalised:
-    /// usually the prompt and the generated tokens). NaN logits are never picked; if every
-    /// logit is NaN or -inf the result is 0.
-    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+    /// `logits` in place for the tokens `penalised` names ([`Penalised::of`]). NaN logits are
+    /// never picked; if every logit is NaN or -inf the result is 0.
+    pub fn sample(&mut self, logits: &mut [f32], penalised: Penalised<'_>) -> u32 {
         let uniform = self.next_uniform();
-        self.sample_with(logits, history, uniform)
+        self.sample_with(logits, penalised, uniform)
     }
 
     /// The random draw the next [`Sampler::sample`] would use, consuming the random stream
@@ -203,10 +252,10 @@ impl Sampler {
     pub fn sample_with(
         &mut self,
         logits: &mut [f32],
-        history: &[u32],
+        penalised: Penalised<'_>,
         uniform: Option<f64>,
     ) -> u32 {
-        self.apply_penalties(logits, history);
+        self.apply_penalties(logits, penalised);
         if self.params.is_greedy() {
             return argmax(logits) as u32;
         }
@@ -229,17 +278,24 @@ impl Sampler {
         self.draw(uniform.unwrap_or(0.0))
     }
 
-    /// Repetition, presence and frequency penalties for every distinct token in `history`.
-    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
+    /// The penalties for every distinct token of `penalised`: the repetition penalty on each,
+    /// then presence and frequency on those counted (`presence + frequency · count`).
+    fn apply_penalties(&mut self, logits: &mut [f32], penalised: Penalised<'_>) {
         let p = &self.params;
         if p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
             return;
         }
         self.sorted_history.clear();
-        self.sorted_history.extend_from_slice(history);
+        self.sorted_history.extend(
+            penalised
+                .ids
+                .iter()
+                .enumerate()
+                .map(|(j, &id)| (id as u64) << 1 | (j >= penalised.counted_from) as u64),
+        );
         self.sorted_history.sort_unstable();
-        for run in self.sorted_history.chunk_by(|a, b| a == b) {
-            let Some(logit) = logits.get_mut(run[0] as usize) else {
+        for run in self.sorted_history.chunk_by(|a, b| a >> 1 == b >> 1) {
+            let Some(logit) = logits.get_mut((run[0] >> 1) as usize) else {
                 continue;
             };
             if *logit > 0.0 {
@@ -247,7 +303,10 @@ impl Sampler {
             } else {
                 *logit *= p.repetition_penalty;
             }
-            *logit -= p.presence_penalty + p.frequency_penalty * run.len() as f32;
+            let count = run.iter().filter(|&&x| x & 1 == 1).count();
+            if count > 0 {
+                *logit -= p.presence_penalty + p.frequency_penalty * count as f32;
+            }
         }
     }
 
@@ -358,7 +417,7 @@ mod tests {
         let mut counts = vec![0; logits.len()];
         for _ in 0..draws {
             let mut row = logits.to_vec();
-            counts[s.sample(&mut row, &[]) as usize] += 1;
+            counts[s.sample(&mut row, Penalised::NONE) as usize] += 1;
         }
         counts
     }
@@ -387,9 +446,12 @@ mod tests {
     #[test]
     fn temperature_zero_is_argmax_with_lowest_index_on_ties() {
         let mut s = sampler(SamplingParams::default());
-        assert_eq!(s.sample(&mut [0.1, 3.0, -1.0, 3.0], &[]), 1);
-        assert_eq!(s.sample(&mut [f32::NAN, -5.0, f32::NAN], &[]), 1);
-        assert_eq!(s.sample(&mut [f32::NEG_INFINITY; 3], &[]), 0);
+        assert_eq!(s.sample(&mut [0.1, 3.0, -1.0, 3.0], Penalised::NONE), 1);
+        assert_eq!(
+            s.sample(&mut [f32::NAN, -5.0, f32::NAN], Penalised::NONE),
+            1
+        );
+        assert_eq!(s.sample(&mut [f32::NEG_INFINITY; 3], Penalised::NONE), 0);
     }
 
     #[test]
@@ -401,7 +463,7 @@ mod tests {
                 ..seeded(1.0)
             });
             (0..200)
-                .map(|_| s.sample(&mut logits.clone(), &[]))
+                .map(|_| s.sample(&mut logits.clone(), Penalised::NONE))
                 .collect::<Vec<u32>>()
         };
         assert_eq!(draws(42), draws(42));
@@ -421,12 +483,15 @@ mod tests {
         let mut differ = false;
         let mut previous = None;
         for _ in 0..200 {
-            let a = host.sample(&mut logits.clone(), &[]);
+            let a = host.sample(&mut logits.clone(), Penalised::NONE);
             let u = split.next_uniform();
             assert!(u.is_some_and(|u| (0.0..1.0).contains(&u)));
             differ |= previous.is_some() && previous != u;
             previous = u;
-            assert_eq!(split.sample_with(&mut logits.clone(), &[], u), a);
+            assert_eq!(
+                split.sample_with(&mut logits.clone(), Penalised::NONE, u),
+                a
+            );
         }
         assert!(differ, "the draws must vary");
         assert_eq!(sampler(SamplingParams::default()).next_uniform(), None);
@@ -513,7 +578,7 @@ mod tests {
         });
         let mut logits = [2.0, -1.0, 1.5, 0.5];
         // Token 0 is penalised to 1.0, below token 2.
-        assert_eq!(s.sample(&mut logits, &[0, 1, 0]), 2);
+        assert_eq!(s.sample(&mut logits, Penalised::all(&[0, 1, 0])), 2);
         assert_eq!(logits, [1.0, -2.0, 1.5, 0.5]);
     }
 
@@ -526,8 +591,41 @@ mod tests {
         });
         let mut logits = [1.0, 1.0, 1.0, 0.0];
         // Out-of-range ids in the history are ignored.
-        s.sample(&mut logits, &[2, 1, 2, 99]);
+        s.sample(&mut logits, Penalised::all(&[2, 1, 2, 99]));
         assert_eq!(logits, [1.0, 1.0 - 0.75, 1.0 - 1.0, 0.0]);
+    }
+
+    #[test]
+    fn presence_and_frequency_count_the_answer_and_repetition_everything() {
+        let params = SamplingParams {
+            repetition_penalty: 2.0,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..SamplingParams::default()
+        };
+        let mut s = sampler(params.clone());
+        // Prompt [0, 1, 1], answer [1, 2]: token 0 only repeated (prompt), token 1 repeated and
+        // counted once (the answer's), token 2 repeated and counted once, token 3 untouched.
+        let history = [0, 1, 1, 1, 2];
+        let mut logits = [2.0, 2.0, -1.0, 4.0];
+        s.sample(&mut logits, Penalised::of(&params, &history, 3));
+        assert_eq!(logits, [1.0, 1.0 - 0.75, -2.0 - 0.75, 4.0]);
+        // A window of 2 (llama.cpp, Ollama): only [1, 2] are read, both counted.
+        let windowed = SamplingParams {
+            penalty_window: Some(2),
+            ..params
+        };
+        let mut s = sampler(windowed.clone());
+        let mut logits = [2.0, 2.0, -1.0, 4.0];
+        s.sample(&mut logits, Penalised::of(&windowed, &history, 3));
+        assert_eq!(logits, [2.0, 1.0 - 0.75, -2.0 - 0.75, 4.0]);
+        // A window of 0 reads nothing.
+        let none = SamplingParams {
+            penalty_window: Some(0),
+            ..windowed
+        };
+        let penalised = Penalised::of(&none, &history, 3);
+        assert!(penalised.ids.is_empty());
     }
 
     #[test]

@@ -428,3 +428,77 @@ fn a_state_budget_preempts_and_recomputes_without_changing_any_answer() {
         (0, 0, 0)
     );
 }
+
+/// Banned ids are never sampled, in the scheduler (a mask where the logits are) as in
+/// `Model::generate` (on the host), and both give the same answer.
+#[test]
+fn banned_ids_are_never_sampled_on_either_path() {
+    let model = demo();
+    let prompt = ids(&model, "Tell me a story about a robot who learns to paint.");
+    let free = solo(&model, &prompt, &options(12, SamplingParams::default()));
+    // Ban the free answer's first two tokens: the answer changes and holds neither.
+    let banned: Vec<u32> = free.ids[..2].to_vec();
+    let options = GenerateOptions {
+        banned_ids: banned.clone(),
+        ..options(12, SamplingParams::default())
+    };
+    let alone = solo(&model, &prompt, &options);
+    assert!(
+        alone.ids.iter().all(|id| !banned.contains(id)),
+        "{:?} holds a banned id of {banned:?}",
+        alone.ids
+    );
+    assert_ne!(alone.ids, free.ids);
+    let scheduler = Scheduler::start(Arc::clone(&model), BatchConfig::default()).unwrap();
+    let (_, batched) = collect(scheduler.submit(prompt, &options).unwrap());
+    assert_eq!(
+        batched.ids, alone.ids,
+        "the masked scheduler path differs from the host's"
+    );
+}
+
+/// A reasoning budget closes the block at its last token: within `tokens` tokens of the
+/// prompt's open block the closing token comes, forced if the model does not write it, the
+/// same in the scheduler and in `Model::generate`.
+#[test]
+fn a_reasoning_budget_forces_the_block_closed() {
+    let model = demo();
+    let id = |t: &str| {
+        model
+            .tokenizer
+            .token_to_id(t)
+            .expect("a Qwen reasoning token")
+    };
+    let (open, close) = (id("<think>"), id("</think>"));
+    let prompt = ids(
+        &model,
+        "Tell me a story about a robot who learns to paint.<think>\n",
+    );
+    // Left alone, the model does not close it that soon.
+    let free = solo(&model, &prompt, &options(8, SamplingParams::default()));
+    assert!(!free.ids[..4].contains(&close), "{:?}", free.ids);
+    for tokens in [1, 3] {
+        let options = GenerateOptions {
+            reasoning_budget: Some(spindle_runtime::ReasoningBudget {
+                tokens,
+                open,
+                close,
+                starts_inside: true,
+            }),
+            ..options(8, SamplingParams::default())
+        };
+        let alone = solo(&model, &prompt, &options);
+        let at = alone.ids.iter().position(|&t| t == close);
+        assert!(
+            at.is_some_and(|at| at <= tokens),
+            "budget {tokens}: {:?} does not close the block in time",
+            alone.ids
+        );
+        let scheduler = Scheduler::start(Arc::clone(&model), BatchConfig::default()).unwrap();
+        let (_, batched) = collect(scheduler.submit(prompt.clone(), &options).unwrap());
+        assert_eq!(
+            batched.ids, alone.ids,
+            "budget {tokens}: the scheduler differs"
+        );
+    }
+}

@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 use spindle_cpu::LogitsFor;
 use spindle_kernels::softmax::argmax;
 use spindle_runtime::batch::{BatchConfig, Scheduler};
-use spindle_runtime::sampling::SamplingParams;
+use spindle_runtime::sampling::{Penalised, SamplingParams};
 use spindle_runtime::{
     demo_dir, Completion, Finish, Flow, GenerateOptions, Grammar, Model, Prompt, RuntimeError,
     SequenceDecoder,
@@ -561,7 +561,7 @@ fn a_mask_allowing_one_token_forces_it() {
         Draw {
             params,
             uniform: 0.999,
-            history: &[],
+            penalised: Penalised::NONE,
         }
     }
     let picks = [
@@ -640,7 +640,9 @@ fn grammar_compiling_is_bounded() {
         Err(RuntimeError::Grammar(m)) => assert!(m.contains("at most"), "{m}"),
         other => panic!("{other:?}"),
     }
-    assert!(started.elapsed().as_millis() < 100);
+    // Far below what compiling 20,000 choices takes (a generous bound: other work may share
+    // the machine).
+    assert!(started.elapsed().as_secs() < 5);
     // Deeply nested grammars compile on the compiler's own stack (this thread's 2 MiB would
     // overflow on the 1000-rule chain) and are masked from here.
     let chain = (0..1000)

@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 use spindle_cpu::{LoadOptions, LogitsFor};
 use spindle_runtime::backend::{BatchItem, Draw, Pick, Picked};
 use spindle_runtime::batch::{BatchConfig, Scheduler};
-use spindle_runtime::sampling::SamplingParams;
+use spindle_runtime::sampling::{Penalised, SamplingParams};
 use spindle_runtime::{
     demo_dir, Completion, Device, Flow, GenerateOptions, Grammar, Model, Prompt,
 };
@@ -150,17 +150,17 @@ fn a_mask_allowing_one_token_forces_it_on_the_device() {
         Pick::Sample(Draw {
             params: &hot,
             uniform: 0.999,
-            history: &[],
+            penalised: Penalised::NONE,
         }),
         Pick::Sample(Draw {
             params: &cold,
             uniform: 0.0,
-            history: &[],
+            penalised: Penalised::NONE,
         }),
         Pick::Sample(Draw {
             params: &cold,
             uniform: 0.0,
-            history: &[],
+            penalised: Penalised::NONE,
         }),
     ];
     let picked: Vec<Picked> = model

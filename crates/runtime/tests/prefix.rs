@@ -59,63 +59,83 @@ fn long_prompt(name: &str) -> Vec<u32> {
 #[test]
 fn a_restored_prefix_gives_the_cold_logits_on_every_family() {
     for name in FAMILIES {
-        let backend = Backend::load(&fixture(name), Device::Cpu, &LoadOptions::default()).unwrap();
-        let vocab = backend.config().vocab_size;
-        let prompt = long_prompt(name);
-        let t = prompt.len();
-        let mut cold = backend.new_session().unwrap();
-        let (cold_logits, cold_ids) = finish(&backend, &mut cold, &prompt, 0);
-        // 1: the first token only; 4, 8, 16: QSA block edges; 7, 13: mid-block; t - 1: all
-        // but the last prompt token.
-        for cut in [1, 4, 7, 8, 13, 16, t / 2 + 1, t - 1] {
-            // Two segments, as the tree stores a prefix taken at two snapshot points.
-            let q = cut / 2;
-            let mut warm = backend.new_session().unwrap();
-            let mut segments = Vec::new();
-            if q > 0 {
-                backend
-                    .forward(&mut warm, &prompt[..q], LogitsFor::Last)
-                    .unwrap();
-                segments.push(backend.capture_kv(&warm, 0).unwrap());
-            }
+        restores_as_cold(name, Device::Cpu, 1e-5);
+    }
+}
+
+/// The same on CUDA, through the runtime's capture and restore (device pieces, and host ones
+/// for qwen4_exp's indexer keys and PLE state), against the cold run on the GPU within 1e-4.
+/// Needs a CUDA GPU: `cargo test --release -p spindle-runtime --features cuda --test prefix
+/// -- --ignored cuda`.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_a_restored_prefix_gives_the_cold_logits_on_every_family() {
+    for name in FAMILIES {
+        restores_as_cold(name, Device::Cuda(0), 1e-4);
+    }
+}
+
+/// Restores `name`'s long prompt cut at block edges and mid-block (two segments each) on
+/// `device`: bit for bit the session fed the same chunks uncached, within `bound` of the
+/// logits' scale of the one-pass run, the same greedy ids.
+fn restores_as_cold(name: &str, device: Device, bound: f32) {
+    let backend = Backend::load(&fixture(name), device, &LoadOptions::default()).unwrap();
+    let vocab = backend.config().vocab_size;
+    let prompt = long_prompt(name);
+    let t = prompt.len();
+    let mut cold = backend.new_session().unwrap();
+    let (cold_logits, cold_ids) = finish(&backend, &mut cold, &prompt, 0);
+    // 1: the first token only; 4, 8, 16: QSA block edges; 7, 13: mid-block; t - 1: all
+    // but the last prompt token.
+    for cut in [1, 4, 7, 8, 13, 16, t / 2 + 1, t - 1] {
+        // Two segments, as the tree stores a prefix taken at two snapshot points.
+        let q = cut / 2;
+        let mut warm = backend.new_session().unwrap();
+        let mut segments = Vec::new();
+        if q > 0 {
             backend
-                .forward(&mut warm, &prompt[q..cut], LogitsFor::Last)
+                .forward(&mut warm, &prompt[..q], LogitsFor::Last)
                 .unwrap();
-            segments.push(backend.capture_kv(&warm, q).unwrap());
-            let state = backend.capture_state(&warm).unwrap();
-            drop(warm);
-            let refs: Vec<_> = segments.iter().collect();
-            let mut restored = backend
-                .restore_prefix(&refs, &state, &prompt[..cut], t)
-                .unwrap();
-            assert_eq!(restored.position(), cut);
-            let (logits, ids) = finish(&backend, &mut restored, &prompt, cut);
-            // The same chunks in one session, never cached: restoring adds nothing, bit for bit.
-            let mut split = backend.new_session().unwrap();
-            for chunk in [&prompt[..q], &prompt[q..cut]] {
-                if !chunk.is_empty() {
-                    backend.forward(&mut split, chunk, LogitsFor::Last).unwrap();
-                }
-            }
-            let (split_logits, _) = finish(&backend, &mut split, &prompt, cut);
-            assert!(
-                logits == split_logits,
-                "{name}, cut at {cut}: the restored session differs from its uncached run"
-            );
-            // Against one pass over the whole prompt: prefilling in pieces rounds differently
-            // (GDN's chunked form starts its chunks elsewhere), by at most 1e-5 of the logits'
-            // scale on these fixtures.
-            let diff = max_abs_diff(&logits, &cold_logits[cut * vocab..]);
-            let scale = cold_logits.iter().fold(1f32, |m, v| m.max(v.abs()));
-            assert!(
-                diff <= 1e-5 * scale,
-                "{name}, cut at {cut} of {t}: logits differ by {diff} (scale {scale})"
-            );
-            assert_eq!(
-                ids, cold_ids,
-                "{name}, cut at {cut} of {t}: greedy ids differ"
-            );
+            segments.push(backend.capture_kv(&warm, 0).unwrap());
         }
+        backend
+            .forward(&mut warm, &prompt[q..cut], LogitsFor::Last)
+            .unwrap();
+        segments.push(backend.capture_kv(&warm, q).unwrap());
+        let state = backend.capture_state(&warm).unwrap();
+        drop(warm);
+        let refs: Vec<_> = segments.iter().collect();
+        let mut restored = backend
+            .restore_prefix(&refs, &state, &prompt[..cut], t)
+            .unwrap();
+        assert_eq!(restored.position(), cut);
+        let (logits, ids) = finish(&backend, &mut restored, &prompt, cut);
+        // The same chunks in one session, never cached: restoring adds nothing, bit for bit.
+        let mut split = backend.new_session().unwrap();
+        for chunk in [&prompt[..q], &prompt[q..cut]] {
+            if !chunk.is_empty() {
+                backend.forward(&mut split, chunk, LogitsFor::Last).unwrap();
+            }
+        }
+        let (split_logits, _) = finish(&backend, &mut split, &prompt, cut);
+        assert!(
+            logits == split_logits,
+            "{name} on {device:?}, cut at {cut}: the restored session differs from its uncached run"
+        );
+        // Against one pass over the whole prompt: prefilling in pieces rounds differently
+        // (GDN's chunked form starts its chunks elsewhere), by at most `bound` of the
+        // logits' scale on these fixtures.
+        let diff = max_abs_diff(&logits, &cold_logits[cut * vocab..]);
+        let scale = cold_logits.iter().fold(1f32, |m, v| m.max(v.abs()));
+        assert!(
+            diff <= bound * scale,
+            "{name}, cut at {cut} of {t}: logits differ by {diff} (scale {scale})"
+        );
+        assert_eq!(
+            ids, cold_ids,
+            "{name}, cut at {cut} of {t}: greedy ids differ"
+        );
     }
 }
 
@@ -534,4 +554,50 @@ fn preempted_sequences_resume_from_the_cache_with_their_answers() {
             assert!(stats.prefix.snapshot().hit_tokens > 0);
         }
     }
+}
+
+/// A model with no full-attention layer (its KV pool has no blocks) captures and restores
+/// its prefixes too: the GDN state alone, the KV pieces empty.
+#[test]
+fn a_model_without_attention_layers_restores_its_prefix() {
+    // The qwen3_5_moe fixture cut to its first three layers, all linear attention.
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture("qwen3_5_moe")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config_path = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    let text = if config.get("text_config").is_some() {
+        &mut config["text_config"]
+    } else {
+        &mut config
+    };
+    text["num_hidden_layers"] = 3.into();
+    let types = text["layer_types"].as_array().unwrap()[..3].to_vec();
+    assert!(types.iter().all(|t| t == "linear_attention"));
+    text["layer_types"] = types.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+
+    let backend = Backend::load(dir.path(), Device::Cpu, &LoadOptions::default()).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 200).collect();
+    let cut = 21;
+    let mut warm = backend.new_session().unwrap();
+    backend
+        .forward(&mut warm, &prompt[..cut], LogitsFor::Last)
+        .unwrap();
+    let kv = backend.capture_kv(&warm, 0).unwrap();
+    let state = backend.capture_state(&warm).unwrap();
+    let (head, tail) = kv.split_at(9);
+    let mut restored = backend
+        .restore_prefix(&[&head, &tail], &state, &prompt[..cut], prompt.len())
+        .unwrap();
+    let (logits, ids) = finish(&backend, &mut restored, &prompt, cut);
+    let (want, want_ids) = finish(&backend, &mut warm, &prompt, cut);
+    assert!(
+        logits == want,
+        "the restored session differs from the original"
+    );
+    assert_eq!(ids, want_ids);
 }

@@ -291,7 +291,7 @@ impl Metrics {
             (
                 "spindle_prefix_cache_enabled",
                 "gauge",
-                "1 when requests share a prefix cache (off: --no-prefix-cache, or CUDA).",
+                "1 when requests share a prefix cache (off: --no-prefix-cache).",
                 prefix.enabled as u64,
             ),
             (

@@ -38,6 +38,9 @@ pub struct RawCommon {
     pub ignore_eos: Option<bool>,
     pub skip_special_tokens: Option<bool>,
     pub include_stop_str_in_output: Option<bool>,
+    /// Not a request field: Ollama's `repeat_last_n` ([`SamplingParams::penalty_window`]).
+    #[serde(skip)]
+    pub penalty_window: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -126,6 +129,12 @@ pub struct Generation {
     /// The structured output asked for (`response_format`, `guided_*`, ...), to be compiled
     /// against the model, with the field that asked.
     pub grammar: Option<(String, Grammar)>,
+    /// `tool_choice` `none`: the model may not call a tool, so the tool-call opener is never
+    /// sampled (the template sees no tools, but a conversation holding earlier calls could
+    /// lead it to write one).
+    pub tools_off: bool,
+    /// The most tokens a reasoning block may take (Anthropic's `thinking.budget_tokens`).
+    pub reasoning_budget: Option<usize>,
 }
 
 impl Generation {
@@ -272,6 +281,7 @@ impl RawCommon {
             repetition_penalty: f(self.repetition_penalty, defaults.repetition_penalty),
             presence_penalty: f(self.presence_penalty, defaults.presence_penalty),
             frequency_penalty: f(self.frequency_penalty, defaults.frequency_penalty),
+            penalty_window: self.penalty_window,
             // A negative seed is as good a seed as any: keep its bits.
             seed: self.seed.map(|s| s as u64).or(defaults.seed),
         };
@@ -295,9 +305,13 @@ impl RawCommon {
                 ignore_eos: self.ignore_eos.unwrap_or(false),
                 constraint: None,
                 logprobs: None,
+                banned_ids: Vec::new(),
+                reasoning_budget: None,
             },
             n,
             grammar: None,
+            tools_off: false,
+            reasoning_budget: None,
         })
     }
 }
@@ -329,13 +343,16 @@ fn logit_bias(bias: Option<&Map<String, Value>>) -> Result<Vec<(u32, f32)>, ApiE
 
 /// Refuses a field outside `accepted` (implemented) and `ignored` (known not to change the
 /// output): a field that would change the output and is not implemented must not be dropped
-/// silently.
+/// silently. A null field counts as absent (as on every other endpoint), and `modalities:
+/// ["text"]`, the default every client may send, asks for what is served.
 pub fn check_fields(body: &Value, accepted: &[&str], ignored: &[&str]) -> Result<(), ApiError> {
     let Some(fields) = body.as_object() else {
         return Ok(());
     };
-    for key in fields.keys() {
-        if !accepted.contains(&key.as_str()) && !ignored.contains(&key.as_str()) {
+    for (key, value) in fields {
+        let default =
+            value.is_null() || (key == "modalities" && *value == serde_json::json!(["text"]));
+        if !default && !accepted.contains(&key.as_str()) && !ignored.contains(&key.as_str()) {
             return Err(ApiError::invalid(
                 key,
                 format!("{key} is not supported by this server"),
@@ -573,6 +590,7 @@ impl RawChat {
             .map(|(i, m)| m.to_template(i, &mut images))
             .collect::<Result<Vec<_>, _>>()?;
         let (tools, tool_grammar) = self.checked_tools()?;
+        generation.tools_off = matches!(&self.tool_choice, Some(Value::String(s)) if s == "none");
         if let Some(grammar) = tool_grammar {
             if let Some((field, _)) = &generation.grammar {
                 return Err(ApiError::invalid(
@@ -920,6 +938,34 @@ mod tests {
 
     fn param(body: Value) -> Option<String> {
         chat(body).unwrap_err().param
+    }
+
+    #[test]
+    fn tool_choice_none_turns_tool_calls_off() {
+        let user = json!([{"role": "user", "content": "hi"}]);
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        let off = |choice: Value| {
+            chat(json!({"messages": user, "tools": tools, "tool_choice": choice}))
+                .unwrap()
+                .generation
+                .tools_off
+        };
+        assert!(off(json!("none")));
+        assert!(!off(json!("auto")));
+        assert!(!off(json!("required")));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_unless_unset_or_the_default_modality() {
+        let check = |body: Value| check_fields(&body, CHAT_FIELDS, IGNORED_FIELDS);
+        assert!(check(json!({"audio": null, "functions": null, "modalities": ["text"]})).is_ok());
+        for (body, at) in [
+            (json!({"audio": {"voice": "x"}}), "audio"),
+            (json!({"modalities": ["text", "audio"]}), "modalities"),
+            (json!({"functions": []}), "functions"),
+        ] {
+            assert_eq!(check(body).unwrap_err().param.as_deref(), Some(at));
+        }
     }
 
     #[test]

@@ -157,6 +157,26 @@ pub fn structured_output(body: &Value) -> Result<Option<(String, Grammar)>, ApiE
     Ok(found.pop())
 }
 
+/// `schema` under a `strict` flag (`field` names it; absent or null: off): strict closes
+/// its objects ([`close_objects`]), as OpenAI's strict mode does.
+pub(crate) fn close_if_strict(
+    mut schema: Value,
+    strict: Option<&Value>,
+    field: &str,
+) -> Result<Value, ApiError> {
+    match strict {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => close_objects(&mut schema),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                field,
+                format!("{field} must be true or false"),
+            ))
+        }
+    }
+    Ok(schema)
+}
+
 /// OpenAI's strict mode: an object schema that does not say otherwise allows no properties
 /// beyond those it lists (`additionalProperties: false`), at every depth.
 fn close_objects(schema: &mut Value) {

@@ -402,6 +402,31 @@ extern "C" __global__ void qsa_prepare(const float* __restrict__ qk, int ld, int
 }
 
 
+// The indexer's block keys of blocks [0, blocks) recomputed from its raw keys, as qsa_prepare
+// writes each when its last position arrives (the same sum order, norm and RoPE, launched with
+// the same threads: the same bits); for a session restored from cached raw keys. Block b.
+extern "C" __global__ void qsa_block_keys(const float* __restrict__ raw_keys, const float* __restrict__ k_norm,
+                                          const double* __restrict__ inv_freq, int rot,
+                                          float* __restrict__ block_keys, int d_i, int cr, float eps) {
+    extern __shared__ float sh[];  // [d_i]
+    __shared__ float red[33];
+    int j = threadIdx.x;
+    bool live = j < d_i;
+    int at = blockIdx.x * cr;
+    float sum = 0.0f;
+    for (int p = at; p < at + cr; p++) {
+        if (!live) continue;
+        sum += raw_keys[(size_t)p * d_i + j];
+    }
+    float x = sum / (float)cr;
+    float s = 1.0f / sqrtf(block_sum(x * x, red) / d_i + eps);
+    x = live ? x * (s * (1.0f + k_norm[j])) : 0.0f;
+    if (live) sh[j] = x;
+    __syncthreads();
+    if (!live) return;
+    block_keys[(size_t)blockIdx.x * d_i + j] = rope_elem(x, sh, j, rot, at, inv_freq);
+}
+
 // Block (chunk, r), a warp per key block: token t = t0 + r scores block b = chunk·QSA_WARPS +
 // warp as scores[r·ld + b] = Σ_h max(0, q_h·K_b) · scale, for each of its complete blocks
 // (b < (start + t + 1) / cr) when it sees more than `budget` positions. Warps past the live

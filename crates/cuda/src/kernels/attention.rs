@@ -97,6 +97,19 @@ kernels! {
         startp: Ptr<i32>,
         eps: f32,
     );
+    /// The indexer's block keys of blocks `[0, grid)` recomputed from its raw keys, with
+    /// `qsa_prepare`'s arithmetic (a restored session's), a block per key block.
+    QsaBlockKeys = "qsa_block_keys"
+    (
+        raw_keys: Ptr<f32>,
+        k_norm: Ptr<f32>,
+        inv_freq: Ptr<f64>,
+        rot: i32,
+        block_keys: Ptr<f32>,
+        d_i: i32,
+        cr: i32,
+        eps: f32,
+    );
     /// Block (chunk, r), a warp per key block: token t = t0 + r scores block b = chunk·QSA_WARPS +
     /// warp as scores[r·ld + b] = Σ_h max(0, q_h·K_b) · scale, for each of its complete blocks (b <
     /// (start + t + 1) / cr) when it sees more than …
@@ -209,6 +222,7 @@ pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
     AttentionDecodeSplitBatch::DECLS,
     AttentionDecodeCombineBatch::DECLS,
     QsaPrepare::DECLS,
+    QsaBlockKeys::DECLS,
     QsaScoreBlocks::DECLS,
     QsaPickBlocks::DECLS,
     AttentionPrefillTiled::DECLS,

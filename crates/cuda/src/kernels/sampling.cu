@@ -30,6 +30,8 @@
 #define SAMPLE_PENALISE 2u
 #define SAMPLE_MASKED 4u
 #define SAMPLE_UNRESOLVED 0xffffffffu
+// A history count's top bit: the id is in the history (a repetition penalty), counted or not.
+#define SAMPLE_SEEN 0x80000000u
 // The top bit of a slice's candidate count: the slice's raw logits hold a NaN or an infinity.
 #define SAMPLE_NON_FINITE_BIT 0x80000000u
 
@@ -48,7 +50,8 @@ struct SampleRow {
     unsigned uniform_lo;   // the draw in [0, 1), f64 bits
     unsigned uniform_hi;
     unsigned mask_at;      // word offset of the row's allowed-token bits (SAMPLE_MASKED)
-    unsigned pad[3];
+    unsigned counted_from; // history ids from here on count for presence and frequency
+    unsigned pad[2];
 };
 
 __device__ __forceinline__ SampleRow sample_params(const unsigned* params, int row) {
@@ -78,10 +81,11 @@ __device__ __forceinline__ float sample_logit(const unsigned* __restrict__ param
         return -SP_INF;
     float l = logits[at];
     if (p.flags & SAMPLE_PENALISE) {
-        unsigned c = counts[at];
+        unsigned c = counts[at];  // SAMPLE_SEEN: in the history; below it, the ids counted
         if (c != 0u) {
             l = l > 0.0f ? __fdiv_rn(l, p.repetition) : __fmul_rn(l, p.repetition);
-            l = __fsub_rn(l, __fadd_rn(p.presence, __fmul_rn(p.frequency, (float)c)));
+            unsigned counted = c & ~SAMPLE_SEEN;
+            if (counted != 0u) l = __fsub_rn(l, __fadd_rn(p.presence, __fmul_rn(p.frequency, (float)counted)));
         }
     }
     return l;
@@ -138,7 +142,10 @@ extern "C" __global__ void sample_count_history(const unsigned* __restrict__ par
     const unsigned* history = params + p.history_at;
     for (unsigned j = blockIdx.x * blockDim.x + threadIdx.x; j < p.history_len; j += gridDim.x * blockDim.x) {
         unsigned id = history[j];
-        if (id < (unsigned)vocab) atomicAdd(&counts[(size_t)row * vocab + id], 1u);
+        if (id >= (unsigned)vocab) continue;
+        unsigned* c = &counts[(size_t)row * vocab + id];
+        if (j >= p.counted_from) atomicAdd(c, 1u);
+        else atomicOr(c, SAMPLE_SEEN);
     }
 }
 

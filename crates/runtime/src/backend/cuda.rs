@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use spindle_cpu::experts::ExpertResidency;
 #[cfg(feature = "cuda")]
-use spindle_cpu::session::{BoundaryState, GdnState, KvRows, KvSegment};
+use spindle_cpu::session::{BoundaryState, GdnState, KvRows, KvSegment, PleState};
 use spindle_cpu::LoadOptions;
 #[cfg(feature = "cuda")]
 use spindle_cpu::LogitsFor;
@@ -286,10 +286,14 @@ impl CudaBackend {
             layers: layers
                 .into_iter()
                 .map(|layer| match layer {
-                    Some(spindle_cuda::HostLayer::Attention { keys, values }) => Some(KvRows {
+                    Some(spindle_cuda::HostLayer::Attention {
                         keys,
                         values,
-                        indexer_keys: Vec::new(),
+                        indexer,
+                    }) => Some(KvRows {
+                        keys,
+                        values,
+                        indexer_keys: indexer,
                     }),
                     _ => None,
                 })
@@ -312,6 +316,10 @@ impl CudaBackend {
             }
         }
         let layers = self.engine.read_recurrent(&session.session)?;
+        let ple = self.engine.read_ple(&session.session)?.map(|p| PleState {
+            history: p.history.into_iter().map(|id| id as u32).collect(),
+            conv: p.conv,
+        });
         Ok(PrefixState::Host(BoundaryState {
             position: session.session.position,
             layers: layers
@@ -323,7 +331,7 @@ impl CudaBackend {
                     _ => None,
                 })
                 .collect(),
-            ple: None,
+            ple,
         }))
     }
 
@@ -358,8 +366,7 @@ impl CudaBackend {
             }
             position = segment.end();
         }
-        let ple = matches!(state, PrefixState::Host(h) if h.ple.is_some());
-        if position != state.position() || ple {
+        if position != state.position() {
             return Err(crate::error::RuntimeError::Request(format!(
                 "a cached prefix's segments end at {position} but its state is at {}",
                 state.position()
@@ -383,7 +390,7 @@ impl CudaBackend {
                 _ => None,
             })
             .collect();
-        let session = if pooled.len() == segments.len() {
+        let mut session = if pooled.len() == segments.len() {
             self.engine
                 .session_from_blocks(state.position(), &pooled, &gdn, capacity)?
         } else {
@@ -406,6 +413,7 @@ impl CudaBackend {
                         spindle_cuda::PrefixLayer::Attention {
                             keys: rows.iter().map(|[k, _]| *k).collect(),
                             values: rows.iter().map(|[_, v]| *v).collect(),
+                            indexer: segments.iter().filter_map(|s| indexer_rows(s, n)).collect(),
                         }
                     }
                 })
@@ -413,6 +421,14 @@ impl CudaBackend {
             self.engine
                 .session_from_prefix(state.position(), &layers, capacity)?
         };
+        // qwen4_exp's PLE state (its pieces are on the host: the device ones are refused).
+        if let PrefixState::Host(BoundaryState { ple: Some(ple), .. }) = state {
+            let ple = spindle_cuda::HostPle {
+                history: ple.history.iter().map(|&id| id as i32).collect(),
+                conv: ple.conv.clone(),
+            };
+            self.engine.write_ple(&mut session, &ple)?;
+        }
         Ok(CudaSessionGuard {
             session: ManuallyDrop::new(session),
             lock: Arc::clone(&self.lock),
@@ -495,6 +511,19 @@ impl Drop for CudaSessionGuard {
     }
 }
 
+/// Layer `n`'s QSA indexer keys in a cached segment (qwen4_exp's, on the host: the device
+/// pieces do not carry them, so such a model caches on the host), `None` when it has none.
+#[cfg(feature = "cuda")]
+fn indexer_rows(segment: &PrefixKv, n: usize) -> Option<Rows<'_>> {
+    match segment {
+        PrefixKv::Host(h) => h.layers[n]
+            .as_ref()
+            .filter(|r| !r.indexer_keys.is_empty())
+            .map(|r| Rows::Host(&r.indexer_keys)),
+        PrefixKv::Device(_) | PrefixKv::Paged(_) => None,
+    }
+}
+
 /// Layer `n`'s keys and values in `segment` (`None` for a GDN layer): its host rows, or for a
 /// piece in the KV pool the rows `read` out of it.
 #[cfg(feature = "cuda")]
@@ -508,7 +537,7 @@ fn kv_rows<'a>(
             .as_ref()
             .map(|r| [Rows::Host(&r.keys), Rows::Host(&r.values)]),
         PrefixKv::Device(_) => match read?.get(n)? {
-            Some(spindle_cuda::HostLayer::Attention { keys, values }) => {
+            Some(spindle_cuda::HostLayer::Attention { keys, values, .. }) => {
                 Some([Rows::Host(keys), Rows::Host(values)])
             }
             _ => None,

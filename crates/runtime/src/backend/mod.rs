@@ -23,7 +23,7 @@ use crate::error::{Result, RuntimeError};
 use crate::input::check_input;
 use crate::measure::{measure_read_bandwidth, KernelTime};
 use crate::prefix::{PrefixKv, PrefixState};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Penalised, Sampler, SamplingParams};
 pub use cuda::cuda_refusal;
 
 /// Whether CUDA keeps prefix-cache pieces in device memory (the default) rather than on the
@@ -114,8 +114,8 @@ pub struct Draw<'a> {
     /// The uniform draw in [0, 1) from the sequence's own sampler
     /// ([`crate::sampling::Sampler::next_uniform`]; any value when greedy).
     pub uniform: f64,
-    /// The ids the penalties count (prompt and generated tokens).
-    pub history: &'a [u32],
+    /// The ids the penalties read ([`Penalised::of`]).
+    pub penalised: Penalised<'a>,
 }
 
 /// What one item of [`Backend::forward_batch_step`] wants from its last logits row.
@@ -359,7 +359,7 @@ impl Backend {
                 Pick::Sample(Draw {
                     params: d.params,
                     uniform: d.uniform,
-                    history: d.history,
+                    penalised: d.penalised,
                 })
             })
             .collect();
@@ -417,7 +417,7 @@ impl Backend {
                                 })?;
                                 Picked::Token(sampler.sample_with(
                                     &mut logits,
-                                    draw.history,
+                                    draw.penalised,
                                     Some(draw.uniform),
                                 ))
                             }
@@ -435,9 +435,9 @@ impl Backend {
                     .map(|&n| {
                         // A row whose token is not wanted is sampled greedily (the cheapest
                         // path) and dropped.
-                        let (d, uniform, history) = match &picks[n] {
-                            Pick::Sample(d) => (d.params, d.uniform, d.history),
-                            Pick::Logits | Pick::Nothing => (&greedy, 0.0, &[][..]),
+                        let (d, uniform, penalised) = match &picks[n] {
+                            Pick::Sample(d) => (d.params, d.uniform, d.penalised),
+                            Pick::Logits | Pick::Nothing => (&greedy, 0.0, Penalised::NONE),
                         };
                         spindle_cuda::RowSampling {
                             temperature: d.temperature,
@@ -448,7 +448,8 @@ impl Backend {
                             presence_penalty: d.presence_penalty,
                             frequency_penalty: d.frequency_penalty,
                             uniform,
-                            history,
+                            history: penalised.ids,
+                            counted_from: penalised.counted_from,
                         }
                     })
                     .collect();
@@ -682,21 +683,6 @@ impl Backend {
             Backend::Cpu(e) => e.vision_bytes(),
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => c.engine().vision_bytes(),
-        }
-    }
-
-    /// Whether sessions of this backend can be captured into and restored from the prefix
-    /// cache ([`crate::prefix`]); the error says why not.
-    pub fn prefix_cache_support(&self) -> Result<()> {
-        match self {
-            Backend::Cpu(_) => Ok(()),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => match c.engine().prefix_refusal() {
-                None => Ok(()),
-                Some(why) => Err(RuntimeError::Unsupported(format!(
-                    "{why}: the server runs without a prefix cache"
-                ))),
-            },
         }
     }
 

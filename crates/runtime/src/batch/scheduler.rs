@@ -247,21 +247,13 @@ impl Scheduler {
     }
 
     /// [`Scheduler::start`] with a prefix cache shared by every sequence ([`crate::prefix`]).
-    /// A backend that cannot cache prefixes runs without one (logged once).
     pub fn start_with_prefix_cache(
         model: Arc<Model>,
         config: BatchConfig,
         prefix: Option<PrefixCacheConfig>,
     ) -> Result<Self> {
         config.validate()?;
-        let prefix = match (prefix, model.backend.prefix_cache_support()) {
-            (Some(prefix), Ok(())) => Some(PrefixCacheState::new(prefix)),
-            (Some(_), Err(e)) => {
-                tracing::warn!("running without a prefix cache: {e}");
-                None
-            }
-            (None, _) => None,
-        };
+        let prefix = prefix.map(PrefixCacheState::new);
         let stats = Arc::new(SchedulerStats::new(config.max_seqs, config.token_budget));
         stats.prefix.set_enabled(prefix.is_some());
         if let Some(blocks) = model.backend.kv_blocks() {
@@ -457,6 +449,10 @@ impl EngineLoop {
                 self.cancel_everything();
                 return;
             }
+            // The running sequences take the blocks their next step needs before anyone is
+            // admitted, so a newcomer never takes them and is preempted at once (a waste of
+            // its admission, and of the prefix cache entries evicted for it).
+            self.reserve_for_step();
             self.admit();
             self.preempt_over_budget();
             self.reserve_for_step();

@@ -20,7 +20,7 @@ use crate::error::Result;
 use crate::generate::GenerateOptions;
 use crate::measure::{synthetic_prompt, Stat};
 use crate::model::Model;
-use crate::sampling::SamplingParams;
+use crate::sampling::{Penalised, SamplingParams};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -119,7 +119,7 @@ fn decode_step(backend: &Backend, sessions: &mut [BackendSession], next: &mut [u
         .map(|_| Draw {
             params: &greedy,
             uniform: 0.0,
-            history: &[],
+            penalised: Penalised::NONE,
         })
         .collect();
     let results = backend.forward_batch_sampled(&mut items, &draws);

@@ -130,12 +130,18 @@ pub fn parse(
     }
     refuse_prefill(&messages, &format!("messages[{}].role", raw.len() - 1))?;
     let (tools, constraint) = tools(field("tools"), field("tool_choice"))?;
+    generation.tools_off = field("tool_choice")
+        .and_then(|c| c.get("type"))
+        .and_then(Value::as_str)
+        == Some("none");
     if let Some(constraint) = constraint {
         apply_constraint(&mut generation, "tool_choice", constraint, tools.as_ref())?;
     }
     let mut vars = Map::new();
     let budget_limit = max_tokens.filter(|_| !count_only);
-    set_thinking(&mut vars, thinking(field("thinking"), budget_limit)?);
+    let (think, budget) = thinking(field("thinking"), budget_limit)?;
+    set_thinking(&mut vars, think);
+    generation.reasoning_budget = budget;
     if let Some(config) = field("output_config") {
         output_config(config, &mut generation, &mut vars)?;
     }
@@ -172,7 +178,18 @@ fn output_config(
         vars.insert("reasoning_effort".into(), Value::String(effort));
     }
     if let Some(format) = config.get("format").filter(|f| !f.is_null()) {
-        let schema = format.get("schema").cloned().unwrap_or(Value::Null);
+        if format.get("type").and_then(Value::as_str) != Some("json_schema") {
+            return Err(ApiError::invalid(
+                "output_config.format.type",
+                "output_config.format.type must be \"json_schema\"",
+            ));
+        }
+        let Some(schema) = format.get("schema").filter(|s| s.is_object()).cloned() else {
+            return Err(ApiError::invalid(
+                "output_config.format.schema",
+                "output_config.format needs its schema (an object)",
+            ));
+        };
         apply_constraint(
             generation,
             "output_config.format",
@@ -185,21 +202,27 @@ fn output_config(
 
 /// `thinking`: `{"type": "enabled", "budget_tokens": n}` (below `max_tokens`), `adaptive`
 /// or `between_tools` (on: a Qwen template cannot leave it to the model) or
-/// `{"type": "disabled"}`; absent means disabled, as on Anthropic's API. The budget is not
-/// counted apart from the answer: `max_tokens` bounds both together. `display: "omitted"`
-/// (thinking hidden from the answer) is refused; `summarized` returns the whole thinking.
-/// `max_tokens` is `None` for count_tokens, which has none.
-fn thinking(value: Option<&Value>, max_tokens: Option<i64>) -> Result<bool, ApiError> {
-    let Some(value) = value else { return Ok(false) };
-    if value.get("display").and_then(Value::as_str) == Some("omitted") {
+/// `{"type": "disabled"}`; absent means disabled, as on Anthropic's API. Whether thinking is
+/// on, and its budget: a thinking block of `budget_tokens` tokens is closed there (its
+/// closing token forced), and `max_tokens` bounds thinking and answer together.
+/// `display: "omitted"` (thinking hidden from the answer) is refused; `summarized` returns
+/// the whole thinking. `max_tokens` is `None` for count_tokens, which has none.
+fn thinking(
+    value: Option<&Value>,
+    max_tokens: Option<i64>,
+) -> Result<(bool, Option<usize>), ApiError> {
+    let Some(value) = value else {
+        return Ok((false, None));
+    };
+    if optional::<String>(value, "display", "thinking.")?.as_deref() == Some("omitted") {
         return Err(ApiError::invalid(
             "thinking.display",
             "thinking.display \"omitted\" is not supported: thinking is always returned",
         ));
     }
     match value.get("type").and_then(Value::as_str) {
-        Some("disabled") => Ok(false),
-        Some("adaptive" | "between_tools") => Ok(true),
+        Some("disabled") => Ok((false, None)),
+        Some("adaptive" | "between_tools") => Ok((true, None)),
         Some("enabled") => {
             let budget = value
                 .get("budget_tokens")
@@ -216,7 +239,7 @@ fn thinking(value: Option<&Value>, max_tokens: Option<i64>) -> Result<bool, ApiE
                     format!("thinking.budget_tokens is {budget} but must be at least 1 and below max_tokens"),
                 ));
             }
-            Ok(true)
+            Ok((true, usize::try_from(budget).ok()))
         }
         _ => Err(ApiError::invalid(
             "thinking.type",
@@ -399,17 +422,15 @@ fn tools(
     }
     let mut constraint = None;
     if let Some(choice) = choice {
-        if choice
-            .get("disable_parallel_tool_use")
-            .and_then(Value::as_bool)
-            == Some(true)
-        {
+        let single =
+            optional::<bool>(choice, "disable_parallel_tool_use", "tool_choice.")? == Some(true);
+        if single {
             constraint = Some(Constraint::OneToolCallAtMost);
         }
         match choice.get("type").and_then(Value::as_str) {
             Some("auto") => {}
             Some("none") => out.clear(),
-            Some("any") => constraint = Some(Constraint::AnyTool),
+            Some("any") => constraint = Some(Constraint::AnyTool { parallel: !single }),
             Some("tool") => {
                 let name = choice.get("name").and_then(Value::as_str).unwrap_or("");
                 if !list
@@ -474,6 +495,7 @@ pub fn usage(prompt_tokens: usize, output_tokens: usize, cached: usize) -> Value
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spindle_runtime::Grammar;
 
     fn parse_ok(body: Value) -> MessagesRequest {
         parse(&body, &SamplingParams::default(), false).unwrap()
@@ -602,6 +624,35 @@ mod tests {
             json!({"max_tokens": 5, "messages": user, "output_config": {"format": {"type": "json_schema", "schema": {}}}}),
         );
         assert!(matches!(&r.generation.grammar, Some((f, _)) if f == "output_config.format"));
+        for format in [
+            json!({"type": "xyz", "schema": {}}),
+            json!({"type": "json_schema"}),
+        ] {
+            let at = param(
+                json!({"max_tokens": 5, "messages": user, "output_config": {"format": format}}),
+            );
+            assert!(at.starts_with("output_config.format."), "{at}");
+        }
+        // `any` without parallel calls: one call, and only one, is forced.
+        let grammar = |choice: Value| match parse_ok(
+            json!({"max_tokens": 5, "messages": user, "tools": tools, "tool_choice": choice}),
+        )
+        .generation
+        .grammar
+        {
+            Some((_, Grammar::Lark(g))) => g,
+            other => panic!("a tool-call grammar, not {other:?}"),
+        };
+        assert!(grammar(json!({"type": "any"})).contains("(\"\\n\" call)*"));
+        assert!(
+            grammar(json!({"type": "any", "disable_parallel_tool_use": true}))
+                .starts_with("start: call\n")
+        );
+        assert_eq!(
+            param(json!({"max_tokens": 5, "messages": user, "tools": tools,
+                "tool_choice": {"type": "any", "disable_parallel_tool_use": "yes"}})),
+            "tool_choice.disable_parallel_tool_use"
+        );
         assert_eq!(
             param(json!({"max_tokens": 5, "messages": user, "output_config": {"effort": "huge"}})),
             "output_config.effort"

@@ -36,14 +36,21 @@ pub struct Fields {
 impl Fields {
     /// Refuses the first field of `object` that is neither read nor ignored; `at` is the path
     /// of `object` in the request (`""` at the top, `options.` inside Ollama's options). A
-    /// null field counts as absent.
+    /// null, empty string or empty list counts as absent (clients such as ollama-python send
+    /// `"suffix": ""` or `"context": []` for "not set").
     pub fn check(&self, object: &Value, at: &str) -> Result<(), ApiError> {
         let Some(object) = object.as_object() else {
             return Ok(());
         };
         for (name, value) in object {
             let known = self.read.contains(&name.as_str()) || self.ignored.contains(&name.as_str());
-            if !known && !value.is_null() {
+            let unset = match value {
+                Value::Null => true,
+                Value::String(s) => s.is_empty(),
+                Value::Array(a) => a.is_empty(),
+                _ => false,
+            };
+            if !known && !unset {
                 return Err(ApiError::invalid(
                     format!("{at}{name}"),
                     format!(
@@ -76,8 +83,10 @@ pub fn optional<T: serde::de::DeserializeOwned>(
 /// A constraint on what the model may write, which needs constrained decoding.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Constraint {
-    /// Some tool must be called (`tool_choice` `required` / `any`).
-    AnyTool,
+    /// Some tool must be called (`tool_choice` `required` / `any`); more than one call only
+    /// when `parallel` (not with `parallel_tool_calls: false`, Anthropic's
+    /// `disable_parallel_tool_use`).
+    AnyTool { parallel: bool },
     /// This tool must be called.
     Tool(String),
     /// At most one tool call (`parallel_tool_calls: false`).
@@ -126,10 +135,11 @@ pub fn apply_constraint(
         Constraint::Json => Grammar::JsonObject,
         Constraint::JsonSchema(Value::Null) => Grammar::JsonObject,
         Constraint::JsonSchema(schema) => Grammar::JsonSchema(schema),
-        Constraint::AnyTool | Constraint::Tool(_) => {
+        Constraint::AnyTool { .. } | Constraint::Tool(_) => {
             let (specs, parallel) = match &constraint {
                 Constraint::Tool(name) => (specs(Some(name)), false),
-                _ => (specs(None), true),
+                Constraint::AnyTool { parallel } => (specs(None), *parallel),
+                _ => unreachable!("matched above"),
             };
             if specs.is_empty() {
                 return Err(ApiError::invalid(

@@ -45,6 +45,7 @@ pub const OPTION_FIELDS: Fields = Fields {
         "num_predict",
         "stop",
         "repeat_penalty",
+        "repeat_last_n",
         "presence_penalty",
         "frequency_penalty",
     ],
@@ -62,6 +63,9 @@ pub const OPTION_FIELDS: Fields = Fields {
         "vocab_only",
     ],
 };
+
+/// Ollama's default `repeat_last_n`: the penalties read the last 64 tokens.
+pub const OLLAMA_REPEAT_LAST_N: usize = 64;
 
 /// A checked Ollama request.
 #[derive(Debug, Clone)]
@@ -91,6 +95,19 @@ fn common(
     let at = "options.";
     // -1 (infinite) and -2 (fill the context) both run to the end of the turn or context.
     let num_predict = optional::<i64>(&options, "num_predict", at)?.filter(|&n| n >= 0);
+    // The penalties read the last repeat_last_n tokens, prompt included, as Ollama's
+    // llama.cpp sampler does: 64 unless given, -1 the whole context, 0 none.
+    let penalty_window = match optional::<i64>(&options, "repeat_last_n", at)? {
+        None => Some(OLLAMA_REPEAT_LAST_N),
+        Some(-1) => Some(usize::MAX),
+        Some(n) if n >= 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "options.repeat_last_n",
+                format!("options.repeat_last_n is {n} but must be -1 (the whole context), 0 (off) or a count"),
+            ))
+        }
+    };
     let raw = RawCommon {
         stream: Some(optional(body, "stream", "")?.unwrap_or(true)),
         max_tokens: num_predict,
@@ -98,11 +115,13 @@ fn common(
         top_p: optional(&options, "top_p", at)?,
         top_k: optional(&options, "top_k", at)?,
         min_p: optional(&options, "min_p", at)?,
-        seed: optional(&options, "seed", at)?,
+        // Ollama's default seed, -1, and any negative one draw at random.
+        seed: optional::<i64>(&options, "seed", at)?.filter(|&s| s >= 0),
         stop: options.get("stop").cloned(),
         repetition_penalty: optional(&options, "repeat_penalty", at)?,
         presence_penalty: optional(&options, "presence_penalty", at)?,
         frequency_penalty: optional(&options, "frequency_penalty", at)?,
+        penalty_window,
         ..RawCommon::default()
     };
     let rename = [
@@ -309,7 +328,8 @@ pub fn parse_generate(
     if prompt.is_empty() {
         return Ok(None);
     }
-    let system: Option<String> = optional(body, "system", "")?;
+    // An empty system prompt is no system prompt, as Ollama reads it.
+    let system: Option<String> = optional::<String>(body, "system", "")?.filter(|s| !s.is_empty());
     let mut images = Vec::new();
     let count = base64_images(body.get("images"), "images", &mut images)?;
     let prompt = if optional(body, "raw", "")?.unwrap_or(false) {
@@ -400,6 +420,49 @@ mod tests {
         assert_eq!(
             messages[1]["tool_calls"][0]["function"]["arguments"],
             json!({"a": 1})
+        );
+    }
+
+    #[test]
+    fn penalties_read_the_last_repeat_last_n_tokens_and_negative_seeds_draw_at_random() {
+        let user = json!([{"role": "user", "content": "hi"}]);
+        let window = |options: Value| {
+            parse_chat(
+                &json!({"messages": user, "options": options}),
+                &SamplingParams::default(),
+            )
+            .unwrap()
+            .generation
+            .options
+            .sampling
+        };
+        assert_eq!(window(json!({})).penalty_window, Some(OLLAMA_REPEAT_LAST_N));
+        assert_eq!(window(json!({"repeat_last_n": 8})).penalty_window, Some(8));
+        assert_eq!(window(json!({"repeat_last_n": 0})).penalty_window, Some(0));
+        assert_eq!(
+            window(json!({"repeat_last_n": -1})).penalty_window,
+            Some(usize::MAX)
+        );
+        assert_eq!(
+            param_chat(json!({"messages": user, "options": {"repeat_last_n": -2}})),
+            "options.repeat_last_n"
+        );
+        assert_eq!(window(json!({"seed": -1})).seed, None);
+        assert_eq!(window(json!({"seed": 3})).seed, Some(3));
+        // Empty strings and lists are unset, as Ollama's Go clients send them.
+        let r = parse_generate(
+            &json!({"prompt": "hi", "system": "", "suffix": "", "template": "", "context": []}),
+            &SamplingParams::default(),
+        )
+        .unwrap()
+        .unwrap();
+        let Prompt::Chat { messages, .. } = r.prompt else {
+            panic!("a chat prompt")
+        };
+        assert_eq!(
+            messages.as_array().unwrap().len(),
+            1,
+            "no empty system turn"
         );
     }
 

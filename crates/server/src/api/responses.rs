@@ -17,6 +17,7 @@ use crate::error::ApiError;
 use crate::images::{self, Content, RequestImage};
 use crate::request::{Generation, RawCommon};
 use crate::response::unique_id;
+use crate::structured::close_if_strict;
 
 /// The fields `POST /v1/responses` accepts.
 pub const FIELDS: Fields = Fields {
@@ -37,6 +38,7 @@ pub const FIELDS: Fields = Fields {
         "store",
         "truncation",
         "background",
+        "include",
     ],
     ignored: &[
         "metadata",
@@ -44,7 +46,6 @@ pub const FIELDS: Fields = Fields {
         "safety_identifier",
         "prompt_cache_key",
         "service_tier",
-        "include",
         "stream_options",
     ],
 };
@@ -70,22 +71,29 @@ pub fn parse(body: &Value, defaults: &SamplingParams) -> Result<ResponsesRequest
     let field = |name: &str| body.get(name).filter(|v| !v.is_null());
     let refuse =
         |param: &str, message: &str| Err(ApiError::invalid(param, format!("{param}: {message}")));
-    if field("store").and_then(Value::as_bool) == Some(true) {
+    if optional::<bool>(body, "store", "")? == Some(true) {
         return refuse(
             "store",
             "this server is stateless and stores no responses; send store: false",
         );
     }
-    if field("background").and_then(Value::as_bool) == Some(true) {
+    if optional::<bool>(body, "background", "")? == Some(true) {
         return refuse(
             "background",
             "background responses need stored state, which this server does not keep",
         );
     }
-    if let Some(t) = field("truncation")
-        .and_then(Value::as_str)
-        .filter(|t| *t != "disabled")
+    // Nothing extra is included in answers yet (log-probabilities, encrypted reasoning).
+    if let Some(item) = optional::<Vec<String>>(body, "include", "")?
+        .unwrap_or_default()
+        .first()
     {
+        return refuse(
+            "include",
+            &format!("{item:?} is not supported: this server includes nothing extra in responses"),
+        );
+    }
+    if let Some(t) = optional::<String>(body, "truncation", "")?.filter(|t| t != "disabled") {
         return refuse(
             "truncation",
             &format!("{t:?} is not supported: only \"disabled\" (too long an input is refused)"),
@@ -112,11 +120,20 @@ pub fn parse(body: &Value, defaults: &SamplingParams) -> Result<ResponsesRequest
         Some(Value::Array(items)) => input_items(items, &mut messages, &mut images)?,
         _ => return refuse("input", "input must be a string or a list of items"),
     }
-    let (tools, constraint) = tools(field("tools"), field("tool_choice"))?;
+    let parallel = optional::<bool>(body, "parallel_tool_calls", "")? != Some(false);
+    let (tools, constraint) = tools(field("tools"), field("tool_choice"), parallel)?;
+    generation.tools_off = field("tool_choice").and_then(Value::as_str) == Some("none");
+    let forced = constraint.is_some();
     if let Some(constraint) = constraint {
         apply_constraint(&mut generation, "tool_choice", constraint, tools.as_ref())?;
     }
-    if field("parallel_tool_calls").and_then(Value::as_bool) == Some(false) {
+    // A forced choice already holds the answer to one call (or to parallel_tool_calls); with
+    // no tools there is nothing to limit; an unforced answer with tools cannot be held to one.
+    let has_tools = tools
+        .as_ref()
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty());
+    if !parallel && !forced && has_tools {
         apply_constraint(
             &mut generation,
             "parallel_tool_calls",
@@ -131,9 +148,19 @@ pub fn parse(body: &Value, defaults: &SamplingParams) -> Result<ResponsesRequest
         let constraint = match format.get("type").and_then(Value::as_str) {
             Some("text") => None,
             Some("json_object") => Some(Constraint::Json),
-            Some("json_schema") => Some(Constraint::JsonSchema(
-                format.get("schema").cloned().unwrap_or(Value::Null),
-            )),
+            Some("json_schema") => match format.get("schema").filter(|s| s.is_object()) {
+                Some(schema) => Some(Constraint::JsonSchema(close_if_strict(
+                    schema.clone(),
+                    format.get("strict"),
+                    "text.format.strict",
+                )?)),
+                None => {
+                    return refuse(
+                        "text.format.schema",
+                        "a json_schema format needs its schema (an object)",
+                    )
+                }
+            },
             _ => {
                 return refuse(
                     "text.format.type",
@@ -145,7 +172,10 @@ pub fn parse(body: &Value, defaults: &SamplingParams) -> Result<ResponsesRequest
             apply_constraint(&mut generation, "text.format", constraint, None)?;
         }
     }
-    if let Some(text) = field("text").and_then(Value::as_object) {
+    if let Some(text) = field("text") {
+        let Some(text) = text.as_object() else {
+            return refuse("text", "text must be an object");
+        };
         if let Some(key) = text
             .keys()
             .find(|k| *k != "format" && !text[k.as_str()].is_null())
@@ -154,6 +184,24 @@ pub fn parse(body: &Value, defaults: &SamplingParams) -> Result<ResponsesRequest
         }
     }
     let mut vars = Map::new();
+    if let Some(reasoning) = field("reasoning") {
+        if !reasoning.is_object() {
+            return refuse("reasoning", "reasoning must be an object");
+        }
+        // The reasoning comes back whole (reasoning_text content); this server has no
+        // summariser, which "auto" (what Codex and the Agents SDK send) leaves to it; a
+        // summary asked for by kind is refused.
+        if let Some(summary) =
+            optional::<String>(reasoning, "summary", "reasoning.")?.filter(|s| s != "auto")
+        {
+            return refuse(
+                "reasoning.summary",
+                &format!(
+                    "{summary:?} is not supported: the reasoning is returned whole, not summarised"
+                ),
+            );
+        }
+    }
     let effort = field("reasoning")
         .and_then(|r| r.get("effort"))
         .filter(|e| !e.is_null());
@@ -342,6 +390,7 @@ fn input_items(
 fn tools(
     tools: Option<&Value>,
     choice: Option<&Value>,
+    parallel: bool,
 ) -> Result<(Option<Value>, Option<Constraint>), ApiError> {
     let list = match tools {
         None => Vec::new(),
@@ -377,7 +426,7 @@ fn tools(
             out.clear();
             None
         }
-        Some(Value::String(s)) if s == "required" => Some(Constraint::AnyTool),
+        Some(Value::String(s)) if s == "required" => Some(Constraint::AnyTool { parallel }),
         Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
             let name = o.get("name").and_then(Value::as_str).unwrap_or("");
             if !list.iter().any(|t| t.get("name").and_then(Value::as_str) == Some(name)) {
@@ -498,6 +547,57 @@ mod tests {
             .unwrap_err()
             .param
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn options_not_implemented_are_refused_by_name_and_types_checked() {
+        let tools = json!([{"type": "function", "name": "f", "parameters": {"type": "object"}}]);
+        for (body, at) in [
+            (
+                json!({"input": "hi", "include": ["message.output_text.logprobs"]}),
+                "include",
+            ),
+            (
+                json!({"input": "hi", "reasoning": {"summary": "detailed"}}),
+                "reasoning.summary",
+            ),
+            (json!({"input": "hi", "reasoning": "high"}), "reasoning"),
+            (json!({"input": "hi", "store": "true"}), "store"),
+            (json!({"input": "hi", "truncation": 1}), "truncation"),
+            (
+                json!({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}),
+                "text.format.schema",
+            ),
+            (
+                json!({"input": "hi", "tools": tools, "parallel_tool_calls": false}),
+                "parallel_tool_calls",
+            ),
+        ] {
+            assert_eq!(param(body.clone()), at, "{body}");
+        }
+        // Unset values are accepted: an empty include, a null summary.
+        parse_ok(json!({"input": "hi", "include": [], "reasoning": {"summary": null}}));
+        parse_ok(json!({"input": "hi", "reasoning": {"summary": "auto"}}));
+        // One call at most is what a forced choice or no tools give anyway.
+        parse_ok(json!({"input": "hi", "parallel_tool_calls": false}));
+        let r = parse_ok(
+            json!({"input": "hi", "tools": tools, "tool_choice": "required", "parallel_tool_calls": false}),
+        );
+        match r.generation.grammar {
+            Some((_, spindle_runtime::Grammar::Lark(g))) => assert!(g.starts_with("start: call\n")),
+            other => panic!("a tool-call grammar, not {other:?}"),
+        }
+        // A strict schema closes its objects.
+        let r = parse_ok(
+            json!({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x",
+            "strict": true, "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}}),
+        );
+        match r.generation.grammar {
+            Some((_, spindle_runtime::Grammar::JsonSchema(s))) => {
+                assert_eq!(s["additionalProperties"], false)
+            }
+            other => panic!("a schema, not {other:?}"),
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use axum::Router;
 use serde_json::Value;
 use spindle_vision::{ImageInput, PreparedImage};
 
-use spindle_runtime::{GenerateOptions, PreparedPrompt, Prompt, RuntimeError};
+use spindle_runtime::{GenerateOptions, PreparedPrompt, Prompt, ReasoningBudget, RuntimeError};
 
 use crate::error::ApiError;
 use crate::images::{
@@ -422,6 +422,9 @@ fn check_message_count(state: &AppState, count: usize, param: &str) -> Result<()
     Ok(())
 }
 
+/// What opens a tool call in the Qwen chat templates (one token in their vocabularies).
+const TOOL_CALL_OPENER: &str = "<tool_call>";
+
 /// Each choice's options (`n` of them, choice `i` seeded `seed + i`), with the request's
 /// structured output compiled against the model on a blocking thread (the first compile
 /// builds the model's token trie). A bad grammar is a 400 naming the field that gave it; a
@@ -434,6 +437,22 @@ async fn choice_options(
 ) -> Result<Vec<GenerateOptions>, ApiError> {
     let mut options = generation.options.clone();
     let vocab = state.model.config().vocab_size;
+    if generation.tools_off {
+        if let Some(id) = state.model.tokenizer.token_to_id(TOOL_CALL_OPENER) {
+            options.banned_ids.push(id);
+        }
+    }
+    if let Some(tokens) = generation.reasoning_budget {
+        let id = |t: &str| state.model.tokenizer.token_to_id(t);
+        if let (Some(open), Some(close)) = (id("<think>"), id("</think>")) {
+            options.reasoning_budget = Some(ReasoningBudget {
+                tokens,
+                open,
+                close,
+                starts_inside: starts_in_reasoning,
+            });
+        }
+    }
     if let Some((id, _)) = options
         .logit_bias
         .iter()
