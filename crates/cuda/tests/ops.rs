@@ -249,6 +249,66 @@ const CHECKED_ELSEWHERE: &[(&str, &str)] = &[
     ("gdn_decode_heads", "tests/fixtures.rs (GDN decode)"),
     ("gdn_chunk_prep", "tests/gdn_chunked.rs"),
     (
+        "decode_matvec_q4k_t1",
+        "tests/gguf.rs (products on random blocks against f64; the K-quant GGUF files against the CPU in blocks)",
+    ),
+    (
+        "decode_matvec_q4k_t8",
+        "tests/gguf.rs (products on random blocks against f64; the K-quant GGUF files against the CPU in blocks)",
+    ),
+    (
+        "decode_moe_gate_up_q4k",
+        "tests/gguf.rs (the K-quant GGUF files' experts against the CPU in blocks)",
+    ),
+    (
+        "decode_moe_down_q4k",
+        "tests/gguf.rs (the K-quant GGUF files' experts against the CPU in blocks)",
+    ),
+    (
+        "ggml_dequantize_q4k",
+        "tests/gguf.rs (every weight the device reads equals the host dequantizer's)",
+    ),
+    (
+        "decode_matvec_q5k_t1",
+        "tests/gguf.rs (products on random blocks against f64; the K-quant GGUF files against the CPU in blocks)",
+    ),
+    (
+        "decode_matvec_q5k_t8",
+        "tests/gguf.rs (products on random blocks against f64; the K-quant GGUF files against the CPU in blocks)",
+    ),
+    (
+        "decode_moe_gate_up_q5k",
+        "tests/gguf.rs (the K-quant GGUF files' experts against the CPU in blocks)",
+    ),
+    (
+        "decode_moe_down_q5k",
+        "tests/gguf.rs (the K-quant GGUF files' experts against the CPU in blocks)",
+    ),
+    (
+        "ggml_dequantize_q5k",
+        "tests/gguf.rs (every weight the device reads equals the host dequantizer's)",
+    ),
+    (
+        "decode_matvec_q6k_t1",
+        "tests/gguf.rs (products on random blocks against f64; the K-quant GGUF files against the CPU in blocks)",
+    ),
+    (
+        "decode_matvec_q6k_t8",
+        "tests/gguf.rs (products on random blocks against f64; the K-quant GGUF files against the CPU in blocks)",
+    ),
+    (
+        "decode_moe_gate_up_q6k",
+        "tests/gguf.rs (the K-quant GGUF files' experts against the CPU in blocks)",
+    ),
+    (
+        "decode_moe_down_q6k",
+        "tests/gguf.rs (the K-quant GGUF files' experts against the CPU in blocks)",
+    ),
+    (
+        "ggml_dequantize_q6k",
+        "tests/gguf.rs (every weight the device reads equals the host dequantizer's)",
+    ),
+    (
         "qsa_block_keys",
         "tests/prefix.rs (a qwen4_exp session restored from raw indexer keys continues bit for bit)",
     ),

@@ -59,10 +59,13 @@ fn prepare(logits: &[f32], row: &RowSampling<'_>) -> Prepared {
     let mut logits = logits.to_vec();
     let p = row;
     if p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-        let mut sorted = p.history.to_vec();
-        sorted.sort_unstable();
-        for run in sorted.chunk_by(|a, b| a == b) {
-            let Some(logit) = logits.get_mut(run[0] as usize) else {
+        // Repetition on every id of the history; presence and frequency on the ids counted
+        // (from `counted_from` on), by how often they occur there.
+        let mut ids: Vec<u32> = p.history.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        for id in ids {
+            let Some(logit) = logits.get_mut(id as usize) else {
                 continue;
             };
             if *logit > 0.0 {
@@ -70,7 +73,13 @@ fn prepare(logits: &[f32], row: &RowSampling<'_>) -> Prepared {
             } else {
                 *logit *= p.repetition_penalty;
             }
-            *logit -= p.presence_penalty + p.frequency_penalty * run.len() as f32;
+            let count = p.history[p.counted_from.min(p.history.len())..]
+                .iter()
+                .filter(|&&h| h == id)
+                .count();
+            if count > 0 {
+                *logit -= p.presence_penalty + p.frequency_penalty * count as f32;
+            }
         }
     }
     let argmax = |v: &[f32]| {
