@@ -41,6 +41,10 @@ pub enum EngineError {
     #[error("{0}")]
     Image(String),
 
+    /// Input the engine cannot take: no tokens, or a token id outside the vocabulary.
+    #[error("{0}")]
+    Input(String),
+
     /// A step's tokens do not fit the sequence's pending images (text inside an image's pads).
     #[error(transparent)]
     Placement(#[from] spindle_model::mrope::PlacementError),

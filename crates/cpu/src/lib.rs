@@ -311,10 +311,10 @@ impl Engine {
     /// Feeds `ids` to the session and returns logits `[rows, V]` (row-major) for the positions
     /// `want` asks for. A prompt is one call (prefill); decoding is one call per token.
     ///
-    /// `ids` must be checked input: at least one token, every id below `vocab_size`, and
-    /// `session.position + ids.len()` within `max_position_embeddings`. Front ends run the
-    /// model through `spindle_runtime::Backend::forward`, which checks them once for every
-    /// backend; a token outside the vocabulary panics here.
+    /// `ids` must hold at least one token, every id below `vocab_size` (else
+    /// [`EngineError::Input`]), and `session.position + ids.len()` must be within
+    /// `max_position_embeddings`. Front ends run the model through
+    /// `spindle_runtime::Backend::forward`, which checks all of it once for every backend.
     pub fn forward(&self, session: &mut Session, ids: &[u32], want: LogitsFor) -> Result<Vec<f32>> {
         let mut items = [BatchItem { session, ids, want }];
         let mut results = self.forward_batch(&mut items);
@@ -333,14 +333,43 @@ impl Engine {
     /// step leaves a session's state part-way through, so its session is marked broken and
     /// refuses further steps; a session already broken gets its error and takes no part.
     pub fn forward_batch(&self, items: &mut [BatchItem<'_>]) -> Vec<Result<Vec<f32>>> {
-        debug_assert!(
-            items.iter().all(|item| !item.ids.is_empty()
-                && item
-                    .ids
-                    .iter()
-                    .all(|&id| (id as usize) < self.config.vocab_size)),
-            "unchecked input to Engine::forward_batch (spindle_runtime::Backend checks it)"
-        );
+        let vocab = self.config.vocab_size;
+        let refusal = |ids: &[u32]| match ids.iter().find(|&&id| id as usize >= vocab) {
+            _ if ids.is_empty() => Some("a forward step was given no tokens".to_owned()),
+            Some(id) => Some(format!(
+                "token id {id} is outside the vocabulary (vocab_size {vocab})"
+            )),
+            None => None,
+        };
+        if items.iter().any(|item| refusal(item.ids).is_some()) {
+            // The others run as a step of their own; the refused ones get their error.
+            let mut results: Vec<Option<Result<Vec<f32>>>> = items
+                .iter()
+                .map(|item| refusal(item.ids).map(|why| Err(EngineError::Input(why))))
+                .collect();
+            let mut valid: Vec<BatchItem<'_>> = items
+                .iter_mut()
+                .filter(|item| refusal(item.ids).is_none())
+                .map(|item| BatchItem {
+                    session: &mut *item.session,
+                    ids: item.ids,
+                    want: item.want,
+                })
+                .collect();
+            let mut ran = if valid.is_empty() {
+                Vec::new()
+            } else {
+                self.forward_batch(&mut valid)
+            }
+            .into_iter();
+            return results
+                .iter_mut()
+                .map(|r| {
+                    r.take()
+                        .unwrap_or_else(|| ran.next().expect("one result per valid item"))
+                })
+                .collect();
+        }
         let image_token = self
             .vision
             .as_ref()

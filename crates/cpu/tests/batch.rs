@@ -520,3 +520,42 @@ fn spans_follow_the_items() {
         ]
     );
 }
+
+/// Input the engine cannot take is an error for that sequence, never a panic: no tokens, or a
+/// token id outside the vocabulary; the other sequences of the step run as they would alone.
+#[test]
+fn bad_input_fails_its_own_sequence_only() {
+    let e = engine("qwen3_5_moe", WeightFormat::Bf16);
+    let vocab = e.config().vocab_size as u32;
+    let mut s = e.new_session();
+    match e.forward(&mut s, &[1, vocab], LogitsFor::Last) {
+        Err(EngineError::Input(why)) => assert!(why.contains(&vocab.to_string()), "{why}"),
+        other => panic!("an out-of-vocabulary id: {:?}", other.map(|l| l.len())),
+    }
+    assert!(matches!(
+        e.forward(&mut s, &[], LogitsFor::Last),
+        Err(EngineError::Input(_))
+    ));
+    assert_eq!(s.position, 0, "a refused step feeds nothing");
+    let good = [3u32, 5, 7];
+    let solo = e
+        .forward(&mut e.new_session(), &good, LogitsFor::Last)
+        .unwrap();
+    let (mut a, mut b) = (e.new_session(), e.new_session());
+    let bad = [vocab + 5];
+    let mut items = [
+        BatchItem {
+            session: &mut a,
+            ids: &bad,
+            want: LogitsFor::Last,
+        },
+        BatchItem {
+            session: &mut b,
+            ids: &good,
+            want: LogitsFor::Last,
+        },
+    ];
+    let results = e.forward_batch(&mut items);
+    assert!(matches!(results[0], Err(EngineError::Input(_))));
+    assert_eq!(results[1].as_ref().unwrap(), &solo);
+}
