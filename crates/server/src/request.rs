@@ -527,8 +527,19 @@ fn stop_strings(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
     if list.len() > 16 {
         return Err(bad("at most 16 stop strings are accepted"));
     }
+    // A stream holds back as much text as the longest stop string, and every token is checked
+    // against each: a bound keeps both small.
+    if let Some(long) = list.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(bad(&format!(
+            "a stop string of {} bytes: at most {MAX_STOP_BYTES} are accepted",
+            long.len()
+        )));
+    }
     Ok(list)
 }
+
+/// The longest stop string accepted, in bytes.
+const MAX_STOP_BYTES: usize = 1024;
 
 impl RawCompletion {
     pub fn check(&self, generation: Generation) -> Result<CompletionRequest, ApiError> {
@@ -938,6 +949,18 @@ mod tests {
 
     fn param(body: Value) -> Option<String> {
         chat(body).unwrap_err().param
+    }
+
+    #[test]
+    fn stop_strings_are_bounded() {
+        let user = json!([{"role": "user", "content": "hi"}]);
+        let long = "x".repeat(MAX_STOP_BYTES + 1);
+        assert_eq!(
+            param(json!({"messages": user, "stop": [long]})).as_deref(),
+            Some("stop")
+        );
+        let fits = "x".repeat(MAX_STOP_BYTES);
+        assert!(chat(json!({"messages": user, "stop": fits})).is_ok());
     }
 
     #[test]
