@@ -52,7 +52,7 @@ fn matvec_kernel(fmt: DevFormat) -> Result<Matvec> {
 }
 
 /// The error of a general (f32-activation) kernel asked to read a GGUF K-quant, which only the
-/// decode kernels read ([`crate::linear::linear`] routes them there).
+/// decode kernels read (the `linear` module routes them there).
 pub(crate) fn ggml_only_decode(fmt: DevFormat) -> CudaError {
     CudaError::Unsupported(format!(
         "{} weights run through the decode kernels only (a matrix whose input the decode matvec cannot stage)",
