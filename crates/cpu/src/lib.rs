@@ -98,6 +98,21 @@ pub struct BatchItem<'a> {
     pub want: LogitsFor,
 }
 
+/// The engine's KV block pool: `options.kv_pool_bytes` (default [`default_kv_pool_bytes`]),
+/// refused when it cannot hold one block.
+fn kv_pool_for(config: &ModelConfig, options: &LoadOptions) -> Result<Arc<KvPool>> {
+    let bytes = options.kv_pool_bytes.unwrap_or_else(default_kv_pool_bytes);
+    let pool = KvPool::new(config, bytes);
+    let block = pool.block_bytes() as u64;
+    if options.kv_pool_bytes.is_some() && bytes < block {
+        return Err(EngineError::Input(format!(
+            "a KV pool of {bytes} bytes (--kv-pool) cannot hold one block of {block} bytes \
+             (16 tokens of every attention layer's keys and values)"
+        )));
+    }
+    Ok(pool)
+}
+
 /// Fraction of the available memory `auto` lets a model plan to use.
 const AUTO_BUDGET_FRACTION: f64 = 0.85;
 
@@ -161,10 +176,7 @@ impl Engine {
             (ExpertResidency::Mapped, WeightFormat::Bf16) => Placement::Mapped,
             _ => Placement::Resident,
         };
-        let kv_pool = KvPool::new(
-            &config,
-            options.kv_pool_bytes.unwrap_or_else(default_kv_pool_bytes),
-        );
+        let kv_pool = kv_pool_for(&config, options)?;
         Ok(Engine {
             config,
             weights,
@@ -227,10 +239,7 @@ impl Engine {
         let weights = weights::load_from(&source, &config)?;
         let rope = RopeFreqs::new(config.rope.theta, config.rope.rotary_dim);
         let vision = load_vision(&source, &config, options)?;
-        let kv_pool = KvPool::new(
-            &config,
-            options.kv_pool_bytes.unwrap_or_else(default_kv_pool_bytes),
-        );
+        let kv_pool = kv_pool_for(&config, options)?;
         Ok(Engine {
             config,
             weights,

@@ -559,3 +559,16 @@ fn bad_input_fails_its_own_sequence_only() {
     assert!(matches!(results[0], Err(EngineError::Input(_))));
     assert_eq!(results[1].as_ref().unwrap(), &solo);
 }
+
+/// A KV pool too small for one block is refused at load, naming the option.
+#[test]
+fn a_kv_pool_below_one_block_is_refused() {
+    let options = LoadOptions {
+        kv_pool_bytes: Some(1000),
+        ..Default::default()
+    };
+    match Engine::load_with(&fixture("qwen3_5_moe"), &options) {
+        Err(e) => assert!(e.to_string().contains("--kv-pool"), "{e}"),
+        Ok(_) => panic!("a 1000-byte pool was accepted"),
+    }
+}
