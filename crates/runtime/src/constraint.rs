@@ -107,7 +107,12 @@ impl Grammar {
                 .and_then(Value::as_array)
                 .map(|r| r.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
-            let mut parts = vec![literal(&format!("<tool_call>\n<function={}>\n", tool.name))];
+            // The call's markers are rules the compiler defines for the model's tokenizer: its
+            // special tokens where it has them ([`Grammars::compile`]).
+            let mut parts = vec![format!(
+                "{TOOL_CALL_OPEN} {}",
+                literal(&format!("\n<function={}>\n", tool.name))
+            )];
             for (k, (name, property)) in properties.into_iter().flatten().enumerate() {
                 let property = compact(property.clone());
                 let rule = format!("p_{i}_{k}");
@@ -123,12 +128,19 @@ impl Grammar {
                     format!("{rule}?")
                 });
             }
-            parts.push(literal("</function>\n</tool_call>"));
+            parts.push(format!("{} {TOOL_CALL_CLOSE}", literal("</function>\n")));
             rules.push(format!("call_{i}: {}", parts.join(" ")));
         }
         Ok(Grammar::Lark(rules.join("\n")))
     }
 }
+
+/// The rules a tool-call grammar opens and closes each call with; [`Grammars::compile`]
+/// defines them as the tokenizer's `<tool_call>` / `</tool_call>` special tokens when it marks
+/// them special (the Qwen3.5/3.6 tokenizers: the model writes those tokens, not their
+/// spelling), else as the text.
+const TOOL_CALL_OPEN: &str = "tool_call_open";
+const TOOL_CALL_CLOSE: &str = "tool_call_close";
 
 /// The largest grammar compiled, in bytes of its text (a schema's JSON, a regex, a Lark
 /// grammar, the choices together).
@@ -162,6 +174,16 @@ fn compact(mut schema: Value) -> Value {
     schema
 }
 
+/// The id of added token `text` in a `tokenizer.json`, if it has one.
+fn tokenizer_id(json: &Value, text: &str) -> Option<u32> {
+    json.get("added_tokens")?
+        .as_array()?
+        .iter()
+        .find(|t| t.get("content").and_then(Value::as_str) == Some(text))
+        .and_then(|t| t.get("id")?.as_u64())
+        .map(|id| id as u32)
+}
+
 fn grammar_error(message: impl Into<String>) -> RuntimeError {
     RuntimeError::Grammar(message.into())
 }
@@ -172,6 +194,8 @@ pub struct Grammars {
     factory: Arc<ParserFactory>,
     /// The model's end-of-sequence ids: allowed wherever the grammar may end.
     eos_ids: Vec<u32>,
+    /// The Lark rules defining [`TOOL_CALL_OPEN`] and [`TOOL_CALL_CLOSE`] for this tokenizer.
+    tool_call_markers: String,
 }
 
 impl fmt::Debug for Grammars {
@@ -234,12 +258,28 @@ impl Grammars {
             tokenizer,
         };
         let env: toktrie::TokEnv = Arc::new(env);
+        let trie = env.tok_trie();
+        let marker = |text: &str| match tokenizer_id(&json, text) {
+            Some(id)
+                if (id as usize) < trie.vocab_size()
+                    && trie.token(id).first() == Some(&TokTrie::SPECIAL_TOKEN_MARKER) =>
+            {
+                text.to_owned()
+            }
+            _ => serde_json::to_string(text).expect("strings serialize"),
+        };
+        let tool_call_markers = format!(
+            "\n{TOOL_CALL_OPEN}: {}\n{TOOL_CALL_CLOSE}: {}\n",
+            marker("<tool_call>"),
+            marker("</tool_call>")
+        );
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| file_error(format!("cannot build the grammar engine: {e}")))?;
         factory.quiet();
         Ok(Self {
             factory: Arc::new(factory),
             eos_ids: eos_ids.to_vec(),
+            tool_call_markers,
         })
     }
 
@@ -268,6 +308,18 @@ impl Grammars {
                 "the grammar is {size} bytes; at most {MAX_GRAMMAR_BYTES} are compiled"
             )));
         }
+        // A tool-call grammar's markers, defined for this tokenizer.
+        let defined;
+        let grammar = match grammar {
+            Grammar::Lark(text)
+                if text.contains(TOOL_CALL_OPEN)
+                    && !text.contains(&format!("{TOOL_CALL_OPEN}:")) =>
+            {
+                defined = Grammar::Lark(format!("{text}{}", self.tool_call_markers));
+                &defined
+            }
+            _ => grammar,
+        };
         let top = grammar.top_level()?;
         let factory = Arc::clone(&self.factory);
         let (tx, rx) = std::sync::mpsc::channel();

@@ -698,7 +698,22 @@ fn forced_tool_calls_parse_back_with_valid_arguments() {
         (&tools[1..], false),
     ] {
         let grammar = Grammar::tool_calls(tools, parallel).unwrap();
+        // The call opens with the tokenizer's `<tool_call>` special token, the one the model
+        // writes, not with that text spelt in ordinary tokens.
+        let open = model.tokenizer.token_to_id("<tool_call>").unwrap();
+        let mut first = model.constraint(&grammar).unwrap();
+        let allowed: Vec<u32> = {
+            let mask = first.mask().unwrap().expect("a call is forced");
+            (0..model.config().vocab_size as u32)
+                .filter(|&i| mask.allows(i))
+                .collect()
+        };
+        assert_eq!(allowed, [open], "the first token of a forced call");
         let out = generate(&model, &ids, &constrained(&model, &grammar, 200));
+        assert_eq!(out.ids[0], open);
+        assert!(out
+            .ids
+            .contains(&model.tokenizer.token_to_id("</tool_call>").unwrap()));
         let parsed = spindle_text::parse_output(&out.text, false);
         assert!(!parsed.tool_calls.is_empty(), "{:?}", out.text);
         assert!(parallel || parsed.tool_calls.len() == 1, "{:?}", out.text);
