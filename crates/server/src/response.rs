@@ -153,7 +153,13 @@ pub trait TokenText {
 }
 
 impl TokenText for spindle_runtime::Model {
+    /// A control token the answer's text hides (special tokens but the markup the parser
+    /// reads, `<think>`, `<tool_call>`, ...) is empty here too, so the tokens of a
+    /// log-probability report join into the text.
     fn token_bytes(&self, id: u32) -> Vec<u8> {
+        if self.tokenizer.control_ids().contains(&id) {
+            return Vec::new();
+        }
         match self.grammars() {
             Ok(g) => g.token_bytes(id),
             Err(_) => self
@@ -431,5 +437,21 @@ mod tests {
         assert_eq!(v, json!({"role": "assistant", "content": "Hello there"}));
         assert_eq!(finish_reason(&Finish::Length, false), "length");
         assert_eq!(finish_reason(&Finish::Stop("x".into()), false), "stop");
+    }
+}
+
+#[cfg(test)]
+mod token_text_tests {
+    use super::TokenText;
+    use spindle_runtime::{demo_dir, Model};
+
+    #[test]
+    fn hidden_control_tokens_have_no_text_and_markup_keeps_its_own() {
+        let model = Model::load(&demo_dir().unwrap()).unwrap();
+        let id = |t: &str| model.tokenizer.token_to_id(t).unwrap();
+        assert!(model.token_bytes(id("<|repo_name|>")).is_empty());
+        assert_eq!(model.token_bytes(id("<tool_call>")), b"<tool_call>");
+        let word = model.tokenizer.encode("cat", false).unwrap()[0];
+        assert!(!model.token_bytes(word).is_empty());
     }
 }
