@@ -5,7 +5,8 @@ use crate::device::{DevBuf, Device};
 use crate::error::Result;
 use crate::kernels::gemm::{GemmSimt, GemmTensor};
 use crate::kernels::{
-    self, i, p, Launch, Ptr, TENSOR_GEMM_ROWS, TENSOR_GEMM_STAGES, TENSOR_GEMM_TOKENS,
+    self, i, p, Launch, Ptr, TENSOR_GEMM_ROWS, TENSOR_GEMM_SCALE_GROUPS, TENSOR_GEMM_STAGES,
+    TENSOR_GEMM_TOKENS,
 };
 use crate::matrix::{DevFormat, DevPart, DeviceLayout};
 use crate::matvec::ggml_only_decode;
@@ -154,16 +155,23 @@ fn tensor_gemm_kernel(fmt: DevFormat) -> Result<GemmTensor> {
 }
 
 /// Dynamic shared memory of one tensor-core GEMM block: 4 stages of staged A and B rows
-/// (`TgLayout` in gemm.cu).
+/// (`TgLayout` in gemm.cu), then for Q8/Q4/FP8 two blocks of scales (`TgScales`).
 fn tensor_gemm_shared(fmt: DevFormat) -> usize {
-    let (a_row, planes, b_row) = match fmt {
-        DevFormat::Bf16 => (80, 3, 80),
-        DevFormat::Q8 | DevFormat::Fp8 => (48, 1, 48),
-        DevFormat::Q4 => (48, 1, 16),
+    let (a_row, planes, b_row, weight_scale) = match fmt {
+        DevFormat::Bf16 => (80, 3, 80, 0),
+        DevFormat::Q8 => (48, 1, 48, 2),
+        DevFormat::Fp8 => (48, 1, 48, 4),
+        DevFormat::Q4 => (48, 1, 16, 2),
         // Not taken (tensor_gemm_kernel refuses them).
-        DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K => (0, 0, 0),
+        DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K => (0, 0, 0, 0),
     };
-    TENSOR_GEMM_STAGES * (TENSOR_GEMM_TOKENS * a_row * planes + TENSOR_GEMM_ROWS * b_row)
+    let stages =
+        TENSOR_GEMM_STAGES * (TENSOR_GEMM_TOKENS * a_row * planes + TENSOR_GEMM_ROWS * b_row);
+    let scales = match weight_scale {
+        0 => 0,
+        bytes => 2 * TENSOR_GEMM_SCALE_GROUPS * (TENSOR_GEMM_ROWS * bytes + TENSOR_GEMM_TOKENS * 4),
+    };
+    stages + scales
 }
 
 /// `y[row·ldy + n] (+)= Σ_k acts[row, k]·W[n, k]` on the tensor cores (see gemm.cu).

@@ -36,7 +36,9 @@ fn relative_error(got: &[f32], want: &[f32]) -> f32 {
 /// Dense linear layers through the tensor-core GEMM (and, for scale, the SIMT GEMM) against
 /// `Linear::forward` on the CPU: bf16 weights with f32 activations, Q8/Q4 weights with the
 /// CPU's int8 activations. Shapes cover partial tiles in tokens and rows, K of one group,
-/// K = 48 (bf16 only: not whole groups) and a long K.
+/// K = 48 (bf16 only: not whole groups), a long K, and group counts that are odd (1, 3, 25:
+/// Q8/Q4 scales staged one by one) or not a multiple of the 8 groups whose scales are staged
+/// at a time (10, 25).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn tensor_gemm_matches_cpu_linear() {
@@ -53,6 +55,9 @@ fn tensor_gemm_matches_cpu_linear() {
         (384, 256, 100),
         (1000, 2048, 300),
         (136, 512, 5),
+        (77, 96, 70),
+        (150, 800, 40),
+        (70, 320, 66),
     ];
     for (rows, cols, tokens) in shapes {
         let w = rng.signed_vec(rows * cols, 0.1);

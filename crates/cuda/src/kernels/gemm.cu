@@ -224,28 +224,60 @@ __device__ __forceinline__ void tg_load(unsigned char* st, const unsigned char* 
 }
 #endif
 
-// Group g's scales for this thread's fragments: weights (f16 bits; FP8: f32 bits) of its 8
-// columns, the activations' (f32) of its 4 rows (xrow −1: none).
+// Q8/Q4/FP8: the scales of TENSOR_GEMM_SCALE_GROUPS groups from group g0 on, staged in shared
+// memory `sc` with cp.async a whole block of groups before they are used, so that no K-step
+// waits on a scale load from memory: the tile's weight rows' scales ([TENSOR_GEMM_ROWS][SG],
+// f16 bits; FP8: f32 bits), then its token rows' activation scales ([TENSOR_GEMM_TOKENS][SG],
+// f32; a_row −1: none). A scale past the row's groups, of a weight row ≥ N or of no token row
+// is 0, as the values themselves are there.
 template <int FMT>
-__device__ __forceinline__ void tg_fetch_scales(const unsigned short* __restrict__ S, const float* __restrict__ ad,
-                                                size_t w_row0, int n0, int N, int groups, const int (&xrow)[2][2],
-                                                int g, unsigned int (&ws)[4][2], float (&xd)[2][2]) {
-    int lane = threadIdx.x & 31, wn = (threadIdx.x >> 5) >> 1, tig = lane & 3;
-#pragma unroll
-    for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            int n = n0 + wn * 32 + ni * 8 + tig * 2 + j;
-            if (FMT == 3)
-                ws[ni][j] = n < N ? __ldg((const unsigned int*)S + (w_row0 + n) * groups + g) : 0u;
-            else
-                ws[ni][j] = n < N ? (unsigned int)__ldg(S + (w_row0 + n) * groups + g) : 0u;
-        }
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) xd[mi][h] = xrow[mi][h] >= 0 ? __ldg(ad + (size_t)xrow[mi][h] * groups + g) : 0.0f;
+struct TgScales {
+    static constexpr int SG = TENSOR_GEMM_SCALE_GROUPS;
+    static constexpr int WSB = FMT == 3 ? 4 : 2;  // bytes of a weight scale
+    static constexpr int W_BYTES = TENSOR_GEMM_ROWS * SG * WSB;
+    static constexpr int BYTES = W_BYTES + TENSOR_GEMM_TOKENS * SG * 4;  // one buffer
+};
+
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool ok) {
+    unsigned int a = (unsigned int)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(a), "l"(__cvta_generic_to_global(gmem)),
+                 "r"(ok ? 4 : 0));
 }
+
+template <int FMT>
+__device__ __forceinline__ void tg_load_scales(unsigned char* sc, const unsigned short* __restrict__ S,
+                                               const float* __restrict__ ad, size_t w_row0, int n0, int N, int groups,
+                                               const int* a_row, int g0) {
+    typedef TgScales<FMT> C;
+    int tid = threadIdx.x;
+    if (FMT == 3 || (groups & 1) == 0) {
+        // Words of 4 bytes: one FP8 scale, or the f16 scales of groups g, g + 1 (g0 and the
+        // row's group count even, so both or neither are in the row).
+        constexpr int PER = 4 / C::WSB, WORDS = C::SG / PER;
+        for (int e = tid; e < TENSOR_GEMM_ROWS * WORDS; e += blockDim.x) {
+            int r = e / WORDS, w = e - r * WORDS;
+            int n = n0 + r, g = g0 + w * PER;
+            bool ok = n < N && g < groups;
+            const unsigned char* src = (const unsigned char*)S + (ok ? ((w_row0 + n) * groups + g) * C::WSB : 0);
+            cp_async4_zfill(sc + (r * C::SG + w * PER) * C::WSB, src, ok);
+        }
+    } else {
+        // An odd group count: f16 scales one at a time (not 4-byte aligned in pairs).
+        unsigned short* ws = (unsigned short*)sc;
+        for (int e = tid; e < TENSOR_GEMM_ROWS * C::SG; e += blockDim.x) {
+            int r = e / C::SG, g = g0 + (e - r * C::SG), n = n0 + r;
+            ws[e] = n < N && g < groups ? __ldg(S + (w_row0 + n) * groups + g) : (unsigned short)0;
+        }
+    }
+    float* xs = (float*)(sc + C::W_BYTES);
+    for (int e = tid; e < TENSOR_GEMM_TOKENS * C::SG; e += blockDim.x) {
+        int r = e / C::SG, g = g0 + (e - r * C::SG), src = a_row[r];
+        bool ok = src >= 0 && g < groups;
+        cp_async4_zfill(xs + e, ok ? ad + (size_t)src * groups + g : ad, ok);
+    }
+}
+#endif
 
 template <int FMT>
 __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict__ W, const unsigned short* __restrict__ S,
@@ -286,18 +318,13 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
 
-    // Per-thread rows for the int8 scales: local rows wm·32 + mi·16 + g8 + 8h.
     int groups = K >> 5;
-    int xrow[2][2];
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) xrow[mi][h] = a_row[wm * 32 + mi * 16 + g8 + 8 * h];
-
     int KT = (K + TG_K - 1) / TG_K;
-    unsigned int ws_next[4][2];  // Q8/Q4/FP8: the next group's scales, fetched a group ahead
-    float xd_next[2][2];
-    if (FMT != 0) tg_fetch_scales<FMT>(S, (const float*)Aaux, w_row0, n0, N, groups, xrow, 0, ws_next, xd_next);
+    // Q8/Q4/FP8 scales: two buffers of TENSOR_GEMM_SCALE_GROUPS groups after the stages; the
+    // first block rides with the first stage, each next one is loaded a block ahead.
+    typedef TgScales<FMT> SC;
+    unsigned char* sc = tg_smem + TENSOR_GEMM_STAGES * L::STAGE;
+    if (FMT != 0) tg_load_scales<FMT>(sc, S, (const float*)Aaux, w_row0, n0, N, groups, a_row, 0);
 #pragma unroll
     for (int s = 0; s < TENSOR_GEMM_STAGES - 1; s++) {
         if (s < KT) tg_load<FMT>(tg_smem + s * L::STAGE, A, W, a_row, w_row0, n0, N, K, s);
@@ -309,6 +336,10 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
         int next = kt + TENSOR_GEMM_STAGES - 1;
         if (next < KT)
             tg_load<FMT>(tg_smem + (next % TENSOR_GEMM_STAGES) * L::STAGE, A, W, a_row, w_row0, n0, N, K, next);
+        // The next block of scales, into the buffer whose groups the steps before this one used.
+        if (FMT != 0 && kt % SC::SG == 0 && kt + SC::SG < KT)
+            tg_load_scales<FMT>(sc + ((kt / SC::SG + 1) & 1) * SC::BYTES, S, (const float*)Aaux, w_row0, n0, N,
+                                groups, a_row, kt + SC::SG);
         asm volatile("cp.async.commit_group;\n" ::);
 
         const unsigned char* as = tg_smem + (kt % TENSOR_GEMM_STAGES) * L::STAGE;
@@ -341,19 +372,23 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
                 }
             }
         } else {
-            // This group's scales (fetched during the previous group), then the next group's
-            // fetch, in flight while this one's mma run.
+            // This group's scales, from the staged block: the weights' of this thread's 8
+            // columns, the activations' of its 4 token rows.
+            const unsigned char* scb = sc + ((kt / SC::SG) & 1) * SC::BYTES;
+            const float* xs = (const float*)(scb + SC::W_BYTES);
+            int q = kt % SC::SG;
             float ws[4][2], xd[2][2];
 #pragma unroll
             for (int ni = 0; ni < 4; ni++)
 #pragma unroll
-                for (int j = 0; j < 2; j++)
-                    ws[ni][j] = FMT == 3 ? __uint_as_float(ws_next[ni][j]) : f16_to_f32((unsigned short)ws_next[ni][j]);
+                for (int j = 0; j < 2; j++) {
+                    int n = (wn * 32 + ni * 8 + tig * 2 + j) * SC::SG + q;
+                    ws[ni][j] = FMT == 3 ? ((const float*)scb)[n] : f16_to_f32(((const unsigned short*)scb)[n]);
+                }
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) xd[mi][h] = xd_next[mi][h];
-            if (kt + 1 < KT) tg_fetch_scales<FMT>(S, (const float*)Aaux, w_row0, n0, N, groups, xrow, kt + 1, ws_next, xd_next);
+                for (int h = 0; h < 2; h++) xd[mi][h] = xs[(wm * 32 + mi * 16 + g8 + 8 * h) * SC::SG + q];
             int a[2][4];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++) {

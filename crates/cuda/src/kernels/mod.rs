@@ -145,6 +145,9 @@ shared_constants! {
     TENSOR_GEMM_ROWS = 128;
     /// Stages of the tensor-core GEMM's `cp.async` pipeline.
     TENSOR_GEMM_STAGES = 4;
+    /// Groups of 32 columns whose Q8/Q4/FP8 scales the tensor-core GEMM stages at a time
+    /// (two such blocks in shared memory, each loaded a block ahead).
+    TENSOR_GEMM_SCALE_GROUPS = 8;
     /// Conv rows (K − 1 + T) the decode matvec's fused GDN conv epilogue holds.
     DECODE_CONV_WINDOW = 16;
 }
