@@ -388,6 +388,18 @@ impl CudaEngine {
             .clear_graphs();
     }
 
+    /// Runs Q8/Q4 decode matvecs of at least 16 rows on the tensor cores (the default on sm_80
+    /// and later) or as the dp4a decode matvecs (the same bits; for A/B measurements); drops
+    /// the batched decode graphs.
+    #[doc(hidden)]
+    pub fn set_tc_decode(&mut self, on: bool) {
+        self.dev.set_tc_decode(on);
+        self.batch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear_graphs();
+    }
+
     /// Launches the decode kernels with programmatic dependent launch (the default on sm_90
     /// and later, unless `SPINDLE_CUDA_PDL=0`) or plainly (the same bits; for A/B
     /// measurements and the tests); drops the batched decode graphs. Sessions' decode graphs

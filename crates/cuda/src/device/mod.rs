@@ -58,6 +58,12 @@ pub struct Device {
     /// per group of rows) rather than a launch per group (`SPINDLE_CUDA_DECODE_GROUP_LAUNCH=0`,
     /// for A/B measurements: the same bits either way).
     group_launch: std::sync::atomic::AtomicBool,
+    /// Q8/Q4 decode matvecs of at least TCD_TOKENS rows run their integer dot products on the
+    /// tensor cores (`matvec_tc.cu`; sm_80 and later unless `SPINDLE_CUDA_TC_DECODE=0`, for
+    /// A/B measurements: the same bits either way).
+    tc_decode: std::sync::atomic::AtomicBool,
+    /// The device has int8 tensor cores (`mma.sync` s8, sm_80 and later).
+    int8_mma: bool,
     /// Kernels launched with programmatic stream serialization ([`Device::pdl`]): those whose
     /// PTX waits on their predecessor (`pdl.rs`).
     pdl_kernels: HashSet<&'static str>,
@@ -176,6 +182,10 @@ impl Device {
             group_launch: std::env::var_os("SPINDLE_CUDA_DECODE_GROUP_LAUNCH")
                 .is_none_or(|v| v != "0")
                 .into(),
+            int8_mma: major >= 8,
+            tc_decode: (major >= 8
+                && std::env::var_os("SPINDLE_CUDA_TC_DECODE").is_none_or(|v| v != "0"))
+            .into(),
             tensor_cores: (major >= 8
                 && std::env::var_os("SPINDLE_CUDA_TENSOR_CORES").is_none_or(|v| v != "0"))
             .into(),
@@ -210,6 +220,17 @@ impl Device {
     pub fn set_group_launch(&self, on: bool) {
         self.group_launch
             .store(on, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether Q8/Q4 decode matvecs of at least TCD_TOKENS rows run on the tensor cores.
+    pub fn tc_decode(&self) -> bool {
+        self.tc_decode.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets [`Device::tc_decode`] (on only where the device has int8 tensor cores, sm_80+).
+    pub fn set_tc_decode(&self, on: bool) {
+        self.tc_decode
+            .store(on && self.int8_mma, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether kernels that wait on their predecessor (`PDL_WAIT()`) are launched with

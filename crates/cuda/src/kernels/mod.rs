@@ -147,6 +147,8 @@ shared_constants! {
     TENSOR_GEMM_STAGES = 4;
     /// Conv rows (K − 1 + T) the decode matvec's fused GDN conv epilogue holds.
     DECODE_CONV_WINDOW = 16;
+    /// Tokens per row of blocks of the tensor-core decode matvec (`matvec_tc.cu`).
+    TCD_TOKENS = 16;
 }
 
 /// The `#define` lines of every shared constant, compiled before the sources.
@@ -172,6 +174,7 @@ pub mod gdn;
 pub mod gemm;
 pub mod ggml;
 pub mod matvec;
+pub mod matvec_tc;
 pub mod moe;
 pub mod norm;
 pub mod qwen4;
@@ -188,6 +191,7 @@ const SOURCES: &[&str] = &[
     include_str!("decode_staging.cuh"),
     include_str!("matvec.cu"),
     include_str!("gemm.cu"),
+    include_str!("matvec_tc.cu"),
     include_str!("fp8.cu"),
     include_str!("moe.cu"),
     include_str!("norm.cu"),
@@ -205,6 +209,7 @@ const SOURCES: &[&str] = &[
 const DECLARED: &[&[&[KernelDecl]]] = &[
     ggml::DECLARED,
     matvec::DECLARED,
+    matvec_tc::DECLARED,
     gemm::DECLARED,
     fp8::DECLARED,
     moe::DECLARED,
