@@ -8,12 +8,12 @@
 //! cargo build --release -p spindle-cuda --example batch_decode
 //! batch_decode MODEL_DIR [--quant bf16|q8|q4] [--batch 1,16,64] [--context 512] [--steps 32]
 //!              [--runs 3] [--layers N] [--matvec-rows 128,32] [--group-launch 1,0]
-//!              [--tc-decode 1,0]
+//!              [--tc-decode-rows 64,16,0]
 //! ```
 //!
-//! `--matvec-rows`, `--group-launch` and `--tc-decode` measure each combination of their
+//! `--matvec-rows`, `--group-launch` and `--tc-decode-rows` measure each combination of their
 //! values in one process (the batched-step matvec limit, one launch for all row groups or one
-//! each, and Q8/Q4 decode matvecs of 16 rows or more on the tensor cores or not).
+//! each, and the fewest rows of a Q8/Q4 decode matvec on the tensor cores, 0: none).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -34,8 +34,8 @@ struct Args {
     matvec_rows: Option<Vec<usize>>,
     /// Values of `CudaEngine::set_decode_group_launch` to measure (None: the engine's default).
     group_launch: Option<Vec<bool>>,
-    /// Values of `CudaEngine::set_tc_decode` to measure (None: the engine's default).
-    tc_decode: Option<Vec<bool>>,
+    /// Values of `CudaEngine::set_tc_decode_rows` to measure (None: the engine's default).
+    tc_decode_rows: Option<Vec<usize>>,
 }
 
 /// `1,0`-style list of switches for option `name`.
@@ -61,7 +61,7 @@ fn parse() -> Result<Args, String> {
         layers: None,
         matvec_rows: None,
         group_launch: None,
-        tc_decode: None,
+        tc_decode_rows: None,
     };
     let mut model = None;
     while let Some(a) = it.next() {
@@ -93,7 +93,14 @@ fn parse() -> Result<Args, String> {
                 )
             }
             "--group-launch" => args.group_launch = Some(switches(&a, &value()?)?),
-            "--tc-decode" => args.tc_decode = Some(switches(&a, &value()?)?),
+            "--tc-decode-rows" => {
+                args.tc_decode_rows = Some(
+                    value()?
+                        .split(',')
+                        .map(|b| b.parse().map_err(|e| format!("--tc-decode-rows {b}: {e}")))
+                        .collect::<Result<_, _>>()?,
+                )
+            }
             "--layers" => args.layers = Some(value()?.parse().map_err(|e| format!("{e}"))?),
             _ if model.is_none() && !a.starts_with('-') => model = Some(PathBuf::from(&a)),
             _ => return Err(format!("unknown argument {a}")),
@@ -140,7 +147,7 @@ fn main() {
         Some(v) => v.iter().map(|&g| Some(g)).collect(),
         None => vec![None],
     };
-    let tensor: Vec<Option<bool>> = match &args.tc_decode {
+    let tensor: Vec<Option<usize>> = match &args.tc_decode_rows {
         Some(v) => v.iter().map(|&g| Some(g)).collect(),
         None => vec![None],
     };
@@ -160,10 +167,15 @@ fn main() {
                     };
                     println!("-- decode matvecs of more than 8 rows: {how}");
                 }
-                if let Some(on) = tc {
-                    engine.set_tc_decode(on);
-                    let how = if on { "tensor cores" } else { "dp4a" };
-                    println!("-- Q8/Q4 decode matvecs of 16 rows or more: {how}");
+                if let Some(rows) = tc {
+                    engine.set_tc_decode_rows(rows);
+                    match rows {
+                        0 => println!("-- Q8/Q4 decode matvecs: dp4a"),
+                        n => println!(
+                            "-- Q8/Q4 decode matvecs of {} rows or more: tensor cores",
+                            n.max(16)
+                        ),
+                    }
                 }
                 run_batches(&engine, &args);
             }

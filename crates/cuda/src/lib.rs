@@ -388,12 +388,12 @@ impl CudaEngine {
             .clear_graphs();
     }
 
-    /// Runs Q8/Q4 decode matvecs of at least 16 rows on the tensor cores (the default on sm_80
-    /// and later) or as the dp4a decode matvecs (the same bits; for A/B measurements); drops
-    /// the batched decode graphs.
+    /// Runs Q8/Q4 decode matvecs of at least `rows` rows (raised to 16) on the tensor cores, or
+    /// with 0 all of them as the dp4a decode matvecs (the same bits; for A/B measurements; the
+    /// default is `device::TC_DECODE_ROWS` on sm_80 and later); drops the batched decode graphs.
     #[doc(hidden)]
-    pub fn set_tc_decode(&mut self, on: bool) {
-        self.dev.set_tc_decode(on);
+    pub fn set_tc_decode_rows(&mut self, rows: usize) {
+        self.dev.set_tc_decode_rows(rows);
         self.batch
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -210,15 +210,16 @@ fn decode_matvec_kernel(fmt: DevFormat, tokens: usize) -> DecodeMatvec {
 }
 
 /// The tensor-core decode matvec (`matvec_tc.cu`) for `tokens` rows of `cols` in `fmt`, where
-/// it applies: Q8/Q4, at least [`TCD_TOKENS`] rows, [`Device::tc_decode`] on, and its staged
-/// input within the kernel's shared memory. Its outputs are the bits of [`DecodeMatvec`]'s.
+/// it applies: Q8/Q4, at least [`Device::tc_decode_rows`] rows (0: never), and its staged input
+/// within the kernel's shared memory. Its outputs are the bits of [`DecodeMatvec`]'s.
 pub(crate) fn tc_decode_kernel(
     dev: &Device,
     fmt: DevFormat,
     cols: usize,
     tokens: usize,
 ) -> Option<DecodeMatvecTc> {
-    if !dev.tc_decode() || tokens < TCD_TOKENS || cols % 32 != 0 {
+    let min_rows = dev.tc_decode_rows();
+    if min_rows == 0 || tokens < min_rows.max(TCD_TOKENS) || cols % 32 != 0 {
         return None;
     }
     let kernel = match fmt {

@@ -279,7 +279,8 @@ pub fn decode_linear_of(
 }
 
 /// Whether [`decode_linear_of`] takes the tensor-core decode matvec (`matvec_tc.cu`) for a
-/// `[_, cols]` matrix in `format` and `tokens` rows (with [`Device::tc_decode`] as it is now).
+/// `[_, cols]` matrix in `format` and `tokens` rows (with [`Device::tc_decode_rows`] as it is
+/// now).
 pub fn tc_decode_applies(
     dev: &Device,
     format: spindle_model::quant::WeightFormat,

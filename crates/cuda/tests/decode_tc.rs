@@ -7,6 +7,7 @@
 //! decoded alone (`_t1`).
 //! Needs a CUDA GPU: `cargo test --release -p spindle-cuda --test decode_tc -- --ignored`.
 
+use spindle_cuda::kernels::TCD_TOKENS;
 use spindle_cuda::{testing, Device};
 use spindle_model::quant::WeightFormat;
 use spindle_model::weights::Linear;
@@ -46,11 +47,11 @@ fn both(
     norm: Option<(&[f32], f32)>,
     epilogue: testing::Epilogue,
 ) -> (Vec<f32>, Vec<f32>) {
-    dev.set_tc_decode(true);
+    dev.set_tc_decode_rows(TCD_TOKENS);
     let tc = testing::decode_linear_of(dev, w, x, tokens, norm, epilogue).unwrap();
-    dev.set_tc_decode(false);
+    dev.set_tc_decode_rows(0);
     let reference = testing::decode_linear_of(dev, w, x, tokens, norm, epilogue).unwrap();
-    dev.set_tc_decode(true);
+    dev.set_tc_decode_rows(TCD_TOKENS);
     (tc, reference)
 }
 
@@ -58,9 +59,11 @@ fn both(
 #[ignore = "needs a CUDA GPU"]
 fn tensor_core_decode_matvec_keeps_every_rows_bits() {
     let dev = device();
+    // From the fewest rows the kernel takes (the engine's default starts higher).
+    dev.set_tc_decode_rows(TCD_TOKENS);
     assert!(
-        dev.tc_decode() && dev.group_launch(),
-        "needs int8 tensor cores (sm_80+), SPINDLE_CUDA_TC_DECODE and SPINDLE_CUDA_DECODE_GROUP_LAUNCH unset"
+        dev.tc_decode_rows() == TCD_TOKENS && dev.group_launch(),
+        "needs int8 tensor cores (sm_80+) and SPINDLE_CUDA_DECODE_GROUP_LAUNCH unset"
     );
     let mut rng = Rng(0x7cdec);
     // (cols, rows, tokens): cols of 1-2 groups per lane and lanes per row 1 (32, 64, 128), 2
