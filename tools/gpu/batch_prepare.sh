@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the batched-step work for a GPU machine into DIR (default .device-carry): the GPU test
-# binaries of spindle-cuda (batch, sampling, fixtures, ops, kernels, qwen4, gdn_chunked) and of
+# binaries of spindle-cuda (batch, decode_tc, sampling, fixtures, ops, kernels, qwen4, gdn_chunked) and of
 # spindle-runtime's masks_cuda (constrained decoding, as masks-test), the
 # batch_decode example, the spindle CLI with CUDA (NEW=1; `spindle-old` is kept if present),
 # each xz-compressed (the carry limit is 64 MiB), the fixtures and the GPU scripts.
@@ -15,7 +15,7 @@ cargo test --release -p spindle-cuda --no-run --message-format=json 2>/dev/null 
     python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"] and m["target"]["name"] in ("batch", "sampling", "fixtures", "ops", "kernels", "qwen4", "gdn_chunked", "prefix", "vision"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"] and m["target"]["name"] in ("batch", "decode_tc", "sampling", "fixtures", "ops", "kernels", "qwen4", "gdn_chunked", "prefix", "vision"):
         print(m["target"]["name"], m["executable"])' |
     while read -r name exe; do
         cp "$exe" "$dir/$name-test"

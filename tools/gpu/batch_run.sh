@@ -1,9 +1,11 @@
 #!/bin/bash
 # On the GPU machine, from the batch_prepare.sh folder: PART=tests|bench|serve|ab|all (default all).
-# tests: batch (batched vs solo), fixtures, ops, kernels, qwen4, gdn_chunked (logs in $OUT);
+# tests: batch (batched vs solo), decode_tc (tensor-core decode matvec vs dp4a, bit for bit),
+#   fixtures, ops, kernels, qwen4, gdn_chunked (logs in $OUT);
 # bench: an 8-layer 35B-A3B-shaped checkpoint (LAYERS=40 ZERO_EXPERTS=1: the full model), then
 #   batch_decode at q4 (B=1,16,64; MATVEC_ROWS=128,32 and GROUP_LAUNCH=1,0 measure each
-#   combination of the batched-step matvec limit and one launch for all row groups or one each);
+#   combination of the batched-step matvec limit and one launch for all row groups or one each;
+#   TC_ROWS=64,16,0: the fewest rows of a Q8/Q4 decode matvec on the tensor cores, 0 none);
 # serve: `spindle bench --batch` and `spindle serve` + `spindle bench --serve` (clients
 #   $CLIENTS, default 1,16,64) on that checkpoint at q4, with the real tokenizer and template
 #   (LAYERS=40 ZERO_EXPERTS=1: the full model; STATE_MEMORY=BYTES: serve --state-memory);
@@ -15,7 +17,7 @@ chmod +x ./*-test batch_decode spindle spindle-old 2>/dev/null
 part=${PART:-all}
 T0=$(date +%s); el() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
 if [ "$part" = tests ] || [ "$part" = all ]; then
-  for t in ${TESTS:-batch fixtures ops kernels qwen4 gdn_chunked}; do
+  for t in ${TESTS:-batch decode_tc fixtures ops kernels qwen4 gdn_chunked}; do
     [ -x ./$t-test ] || continue
     el "== $t"
     SPINDLE_FIXTURES=$PWD/fixtures timeout ${TT:-240} ./$t-test --include-ignored --test-threads=1 --nocapture > "$OUT/$t.log" 2>&1
@@ -28,7 +30,7 @@ if [ "$part" = bench ] || [ "$part" = all ]; then
   exe=./spindle; [ -x "$exe" ] || exe=./spindle-old
   [ -d "$WORK/a3b" ] || "$exe" synth --shape qwen3.6-35b-a3b --layers ${LAYERS:-8} ${ZERO_EXPERTS:+--zero-experts} --out "$WORK/a3b" > /dev/null 2> "$WORK/synth.err" || tail -3 "$WORK/synth.err"
   el "batch_decode q4"
-  RUST_LOG=warn timeout ${BT:-400} ./batch_decode "$WORK/a3b" --quant q4 --batch ${BATCHES:-1,16,64} --context 512 --steps 32 --runs 3 ${MATVEC_ROWS:+--matvec-rows $MATVEC_ROWS} ${GROUP_LAUNCH:+--group-launch $GROUP_LAUNCH} 2>&1 | tee "$OUT/batch_decode.log"
+  RUST_LOG=warn timeout ${BT:-400} ./batch_decode "$WORK/a3b" --quant q4 --batch ${BATCHES:-1,16,64} --context 512 --steps 32 --runs 3 ${MATVEC_ROWS:+--matvec-rows $MATVEC_ROWS} ${GROUP_LAUNCH:+--group-launch $GROUP_LAUNCH} ${TC_ROWS:+--tc-decode-rows $TC_ROWS} 2>&1 | tee "$OUT/batch_decode.log"
 fi
 if [ -n "${PROFILE_BATCHES:-}" ]; then
   el "batch_decode q4, per-kernel profile (no graphs; the engine's default settings)"

@@ -8,10 +8,12 @@
 //! cargo build --release -p spindle-cuda --example batch_decode
 //! batch_decode MODEL_DIR [--quant bf16|q8|q4] [--batch 1,16,64] [--context 512] [--steps 32]
 //!              [--runs 3] [--layers N] [--matvec-rows 128,32] [--group-launch 1,0]
+//!              [--tc-decode-rows 64,16,0]
 //! ```
 //!
-//! `--matvec-rows` and `--group-launch` measure each combination of their values in one
-//! process (the batched-step matvec limit, and one launch for all row groups or one each).
+//! `--matvec-rows`, `--group-launch` and `--tc-decode-rows` measure each combination of their
+//! values in one process (the batched-step matvec limit, one launch for all row groups or one
+//! each, and the fewest rows of a Q8/Q4 decode matvec on the tensor cores, 0: none).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -32,6 +34,19 @@ struct Args {
     matvec_rows: Option<Vec<usize>>,
     /// Values of `CudaEngine::set_decode_group_launch` to measure (None: the engine's default).
     group_launch: Option<Vec<bool>>,
+    /// Values of `CudaEngine::set_tc_decode_rows` to measure (None: the engine's default).
+    tc_decode_rows: Option<Vec<usize>>,
+}
+
+/// `1,0`-style list of switches for option `name`.
+fn switches(name: &str, list: &str) -> Result<Vec<bool>, String> {
+    list.split(',')
+        .map(|b| match b {
+            "1" => Ok(true),
+            "0" => Ok(false),
+            _ => Err(format!("{name} {b}: 1 or 0")),
+        })
+        .collect()
 }
 
 fn parse() -> Result<Args, String> {
@@ -46,6 +61,7 @@ fn parse() -> Result<Args, String> {
         layers: None,
         matvec_rows: None,
         group_launch: None,
+        tc_decode_rows: None,
     };
     let mut model = None;
     while let Some(a) = it.next() {
@@ -76,15 +92,12 @@ fn parse() -> Result<Args, String> {
                         .collect::<Result<_, _>>()?,
                 )
             }
-            "--group-launch" => {
-                args.group_launch = Some(
+            "--group-launch" => args.group_launch = Some(switches(&a, &value()?)?),
+            "--tc-decode-rows" => {
+                args.tc_decode_rows = Some(
                     value()?
                         .split(',')
-                        .map(|b| match b {
-                            "1" => Ok(true),
-                            "0" => Ok(false),
-                            _ => Err(format!("--group-launch {b}: 1 or 0")),
-                        })
+                        .map(|b| b.parse().map_err(|e| format!("--tc-decode-rows {b}: {e}")))
                         .collect::<Result<_, _>>()?,
                 )
             }
@@ -134,22 +147,38 @@ fn main() {
         Some(v) => v.iter().map(|&g| Some(g)).collect(),
         None => vec![None],
     };
+    let tensor: Vec<Option<usize>> = match &args.tc_decode_rows {
+        Some(v) => v.iter().map(|&g| Some(g)).collect(),
+        None => vec![None],
+    };
     for setting in settings {
         for &launch in &launches {
-            if let Some(rows) = setting {
-                engine.set_batch_matvec_rows(rows);
-                println!("-- batched steps of up to {rows} rows as matvecs per 8 rows");
+            for &tc in &tensor {
+                if let Some(rows) = setting {
+                    engine.set_batch_matvec_rows(rows);
+                    println!("-- batched steps of up to {rows} rows as matvecs per 8 rows");
+                }
+                if let Some(on) = launch {
+                    engine.set_decode_group_launch(on);
+                    let how = if on {
+                        "one launch"
+                    } else {
+                        "a launch per group"
+                    };
+                    println!("-- decode matvecs of more than 8 rows: {how}");
+                }
+                if let Some(rows) = tc {
+                    engine.set_tc_decode_rows(rows);
+                    match rows {
+                        0 => println!("-- Q8/Q4 decode matvecs: dp4a"),
+                        n => println!(
+                            "-- Q8/Q4 decode matvecs of {} rows or more: tensor cores",
+                            n.max(16)
+                        ),
+                    }
+                }
+                run_batches(&engine, &args);
             }
-            if let Some(on) = launch {
-                engine.set_decode_group_launch(on);
-                let how = if on {
-                    "one launch"
-                } else {
-                    "a launch per group"
-                };
-                println!("-- decode matvecs of more than 8 rows: {how}");
-            }
-            run_batches(&engine, &args);
         }
     }
 }

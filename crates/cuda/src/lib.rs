@@ -388,6 +388,18 @@ impl CudaEngine {
             .clear_graphs();
     }
 
+    /// Runs Q8/Q4 decode matvecs of at least `rows` rows (raised to 16) on the tensor cores, or
+    /// with 0 all of them as the dp4a decode matvecs (the same bits; for A/B measurements; the
+    /// default is `device::TC_DECODE_ROWS` on sm_80 and later); drops the batched decode graphs.
+    #[doc(hidden)]
+    pub fn set_tc_decode_rows(&mut self, rows: usize) {
+        self.dev.set_tc_decode_rows(rows);
+        self.batch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear_graphs();
+    }
+
     /// Launches the decode kernels with programmatic dependent launch (the default on sm_90
     /// and later, unless `SPINDLE_CUDA_PDL=0`) or plainly (the same bits; for A/B
     /// measurements and the tests); drops the batched decode graphs. Sessions' decode graphs

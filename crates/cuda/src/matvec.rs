@@ -6,7 +6,8 @@
 use crate::device::{DevBuf, Device};
 use crate::error::{CudaError, Result};
 use crate::kernels::matvec::{DecodeMatvec, DecodeMatvecConv, Matvec};
-use crate::kernels::{i, Launch, Ptr, DECODE_CONV_WINDOW, MATVEC_MAX_TOKENS};
+use crate::kernels::matvec_tc::DecodeMatvecTc;
+use crate::kernels::{i, Launch, Ptr, DECODE_CONV_WINDOW, MATVEC_MAX_TOKENS, TCD_TOKENS};
 use crate::matrix::{DevFormat, DevMatrix, DevPart, DeviceLayout};
 
 /// `y[t·ldy + r] (+)= Σ_c W[r, c]·x[t·ldx + c]` for at most [`MATVEC_MAX_TOKENS`](crate::kernels::MATVEC_MAX_TOKENS) tokens
@@ -208,11 +209,40 @@ fn decode_matvec_kernel(fmt: DevFormat, tokens: usize) -> DecodeMatvec {
     }
 }
 
+/// The tensor-core decode matvec (`matvec_tc.cu`) for `tokens` rows of `cols` in `fmt`, where
+/// it applies: Q8/Q4, at least [`Device::tc_decode_rows`] rows (0: never), and its staged input
+/// within the kernel's shared memory. Its outputs are the bits of [`DecodeMatvec`]'s.
+pub(crate) fn tc_decode_kernel(
+    dev: &Device,
+    fmt: DevFormat,
+    cols: usize,
+    tokens: usize,
+) -> Option<DecodeMatvecTc> {
+    let min_rows = dev.tc_decode_rows();
+    if min_rows == 0 || tokens < min_rows.max(TCD_TOKENS) || cols % 32 != 0 {
+        return None;
+    }
+    let kernel = match fmt {
+        DevFormat::Q8 => DecodeMatvecTc::Q8,
+        DevFormat::Q4 => DecodeMatvecTc::Q4,
+        _ => return None,
+    };
+    (tc_staged_bytes(cols) <= dev.shared_limit(kernel.name())).then_some(kernel)
+}
+
+/// Dynamic shared memory of the tensor-core decode matvec: [`TCD_TOKENS`] token slots of
+/// `cols` int8 codes and, per group of 32, an f32 scale and an i32 code sum.
+fn tc_staged_bytes(cols: usize) -> usize {
+    TCD_TOKENS * (cols + cols / 32 * 8)
+}
+
 /// A decode matvec kernel; with the causal-conv epilogue, its arguments (state, weights
 /// `[channels, taps]`, taps, channels).
 #[derive(Clone, Copy)]
 enum DecodeMatvecKernel {
     Plain(DecodeMatvec),
+    /// The tensor-core variant of a plain kernel (same arguments, same bits).
+    Tensor(DecodeMatvecTc),
     Conv {
         kernel: DecodeMatvecConv,
         state: Ptr<f32>,
@@ -226,6 +256,7 @@ impl DecodeMatvecKernel {
     fn name(self) -> &'static str {
         match self {
             DecodeMatvecKernel::Plain(k) => k.name(),
+            DecodeMatvecKernel::Tensor(k) => k.name(),
             DecodeMatvecKernel::Conv { kernel, .. } => kernel.name(),
         }
     }
@@ -243,17 +274,11 @@ pub(crate) fn decode_matvec(
     out: DecodeOut,
     pair: usize,
 ) -> Result<()> {
-    decode_matvec_launch(
-        dev,
-        DecodeMatvecKernel::Plain(decode_matvec_kernel(part.fmt, tokens)),
-        part,
-        first,
-        outs,
-        input,
-        tokens,
-        out,
-        pair,
-    )
+    let kernel = match tc_decode_kernel(dev, part.fmt, part.cols, tokens) {
+        Some(k) => DecodeMatvecKernel::Tensor(k),
+        None => DecodeMatvecKernel::Plain(decode_matvec_kernel(part.fmt, tokens)),
+    };
+    decode_matvec_launch(dev, kernel, part, first, outs, input, tokens, out, pair)
 }
 
 /// Launches decode matvec `kernel`.
@@ -279,11 +304,17 @@ fn decode_matvec_launch(
         DevFormat::Q6K => part.cols / 64,
     };
     let lpr = lanes_per_row(chunks);
-    let per_block = 8 * (32 / lpr);
+    // Outputs a block takes at a time: 8 warps of 32 / lpr rows, or of 16 on the tensor cores.
+    let per_block = match kernel {
+        DecodeMatvecKernel::Tensor(_) => 8 * 16,
+        _ => 8 * (32 / lpr),
+    };
     // More than MATVEC_MAX_TOKENS rows (plain kernels only): a row of blocks per group of
-    // MATVEC_MAX_TOKENS rows, the GPU's resident blocks shared among the groups.
+    // MATVEC_MAX_TOKENS rows (TCD_TOKENS on the tensor cores), the GPU's resident blocks
+    // shared among the groups.
     let groups = match kernel {
         DecodeMatvecKernel::Plain(_) => tokens.div_ceil(MATVEC_MAX_TOKENS),
+        DecodeMatvecKernel::Tensor(_) => tokens.div_ceil(TCD_TOKENS),
         DecodeMatvecKernel::Conv { .. } => {
             debug_assert!(
                 tokens <= MATVEC_MAX_TOKENS,
@@ -292,7 +323,10 @@ fn decode_matvec_launch(
             1
         }
     };
-    let shared = staged_bytes(part.fmt, tokens.min(MATVEC_MAX_TOKENS), part.cols);
+    let shared = match kernel {
+        DecodeMatvecKernel::Tensor(_) => tc_staged_bytes(part.cols),
+        _ => staged_bytes(part.fmt, tokens.min(MATVEC_MAX_TOKENS), part.cols),
+    };
     let resident = dev.resident_grid(kernel.name(), 256, shared, usize::MAX)? as usize;
     let grid = outs
         .div_ceil(per_block)
@@ -317,6 +351,27 @@ fn decode_matvec_launch(
     let scales = part.scales.arg_at(first * rs);
     match kernel {
         DecodeMatvecKernel::Plain(k) => k.launch(
+            dev,
+            cfg,
+            codes,
+            scales,
+            i(outs),
+            i(part.cols),
+            input.x,
+            i(input.ldx),
+            i(tokens),
+            norm,
+            eps,
+            input.normed_out,
+            y,
+            i(ldy),
+            i(accumulate as usize),
+            i(pair),
+            gate,
+            i(ldg),
+            i(lpr),
+        ),
+        DecodeMatvecKernel::Tensor(k) => k.launch(
             dev,
             cfg,
             codes,

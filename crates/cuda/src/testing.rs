@@ -216,6 +216,7 @@ pub fn attention_paged_of(
 }
 
 /// What a decode matvec does with its outputs (see [`decode_linear_of`]).
+#[derive(Clone, Copy)]
 pub enum Epilogue<'a> {
     /// `y = x·Wᵀ`, `[tokens, rows]`.
     Store,
@@ -275,6 +276,18 @@ pub fn decode_linear_of(
     };
     decode_linear(dev, &m, 0..rows, input, tokens, out)?;
     dev.download(&y, 0, tokens * width)
+}
+
+/// Whether [`decode_linear_of`] takes the tensor-core decode matvec (`matvec_tc.cu`) for a
+/// `[_, cols]` matrix in `format` and `tokens` rows (with [`Device::tc_decode_rows`] as it is
+/// now).
+pub fn tc_decode_applies(
+    dev: &Device,
+    format: spindle_model::quant::WeightFormat,
+    cols: usize,
+    tokens: usize,
+) -> bool {
+    crate::matvec::tc_decode_kernel(dev, format.into(), cols, tokens).is_some()
 }
 
 /// The MoE block of `config` (its `moe` sizes and `hidden_size`) for `x [tokens, hidden]`:

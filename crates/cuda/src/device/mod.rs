@@ -58,6 +58,13 @@ pub struct Device {
     /// per group of rows) rather than a launch per group (`SPINDLE_CUDA_DECODE_GROUP_LAUNCH=0`,
     /// for A/B measurements: the same bits either way).
     group_launch: std::sync::atomic::AtomicBool,
+    /// Q8/Q4 decode matvecs of at least this many rows (never fewer than TCD_TOKENS) run their
+    /// integer dot products on the tensor cores (`matvec_tc.cu`; 0: none do). sm_80 and later;
+    /// `SPINDLE_CUDA_TC_DECODE=0` turns it off and `=N` sets N, for A/B measurements: the same
+    /// bits either way.
+    tc_decode_rows: std::sync::atomic::AtomicUsize,
+    /// The device has int8 tensor cores (`mma.sync` s8, sm_80 and later).
+    int8_mma: bool,
     /// Kernels launched with programmatic stream serialization ([`Device::pdl`]): those whose
     /// PTX waits on their predecessor (`pdl.rs`).
     pdl_kernels: HashSet<&'static str>,
@@ -65,6 +72,30 @@ pub struct Device {
     pdl_able: bool,
     /// Programmatic dependent launch is on (`SPINDLE_CUDA_PDL=0` turns it off).
     pdl: std::sync::atomic::AtomicBool,
+}
+
+/// The fewest rows of a Q8/Q4 decode matvec that run on the tensor cores by default: at 64
+/// rows they made the 40-layer 35B-A3B q4 step 2.7% faster, at 16 rows 12% slower (H200,
+/// 2026-12-02, `docs/benchmarks/cuda-h200.md`).
+pub(crate) const TC_DECODE_ROWS: usize = 64;
+
+/// [`TC_DECODE_ROWS`], or what `SPINDLE_CUDA_TC_DECODE` says: 0 (off) or a row count (raised
+/// to TCD_TOKENS); a value that is neither is reported and the default kept.
+fn tc_decode_rows_from_env() -> usize {
+    match std::env::var("SPINDLE_CUDA_TC_DECODE") {
+        Err(_) => TC_DECODE_ROWS,
+        Ok(v) => match v.parse::<usize>() {
+            Ok(0) => 0,
+            Ok(n) => n.max(crate::kernels::TCD_TOKENS),
+            Err(_) => {
+                tracing::warn!(
+                    value = %v,
+                    "SPINDLE_CUDA_TC_DECODE takes 0 (off) or a row count; keeping {TC_DECODE_ROWS}"
+                );
+                TC_DECODE_ROWS
+            }
+        },
+    }
 }
 
 impl Device {
@@ -176,6 +207,13 @@ impl Device {
             group_launch: std::env::var_os("SPINDLE_CUDA_DECODE_GROUP_LAUNCH")
                 .is_none_or(|v| v != "0")
                 .into(),
+            int8_mma: major >= 8,
+            tc_decode_rows: if major >= 8 {
+                tc_decode_rows_from_env()
+            } else {
+                0
+            }
+            .into(),
             tensor_cores: (major >= 8
                 && std::env::var_os("SPINDLE_CUDA_TENSOR_CORES").is_none_or(|v| v != "0"))
             .into(),
@@ -210,6 +248,26 @@ impl Device {
     pub fn set_group_launch(&self, on: bool) {
         self.group_launch
             .store(on, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The fewest rows of a Q8/Q4 decode matvec that run on the tensor cores (`matvec_tc.cu`);
+    /// 0 when none do.
+    pub fn tc_decode_rows(&self) -> usize {
+        self.tc_decode_rows
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets [`Device::tc_decode_rows`]: 0 turns the tensor-core decode matvec off, other values
+    /// are raised to [`TCD_TOKENS`](crate::kernels::TCD_TOKENS); stays 0 where the device has
+    /// no int8 tensor cores (before sm_80).
+    pub fn set_tc_decode_rows(&self, rows: usize) {
+        let rows = match rows {
+            0 => 0,
+            _ if !self.int8_mma => 0,
+            n => n.max(crate::kernels::TCD_TOKENS),
+        };
+        self.tc_decode_rows
+            .store(rows, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether kernels that wait on their predecessor (`PDL_WAIT()`) are launched with

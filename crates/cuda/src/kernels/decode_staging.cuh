@@ -42,7 +42,11 @@ __device__ __forceinline__ size_t staged_size(int T, int cols) {
 // zero-centred weight (x·rsqrt(mean x² + eps)·(1 + nw[c])); block 0 also writes the normed rows
 // to xn[t·cols + c] when xn is not null. Needs cols % 32 == 0 for FMT 1, 2 and cols % 4 == 0,
 // x and ldx 16-byte aligned for all. Ends with __syncthreads().
-template <int FMT>
+// FRAG (FMT 1, 2 only; T ≤ 8): the same values laid out for the int8 mma's B fragments
+// (matvec_tc.cu): eight token slots whatever T; per group g, 32 lane pairs of words, lane
+// 4·t + i holding codes 4i..4i+3 (then 16 + 4i..) of token t: word (32·g + 4·t + i)·2 + half;
+// then f32 d[g][8 slots], then i32 sum[g][8 slots].
+template <int FMT, bool FRAG = false>
 __device__ void stage_rows(const float* __restrict__ x, int ldx, int T, int cols, const float* __restrict__ nw,
                            float eps, float* __restrict__ xn, unsigned char* sm) {
     __shared__ float part[8][MATVEC_MAX_TOKENS];
@@ -125,13 +129,15 @@ __device__ void stage_rows(const float* __restrict__ x, int ldx, int T, int cols
                                           ((unsigned int)(q3 & 0xff) << 24);
                     // Quad c & 7 of group c >> 3: quads 0-3 in the row's first half, 4-7 in
                     // its second.
-                    int word = t * quads + ((c & 4) ? (quads >> 1) : 0) + ((c >> 3) << 2) + (c & 3);
+                    int word = FRAG ? (((c >> 3) * 32 + t * 4 + (c & 3)) * 2 + ((c >> 2) & 1))
+                                    : t * quads + ((c & 4) ? (quads >> 1) : 0) + ((c >> 3) << 2) + (c & 3);
                     ((unsigned int*)sm)[word] = packed;
                     if ((lane & 7) == 0) {
-                        // Group g of the whole run = t·G + c/8.
-                        int g = cf >> 3;
-                        ((float*)(sm + (size_t)T * cols))[g] = d;
-                        ((int*)(sm + (size_t)T * cols + (size_t)T * (cols >> 5) * 4))[g] = s;
+                        // Group g of the whole run = t·G + c/8 (FRAG: slot t of group c/8).
+                        int slots = FRAG ? 8 : T;
+                        int g = FRAG ? (c >> 3) * 8 + t : cf >> 3;
+                        ((float*)(sm + (size_t)slots * cols))[g] = d;
+                        ((int*)(sm + (size_t)slots * cols + (size_t)slots * (cols >> 5) * 4))[g] = s;
                     }
                 }
             }

@@ -150,6 +150,8 @@ shared_constants! {
     TENSOR_GEMM_SCALE_GROUPS = 8;
     /// Conv rows (K − 1 + T) the decode matvec's fused GDN conv epilogue holds.
     DECODE_CONV_WINDOW = 16;
+    /// Tokens per row of blocks of the tensor-core decode matvec (`matvec_tc.cu`).
+    TCD_TOKENS = 16;
 }
 
 /// The `#define` lines of every shared constant, compiled before the sources.
@@ -175,6 +177,7 @@ pub mod gdn;
 pub mod gemm;
 pub mod ggml;
 pub mod matvec;
+pub mod matvec_tc;
 pub mod moe;
 pub mod norm;
 pub mod qwen4;
@@ -191,6 +194,7 @@ const SOURCES: &[&str] = &[
     include_str!("decode_staging.cuh"),
     include_str!("matvec.cu"),
     include_str!("gemm.cu"),
+    include_str!("matvec_tc.cu"),
     include_str!("fp8.cu"),
     include_str!("moe.cu"),
     include_str!("norm.cu"),
@@ -208,6 +212,7 @@ const SOURCES: &[&str] = &[
 const DECLARED: &[&[&[KernelDecl]]] = &[
     ggml::DECLARED,
     matvec::DECLARED,
+    matvec_tc::DECLARED,
     gemm::DECLARED,
     fp8::DECLARED,
     moe::DECLARED,
