@@ -3,10 +3,10 @@
 
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
-use crate::kernels::gemm::{GemmSimt, GemmTensor};
+use crate::kernels::gemm::{GemmSimt, GemmTensor, GemmTensorSkinny};
 use crate::kernels::{
-    self, i, p, Launch, Ptr, TENSOR_GEMM_ROWS, TENSOR_GEMM_SCALE_GROUPS, TENSOR_GEMM_STAGES,
-    TENSOR_GEMM_TOKENS,
+    self, i, p, Launch, Ptr, TENSOR_GEMM_ROWS, TENSOR_GEMM_SCALE_GROUPS, TENSOR_GEMM_SKINNY_TOKENS,
+    TENSOR_GEMM_STAGES, TENSOR_GEMM_TOKENS,
 };
 use crate::matrix::{DevFormat, DevPart, DeviceLayout};
 use crate::matvec::ggml_only_decode;
@@ -20,7 +20,7 @@ pub fn tensor_gemm_ok(dev: &Device, fmt: DevFormat, cols: usize) -> bool {
     dev.tensor_cores()
         && (fmt != DevFormat::Fp8 || dev.fp8_tensor_cores())
         && cols % fmt.tensor_k() == 0
-        && tensor_gemm_shared(fmt) <= dev.shared_limit(kernel.name())
+        && tensor_gemm_shared(fmt, TENSOR_GEMM_TOKENS) <= dev.shared_limit(kernel.name())
 }
 
 /// Activations in the form the tensor-core GEMM reads: for bf16 weights the f32 values split
@@ -129,20 +129,42 @@ impl GemmActs {
 pub enum GemmRows {
     /// Rows `0..tokens` of the activations into rows `0..tokens` of y.
     Dense(usize),
-    /// MoE experts (`moe_group_by_expert`): `tiles` (expert, first, count) per 64-row tile over `order`
-    /// (pair ids sorted by expert), at most `max_tiles`; activation row = pair / `a_div`,
-    /// output row = pair; expert e's weights are rows `e·rows .. (e+1)·rows` of the part.
+    /// MoE experts (`moe_group_by_expert`): `tiles` (expert, first, count) per tile of at most
+    /// `tile` pairs ([`GROUP_TILE`] or [`SKINNY_TILE`]) over `order` (pair ids sorted by
+    /// expert), at most `max_tiles`; activation row = pair / `a_div`, output row = pair;
+    /// expert e's weights are rows `e·rows .. (e+1)·rows` of the part.
     Grouped {
         tiles: Ptr<i32>,
         order: Ptr<i32>,
         max_tiles: usize,
         a_div: usize,
         rows: usize,
+        tile: usize,
     },
 }
 
 /// The rows of one grouped-GEMM tile (`moe_group_by_expert`).
 pub const GROUP_TILE: usize = TENSOR_GEMM_TOKENS;
+
+/// The rows of one tile of the skinny GEMM kernels (the same sums as [`GROUP_TILE`]'s).
+pub const SKINNY_TILE: usize = TENSOR_GEMM_SKINNY_TOKENS;
+
+/// Whether a dense GEMM of `tokens` rows runs on skinny tiles: up to two of them, where a wide
+/// tile would be mostly padding (a short prompt chunk: the tokens after a cached prefix).
+pub fn skinny_dense(dev: &Device, tokens: usize) -> bool {
+    dev.skinny_gemm() && tokens <= 2 * SKINNY_TILE
+}
+
+/// The tile size the routed experts of `pairs` (token, expert) pairs over `experts` experts are
+/// grouped in: skinny tiles while the experts see at most 4 pairs each on average, where a
+/// 64-row tile would be mostly padding.
+pub fn grouped_tile(dev: &Device, pairs: usize, experts: usize) -> usize {
+    if dev.skinny_gemm() && pairs <= 4 * experts {
+        SKINNY_TILE
+    } else {
+        GROUP_TILE
+    }
+}
 
 fn tensor_gemm_kernel(fmt: DevFormat) -> Result<GemmTensor> {
     Ok(match fmt {
@@ -154,9 +176,20 @@ fn tensor_gemm_kernel(fmt: DevFormat) -> Result<GemmTensor> {
     })
 }
 
-/// Dynamic shared memory of one tensor-core GEMM block: 4 stages of staged A and B rows
-/// (`TgLayout` in gemm.cu), then for Q8/Q4/FP8 two blocks of scales (`TgScales`).
-fn tensor_gemm_shared(fmt: DevFormat) -> usize {
+fn skinny_gemm_kernel(fmt: DevFormat) -> Result<GemmTensorSkinny> {
+    Ok(match fmt {
+        DevFormat::Bf16 => GemmTensorSkinny::BF16,
+        DevFormat::Q8 => GemmTensorSkinny::Q8,
+        DevFormat::Q4 => GemmTensorSkinny::Q4,
+        DevFormat::Fp8 => GemmTensorSkinny::FP8,
+        DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K => return Err(ggml_only_decode(fmt)),
+    })
+}
+
+/// Dynamic shared memory of one tensor-core GEMM block of `tokens`-row tiles: 4 stages of
+/// staged A and B rows (`TgLayout` in gemm.cu), then for Q8/Q4/FP8 two blocks of scales
+/// (`TgScales`).
+fn tensor_gemm_shared(fmt: DevFormat, tokens: usize) -> usize {
     let (a_row, planes, b_row, weight_scale) = match fmt {
         DevFormat::Bf16 => (80, 3, 80, 0),
         DevFormat::Q8 => (48, 1, 48, 2),
@@ -165,11 +198,10 @@ fn tensor_gemm_shared(fmt: DevFormat) -> usize {
         // Not taken (tensor_gemm_kernel refuses them).
         DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K => (0, 0, 0, 0),
     };
-    let stages =
-        TENSOR_GEMM_STAGES * (TENSOR_GEMM_TOKENS * a_row * planes + TENSOR_GEMM_ROWS * b_row);
+    let stages = TENSOR_GEMM_STAGES * (tokens * a_row * planes + TENSOR_GEMM_ROWS * b_row);
     let scales = match weight_scale {
         0 => 0,
-        bytes => 2 * TENSOR_GEMM_SCALE_GROUPS * (TENSOR_GEMM_ROWS * bytes + TENSOR_GEMM_TOKENS * 4),
+        bytes => 2 * TENSOR_GEMM_SCALE_GROUPS * (TENSOR_GEMM_ROWS * bytes + tokens * 4),
     };
     stages + scales
 }
@@ -190,47 +222,59 @@ pub fn tensor_gemm(
         "activations prepared for another format"
     );
     assert_eq!(acts.cols, w.cols, "activations of another width");
-    let (n, m, m_tiles, tiles, order, a_div) = match rows {
-        GemmRows::Dense(tokens) => (
-            w.rows,
-            tokens,
-            tokens.div_ceil(TENSOR_GEMM_TOKENS),
-            Ptr::null(),
-            Ptr::null(),
-            1,
-        ),
+    let (n, m, m_tiles, tiles, order, a_div, tile) = match rows {
+        GemmRows::Dense(tokens) => {
+            let tile = if skinny_dense(dev, tokens) {
+                SKINNY_TILE
+            } else {
+                TENSOR_GEMM_TOKENS
+            };
+            let (null, m_tiles) = (Ptr::null(), tokens.div_ceil(tile));
+            (w.rows, tokens, m_tiles, null, null, 1, tile)
+        }
         GemmRows::Grouped {
             tiles,
             order,
             max_tiles,
             a_div,
             rows,
-        } => (rows, 0, max_tiles, tiles, order, a_div),
+            tile,
+        } => (rows, 0, max_tiles, tiles, order, a_div, tile),
     };
     if n == 0 || m_tiles == 0 {
         return Ok(());
     }
-    tensor_gemm_kernel(w.fmt)?.launch(
-        dev,
-        Launch::new(
-            (n.div_ceil(TENSOR_GEMM_ROWS) as u32, m_tiles as u32, 1),
-            256,
-            tensor_gemm_shared(w.fmt) as u32,
-        ),
-        w.codes.arg(),
-        w.scales.arg(),
-        acts.a.arg(),
-        p(acts.aux.as_ref().map_or(0, DevBuf::ptr)),
-        y,
-        i(ldy),
-        i(accumulate as usize),
-        i(n),
-        i(w.cols),
-        i(m),
-        tiles,
-        order,
-        i(a_div),
-    )
+    let launch = Launch::new(
+        (n.div_ceil(TENSOR_GEMM_ROWS) as u32, m_tiles as u32, 1),
+        256,
+        tensor_gemm_shared(w.fmt, tile) as u32,
+    );
+    macro_rules! go {
+        ($kernel:expr) => {
+            $kernel.launch(
+                dev,
+                launch,
+                w.codes.arg(),
+                w.scales.arg(),
+                acts.a.arg(),
+                p(acts.aux.as_ref().map_or(0, DevBuf::ptr)),
+                y,
+                i(ldy),
+                i(accumulate as usize),
+                i(n),
+                i(w.cols),
+                i(m),
+                tiles,
+                order,
+                i(a_div),
+            )
+        };
+    }
+    match tile {
+        SKINNY_TILE => go!(skinny_gemm_kernel(w.fmt)?),
+        TENSOR_GEMM_TOKENS => go!(tensor_gemm_kernel(w.fmt)?),
+        _ => unreachable!("a tile of {tile} rows has no GEMM kernel"),
+    }
 }
 
 /// `y[t·ldy + r] (+)= Σ_c W[r, c]·x[t·ldx + c]` through the SIMT f32 GEMM (64×64 tiles).

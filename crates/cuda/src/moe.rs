@@ -9,7 +9,7 @@ use spindle_model::ModelConfig;
 
 use crate::device::{threads_for, DevBuf, Device};
 use crate::error::Result;
-use crate::gemm::{tensor_gemm, tensor_gemm_ok, GemmActs, GemmRows, GROUP_TILE};
+use crate::gemm::{grouped_tile, tensor_gemm, tensor_gemm_ok, GemmActs, GemmRows, GROUP_TILE};
 use crate::io::{row_groups, Io};
 use crate::kernels::moe::{DecodeMoeDown, DecodeMoeGateUp};
 use crate::kernels::moe::{MoeDown, MoeGateUp};
@@ -550,17 +550,19 @@ fn routed_grouped(
 ) -> Result<()> {
     let (hidden, inter) = (gu.cols, down.cols);
     let pairs = r.tokens * r.k;
+    let tile = grouped_tile(dev, pairs, r.experts);
     let Grouped {
         order,
         tiles,
         max_tiles,
-    } = group_by_expert(dev, r)?;
+    } = group_by_expert(dev, r, tile)?;
     let grouped = |a_div, rows| GemmRows::Grouped {
         tiles: tiles.arg(),
         order: order.arg(),
         max_tiles,
         a_div,
         rows,
+        tile,
     };
     let acts = GemmActs::prepare(dev, gu.fmt, x.arg(), hidden, None, r.tokens, hidden)?;
     let gate_up = dev.scratch::<f32>(pairs * 2 * inter)?;
@@ -647,7 +649,7 @@ fn routed_small(
         order,
         tiles,
         max_tiles,
-    } = group_by_expert(dev, r)?;
+    } = group_by_expert(dev, r, GROUP_TILE)?;
     let acts = GemmActs::prepare(dev, gu.fmt, x.arg(), hidden, None, r.tokens, hidden)?;
     let (xq, xd) = acts.int8_rows().expect("Q8/Q4 activations are int8");
     let act = dev.scratch::<f32>(pairs * inter)?;
@@ -691,16 +693,16 @@ fn routed_small(
 }
 
 /// The (token, expert) pairs of `r` sorted by expert: `order` (pair ids), and `tiles`
-/// (expert, first, count) per tile of at most GROUP_TILE pairs, `max_tiles` of them.
+/// (expert, first, count) per tile of at most `tile` pairs, `max_tiles` of them.
 struct Grouped {
     order: DevBuf<i32>,
     tiles: DevBuf<i32>,
     max_tiles: usize,
 }
 
-fn group_by_expert(dev: &Device, r: &Routes) -> Result<Grouped> {
+fn group_by_expert(dev: &Device, r: &Routes, tile: usize) -> Result<Grouped> {
     let pairs = r.tokens * r.k;
-    let max_tiles = pairs.div_ceil(GROUP_TILE) + r.experts.min(pairs);
+    let max_tiles = pairs.div_ceil(tile) + r.experts.min(pairs);
     let order = dev.scratch::<i32>(pairs)?;
     let tiles = dev.scratch::<i32>(3 * max_tiles)?;
     kernels::moe::MoeGroupByExpert::launch(
@@ -712,6 +714,7 @@ fn group_by_expert(dev: &Device, r: &Routes) -> Result<Grouped> {
         order.arg(),
         tiles.arg(),
         i(max_tiles),
+        i(tile),
     )?;
     Ok(Grouped {
         order,

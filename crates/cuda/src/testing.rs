@@ -27,6 +27,16 @@ pub fn linear(dev: &Device, w: &Linear, x: &[f32], tokens: usize) -> Result<Vec<
     dev.download(&y, 0, tokens * w.rows())
 }
 
+/// Whether a dense tensor-core GEMM of `tokens` rows runs on the skinny tiles.
+pub fn skinny_dense_applies(dev: &Device, tokens: usize) -> bool {
+    crate::gemm::skinny_dense(dev, tokens)
+}
+
+/// Whether routed experts of `pairs` pairs over `experts` experts are grouped in skinny tiles.
+pub fn skinny_grouped_applies(dev: &Device, pairs: usize, experts: usize) -> bool {
+    crate::gemm::grouped_tile(dev, pairs, experts) == crate::gemm::SKINNY_TILE
+}
+
 /// The routed experts of a MoE block for `x [tokens, hidden]`: `gate_up` is `[E·2I, hidden]`
 /// (each expert's gate rows, then its up rows), `down` is `[E·hidden, I]`; token t uses
 /// experts `idx[t·k..]` with weights `wt[t·k..]`. Returns `Σ_j wt·down_e(silu(gate_e·x)·(up_e·x))`.

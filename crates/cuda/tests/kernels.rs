@@ -166,6 +166,73 @@ fn grouped_experts_match_cpu() {
     }
 }
 
+/// Bit patterns, for comparisons that must be exact.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The skinny GEMM tiles (16 rows) give the wide tiles' (64 rows) outputs bit for bit: dense
+/// layers of 9..32 tokens (one or two skinny tiles), and routed experts that see few pairs each
+/// (one skinny tile per expert) or up to ~30 (several), at bf16, Q8 and Q4, with group counts
+/// of 1, 3 and 64.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn skinny_gemm_tiles_equal_wide_tiles() {
+    let dev = device();
+    let mut rng = Rng(31);
+    for (rows, cols, tokens) in [(200, 64, 9), (130, 96, 17), (300, 2048, 32), (70, 32, 24)] {
+        let w = rng.signed_vec(rows * cols, 0.1);
+        let x = rng.signed_vec(tokens * cols, 1.0);
+        for format in [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4] {
+            let m = matrix(format, &w, rows, cols);
+            dev.set_skinny_gemm(false);
+            let wide = testing::linear(&dev, &m, &x, tokens).unwrap();
+            dev.set_skinny_gemm(true);
+            let skinny = testing::linear(&dev, &m, &x, tokens).unwrap();
+            assert!(
+                testing::skinny_dense_applies(&dev, tokens),
+                "{tokens} tokens should take the skinny tiles"
+            );
+            assert_eq!(
+                bits(&skinny),
+                bits(&wide),
+                "{format:?} [{rows}, {cols}] × {tokens}: skinny tiles differ from wide"
+            );
+        }
+    }
+    // Routed experts: 64 experts, 4 per token; spread over all of them (~1 pair each), or
+    // skewed onto 12 (~20 pairs each: two skinny tiles per expert).
+    let (experts, k, hidden, inter) = (64, 4, 128, 96);
+    let gu_values = rng.signed_vec(experts * 2 * inter * hidden, 0.1);
+    let down_values = rng.signed_vec(experts * hidden * inter, 0.1);
+    for (tokens, spread) in [(20, 64), (60, 12)] {
+        let x = rng.signed_vec(tokens * hidden, 1.0);
+        let idx: Vec<i32> = (0..tokens * k)
+            .map(|p| ((p / k) * 7 + (p % k) * 3) % spread)
+            .map(|e| e as i32)
+            .collect();
+        let wt: Vec<f32> = (0..tokens * k)
+            .map(|_| 0.5 + 0.5 * rng.signed(1.0))
+            .collect();
+        assert!(testing::skinny_grouped_applies(&dev, tokens * k, experts));
+        for format in [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4] {
+            let gu = matrix(format, &gu_values, experts * 2 * inter, hidden);
+            let down = matrix(format, &down_values, experts * hidden, inter);
+            let run = |skinny| {
+                dev.set_skinny_gemm(skinny);
+                testing::routed_experts_of(&dev, &gu, &down, &x, &idx, &wt, tokens, k).unwrap()
+            };
+            let (wide, skinny) = (run(false), run(true));
+            assert_eq!(
+                bits(&skinny),
+                bits(&wide),
+                "{format:?} experts, {tokens} tokens over {spread}: skinny tiles differ from wide"
+            );
+        }
+    }
+    dev.set_skinny_gemm(true);
+}
+
 /// The tiled prefill attention against the per-(token, head) kernel (the decode path the
 /// fixtures check) on random data of the real head shapes: 35B-A3B (16 query heads on 2 KV
 /// heads of 256), 27B (24 on 4: six rows of tokens per tile), one head per KV head, and the

@@ -180,22 +180,27 @@ impl Model {
                 vars,
                 add_generation_prompt,
             } => {
+                let started = std::time::Instant::now();
                 let template = self.template.as_ref().ok_or_else(|| RuntimeError::File {
                     path: self.dir.clone(),
                     message: "no chat template (chat_template.jinja or tokenizer_config.json); use a raw prompt".into(),
                 })?;
-                template.render_prompt_cancellable(
+                let text = template.render_prompt_cancellable(
                     messages,
                     tools.as_ref(),
                     *add_generation_prompt,
                     vars,
                     &self.tokenizer.special_spellings(),
                     cancel,
-                )?
+                )?;
+                tracing::debug!(elapsed = ?started.elapsed(), bytes = text.text.len(), "chat template rendered");
+                text
             }
         };
         // Message text is plain: only the template's own markers become special tokens.
+        let started = std::time::Instant::now();
         let ids = self.tokenizer.encode_prompt_within(&text, self.context())?;
+        tracing::debug!(elapsed = ?started.elapsed(), tokens = ids.len(), "prompt tokenized");
         if ids.is_empty() {
             return Err(RuntimeError::EmptyPrompt);
         }

@@ -65,6 +65,12 @@ pub struct Device {
     tc_decode_rows: std::sync::atomic::AtomicUsize,
     /// The device has int8 tensor cores (`mma.sync` s8, sm_80 and later).
     int8_mma: bool,
+    /// Tensor-core GEMMs of a few rows (dense up to two skinny tiles, grouped experts that see
+    /// few pairs each) run on 16-row tiles (`gemm_tensor_skinny_*`) instead of 64-row ones:
+    /// the same sums. Off unless `SPINDLE_CUDA_SKINNY_GEMM=1` until the device has run the
+    /// `kernels` test's bit-for-bit comparison and measured it (written 2026-12-02 after the
+    /// session's device time ran out).
+    skinny_gemm: std::sync::atomic::AtomicBool,
     /// Kernels launched with programmatic stream serialization ([`Device::pdl`]): those whose
     /// PTX waits on their predecessor (`pdl.rs`).
     pdl_kernels: HashSet<&'static str>,
@@ -208,6 +214,9 @@ impl Device {
                 .is_none_or(|v| v != "0")
                 .into(),
             int8_mma: major >= 8,
+            skinny_gemm: std::env::var_os("SPINDLE_CUDA_SKINNY_GEMM")
+                .is_some_and(|v| v == "1")
+                .into(),
             tc_decode_rows: if major >= 8 {
                 tc_decode_rows_from_env()
             } else {
@@ -247,6 +256,18 @@ impl Device {
     /// Sets [`Device::group_launch`].
     pub fn set_group_launch(&self, on: bool) {
         self.group_launch
+            .store(on, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether tensor-core GEMMs of a few rows run on 16-row tiles (see the field; the same
+    /// bits either way).
+    pub fn skinny_gemm(&self) -> bool {
+        self.skinny_gemm.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets [`Device::skinny_gemm`] (tests compare the two tilings bit for bit).
+    pub fn set_skinny_gemm(&self, on: bool) {
+        self.skinny_gemm
             .store(on, std::sync::atomic::Ordering::Relaxed)
     }
 

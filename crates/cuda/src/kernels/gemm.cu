@@ -68,9 +68,9 @@ extern "C" __global__ void gemm_simt_fp8(GEMM_ARGS) { gemm_simt_impl<3>(W, S, x,
 
 // Prefill linear layers and grouped expert GEMMs on the tensor cores (mma.sync, sm_80+).
 //
-// Y[m, n] (+)= Σ_k A[m, k]·W[n, k]: a block of 8 warps owns a 64-token × 128-row tile (each
-// warp 32 × 32) and walks K in steps of 32 — one quantization group — through a 4-stage
-// cp.async pipeline.
+// Y[m, n] (+)= Σ_k A[m, k]·W[n, k]: a block of 8 warps owns a TOK-token × 128-row tile (TOK 64:
+// each warp 32 × 32; the skinny kernels' TOK 16: each warp 16 × 16) and walks K in steps of 32 —
+// one quantization group — through a 4-stage cp.async pipeline.
 //  - Q8/Q4 weights: A holds the activations quantized to int8 per group of 32 exactly as the
 //    CPU engine does (gemm_tensor_quantize_acts = spindle_kernels::quant::quantize_acts_ref); each group is an
 //    int8 mma m16n8k32 and then acc += (f16(s)·d)·isum, the CPU's (and the decode kernels')
@@ -83,22 +83,22 @@ extern "C" __global__ void gemm_simt_fp8(GEMM_ARGS) { gemm_simt_impl<3>(W, S, x,
 //    (gemm_tensor_split_acts_bf16, together within ~2^-24 of each value, as f32) and each k16 step runs three
 //    bf16 mma into f32: the products are exact, so the result is the f32 GEMM's up to the order
 //    of the sums.
-// Dense: rows m = blockIdx.y·64 + r < M, A row = Y row = m. Grouped (MoE): `tiles` holds
-// (expert, first, count) per blockIdx.y over `order` (pair ids sorted by expert, moe_group_by_expert);
+// Dense: rows m = blockIdx.y·TOK + r < M, A row = Y row = m. Grouped (MoE): `tiles` holds
+// (expert, first, count ≤ TOK) per blockIdx.y over `order` (pair ids sorted by expert, moe_group_by_expert);
 // A row = pair / a_div, Y row = pair, and expert e's weights are rows e·N .. e·N + N − 1.
 
 #define TG_K 32
 
 // Staged row strides in bytes, padded so that the fragment loads of a warp hit 32 distinct
 // banks (rows of 48 and 80 bytes step 12 and 20 words).
-template <int FMT>
+template <int FMT, int TOK>
 struct TgLayout {
     static constexpr int A_ROW = FMT == 0 ? 80 : 48;
     static constexpr int B_ROW = FMT == 0 ? 80 : (FMT == 2 ? 16 : 48);
     static constexpr int A_PLANES = FMT == 0 ? 3 : 1;  // bf16: hi, mid, lo
     static constexpr int A_CHUNKS = FMT == 0 ? 4 : 2;  // 16-byte chunks per staged A row
     static constexpr int B_CHUNKS = FMT == 0 ? 4 : (FMT == 2 ? 1 : 2);
-    static constexpr int A_BYTES = TENSOR_GEMM_TOKENS * A_ROW * A_PLANES;
+    static constexpr int A_BYTES = TOK * A_ROW * A_PLANES;
     static constexpr int STAGE = A_BYTES + TENSOR_GEMM_ROWS * B_ROW;
 };
 
@@ -191,25 +191,25 @@ __device__ __forceinline__ void mma_bf16(float* c, const unsigned int* a, unsign
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One stage: A rows (token rows a_row[r], −1 = none) and B rows n0.. of k0 = kt·32 .. + 31.
-template <int FMT>
+// One stage: A rows (TOK token rows a_row[r], −1 = none) and B rows n0.. of k0 = kt·32 .. + 31.
+template <int FMT, int TOK>
 __device__ __forceinline__ void tg_load(unsigned char* st, const unsigned char* __restrict__ A,
                                         const unsigned char* __restrict__ W,
                                         const int* a_row, size_t w_row0, int n0, int N, int K, int kt) {
-    typedef TgLayout<FMT> L;
+    typedef TgLayout<FMT, TOK> L;
     int tid = threadIdx.x, k0 = kt * TG_K;
     const int elem = FMT == 0 ? 2 : 1;         // bytes per activation / bf16 weight
     const int per_chunk = 16 / elem;           // values per 16-byte chunk
-    for (int e = tid; e < TENSOR_GEMM_TOKENS * L::A_CHUNKS * L::A_PLANES; e += blockDim.x) {
-        int plane = e / (TENSOR_GEMM_TOKENS * L::A_CHUNKS);
-        int rem = e - plane * TENSOR_GEMM_TOKENS * L::A_CHUNKS;
+    for (int e = tid; e < TOK * L::A_CHUNKS * L::A_PLANES; e += blockDim.x) {
+        int plane = e / (TOK * L::A_CHUNKS);
+        int rem = e - plane * TOK * L::A_CHUNKS;
         int r = rem / L::A_CHUNKS, ch = rem - r * L::A_CHUNKS;
         int kb = k0 + ch * per_chunk;
         int src = a_row[r];
         bool ok = src >= 0 && kb < K;
         // A row src holds its planes one after another (bf16: hi, mid, lo).
         const unsigned char* g = ok ? A + ((size_t)src * K * L::A_PLANES + (size_t)plane * K + kb) * elem : A;
-        cp_async16_zfill(st + plane * TENSOR_GEMM_TOKENS * L::A_ROW + r * L::A_ROW + ch * 16, g, ok);
+        cp_async16_zfill(st + plane * TOK * L::A_ROW + r * L::A_ROW + ch * 16, g, ok);
     }
     unsigned char* bs = st + L::A_BYTES;
     size_t rb = FMT == 0 ? (size_t)K * 2 : (FMT == 2 ? (size_t)K / 2 : (size_t)K);
@@ -230,12 +230,12 @@ __device__ __forceinline__ void tg_load(unsigned char* st, const unsigned char* 
 // f16 bits; FP8: f32 bits), then its token rows' activation scales ([TENSOR_GEMM_TOKENS][SG],
 // f32; a_row −1: none). A scale past the row's groups, of a weight row ≥ N or of no token row
 // is 0, as the values themselves are there.
-template <int FMT>
+template <int FMT, int TOK>
 struct TgScales {
     static constexpr int SG = TENSOR_GEMM_SCALE_GROUPS;
     static constexpr int WSB = FMT == 3 ? 4 : 2;  // bytes of a weight scale
     static constexpr int W_BYTES = TENSOR_GEMM_ROWS * SG * WSB;
-    static constexpr int BYTES = W_BYTES + TENSOR_GEMM_TOKENS * SG * 4;  // one buffer
+    static constexpr int BYTES = W_BYTES + TOK * SG * 4;  // one buffer
 };
 
 #if __CUDA_ARCH__ >= 800
@@ -245,11 +245,11 @@ __device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bo
                  "r"(ok ? 4 : 0));
 }
 
-template <int FMT>
+template <int FMT, int TOK>
 __device__ __forceinline__ void tg_load_scales(unsigned char* sc, const unsigned short* __restrict__ S,
                                                const float* __restrict__ ad, size_t w_row0, int n0, int N, int groups,
                                                const int* a_row, int g0) {
-    typedef TgScales<FMT> C;
+    typedef TgScales<FMT, TOK> C;
     int tid = threadIdx.x;
     if (FMT == 3 || (groups & 1) == 0) {
         // Words of 4 bytes: one FP8 scale, or the f16 scales of groups g, g + 1 (g0 and the
@@ -271,7 +271,7 @@ __device__ __forceinline__ void tg_load_scales(unsigned char* sc, const unsigned
         }
     }
     float* xs = (float*)(sc + C::W_BYTES);
-    for (int e = tid; e < TENSOR_GEMM_TOKENS * C::SG; e += blockDim.x) {
+    for (int e = tid; e < TOK * C::SG; e += blockDim.x) {
         int r = e / C::SG, g = g0 + (e - r * C::SG), src = a_row[r];
         bool ok = src >= 0 && g < groups;
         cp_async4_zfill(xs + e, ok ? ad + (size_t)src * groups + g : ad, ok);
@@ -279,17 +279,22 @@ __device__ __forceinline__ void tg_load_scales(unsigned char* sc, const unsigned
 }
 #endif
 
-template <int FMT>
+template <int FMT, int TOK>
 __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict__ W, const unsigned short* __restrict__ S,
                                                  const unsigned char* __restrict__ A, const unsigned char* __restrict__ Aaux,
                                                  float* __restrict__ Y, int ldy, int accumulate, int N, int K, int M,
                                                  const int* __restrict__ tiles, const int* __restrict__ order, int a_div) {
 #if __CUDA_ARCH__ >= 800
-    typedef TgLayout<FMT> L;
+    typedef TgLayout<FMT, TOK> L;
+    // Warp tiles: TOK 64 as 2 × 4 warps of 32 token rows × 32 weight rows (MI = 2, NI = 4),
+    // TOK 16 as 1 × 8 warps of 16 × 16 (MI = 1, NI = 2). Every output's sums are the same
+    // either way: its groups in order, each an mma of the same operands.
+    constexpr int MI = TOK == 16 ? 1 : 2, WM = TOK / (16 * MI), WN = 8 / WM, NI = TENSOR_GEMM_ROWS / (8 * WN);
     extern __shared__ __align__(16) unsigned char tg_smem[];
-    __shared__ int a_row[TENSOR_GEMM_TOKENS], y_row[TENSOR_GEMM_TOKENS];
+    __shared__ int a_row[TOK], y_row[TOK];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int wm = warp & 1, wn = warp >> 1;  // warp tile: rows wm·32.., weight rows wn·32..
+    static_assert(WM == 1 || WM == 2, "one or two warps along the tokens");
+    int wm = warp & (WM - 1), wn = WM == 1 ? warp : warp >> 1;  // rows wm·16·MI.., weight rows wn·8·NI..
     int g8 = lane >> 2, tig = lane & 3;
     int n0 = blockIdx.x * TENSOR_GEMM_ROWS;
     size_t w_row0 = 0;
@@ -298,23 +303,23 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
         int expert = t[0], first = t[1], count = t[2];
         if (count == 0) return;  // past the used tiles (whole block)
         w_row0 = (size_t)expert * N;
-        if (tid < TENSOR_GEMM_TOKENS) {
+        if (tid < TOK) {
             int pair = tid < count ? order[first + tid] : -1;
             a_row[tid] = pair >= 0 ? pair / a_div : -1;
             y_row[tid] = pair;
         }
-    } else if (tid < TENSOR_GEMM_TOKENS) {
-        int m = blockIdx.y * TENSOR_GEMM_TOKENS + tid;
+    } else if (tid < TOK) {
+        int m = blockIdx.y * TOK + tid;
         a_row[tid] = m < M ? m : -1;
         y_row[tid] = a_row[tid];
     }
     __syncthreads();
 
-    float acc[2][4][4];
+    float acc[MI][NI][4];
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
 
@@ -322,12 +327,12 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
     int KT = (K + TG_K - 1) / TG_K;
     // Q8/Q4/FP8 scales: two buffers of TENSOR_GEMM_SCALE_GROUPS groups after the stages; the
     // first block rides with the first stage, each next one is loaded a block ahead.
-    typedef TgScales<FMT> SC;
+    typedef TgScales<FMT, TOK> SC;
     unsigned char* sc = tg_smem + TENSOR_GEMM_STAGES * L::STAGE;
-    if (FMT != 0) tg_load_scales<FMT>(sc, S, (const float*)Aaux, w_row0, n0, N, groups, a_row, 0);
+    if (FMT != 0) tg_load_scales<FMT, TOK>(sc, S, (const float*)Aaux, w_row0, n0, N, groups, a_row, 0);
 #pragma unroll
     for (int s = 0; s < TENSOR_GEMM_STAGES - 1; s++) {
-        if (s < KT) tg_load<FMT>(tg_smem + s * L::STAGE, A, W, a_row, w_row0, n0, N, K, s);
+        if (s < KT) tg_load<FMT, TOK>(tg_smem + s * L::STAGE, A, W, a_row, w_row0, n0, N, K, s);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int kt = 0; kt < KT; kt++) {
@@ -335,10 +340,10 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
         __syncthreads();
         int next = kt + TENSOR_GEMM_STAGES - 1;
         if (next < KT)
-            tg_load<FMT>(tg_smem + (next % TENSOR_GEMM_STAGES) * L::STAGE, A, W, a_row, w_row0, n0, N, K, next);
+            tg_load<FMT, TOK>(tg_smem + (next % TENSOR_GEMM_STAGES) * L::STAGE, A, W, a_row, w_row0, n0, N, K, next);
         // The next block of scales, into the buffer whose groups the steps before this one used.
         if (FMT != 0 && kt % SC::SG == 0 && kt + SC::SG < KT)
-            tg_load_scales<FMT>(sc + ((kt / SC::SG + 1) & 1) * SC::BYTES, S, (const float*)Aaux, w_row0, n0, N,
+            tg_load_scales<FMT, TOK>(sc + ((kt / SC::SG + 1) & 1) * SC::BYTES, S, (const float*)Aaux, w_row0, n0, N,
                                 groups, a_row, kt + SC::SG);
         asm volatile("cp.async.commit_group;\n" ::);
 
@@ -347,59 +352,59 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
         if (FMT == 0) {
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                unsigned int ap[3][2][4];  // hi, mid, lo fragments
+                unsigned int ap[3][MI][4];  // hi, mid, lo fragments
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++) {
-                    int r = wm * 32 + mi * 16 + g8;
+                for (int mi = 0; mi < MI; mi++) {
+                    int r = wm * 16 * MI + mi * 16 + g8;
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
                         int off = (r + 8 * (q & 1)) * L::A_ROW + h * 32 + 16 * (q >> 1) + tig * 4;
 #pragma unroll
                         for (int pl = 0; pl < 3; pl++)
-                            ap[pl][mi][q] = *(const unsigned int*)(as + pl * TENSOR_GEMM_TOKENS * L::A_ROW + off);
+                            ap[pl][mi][q] = *(const unsigned int*)(as + pl * TOK * L::A_ROW + off);
                     }
                 }
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
-                    int n = wn * 32 + ni * 8 + g8;
+                for (int ni = 0; ni < NI; ni++) {
+                    int n = wn * 8 * NI + ni * 8 + g8;
                     unsigned int b0 = *(const unsigned int*)(bs + n * L::B_ROW + h * 32 + tig * 4);
                     unsigned int b1 = *(const unsigned int*)(bs + n * L::B_ROW + h * 32 + 16 + tig * 4);
 #pragma unroll
-                    for (int mi = 0; mi < 2; mi++) {
+                    for (int mi = 0; mi < MI; mi++) {
 #pragma unroll
                         for (int pl = 0; pl < 3; pl++) mma_bf16(acc[mi][ni], ap[pl][mi], b0, b1);
                     }
                 }
             }
         } else {
-            // This group's scales, from the staged block: the weights' of this thread's 8
-            // columns, the activations' of its 4 token rows.
+            // This group's scales, from the staged block: the weights' of this thread's
+            // 2·NI columns, the activations' of its 2·MI token rows.
             const unsigned char* scb = sc + ((kt / SC::SG) & 1) * SC::BYTES;
             const float* xs = (const float*)(scb + SC::W_BYTES);
             int q = kt % SC::SG;
-            float ws[4][2], xd[2][2];
+            float ws[NI][2], xd[MI][2];
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++)
+            for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    int n = (wn * 32 + ni * 8 + tig * 2 + j) * SC::SG + q;
+                    int n = (wn * 8 * NI + ni * 8 + tig * 2 + j) * SC::SG + q;
                     ws[ni][j] = FMT == 3 ? ((const float*)scb)[n] : f16_to_f32(((const unsigned short*)scb)[n]);
                 }
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++)
+            for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) xd[mi][h] = xs[(wm * 32 + mi * 16 + g8 + 8 * h) * SC::SG + q];
-            int a[2][4];
+                for (int h = 0; h < 2; h++) xd[mi][h] = xs[(wm * 16 * MI + mi * 16 + g8 + 8 * h) * SC::SG + q];
+            int a[MI][4];
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++) {
-                int r = wm * 32 + mi * 16 + g8;
+            for (int mi = 0; mi < MI; mi++) {
+                int r = wm * 16 * MI + mi * 16 + g8;
 #pragma unroll
                 for (int q = 0; q < 4; q++)
                     a[mi][q] = *(const int*)(as + (r + 8 * (q & 1)) * L::A_ROW + 16 * (q >> 1) + tig * 4);
             }
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                int n = wn * 32 + ni * 8 + g8;
+            for (int ni = 0; ni < NI; ni++) {
+                int n = wn * 8 * NI + ni * 8 + g8;
                 int b0, b1;
                 if (FMT == 1 || FMT == 3) {
                     b0 = *(const int*)(bs + n * L::B_ROW + tig * 4);
@@ -411,7 +416,7 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
                     b1 = (int)__vsub4((w >> 4) & 0x0f0f0f0fu, 0x08080808u);
                 }
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++) {
+                for (int mi = 0; mi < MI; mi++) {
                     if (FMT == 3) {
                         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                         mma_e4m3(c, a[mi], b0, b1);
@@ -430,13 +435,13 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int yr = y_row[wm * 32 + mi * 16 + g8 + 8 * (e >> 1)];
-                int n = n0 + wn * 32 + ni * 8 + tig * 2 + (e & 1);
+                int yr = y_row[wm * 16 * MI + mi * 16 + g8 + 8 * (e >> 1)];
+                int n = n0 + wn * 8 * NI + ni * 8 + tig * 2 + (e & 1);
                 if (yr >= 0 && n < N) {
                     float* out = Y + (size_t)yr * ldy + n;
                     *out = accumulate ? *out + acc[mi][ni][e] : acc[mi][ni][e];
@@ -451,7 +456,13 @@ __device__ __forceinline__ void gemm_tensor_impl(const unsigned char* __restrict
         int ldy, int accumulate, int N, int K, int M, const int *__restrict__ tiles,                        \
         const int *__restrict__ order, int a_div
 #define TGEMM_PASS W, S, A, Aaux, Y, ldy, accumulate, N, K, M, tiles, order, a_div
-extern "C" __global__ void __launch_bounds__(256) gemm_tensor_bf16(TGEMM_ARGS) { gemm_tensor_impl<0>(TGEMM_PASS); }
-extern "C" __global__ void __launch_bounds__(256) gemm_tensor_q8(TGEMM_ARGS) { gemm_tensor_impl<1>(TGEMM_PASS); }
-extern "C" __global__ void __launch_bounds__(256) gemm_tensor_q4(TGEMM_ARGS) { gemm_tensor_impl<2>(TGEMM_PASS); }
-extern "C" __global__ void __launch_bounds__(256) gemm_tensor_fp8(TGEMM_ARGS) { gemm_tensor_impl<3>(TGEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tensor_bf16(TGEMM_ARGS) { gemm_tensor_impl<0, TENSOR_GEMM_TOKENS>(TGEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tensor_q8(TGEMM_ARGS) { gemm_tensor_impl<1, TENSOR_GEMM_TOKENS>(TGEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tensor_q4(TGEMM_ARGS) { gemm_tensor_impl<2, TENSOR_GEMM_TOKENS>(TGEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tensor_fp8(TGEMM_ARGS) { gemm_tensor_impl<3, TENSOR_GEMM_TOKENS>(TGEMM_PASS); }
+// Tiles of TENSOR_GEMM_SKINNY_TOKENS tokens: a few tokens (a short prompt chunk), or experts that
+// see one or two tokens each; the same bits as the wide tiles.
+extern "C" __global__ void __launch_bounds__(256) gemm_tensor_skinny_bf16(TGEMM_ARGS) { gemm_tensor_impl<0, TENSOR_GEMM_SKINNY_TOKENS>(TGEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tensor_skinny_q8(TGEMM_ARGS) { gemm_tensor_impl<1, TENSOR_GEMM_SKINNY_TOKENS>(TGEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tensor_skinny_q4(TGEMM_ARGS) { gemm_tensor_impl<2, TENSOR_GEMM_SKINNY_TOKENS>(TGEMM_PASS); }
+extern "C" __global__ void __launch_bounds__(256) gemm_tensor_skinny_fp8(TGEMM_ARGS) { gemm_tensor_impl<3, TENSOR_GEMM_SKINNY_TOKENS>(TGEMM_PASS); }

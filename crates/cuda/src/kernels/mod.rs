@@ -141,6 +141,8 @@ shared_constants! {
     GDN_SCAN_COLS = 32;
     /// Tokens of the tensor-core GEMM block tile (and of a grouped-GEMM tile).
     TENSOR_GEMM_TOKENS = 64;
+    /// Tokens of the skinny tensor-core GEMM's block tile (the same sums on fewer rows).
+    TENSOR_GEMM_SKINNY_TOKENS = 16;
     /// Weight rows of the tensor-core GEMM block tile.
     TENSOR_GEMM_ROWS = 128;
     /// Stages of the tensor-core GEMM's `cp.async` pipeline.

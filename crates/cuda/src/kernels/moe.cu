@@ -625,11 +625,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_grouped_down_q4(GDOWN_ARGS
 
 // Sorts the `pairs` (token, expert) pairs by expert for the grouped GEMMs: `order` lists the
 // pair ids of expert 0, then of expert 1, ...; tiles[3j ..] = (expert, first index into order,
-// count ≤ TENSOR_GEMM_TOKENS) for the used tiles and count 0 for the rest up to max_tiles. One block; the
+// count ≤ tile) for the used tiles and count 0 for the rest up to max_tiles. One block; the
 // order within an expert varies from run to run, which no result depends on (each output row
 // is computed from its own input row alone).
 extern "C" __global__ void moe_group_by_expert(const int* __restrict__ idx, int pairs, int E, int* __restrict__ order,
-                                               int* __restrict__ tiles, int max_tiles) {
+                                               int* __restrict__ tiles, int max_tiles, int tile) {
     extern __shared__ int moe_sort_sh[];  // count[E], start[E], tile_start[E]
     __shared__ int used;
     int* count = moe_sort_sh;
@@ -646,17 +646,17 @@ extern "C" __global__ void moe_group_by_expert(const int* __restrict__ idx, int 
             start[e] = s;
             tstart[e] = ts;
             s += count[e];
-            ts += (count[e] + TENSOR_GEMM_TOKENS - 1) / TENSOR_GEMM_TOKENS;
+            ts += (count[e] + tile - 1) / tile;
         }
         used = ts;
     }
     __syncthreads();
     for (int e = tid; e < E; e += blockDim.x)
-        for (int j = 0; j * TENSOR_GEMM_TOKENS < count[e]; j++) {
+        for (int j = 0; j * tile < count[e]; j++) {
             int* t = tiles + 3 * (tstart[e] + j);
             t[0] = e;
-            t[1] = start[e] + j * TENSOR_GEMM_TOKENS;
-            t[2] = min(TENSOR_GEMM_TOKENS, count[e] - j * TENSOR_GEMM_TOKENS);
+            t[1] = start[e] + j * tile;
+            t[2] = min(tile, count[e] - j * tile);
         }
     for (int t = used + tid; t < max_tiles; t += blockDim.x) {
         tiles[3 * t] = 0;

@@ -156,7 +156,8 @@ kernels! {
         dense: i32,
     );
     /// Sorts the `pairs` (token, expert) pairs by expert for the grouped GEMMs: `order` lists the
-    /// pair ids of expert 0, then of expert 1, and so on, and `tiles` the 64-pair tiles.
+    /// pair ids of expert 0, then of expert 1, and so on, and `tiles` the tiles of at most
+    /// `tile` pairs of one expert.
     MoeGroupByExpert = "moe_group_by_expert"
     (
         idx: Ptr<i32>,
@@ -165,6 +166,7 @@ kernels! {
         order: Ptr<i32>,
         tiles: Ptr<i32>,
         max_tiles: i32,
+        tile: i32,
     );
     /// y[t, r] += Σ_j wt[t·k + j] · out[(t·k + j)·H + r]: the routed experts' weighted sum
     /// (grid-stride).

@@ -7,7 +7,7 @@ use spindle_model::ModelConfig;
 use super::{group_by_expert, row_ptrs, DecodePlan, Grouped, Routes};
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
-use crate::gemm::GemmActs;
+use crate::gemm::{GemmActs, GROUP_TILE};
 use crate::io::Io;
 use crate::kernels::moe::{MoeGroupedDown, MoeGroupedGateUp};
 use crate::kernels::{self, i, p, Launch, Ptr, MATVEC_MAX_TOKENS};
@@ -145,7 +145,7 @@ pub(super) fn moe_decode_grouped(
         order,
         tiles,
         max_tiles,
-    } = group_by_expert(dev, &routes)?;
+    } = group_by_expert(dev, &routes, GROUP_TILE)?;
     let (gu, down) = (&w.experts_gate_up, &w.experts_down);
     let (part, first) = plan.shared_gate_up.expect("checked by groupable");
     let (sgu, sgs) = row_ptrs(&w.input.parts[part].1, first);
