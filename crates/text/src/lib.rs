@@ -15,6 +15,7 @@ mod chat_template;
 mod detokenizer;
 mod error;
 mod json;
+mod memo;
 mod parse;
 mod pieces;
 mod prompt;

@@ -61,15 +61,21 @@ pub(crate) fn splits_like_qwen(tokenizer: &Tokenizer) -> bool {
     bpe && normalizer && pre && added
 }
 
-/// The pieces of a text: each about [`PIECE_BYTES`] long (longer when no exact cut comes
-/// sooner), together the whole text.
+/// The pieces of a text: each about [`PIECE_BYTES`] long (or the step given; longer when no
+/// exact cut comes sooner), together the whole text.
 pub(crate) struct Pieces<'a> {
     rest: &'a str,
+    step: usize,
 }
 
 impl<'a> Pieces<'a> {
     pub(crate) fn new(text: &'a str) -> Self {
-        Pieces { rest: text }
+        Self::with_step(text, PIECE_BYTES)
+    }
+
+    /// Pieces of about `step` bytes.
+    pub(crate) fn with_step(text: &'a str, step: usize) -> Self {
+        Pieces { rest: text, step }
     }
 }
 
@@ -80,7 +86,7 @@ impl<'a> Iterator for Pieces<'a> {
         if self.rest.is_empty() {
             return None;
         }
-        let end = next_cut(self.rest, PIECE_BYTES).unwrap_or(self.rest.len());
+        let end = next_cut(self.rest, self.step).unwrap_or(self.rest.len());
         let (piece, rest) = self.rest.split_at(end);
         self.rest = rest;
         Some(piece)
@@ -89,19 +95,20 @@ impl<'a> Iterator for Pieces<'a> {
 
 /// The first exact cut at or after byte `from` (see the module docs).
 pub(crate) fn next_cut(text: &str, from: usize) -> Option<usize> {
+    (from.max(1)..text.len()).find(|&p| is_cut(text, p))
+}
+
+/// Whether byte `p` of `text` is an exact cut (see the module docs); false at either end.
+pub(crate) fn is_cut(text: &str, p: usize) -> bool {
     let bytes = text.as_bytes();
-    let mut p = from.max(1);
-    while p < bytes.len() {
-        // Only ASCII bytes are looked at, so `p` is always a char boundary when it matches.
-        let (before, at) = (bytes[p - 1], bytes[p]);
-        let newline_cut = before == b'\n' && !is_space_at(text, p);
-        let space_cut = at == b' ' && !is_space_before(text, p);
-        if newline_cut || space_cut {
-            return Some(p);
-        }
-        p += 1;
+    if p == 0 || p >= bytes.len() {
+        return false;
     }
-    None
+    // Only ASCII bytes are looked at, so `p` is always a char boundary when it matches.
+    let (before, at) = (bytes[p - 1], bytes[p]);
+    let newline_cut = before == b'\n' && !is_space_at(text, p);
+    let space_cut = at == b' ' && !is_space_before(text, p);
+    newline_cut || space_cut
 }
 
 /// Whether the char starting at byte `p` is white space (false inside a char).

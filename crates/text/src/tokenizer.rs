@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use crate::memo::{self, Memo};
 use crate::pieces;
 use crate::read::{read_bounded, MAX_TOKENIZER_BYTES};
 
@@ -24,6 +25,9 @@ pub struct Tokenizer {
     /// Text may be encoded piece by piece, cut where the pre-tokenizer splits anyway
     /// (`crate::pieces`): the Qwen byte-level BPE with its regex.
     piecewise: bool,
+    /// Recently encoded long texts (piecewise tokenizers only): a text that starts like one of
+    /// them encodes only the rest (`crate::memo`).
+    memo: Memo,
     path: PathBuf,
 }
 
@@ -78,6 +82,7 @@ impl Tokenizer {
             plain: OnceLock::new(),
             special_ids,
             piecewise,
+            memo: Memo::default(),
             path,
         })
     }
@@ -153,13 +158,7 @@ impl Tokenizer {
                 plain
             })
         };
-        let whole = [text];
-        let pieces: Box<dyn Iterator<Item = &str>> = if self.piecewise {
-            Box::new(pieces::Pieces::new(text))
-        } else {
-            Box::new(whole.into_iter())
-        };
-        for piece in pieces {
+        let encode = |ids: &mut Vec<u32>, piece: &str| -> Result<(), TextError> {
             let encoding = tokenizer
                 .encode(piece, false)
                 .map_err(|e| TextError::Tokenizer {
@@ -173,8 +172,46 @@ impl Tokenizer {
                     limit: max_tokens,
                 });
             }
+            Ok(())
+        };
+        if !self.piecewise {
+            return encode(ids, text);
         }
+        if text.len() < memo::MIN_BYTES {
+            return pieces::Pieces::new(text).try_for_each(|piece| encode(ids, piece));
+        }
+        // Long text: resume after the longest beginning a recent text shares, and record this
+        // text's cuts for the next.
+        let first = ids.len();
+        let (mut at, mut cuts) = match self.memo.resume(text, allow_special) {
+            Some(resume) => {
+                ids.extend_from_slice(&resume.ids);
+                if ids.len() > max_tokens {
+                    return Err(TextError::TooManyTokens {
+                        counted: ids.len(),
+                        limit: max_tokens,
+                    });
+                }
+                (resume.at, resume.cuts)
+            }
+            None => (0, Vec::new()),
+        };
+        for piece in pieces::Pieces::with_step(&text[at..], memo::STEP_BYTES) {
+            if at > 0 && cuts.last().is_none_or(|&(p, _)| p != at) {
+                cuts.push((at, ids.len() - first));
+            }
+            encode(ids, piece)?;
+            at += piece.len();
+        }
+        self.memo
+            .keep(text, allow_special, ids[first..].to_vec(), cuts);
         Ok(())
+    }
+
+    /// Bytes of text whose ids were taken from a recently encoded text that starts the same
+    /// way, instead of encoded again (a diagnostic; see `memo.rs`).
+    pub fn memo_skipped_bytes(&self) -> usize {
+        self.memo.skipped_bytes()
     }
 
     /// The spellings of the special tokens, for [`crate::ChatTemplate::render_prompt`].

@@ -157,6 +157,100 @@ fn long_text_encodes_in_pieces_exactly_as_whole() {
     assert_eq!(tokenizer.encode(&prose, true).unwrap(), want);
 }
 
+/// A text that starts like a recently encoded one resumes after their shared beginning
+/// (`Tokenizer::memo_skipped_bytes` grows) and still encodes exactly as the whole text does:
+/// varied texts cut at every kind of place (inside white-space runs, before and after
+/// newlines, inside multi-byte characters' neighbours, next to special tokens' spellings) and
+/// continued differently, with and without special tokens.
+#[test]
+fn texts_sharing_a_beginning_encode_exactly_as_whole() {
+    let path = common::fixture("tokenizer/tokenizer.json");
+    let mut whole = tokenizers::Tokenizer::from_file(&path).unwrap();
+    for seed in 0..4u64 {
+        let tokenizer = spindle_text::Tokenizer::from_file(&path).unwrap();
+        let base = varied_text(20_000, seed);
+        for special in [true, false] {
+            whole.set_encode_special_tokens(!special);
+            let want = |text: &str| whole.encode(text, false).unwrap().get_ids().to_vec();
+            assert_eq!(tokenizer.encode(&base, special).unwrap(), want(&base));
+            // Every place around the first recorded cuts (pieces of about 1 KB), where a text
+            // that diverges just before, at or just after a cut must not take its ids; then
+            // places anywhere.
+            let mut state = seed * 7919 + special as u64;
+            let near = (1000..1100).chain(2030..2130);
+            let anywhere: Vec<usize> = (0..40)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (state >> 33) as usize % base.len()
+                })
+                .collect();
+            for (round, mut cut) in near.chain(anywhere).enumerate() {
+                while !base.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                let tail = varied_text(50 + round % 7 * 37, round as u64 + 11 * seed);
+                let text = format!("{}{}", &base[..cut], tail);
+                let before = tokenizer.memo_skipped_bytes();
+                let got = tokenizer.encode(&text, special).unwrap();
+                assert!(
+                    got == want(&text),
+                    "seed {seed}, special {special}, round {round}: cut at {cut} of {}: ids differ",
+                    base.len()
+                );
+                if cut > 4_000 {
+                    assert!(
+                        tokenizer.memo_skipped_bytes() > before,
+                        "seed {seed}, round {round}: a text sharing {cut} bytes encoded whole"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Texts that share a recorded cut's bytes (a newline, then the first bytes of a multi-byte
+/// character) but differ in the character there, white space in the new text (U+2003 against
+/// U+2014): the place is no exact cut of the new text (the newline and the white space can be
+/// one pre-token), so the memo must not resume there; the ids equal the whole text's either way
+/// in these cases (no BPE merge spans them), which the test checks.
+#[test]
+fn a_cut_is_taken_only_where_the_new_text_cuts_too() {
+    let path = common::fixture("tokenizer/tokenizer.json");
+    let tokenizer = spindle_text::Tokenizer::from_file(&path).unwrap();
+    let whole = tokenizers::Tokenizer::from_file(&path).unwrap();
+    let rest = " and more words".repeat(200);
+    // (white space, a non-space character with the same leading bytes)
+    let pairs = [
+        ('\u{a0}', '\u{a9}'),
+        ('\u{85}', '\u{80}'),
+        ('\u{2003}', '\u{2014}'),
+        ('\u{2028}', '\u{2026}'),
+        ('\u{202f}', '\u{2030}'),
+        ('\u{3000}', '\u{3001}'),
+    ];
+    for head in ["x".repeat(1023) + "\n", "x".repeat(1022) + "\n\n"] {
+        for (space, other) in pairs {
+            for after in ["\n", "\n\n", " ", "y", "\t\n"] {
+                let old = format!("{head}{other}{rest}");
+                let new = format!("{head}{space}{after}{rest}");
+                tokenizer.encode(&old, true).unwrap();
+                let want = whole
+                    .encode(new.as_str(), false)
+                    .unwrap()
+                    .get_ids()
+                    .to_vec();
+                assert_eq!(
+                    tokenizer.encode(&new, true).unwrap(),
+                    want,
+                    "{space:?} then {after:?} after {other:?} was cut"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn encoding_stops_soon_after_the_limit() {
     let tokenizer = qwen_tokenizer();
