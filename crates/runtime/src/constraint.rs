@@ -80,15 +80,35 @@ impl Grammar {
     /// reads as that string); the schema's required properties always come, in the schema's
     /// order, optional ones may. Nothing comes before or after the calls.
     pub fn tool_calls(tools: &[ToolSpec], parallel: bool) -> Result<Self> {
+        let strict: Vec<(ToolSpec, bool)> = tools.iter().map(|t| (t.clone(), true)).collect();
+        Self::calls_grammar(&strict, parallel, false)
+    }
+
+    /// What a model may answer when it may call `tools` but need not (`tool_choice` "auto")
+    /// and some of them are `strict`: any text, then optionally tool calls as
+    /// [`Grammar::tool_calls`] writes them (nothing after them). A strict tool's arguments
+    /// follow its schema; any other tool's call holds its name and free text up to the
+    /// call's end. Text never holds a call's opening special token, so a call cannot be
+    /// written around the grammar.
+    pub fn optional_tool_calls(tools: &[(ToolSpec, bool)], parallel: bool) -> Result<Self> {
+        Self::calls_grammar(tools, parallel, true)
+    }
+
+    fn calls_grammar(tools: &[(ToolSpec, bool)], parallel: bool, text_first: bool) -> Result<Self> {
         if tools.is_empty() {
             return Err(grammar_error("a tool call grammar needs at least one tool"));
         }
         let literal = |s: &str| serde_json::to_string(s).expect("strings serialize");
+        let calls = if parallel {
+            "call (\"\\n\" call)*"
+        } else {
+            "call"
+        };
         let mut rules = vec![
-            if parallel {
-                "start: call (\"\\n\" call)*".to_owned()
+            if text_first {
+                format!("start: {TOOL_FREE_TEXT}? calls?\ncalls: {calls}")
             } else {
-                "start: call".to_owned()
+                format!("start: {calls}")
             },
             format!(
                 "call: {}",
@@ -98,7 +118,18 @@ impl Grammar {
                     .join(" | ")
             ),
         ];
-        for (i, tool) in tools.iter().enumerate() {
+        for (i, (tool, strict)) in tools.iter().enumerate() {
+            // The call's markers are rules the compiler defines for the model's tokenizer: its
+            // special tokens where it has them ([`Grammars::compile`]).
+            let mut parts = vec![format!(
+                "{TOOL_CALL_OPEN} {}",
+                literal(&format!("\n<function={}>\n", tool.name))
+            )];
+            if !strict {
+                parts.push(format!("{TOOL_FREE_TEXT}? {TOOL_CALL_CLOSE}"));
+                rules.push(format!("call_{i}: {}", parts.join(" ")));
+                continue;
+            }
             let empty = Value::Object(Default::default());
             let schema = tool.parameters.as_ref().unwrap_or(&empty);
             let properties = schema.get("properties").and_then(Value::as_object);
@@ -107,12 +138,6 @@ impl Grammar {
                 .and_then(Value::as_array)
                 .map(|r| r.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
-            // The call's markers are rules the compiler defines for the model's tokenizer: its
-            // special tokens where it has them ([`Grammars::compile`]).
-            let mut parts = vec![format!(
-                "{TOOL_CALL_OPEN} {}",
-                literal(&format!("\n<function={}>\n", tool.name))
-            )];
             for (k, (name, property)) in properties.into_iter().flatten().enumerate() {
                 let property = compact(property.clone());
                 let rule = format!("p_{i}_{k}");
@@ -141,6 +166,12 @@ impl Grammar {
 /// spelling), else as the text.
 const TOOL_CALL_OPEN: &str = "tool_call_open";
 const TOOL_CALL_CLOSE: &str = "tool_call_close";
+
+/// The lexeme of free text in a tool-call grammar (text before optional calls, a non-strict
+/// call's body), defined with the markers: any text that cannot open a call (with special
+/// markers any text at all, since text never holds a special token; else text that does not
+/// spell `<tool_call>`).
+const TOOL_FREE_TEXT: &str = "TOOL_FREE_TEXT";
 
 /// The largest grammar compiled, in bytes of its text (a schema's JSON, a regex, a Lark
 /// grammar, the choices together).
@@ -259,17 +290,22 @@ impl Grammars {
         };
         let env: toktrie::TokEnv = Arc::new(env);
         let trie = env.tok_trie();
-        let marker = |text: &str| match tokenizer_id(&json, text) {
-            Some(id)
-                if (id as usize) < trie.vocab_size()
-                    && trie.token(id).first() == Some(&TokTrie::SPECIAL_TOKEN_MARKER) =>
-            {
-                text.to_owned()
-            }
-            _ => serde_json::to_string(text).expect("strings serialize"),
+        let special = |text: &str| {
+            tokenizer_id(&json, text).is_some_and(|id| {
+                (id as usize) < trie.vocab_size()
+                    && trie.token(id).first() == Some(&TokTrie::SPECIAL_TOKEN_MARKER)
+            })
+        };
+        let marker = |text: &str| match special(text) {
+            true => text.to_owned(),
+            false => serde_json::to_string(text).expect("strings serialize"),
+        };
+        let free_text = match special("<tool_call>") {
+            true => r"/(.|\n)+/".to_owned(),
+            false => r"/(.|\n)+/ & ~/(.|\n)*<tool_call>(.|\n)*/".to_owned(),
         };
         let tool_call_markers = format!(
-            "\n{TOOL_CALL_OPEN}: {}\n{TOOL_CALL_CLOSE}: {}\n",
+            "\n{TOOL_CALL_OPEN}: {}\n{TOOL_CALL_CLOSE}: {}\n{TOOL_FREE_TEXT}: {free_text}\n",
             marker("<tool_call>"),
             marker("</tool_call>")
         );

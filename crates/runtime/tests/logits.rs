@@ -741,3 +741,105 @@ fn forced_tool_calls_parse_back_with_valid_arguments() {
     }
     assert!(Grammar::tool_calls(&[], true).is_err());
 }
+
+/// `tool_choice` "auto" with strict tools: the answer may be text, or text and then calls; a
+/// call a strict tool's name opens holds arguments its schema allows, a non-strict tool's
+/// call any text. The demo model is pushed into a call with a logit bias on `<tool_call>` (and
+/// kept out of one by banning it), then its output is parsed back.
+#[test]
+fn optional_calls_of_strict_tools_follow_their_schemas() {
+    use spindle_runtime::ToolSpec;
+    let model = demo();
+    let ids = chat_ids(&model, "What is the weather?");
+    let weather = ToolSpec {
+        name: "get_weather".into(),
+        parameters: Some(json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 10},
+                "days": {"type": "integer", "minimum": 1, "maximum": 5}
+            },
+            "required": ["city", "days"]
+        })),
+    };
+    let free = ToolSpec {
+        name: "note".into(),
+        parameters: Some(json!({"type": "object"})),
+    };
+    let open = model.tokenizer.token_to_id("<tool_call>").unwrap();
+    let close = model.tokenizer.token_to_id("</tool_call>").unwrap();
+    let grammar =
+        Grammar::optional_tool_calls(&[(weather.clone(), true), (free.clone(), false)], true)
+            .unwrap();
+    // At the start: text or a call.
+    let mut start = model.constraint(&grammar).unwrap();
+    let mask = start.mask().unwrap().expect("constrained");
+    let text_id = model.tokenizer.encode("Sure", false).unwrap()[0];
+    assert!(mask.allows(open) && mask.allows(text_id));
+    assert!(!mask.allows(close), "a call cannot close before it opens");
+    // Once open, the call names a tool: no free text, no close.
+    start.accept(open).unwrap();
+    let mask = start.mask().unwrap().expect("constrained");
+    assert!(!mask.allows(text_id) && !mask.allows(close));
+
+    // Pushed into a call at once: get_weather's arguments follow its schema.
+    let only_weather = Grammar::optional_tool_calls(&[(weather, true)], false).unwrap();
+    let mut options = constrained(&model, &only_weather, 200);
+    options.logit_bias = vec![(open, 100.0)];
+    let out = generate(&model, &ids, &options);
+    assert_eq!(out.ids[0], open, "{:?}", out.text);
+    let parsed = spindle_text::parse_output(&out.text, false);
+    assert_eq!(parsed.tool_calls.len(), 1, "{:?}", out.text);
+    let args = &parsed.tool_calls[0].arguments;
+    assert_eq!(parsed.tool_calls[0].name, "get_weather");
+    assert!(
+        args["city"]
+            .as_str()
+            .is_some_and(|c| c.chars().count() <= 10),
+        "{args:?}"
+    );
+    assert!(
+        args["days"].as_i64().is_some_and(|d| (1..=5).contains(&d)),
+        "{args:?}"
+    );
+    // Kept out of calls: plain text, which the grammar leaves free.
+    let mut options = constrained(&model, &only_weather, 30);
+    options.banned_ids = vec![open];
+    let text = generate(&model, &ids, &options);
+    let unconstrained = generate(
+        &model,
+        &ids,
+        &GenerateOptions {
+            banned_ids: vec![open],
+            ..greedy(30)
+        },
+    );
+    assert_eq!(text.ids, unconstrained.ids, "free text is not constrained");
+    assert!(Grammar::optional_tool_calls(&[], true).is_err());
+}
+
+/// The free text of a tool-call grammar for a tokenizer whose `<tool_call>` is ordinary text
+/// (`TOOL_FREE_TEXT` then excludes its spelling): the lexeme syntax compiles and refuses the
+/// spelling while taking other text.
+#[test]
+fn free_text_that_must_not_spell_a_call_marker() {
+    let model = demo();
+    let grammar =
+        Grammar::Lark("start: T\nT: /(.|\\n)+/ & ~/(.|\\n)*<tool_call>(.|\\n)*/".to_owned());
+    let spelled = model.tokenizer.encode("a <tool_call> b", false).unwrap();
+    let mut c = model.constraint(&grammar).unwrap();
+    let mut refused = false;
+    for id in spelled {
+        if !c.mask().unwrap().is_none_or(|m| m.allows(id)) {
+            refused = true;
+            break;
+        }
+        c.accept(id).unwrap();
+    }
+    assert!(refused, "the spelling of <tool_call> went through");
+    let mut c = model.constraint(&grammar).unwrap();
+    for id in model.tokenizer.encode("a <tool b", false).unwrap() {
+        assert!(c.mask().unwrap().is_none_or(|m| m.allows(id)));
+        c.accept(id).unwrap();
+    }
+}

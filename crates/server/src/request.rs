@@ -104,6 +104,9 @@ pub struct RawFunctionDef {
     pub name: String,
     pub description: Option<String>,
     pub parameters: Option<Value>,
+    /// The arguments follow `parameters` exactly (OpenAI's structured outputs for tools):
+    /// enforced by a grammar whether the call is forced or not.
+    pub strict: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -602,14 +605,22 @@ impl RawChat {
             .collect::<Result<Vec<_>, _>>()?;
         let (tools, tool_grammar) = self.checked_tools()?;
         generation.tools_off = matches!(&self.tool_choice, Some(Value::String(s)) if s == "none");
-        if let Some(grammar) = tool_grammar {
+        if let Some((param, grammar)) = tool_grammar {
             if let Some((field, _)) = &generation.grammar {
                 return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!("a required or named tool_choice cannot be combined with {field}"),
+                    param,
+                    match param {
+                        "tool_choice" => format!(
+                            "a required or named tool_choice cannot be combined with {field}"
+                        ),
+                        _ => format!(
+                            "strict tools under tool_choice auto cannot be combined with {field}: \
+                             one constraint on the answer at most"
+                        ),
+                    },
                 ));
             }
-            generation.grammar = Some(("tool_choice".into(), grammar));
+            generation.grammar = Some((param.into(), grammar));
         }
         let vars = reasoning_vars(
             self.chat_template_kwargs.clone().unwrap_or_default(),
@@ -626,8 +637,10 @@ impl RawChat {
     }
 
     /// The tools the template sees, after `tool_choice`, and the grammar a required or named
-    /// `tool_choice` puts on the answer.
-    fn checked_tools(&self) -> Result<(Option<Value>, Option<Grammar>), ApiError> {
+    /// `tool_choice` puts on the answer, or under `auto` a `strict` tool (with the parameter it
+    /// is charged to).
+    #[allow(clippy::type_complexity)]
+    fn checked_tools(&self) -> Result<(Option<Value>, Option<(&'static str, Grammar)>), ApiError> {
         let tools = self.tools.as_deref().unwrap_or_default();
         for (i, tool) in tools.iter().enumerate() {
             if tool.kind != "function" {
@@ -664,15 +677,39 @@ impl RawChat {
                 .map_err(|e| ApiError::invalid("tool_choice", e.to_string()))
         };
         let mut grammar = None;
+        let optional = |tools: &[&RawTool]| -> Result<Option<Grammar>, ApiError> {
+            if !tools.iter().any(|t| t.function.strict == Some(true)) {
+                return Ok(None);
+            }
+            let specs: Vec<(ToolSpec, bool)> = tools
+                .iter()
+                .map(|t| {
+                    let spec = ToolSpec {
+                        name: t.function.name.clone(),
+                        parameters: t.function.parameters.clone(),
+                    };
+                    (spec, t.function.strict == Some(true))
+                })
+                .collect();
+            Grammar::optional_tool_calls(&specs, parallel)
+                .map(Some)
+                .map_err(|e| ApiError::invalid("tools", e.to_string()))
+        };
         let chosen = match &self.tool_choice {
-            None | Some(Value::Null) => all,
-            Some(Value::String(s)) if s == "auto" => all,
+            None | Some(Value::Null) => {
+                grammar = optional(&all)?.map(|g| ("tools", g));
+                all
+            }
+            Some(Value::String(s)) if s == "auto" => {
+                grammar = optional(&all)?.map(|g| ("tools", g));
+                all
+            }
             Some(Value::String(s)) if s == "none" => Vec::new(),
             Some(Value::String(s)) if s == "required" => {
                 if all.is_empty() {
                     return Err(bad("tool_choice is \"required\" but no tools are given".into()));
                 }
-                grammar = Some(forced(&all, parallel)?);
+                grammar = Some(("tool_choice", forced(&all, parallel)?));
                 all
             }
             Some(Value::Object(o)) => {
@@ -688,7 +725,7 @@ impl RawChat {
                 if named.is_empty() {
                     return Err(bad(format!("tool_choice names {name:?}, which is not in tools")));
                 }
-                grammar = Some(forced(&named[..1], false)?);
+                grammar = Some(("tool_choice", forced(&named[..1], false)?));
                 named
             }
             Some(other) => {

@@ -389,11 +389,13 @@ fn image_block(block: &Value, param: &str) -> Result<RequestImage, ApiError> {
     images::from_base64(data, &at("data"))
 }
 
-/// The tools the template sees after `tool_choice`, and the constraint a forcing choice asks.
+/// The tools the template sees after `tool_choice`, and the constraint a forcing choice asks
+/// (or, unforced, `disable_parallel_tool_use` and tools marked `strict`).
 fn tools(
     tools: Option<&Value>,
     choice: Option<&Value>,
 ) -> Result<(Option<Value>, Option<Constraint>), ApiError> {
+    let mut strict = Vec::new();
     let list = match tools {
         None => Vec::new(),
         Some(Value::Array(list)) => list.clone(),
@@ -419,17 +421,28 @@ fn tools(
             .ok_or_else(|| ApiError::invalid(format!("tools[{i}].name"), "a tool needs a name"))?;
         let description = tool.get("description").and_then(Value::as_str);
         out.push(template_tool(name, description, tool.get("input_schema")));
-    }
-    let mut constraint = None;
-    if let Some(choice) = choice {
-        let single =
-            optional::<bool>(choice, "disable_parallel_tool_use", "tool_choice.")? == Some(true);
-        if single {
-            constraint = Some(Constraint::OneToolCallAtMost);
+        if optional::<bool>(tool, "strict", &format!("tools[{i}]."))? == Some(true) {
+            strict.push(name.to_owned());
         }
+    }
+    // Unforced: calls held to at most one and to the strict tools' schemas when asked.
+    let single = match choice {
+        Some(choice) => {
+            optional::<bool>(choice, "disable_parallel_tool_use", "tool_choice.")? == Some(true)
+        }
+        None => false,
+    };
+    let mut constraint = (single || !strict.is_empty()).then(|| Constraint::OptionalTools {
+        strict: strict.clone(),
+        parallel: !single,
+    });
+    if let Some(choice) = choice {
         match choice.get("type").and_then(Value::as_str) {
             Some("auto") => {}
-            Some("none") => out.clear(),
+            Some("none") => {
+                out.clear();
+                constraint = None;
+            }
             Some("any") => constraint = Some(Constraint::AnyTool { parallel: !single }),
             Some("tool") => {
                 let name = choice.get("name").and_then(Value::as_str).unwrap_or("");

@@ -89,8 +89,10 @@ pub enum Constraint {
     AnyTool { parallel: bool },
     /// This tool must be called.
     Tool(String),
-    /// At most one tool call (`parallel_tool_calls: false`).
-    OneToolCallAtMost,
+    /// No call is forced, but an answer's calls are held to the grammar: at most one unless
+    /// `parallel` (`parallel_tool_calls: false`, `disable_parallel_tool_use`), and the
+    /// arguments of the tools named in `strict` valid against their schemas.
+    OptionalTools { strict: Vec<String>, parallel: bool },
     /// Valid JSON.
     Json,
     /// JSON valid against this schema.
@@ -100,8 +102,7 @@ pub enum Constraint {
 /// Puts a constraint named by `param` on `generation` as a grammar, compiled against the model
 /// when the generation starts (a bad schema is then a 400 naming `param`). `tools` are the
 /// tools the template sees (a forced call is one of them, its arguments valid against its
-/// schema). A second constraint, and `parallel_tool_calls: false` without a forced call (a
-/// limit the answer's parser would have to apply), are refused by name.
+/// schema). A second constraint is refused by name.
 pub fn apply_constraint(
     generation: &mut Generation,
     param: &str,
@@ -150,14 +151,19 @@ pub fn apply_constraint(
             Grammar::tool_calls(&specs, parallel)
                 .map_err(|e| ApiError::invalid(param, format!("{param}: {e}")))?
         }
-        Constraint::OneToolCallAtMost => {
-            return Err(ApiError::invalid(
-                param,
-                format!(
-                    "{param}: limiting an unforced answer to one tool call is not supported on \
-                     this endpoint (force a named tool instead)"
-                ),
-            ))
+        Constraint::OptionalTools { strict, parallel } => {
+            let specs: Vec<(ToolSpec, bool)> = specs(None)
+                .into_iter()
+                .map(|spec| {
+                    let strict = strict.contains(&spec.name);
+                    (spec, strict)
+                })
+                .collect();
+            if specs.is_empty() {
+                return Ok(());
+            }
+            Grammar::optional_tool_calls(&specs, parallel)
+                .map_err(|e| ApiError::invalid(param, format!("{param}: {e}")))?
         }
     };
     generation.grammar = Some((param.to_owned(), grammar));

@@ -121,23 +121,29 @@ pub fn parse(body: &Value, defaults: &SamplingParams) -> Result<ResponsesRequest
         _ => return refuse("input", "input must be a string or a list of items"),
     }
     let parallel = optional::<bool>(body, "parallel_tool_calls", "")? != Some(false);
-    let (tools, constraint) = tools(field("tools"), field("tool_choice"), parallel)?;
+    let (tools, constraint, strict) = tools(field("tools"), field("tool_choice"), parallel)?;
     generation.tools_off = field("tool_choice").and_then(Value::as_str) == Some("none");
     let forced = constraint.is_some();
     if let Some(constraint) = constraint {
         apply_constraint(&mut generation, "tool_choice", constraint, tools.as_ref())?;
     }
     // A forced choice already holds the answer to one call (or to parallel_tool_calls); with
-    // no tools there is nothing to limit; an unforced answer with tools cannot be held to one.
+    // no tools there is nothing to limit; an unforced answer is held to one call, and to the
+    // strict tools' schemas, by a grammar that leaves its text free.
     let has_tools = tools
         .as_ref()
         .and_then(Value::as_array)
         .is_some_and(|t| !t.is_empty());
-    if !parallel && !forced && has_tools {
+    if (!parallel || !strict.is_empty()) && !forced && has_tools {
+        let param = if strict.is_empty() {
+            "parallel_tool_calls"
+        } else {
+            "tools"
+        };
         apply_constraint(
             &mut generation,
-            "parallel_tool_calls",
-            Constraint::OneToolCallAtMost,
+            param,
+            Constraint::OptionalTools { strict, parallel },
             tools.as_ref(),
         )?;
     }
@@ -387,11 +393,13 @@ fn input_items(
 }
 
 /// The template's tools after `tool_choice`, and a forcing choice's constraint.
+#[allow(clippy::type_complexity)]
 fn tools(
     tools: Option<&Value>,
     choice: Option<&Value>,
     parallel: bool,
-) -> Result<(Option<Value>, Option<Constraint>), ApiError> {
+) -> Result<(Option<Value>, Option<Constraint>, Vec<String>), ApiError> {
+    let mut strict = Vec::new();
     let list = match tools {
         None => Vec::new(),
         Some(Value::Array(list)) => list.clone(),
@@ -418,6 +426,16 @@ fn tools(
             tool.get("description").and_then(Value::as_str),
             tool.get("parameters"),
         ));
+        match tool.get("strict") {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+            Some(Value::Bool(true)) => strict.push(name.to_owned()),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    format!("tools[{i}].strict"),
+                    "strict must be a boolean",
+                ))
+            }
+        }
     }
     let constraint = match choice {
         None => None,
@@ -441,7 +459,11 @@ fn tools(
             ))
         }
     };
-    Ok(((!out.is_empty()).then_some(Value::Array(out)), constraint))
+    Ok((
+        (!out.is_empty()).then_some(Value::Array(out)),
+        constraint,
+        strict,
+    ))
 }
 
 /// A reasoning output item.
@@ -569,8 +591,13 @@ mod tests {
                 "text.format.schema",
             ),
             (
-                json!({"input": "hi", "tools": tools, "parallel_tool_calls": false}),
-                "parallel_tool_calls",
+                json!({"input": "hi", "tools": [{"type": "function", "name": "f", "strict": "yes"}]}),
+                "tools[0].strict",
+            ),
+            (
+                json!({"input": "hi", "tools": [{"type": "function", "name": "f", "strict": true}],
+                       "text": {"format": {"type": "json_object"}}}),
+                "text.format",
             ),
         ] {
             assert_eq!(param(body.clone()), at, "{body}");
@@ -586,6 +613,30 @@ mod tests {
         match r.generation.grammar {
             Some((_, spindle_runtime::Grammar::Lark(g))) => assert!(g.starts_with("start: call\n")),
             other => panic!("a tool-call grammar, not {other:?}"),
+        }
+        // Unforced with tools: one call at most, and strict tools' arguments, by a grammar that
+        // leaves text free before the calls.
+        for (body, at, start) in [
+            (
+                json!({"input": "hi", "tools": tools, "parallel_tool_calls": false}),
+                "parallel_tool_calls",
+                "start: TOOL_FREE_TEXT? calls?\ncalls: call\n",
+            ),
+            (
+                json!({"input": "hi", "tools": [{"type": "function", "name": "f", "strict": true,
+                       "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}]}),
+                "tools",
+                "start: TOOL_FREE_TEXT? calls?\ncalls: call (",
+            ),
+        ] {
+            match parse_ok(body).generation.grammar {
+                Some((param, spindle_runtime::Grammar::Lark(g))) => {
+                    assert_eq!(param, at);
+                    assert!(g.starts_with(start), "{g}");
+                    assert_eq!(g.contains("%json"), at == "tools", "{g}");
+                }
+                other => panic!("an optional tool-call grammar, not {other:?}"),
+            }
         }
         // A strict schema closes its objects.
         let r = parse_ok(

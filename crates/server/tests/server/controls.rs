@@ -384,6 +384,58 @@ async fn tool_choice_required_and_named_force_valid_calls() {
     assert!(["get_weather", "get_time"].contains(&calls[0]["function"]["name"].as_str().unwrap()));
 }
 
+/// Strict tools under `tool_choice` "auto" (OpenAI's structured outputs for function calls): a
+/// call the model makes holds arguments its schema allows. The random model is pushed into a
+/// call by a logit bias on `<tool_call>`; a `strict` that is not a boolean is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_tools_hold_unforced_calls_to_their_schemas() {
+    let server = TestServer::start(|_| {}).await;
+    let (model, _) = crate::common::demo();
+    let open = model.tokenizer.token_to_id("<tool_call>").unwrap();
+    let mut tools = weather_tools();
+    for tool in tools.as_array_mut().unwrap() {
+        tool["function"]["strict"] = json!(true);
+    }
+    let mut bias = serde_json::Map::new();
+    bias.insert(open.to_string(), json!(100));
+    let body = json!({"messages": user("Weather in Paris?"), "tools": tools, "max_tokens": 150,
+                      "temperature": 0, "parallel_tool_calls": false, "logit_bias": bias});
+    let (status, answer) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let calls = answer["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a call: {answer}"));
+    assert_eq!(calls.len(), 1, "{answer}");
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    match calls[0]["function"]["name"].as_str().unwrap() {
+        "get_weather" => {
+            assert!(
+                args["city"]
+                    .as_str()
+                    .is_some_and(|c| c.chars().count() <= 12),
+                "{args}"
+            );
+            assert!(
+                args["days"].as_i64().is_some_and(|d| (1..=7).contains(&d)),
+                "{args}"
+            );
+        }
+        "get_time" => assert!(
+            args["zone"]
+                .as_str()
+                .is_some_and(|z| z.chars().count() <= 6),
+            "{args}"
+        ),
+        other => panic!("{other}"),
+    }
+    let mut bad = body.clone();
+    bad["tools"][0]["function"]["strict"] = json!("yes");
+    let (status, answer) = server.post("/v1/chat/completions", &bad).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.to_string().contains("strict"), "{answer}");
+}
+
 /// The greedy answer's token ids for `text`, from the model itself.
 fn greedy_ids(text: &str, max_tokens: usize) -> Vec<u32> {
     use spindle_server::spindle_runtime::{Flow, GenerateOptions, Prompt};
