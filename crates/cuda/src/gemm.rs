@@ -3,7 +3,7 @@
 
 use crate::device::{DevBuf, Device};
 use crate::error::Result;
-use crate::kernels::gemm::{GemmSimt, GemmTensor, GemmTensorSkinny};
+use crate::kernels::gemm::{GemmSimt, GemmTensor};
 use crate::kernels::{
     self, i, p, Launch, Ptr, TENSOR_GEMM_ROWS, TENSOR_GEMM_SCALE_GROUPS, TENSOR_GEMM_SKINNY_TOKENS,
     TENSOR_GEMM_STAGES, TENSOR_GEMM_TOKENS,
@@ -176,12 +176,12 @@ fn tensor_gemm_kernel(fmt: DevFormat) -> Result<GemmTensor> {
     })
 }
 
-fn skinny_gemm_kernel(fmt: DevFormat) -> Result<GemmTensorSkinny> {
+fn skinny_gemm_kernel(fmt: DevFormat) -> Result<GemmTensor> {
     Ok(match fmt {
-        DevFormat::Bf16 => GemmTensorSkinny::BF16,
-        DevFormat::Q8 => GemmTensorSkinny::Q8,
-        DevFormat::Q4 => GemmTensorSkinny::Q4,
-        DevFormat::Fp8 => GemmTensorSkinny::FP8,
+        DevFormat::Bf16 => GemmTensor::SKINNY_BF16,
+        DevFormat::Q8 => GemmTensor::SKINNY_Q8,
+        DevFormat::Q4 => GemmTensor::SKINNY_Q4,
+        DevFormat::Fp8 => GemmTensor::SKINNY_FP8,
         DevFormat::Q4K | DevFormat::Q5K | DevFormat::Q6K => return Err(ggml_only_decode(fmt)),
     })
 }
@@ -249,32 +249,27 @@ pub fn tensor_gemm(
         256,
         tensor_gemm_shared(w.fmt, tile) as u32,
     );
-    macro_rules! go {
-        ($kernel:expr) => {
-            $kernel.launch(
-                dev,
-                launch,
-                w.codes.arg(),
-                w.scales.arg(),
-                acts.a.arg(),
-                p(acts.aux.as_ref().map_or(0, DevBuf::ptr)),
-                y,
-                i(ldy),
-                i(accumulate as usize),
-                i(n),
-                i(w.cols),
-                i(m),
-                tiles,
-                order,
-                i(a_div),
-            )
-        };
-    }
-    match tile {
-        SKINNY_TILE => go!(skinny_gemm_kernel(w.fmt)?),
-        TENSOR_GEMM_TOKENS => go!(tensor_gemm_kernel(w.fmt)?),
-        _ => unreachable!("a tile of {tile} rows has no GEMM kernel"),
-    }
+    let kernel = match tile {
+        SKINNY_TILE => skinny_gemm_kernel(w.fmt)?,
+        _ => tensor_gemm_kernel(w.fmt)?,
+    };
+    kernel.launch(
+        dev,
+        launch,
+        w.codes.arg(),
+        w.scales.arg(),
+        acts.a.arg(),
+        p(acts.aux.as_ref().map_or(0, DevBuf::ptr)),
+        y,
+        i(ldy),
+        i(accumulate as usize),
+        i(n),
+        i(w.cols),
+        i(m),
+        tiles,
+        order,
+        i(a_div),
+    )
 }
 
 /// `y[t·ldy + r] (+)= Σ_c W[r, c]·x[t·ldx + c]` through the SIMT f32 GEMM (64×64 tiles).

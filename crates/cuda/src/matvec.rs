@@ -6,7 +6,6 @@
 use crate::device::{DevBuf, Device};
 use crate::error::{CudaError, Result};
 use crate::kernels::matvec::{DecodeMatvec, DecodeMatvecConv, Matvec};
-use crate::kernels::matvec_tc::DecodeMatvecTc;
 use crate::kernels::{i, Launch, Ptr, DECODE_CONV_WINDOW, MATVEC_MAX_TOKENS, TCD_TOKENS};
 use crate::matrix::{DevFormat, DevMatrix, DevPart, DeviceLayout};
 
@@ -217,14 +216,14 @@ pub(crate) fn tc_decode_kernel(
     fmt: DevFormat,
     cols: usize,
     tokens: usize,
-) -> Option<DecodeMatvecTc> {
+) -> Option<DecodeMatvec> {
     let min_rows = dev.tc_decode_rows();
     if min_rows == 0 || tokens < min_rows.max(TCD_TOKENS) || cols % 32 != 0 {
         return None;
     }
     let kernel = match fmt {
-        DevFormat::Q8 => DecodeMatvecTc::Q8,
-        DevFormat::Q4 => DecodeMatvecTc::Q4,
+        DevFormat::Q8 => DecodeMatvec::TC_Q8,
+        DevFormat::Q4 => DecodeMatvec::TC_Q4,
         _ => return None,
     };
     (tc_staged_bytes(cols) <= dev.shared_limit(kernel.name())).then_some(kernel)
@@ -242,7 +241,7 @@ fn tc_staged_bytes(cols: usize) -> usize {
 enum DecodeMatvecKernel {
     Plain(DecodeMatvec),
     /// The tensor-core variant of a plain kernel (same arguments, same bits).
-    Tensor(DecodeMatvecTc),
+    Tensor(DecodeMatvec),
     Conv {
         kernel: DecodeMatvecConv,
         state: Ptr<f32>,
@@ -255,8 +254,7 @@ enum DecodeMatvecKernel {
 impl DecodeMatvecKernel {
     fn name(self) -> &'static str {
         match self {
-            DecodeMatvecKernel::Plain(k) => k.name(),
-            DecodeMatvecKernel::Tensor(k) => k.name(),
+            DecodeMatvecKernel::Plain(k) | DecodeMatvecKernel::Tensor(k) => k.name(),
             DecodeMatvecKernel::Conv { kernel, .. } => kernel.name(),
         }
     }
@@ -350,28 +348,7 @@ fn decode_matvec_launch(
     let codes = part.codes.arg_at(first * rb);
     let scales = part.scales.arg_at(first * rs);
     match kernel {
-        DecodeMatvecKernel::Plain(k) => k.launch(
-            dev,
-            cfg,
-            codes,
-            scales,
-            i(outs),
-            i(part.cols),
-            input.x,
-            i(input.ldx),
-            i(tokens),
-            norm,
-            eps,
-            input.normed_out,
-            y,
-            i(ldy),
-            i(accumulate as usize),
-            i(pair),
-            gate,
-            i(ldg),
-            i(lpr),
-        ),
-        DecodeMatvecKernel::Tensor(k) => k.launch(
+        DecodeMatvecKernel::Plain(k) | DecodeMatvecKernel::Tensor(k) => k.launch(
             dev,
             cfg,
             codes,

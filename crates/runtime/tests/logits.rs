@@ -669,6 +669,27 @@ fn grammar_compiling_is_bounded() {
     }
 }
 
+/// Arguments the get_weather schemas of the tool-call tests allow: a city of at most 10
+/// characters, 1 to 5 days, a unit c or f if any.
+fn check_weather_args(args: &serde_json::Map<String, Value>) {
+    assert!(
+        args.get("city")
+            .and_then(Value::as_str)
+            .is_some_and(|c| c.chars().count() <= 10),
+        "{args:?}"
+    );
+    assert!(
+        args.get("days")
+            .and_then(Value::as_i64)
+            .is_some_and(|d| (1..=5).contains(&d)),
+        "{args:?}"
+    );
+    assert!(
+        args.get("unit").is_none_or(|u| u == "c" || u == "f"),
+        "{args:?}"
+    );
+}
+
 #[test]
 fn forced_tool_calls_parse_back_with_valid_arguments() {
     use spindle_runtime::ToolSpec;
@@ -721,19 +742,7 @@ fn forced_tool_calls_parse_back_with_valid_arguments() {
         for call in &parsed.tool_calls {
             let args = &call.arguments;
             match call.name.as_str() {
-                "get_weather" => {
-                    assert!(
-                        args["city"]
-                            .as_str()
-                            .is_some_and(|c| c.chars().count() <= 10),
-                        "{args:?}"
-                    );
-                    assert!(
-                        args["days"].as_i64().is_some_and(|d| (1..=5).contains(&d)),
-                        "{args:?}"
-                    );
-                    assert!(args.get("unit").is_none_or(|u| u == "c" || u == "f"));
-                }
+                "get_weather" => check_weather_args(args),
                 "noop" => assert!(args.is_empty()),
                 other => panic!("{other}"),
             }
@@ -790,18 +799,8 @@ fn optional_calls_of_strict_tools_follow_their_schemas() {
     assert_eq!(out.ids[0], open, "{:?}", out.text);
     let parsed = spindle_text::parse_output(&out.text, false);
     assert_eq!(parsed.tool_calls.len(), 1, "{:?}", out.text);
-    let args = &parsed.tool_calls[0].arguments;
     assert_eq!(parsed.tool_calls[0].name, "get_weather");
-    assert!(
-        args["city"]
-            .as_str()
-            .is_some_and(|c| c.chars().count() <= 10),
-        "{args:?}"
-    );
-    assert!(
-        args["days"].as_i64().is_some_and(|d| (1..=5).contains(&d)),
-        "{args:?}"
-    );
+    check_weather_args(&parsed.tool_calls[0].arguments);
     // Kept out of calls: plain text, which the grammar leaves free.
     let mut options = constrained(&model, &only_weather, 30);
     options.banned_ids = vec![open];

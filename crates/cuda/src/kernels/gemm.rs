@@ -46,35 +46,18 @@ kernels! {
         out: Ptr<u16>,
     );
     /// Tensor-core GEMM (`mma.sync`), dense or grouped by expert, on prepared activations:
-    /// tiles of `TENSOR_GEMM_TOKENS` tokens.
+    /// tiles of `TENSOR_GEMM_TOKENS` tokens, or (`SKINNY_*`) of `TENSOR_GEMM_SKINNY_TOKENS`
+    /// tokens (a few tokens, or experts that see a few tokens each), bit for bit the same
+    /// outputs.
     GemmTensor {
         BF16 = "gemm_tensor_bf16",
         Q8 = "gemm_tensor_q8",
         Q4 = "gemm_tensor_q4",
         FP8 = "gemm_tensor_fp8",
-    }
-    (
-        w: Ptr<u8>,
-        s: Ptr<u16>,
-        a: Ptr<u8>,
-        a_aux: Ptr<u8>,
-        y: Ptr<f32>,
-        ldy: i32,
-        accumulate: i32,
-        n: i32,
-        k_dim: i32,
-        m: i32,
-        tiles: Ptr<i32>,
-        order: Ptr<i32>,
-        a_div: i32,
-    );
-    /// The same GEMM on tiles of `TENSOR_GEMM_SKINNY_TOKENS` tokens (a few tokens, or experts
-    /// that see a few tokens each), bit for bit the same outputs.
-    GemmTensorSkinny {
-        BF16 = "gemm_tensor_skinny_bf16",
-        Q8 = "gemm_tensor_skinny_q8",
-        Q4 = "gemm_tensor_skinny_q4",
-        FP8 = "gemm_tensor_skinny_fp8",
+        SKINNY_BF16 = "gemm_tensor_skinny_bf16",
+        SKINNY_Q8 = "gemm_tensor_skinny_q8",
+        SKINNY_Q4 = "gemm_tensor_skinny_q4",
+        SKINNY_FP8 = "gemm_tensor_skinny_fp8",
     }
     (
         w: Ptr<u8>,
@@ -98,5 +81,4 @@ pub(crate) const DECLARED: &[&[super::KernelDecl]] = &[
     GemmTensorQuantizeActs::DECLS,
     GemmTensorSplitActsBf16::DECLS,
     GemmTensor::DECLS,
-    GemmTensorSkinny::DECLS,
 ];

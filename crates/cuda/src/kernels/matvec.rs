@@ -40,6 +40,11 @@ kernels! {
         Q5K_T8 = "decode_matvec_q5k_t8",
         Q6K_T1 = "decode_matvec_q6k_t1",
         Q6K_T8 = "decode_matvec_q6k_t8",
+        // Q8/Q4 for batched steps (`matvec_tc.cu`): the integer dot products on the tensor
+        // cores, every output the bits of the plain kernel's for that row alone; TCD_TOKENS
+        // tokens per row of blocks.
+        TC_Q8 = "decode_matvec_tc_q8",
+        TC_Q4 = "decode_matvec_tc_q4",
     }
     (
         w: Ptr<u8>,

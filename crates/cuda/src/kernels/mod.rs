@@ -179,7 +179,6 @@ pub mod gdn;
 pub mod gemm;
 pub mod ggml;
 pub mod matvec;
-pub mod matvec_tc;
 pub mod moe;
 pub mod norm;
 pub mod qwen4;
@@ -214,7 +213,6 @@ const SOURCES: &[&str] = &[
 const DECLARED: &[&[&[KernelDecl]]] = &[
     ggml::DECLARED,
     matvec::DECLARED,
-    matvec_tc::DECLARED,
     gemm::DECLARED,
     fp8::DECLARED,
     moe::DECLARED,

@@ -296,6 +296,37 @@ fn weather_tools() -> Value {
     ])
 }
 
+/// A call of one of [`weather_tools`] whose arguments its schema allows.
+fn check_weather_call(call: &Value) {
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    match call["function"]["name"].as_str().unwrap() {
+        "get_weather" => {
+            assert!(
+                args["city"]
+                    .as_str()
+                    .is_some_and(|c| c.chars().count() <= 12),
+                "{args}"
+            );
+            assert!(
+                args["days"].as_i64().is_some_and(|d| (1..=7).contains(&d)),
+                "{args}"
+            );
+            assert!(
+                args.get("unit").is_none_or(|u| u == "c" || u == "f"),
+                "{args}"
+            );
+        }
+        "get_time" => assert!(
+            args["zone"]
+                .as_str()
+                .is_some_and(|z| z.chars().count() <= 6),
+            "{args}"
+        ),
+        other => panic!("not a weather tool: {other}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_choice_required_and_named_force_valid_calls() {
     let server = TestServer::start(|_| {}).await;
@@ -343,31 +374,7 @@ async fn tool_choice_required_and_named_force_valid_calls() {
             };
             assert_eq!(calls.len(), 1, "{calls:?}");
             assert_eq!(calls[0]["function"]["name"], name);
-            let args: Value =
-                serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
-            if name == "get_weather" {
-                assert!(
-                    args["city"]
-                        .as_str()
-                        .is_some_and(|c| c.chars().count() <= 12),
-                    "{args}"
-                );
-                assert!(
-                    args["days"].as_i64().is_some_and(|d| (1..=7).contains(&d)),
-                    "{args}"
-                );
-                assert!(
-                    args.get("unit").is_none_or(|u| u == "c" || u == "f"),
-                    "{args}"
-                );
-            } else {
-                assert!(
-                    args["zone"]
-                        .as_str()
-                        .is_some_and(|z| z.chars().count() <= 6),
-                    "{args}"
-                );
-            }
+            check_weather_call(&calls[0]);
         }
     }
     let (status, answer) = server
@@ -406,29 +413,7 @@ async fn strict_tools_hold_unforced_calls_to_their_schemas() {
         .as_array()
         .unwrap_or_else(|| panic!("a call: {answer}"));
     assert_eq!(calls.len(), 1, "{answer}");
-    let args: Value =
-        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
-    match calls[0]["function"]["name"].as_str().unwrap() {
-        "get_weather" => {
-            assert!(
-                args["city"]
-                    .as_str()
-                    .is_some_and(|c| c.chars().count() <= 12),
-                "{args}"
-            );
-            assert!(
-                args["days"].as_i64().is_some_and(|d| (1..=7).contains(&d)),
-                "{args}"
-            );
-        }
-        "get_time" => assert!(
-            args["zone"]
-                .as_str()
-                .is_some_and(|z| z.chars().count() <= 6),
-            "{args}"
-        ),
-        other => panic!("{other}"),
-    }
+    check_weather_call(&calls[0]);
     let mut bad = body.clone();
     bad["tools"][0]["function"]["strict"] = json!("yes");
     let (status, answer) = server.post("/v1/chat/completions", &bad).await;
