@@ -5,6 +5,7 @@
 # tests: the GPU tests TESTS (default prefix sampling batch fixtures masks), logs in $OUT;
 # formats: GGUF (bf16 against the fixture's reference, Q8_0 against its dequantized copy) and
 #   block FP8 (against its dequantized copy) through `spindle logits --device cuda`;
+# SERVE_ENV: environment for the servers (e.g. SPINDLE_CUDA_SKINNY_GEMM=1 for an A/B).
 # prefix: `spindle serve` on the 35B-A3B shape (LAYERS, default 40, experts zero) at q4 with
 #   the prefix cache, then tools/prefix_cache_bench.py ttft (PREFIX_WORDS, default 3980) and
 #   agent (PREFIX_ARGS: more serve options, e.g. --prefix-cache-interval N); the same ttft
@@ -57,7 +58,7 @@ prepare_model() {
 }
 serve() {  # serve PORT EXTRA...: starts a server in the background, waits for /health
   local port=$1; shift
-  RUST_LOG=${SERVE_LOG:-warn} "$exe" serve --model "$model" --device cuda --quant q4 --parallel 16 --port $port "$@" > "$OUT/serve-$port.log" 2>&1 &
+  env ${SERVE_ENV:-} RUST_LOG=${SERVE_LOG:-warn} "$exe" serve --model "$model" --device cuda --quant q4 --parallel 16 --port $port "$@" > "$OUT/serve-$port.log" 2>&1 &
   for _ in $(seq 1 360); do curl -sf http://127.0.0.1:$port/health > /dev/null && return; sleep 0.5; done
   echo "server on $port did not start"; tail -5 "$OUT/serve-$port.log"
 }
