@@ -1,0 +1,5 @@
+#![allow(dead_code)]
+//! Helpers shared by the mutation tests.
+
+pub mod gguf_map;
+pub mod mutate;

@@ -1,0 +1,243 @@
+//! GGUF files damaged field by field (counts, lengths, types, dimensions, offsets, metadata
+//! values, UTF-8), cut at many lengths and with random bytes replaced: each is refused naming
+//! the file, never a panic, never an allocation beyond what the file could hold
+//! (`common/mutate.rs`).
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::gguf_map::{GgufMap, N_KV_AT, N_TENSORS_AT};
+use common::mutate::{self, flips, put_u32, put_u64, run_cases, truncations, Case, XorShift};
+use spindle_model::{gguf, weights, Checkpoint, ModelConfig};
+use spindle_testkit::fixtures;
+
+#[global_allocator]
+static ALLOC: mutate::Bounded = mutate::Bounded;
+
+const Q8: &str = "qwen3_5_moe_fused.q8_0.gguf";
+
+/// Everything spindle reads from a GGUF model: config, tensors, the weight tree, tokenizer.
+fn load_gguf(path: &Path) -> Result<(), String> {
+    let err = |e: spindle_model::ModelError| e.to_string();
+    let config = ModelConfig::from_dir(path).map_err(err)?;
+    let checkpoint = Checkpoint::open(path).map_err(err)?;
+    weights::load(&checkpoint, &config).map_err(err)?;
+    gguf::open_tokenizer_json(path).map_err(err)?;
+    gguf::describe(path).map_err(err)?;
+    Ok(())
+}
+
+fn edited(bytes: &[u8], edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = bytes.to_vec();
+    edit(&mut out);
+    out
+}
+
+/// Cases that damage one named header field each.
+fn field_cases(b: &[u8], m: &GgufMap) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut refused = |label: String, edit: &dyn Fn(&mut Vec<u8>)| {
+        cases.push(Case::refused(label, edited(b, edit)));
+    };
+    refused("magic GGUX".into(), &|b| b[3] = b'X');
+    for v in [0u32, 1, 4, u32::MAX] {
+        refused(format!("version {v}"), &|b| put_u32(b, 4, v));
+    }
+    let n_tensors = m.tensors.len() as u64;
+    for n in [0, n_tensors - 1, n_tensors + 1, 1 << 24, u64::MAX] {
+        refused(format!("tensor count {n}"), &|b| {
+            put_u64(b, N_TENSORS_AT, n)
+        });
+    }
+    let n_kv = m.kvs.len() as u64;
+    for n in [n_kv - 1, n_kv + 1, 1 << 24, u64::MAX] {
+        refused(format!("metadata count {n}"), &|b| put_u64(b, N_KV_AT, n));
+    }
+    let first = &m.kvs[0];
+    for n in [first.key.len() as u64 + 1, 1 << 40, u64::MAX] {
+        refused(format!("first key length {n}"), &|b| {
+            put_u64(b, first.key_len_at, n)
+        });
+    }
+    refused("first key not UTF-8".into(), &|b| {
+        b[first.key_len_at + 8] = 0xff
+    });
+    // general.architecture's value (a string).
+    let arch = m.kv("general.architecture");
+    refused("architecture not UTF-8".into(), &|b| {
+        b[arch.value_at + 9] = 0xc3
+    });
+    for n in [u64::MAX, 1 << 40] {
+        refused(format!("architecture length {n}"), &|b| {
+            put_u64(b, arch.value_at, n)
+        });
+    }
+    for ty in [13u32, 255, u32::MAX] {
+        refused(format!("metadata type {ty}"), &|b| {
+            put_u32(b, arch.ty_at, ty)
+        });
+    }
+    let array = m.kv("attention.recurrent_layers");
+    for ty in [9u32, 13, 8] {
+        refused(format!("recurrent_layers elements of type {ty}"), &|b| {
+            put_u32(b, array.value_at, ty)
+        });
+    }
+    for n in [0u64, 3, 5, 1 << 24, u64::MAX] {
+        refused(format!("recurrent_layers length {n}"), &|b| {
+            put_u64(b, array.value_at + 4, n)
+        });
+    }
+    refused("recurrent_layers bool 2".into(), &|b| {
+        b[array.value_at + 12] = 2
+    });
+    // Tensor infos: the first (Q8_0 output), one F32 norm and the last.
+    let picks = [0, 2, m.tensors.len() - 1];
+    for &i in &picks {
+        let t = &m.tensors[i];
+        let name = &t.name;
+        for n in [u64::MAX, 1 << 40, t.name.len() as u64 + 1] {
+            refused(format!("tensor {name} name length {n}"), &|b| {
+                put_u64(b, t.name_len_at, n)
+            });
+        }
+        refused(format!("tensor {name} name not UTF-8"), &|b| {
+            b[t.name_len_at + 8] = 0xfe
+        });
+        for n in [0u32, 5, u32::MAX] {
+            refused(format!("tensor {name} n_dims {n}"), &|b| {
+                put_u32(b, t.n_dims_at, n)
+            });
+        }
+        for d in [0u64, 2 * t.dims[0], 1 << 40, (1 << 40) + 1, u64::MAX] {
+            refused(format!("tensor {name} ne[0] {d}"), &|b| {
+                put_u64(b, t.dims_at[0], d)
+            });
+        }
+        let last = *t.dims_at.last().unwrap();
+        refused(format!("tensor {name} last dim doubled"), &|b| {
+            put_u64(b, last, 2 * t.dims.last().unwrap())
+        });
+        for ty in [99u32, 6, 1, 30, u32::MAX] {
+            refused(format!("tensor {name} type {ty}"), &|b| {
+                put_u32(b, t.ty_at, ty)
+            });
+        }
+        for off in [1u64, 32 * 1024 * 1024, u64::MAX - 31, u64::MAX] {
+            refused(format!("tensor {name} offset {off}"), &|b| {
+                put_u64(b, t.offset_at, off)
+            });
+        }
+    }
+    // Dimensions whose product overflows u64, with each dimension in range: a 4-d tensor.
+    let t = &m.tensors[0];
+    refused("tensor output.weight as 4-d 2^40 each".into(), &|b| {
+        let mut out = b[..t.n_dims_at].to_vec();
+        out.extend(4u32.to_le_bytes());
+        for _ in 0..4 {
+            out.extend((1u64 << 40).to_le_bytes());
+        }
+        out.extend(&b[t.ty_at..]);
+        *b = out;
+    });
+    // Two tensors of one name: blk.1's attn_norm renamed to blk.0's.
+    let twin = m
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.1.attn_norm.weight")
+        .unwrap();
+    refused("two tensors named blk.0.attn_norm.weight".into(), &|b| {
+        b[twin.name_len_at + 8 + 4] = b'0'
+    });
+    cases
+}
+
+/// Cases that set one metadata value: sizes to 0 or beyond any model, floats to NaN / ±inf.
+fn metadata_cases(b: &[u8], m: &GgufMap) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for kv in &m.kvs {
+        match kv.ty {
+            4 => {
+                for v in [0u32, 1 << 31, u32::MAX] {
+                    cases.push(Case::either(
+                        format!("{} = {v}", kv.key),
+                        edited(b, |b| put_u32(b, kv.value_at, v)),
+                    ));
+                }
+            }
+            6 => {
+                for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1.0, 0.0] {
+                    cases.push(Case::either(
+                        format!("{} = {v}", kv.key),
+                        edited(b, |b| put_u32(b, kv.value_at, v.to_bits())),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    cases
+}
+
+#[test]
+fn damaged_gguf_files_are_refused_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(Q8);
+    let pristine = fs::read(fixtures().join("gguf").join(Q8)).unwrap();
+    let map = GgufMap::of(&pristine);
+    let mut rng = XorShift(0x5eed_6675_6600_0001);
+    let mut cases = Vec::new();
+    cases.extend(truncations("Q8", &pristine, 0..map.header_end, 60));
+    cases.extend(truncations(
+        "Q8",
+        &pristine,
+        map.header_end..pristine.len(),
+        15,
+    ));
+    cases.extend(field_cases(&pristine, &map));
+    cases.extend(metadata_cases(&pristine, &map));
+    cases.extend(flips("Q8", &pristine, 0..map.header_end, 150, &mut rng));
+    run_cases("GGUF Q8_0", cases, &[Q8], |bytes| {
+        fs::write(&path, bytes).unwrap();
+        load_gguf(&path)
+    });
+}
+
+#[test]
+fn a_damaged_part_of_a_split_set_is_refused_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let parts: Vec<String> = (1..=3)
+        .map(|i| format!("qwen3_5_dense.bf16-0000{i}-of-00003.gguf"))
+        .collect();
+    for part in &parts {
+        fs::copy(fixtures().join("gguf").join(part), tmp.path().join(part)).unwrap();
+    }
+    let second = tmp.path().join(&parts[1]);
+    let pristine = fs::read(&second).unwrap();
+    let map = GgufMap::of(&pristine);
+    let mut rng = XorShift(0x5eed_6675_6600_0002);
+    let mut cases = truncations("part 2", &pristine, 0..pristine.len(), 30);
+    for key in ["split.no", "split.count"] {
+        let kv = map.kv(key);
+        for v in [0u64, 2, 3, u64::MAX] {
+            let v = if kv.ty == 2 { v & 0xffff } else { v };
+            let bytes = edited(&pristine, |b| match kv.ty {
+                2 => b[kv.value_at..kv.value_at + 2].copy_from_slice(&(v as u16).to_le_bytes()),
+                4 => put_u32(b, kv.value_at, v as u32),
+                _ => put_u64(b, kv.value_at, v),
+            });
+            let expect_ok = (key == "split.no" && v == 1) || (key == "split.count" && v == 3);
+            if !expect_ok {
+                cases.push(Case::refused(format!("part 2 {key} = {v}"), bytes));
+            }
+        }
+    }
+    cases.extend(flips("part 2", &pristine, 0..map.header_end, 40, &mut rng));
+    let first = tmp.path().join(&parts[0]);
+    run_cases("GGUF split set", cases, &[parts[1].as_str()], |bytes| {
+        fs::write(&second, bytes).unwrap();
+        load_gguf(&first)
+    });
+}
