@@ -3,18 +3,16 @@
 //! headers with overflowing shapes, offsets past the end, unknown dtypes and absurd lengths;
 //! block-FP8 scales that are NaN, infinite, zero or negative. Each is refused naming the file
 //! or field, never a panic, never an allocation beyond what the file could hold
-//! (`common/mutate.rs`).
-
-mod common;
+//! (`spindle_testkit::mutate`).
 
 use std::fs;
 use std::path::Path;
 
-use common::mutate::{self, run_cases, Case};
 use serde_json::{json, Value};
 use spindle_model::fp8::make::write_fp8_pair;
 use spindle_model::{weights, Checkpoint, ModelConfig};
 use spindle_testkit::copy_fixture;
+use spindle_testkit::mutate::{self, run_cases, Case};
 
 #[global_allocator]
 static ALLOC: mutate::Bounded = mutate::Bounded;

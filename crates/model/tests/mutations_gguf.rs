@@ -1,7 +1,7 @@
 //! GGUF files damaged field by field (counts, lengths, types, dimensions, offsets, metadata
 //! values, UTF-8), cut at many lengths and with random bytes replaced: each is refused naming
 //! the file, never a panic, never an allocation beyond what the file could hold
-//! (`common/mutate.rs`).
+//! (`spindle_testkit::mutate`).
 
 mod common;
 
@@ -9,9 +9,11 @@ use std::fs;
 use std::path::Path;
 
 use common::gguf_map::{GgufMap, N_KV_AT, N_TENSORS_AT};
-use common::mutate::{self, flips, put_u32, put_u64, run_cases, truncations, Case, XorShift};
 use spindle_model::{gguf, weights, Checkpoint, ModelConfig};
 use spindle_testkit::fixtures;
+use spindle_testkit::mutate::{
+    self, flips, put_u32, put_u64, run_cases, truncations, Case, XorShift,
+};
 
 #[global_allocator]
 static ALLOC: mutate::Bounded = mutate::Bounded;

@@ -2,4 +2,3 @@
 //! Helpers shared by the mutation tests.
 
 pub mod gguf_map;
-pub mod mutate;
