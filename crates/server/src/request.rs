@@ -645,6 +645,10 @@ impl RawChat {
                     "a function needs a name",
                 ));
             }
+            tool_schema(
+                tool.function.parameters.as_ref(),
+                &format!("tools[{i}].function.parameters"),
+            )?;
         }
         let as_json = |tools: &[&RawTool]| {
             Value::Array(tools.iter().map(|t| tool_json(t)).collect::<Vec<_>>())
@@ -698,6 +702,30 @@ impl RawChat {
             }
         };
         Ok(((!chosen.is_empty()).then(|| as_json(&chosen)), grammar))
+    }
+}
+
+/// A tool's parameter schema, which must be a JSON Schema object (absent or null: none);
+/// `param` names the field in messages.
+pub fn tool_schema<'a>(
+    schema: Option<&'a Value>,
+    param: &str,
+) -> Result<Option<&'a Value>, ApiError> {
+    match schema {
+        None | Some(Value::Null) => Ok(None),
+        Some(s @ Value::Object(_)) => Ok(Some(s)),
+        Some(other) => {
+            let kind = match other {
+                Value::Bool(_) => "a boolean",
+                Value::Number(_) => "a number",
+                Value::String(_) => "a string",
+                _ => "an array",
+            };
+            Err(ApiError::invalid(
+                param,
+                format!("{param} must be a JSON Schema object, not {kind}"),
+            ))
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use spindle_text::{ParsedOutput, ToolCall};
 
 use super::{
     apply_constraint, arguments_object, effort_thinks, generation, optional, set_thinking,
-    template_tool, template_tool_call, text_of, Constraint, Fields,
+    template_tool, template_tool_call, text_of, tool_schema, Constraint, Fields,
 };
 use crate::error::ApiError;
 use crate::images::{self, Content, RequestImage};
@@ -413,10 +413,11 @@ fn tools(
         let name = name.ok_or_else(|| {
             ApiError::invalid(format!("tools[{i}].name"), "a function needs a name")
         })?;
+        let schema = tool_schema(tool.get("parameters"), &format!("tools[{i}].parameters"))?;
         out.push(template_tool(
             name,
             tool.get("description").and_then(Value::as_str),
-            tool.get("parameters"),
+            schema,
         ));
     }
     let constraint = match choice {
