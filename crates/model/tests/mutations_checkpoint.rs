@@ -308,3 +308,62 @@ fn hostile_fp8_scales_and_quantization_configs_are_refused() {
         },
     );
 }
+
+#[test]
+fn hostile_shard_indexes_are_refused_naming_the_index() {
+    let dir = copy_fixture("qwen3_5_moe");
+    let index = dir.path().join("model.safetensors.index.json");
+    let pristine = fs::read_to_string(&index).unwrap();
+    // The top level, the weight map itself and a few of its entries (every entry would be
+    // a thousand cases of the same code).
+    let keep = |label: &str| {
+        let pointer = label.split(' ').nth(1).unwrap_or("");
+        pointer.matches('/').count() < 2
+            || pointer.ends_with("/lm_head.weight")
+            || pointer.ends_with("/model.language_model.norm.weight")
+            || pointer.ends_with("/model.language_model.layers.3.mlp.gate.weight")
+    };
+    let mut cases: Vec<Case> = json_cases("index.json", &pristine)
+        .into_iter()
+        .filter(|(label, _)| keep(label))
+        .map(|(label, text)| Case::either(label, text.into_bytes()))
+        .collect();
+    let doc: Value = serde_json::from_str(&pristine).unwrap();
+    for shard in [
+        "../model-00001-of-00004.safetensors",
+        "/etc/passwd",
+        "model-00009-of-00004.safetensors",
+        "",
+        "config.json",
+        "model.safetensors.index.json",
+    ] {
+        let mut d = doc.clone();
+        d["weight_map"]["lm_head.weight"] = json!(shard);
+        cases.push(Case::refused(
+            format!("lm_head.weight in shard {shard:?}"),
+            d.to_string().into_bytes(),
+        ));
+    }
+    let mut d = doc.clone();
+    d["weight_map"]["model.language_model.no_such.weight"] =
+        json!("model-00001-of-00004.safetensors");
+    cases.push(Case::refused(
+        "a tensor no shard holds",
+        d.to_string().into_bytes(),
+    ));
+    run_cases(
+        "shard index",
+        cases,
+        &[
+            "model.safetensors.index.json",
+            "model-0000",
+            "not found in the checkpoint",
+            // A shard that is another file of the checkpoint.
+            "config.json: not a valid safetensors file",
+        ],
+        |bytes| {
+            fs::write(&index, bytes).unwrap();
+            load_dir(dir.path())
+        },
+    );
+}
