@@ -53,11 +53,15 @@ impl Tokenizer {
     /// `path` names its origin in messages.
     pub fn from_json_bytes(bytes: &[u8], path: impl AsRef<Path>) -> Result<Self, TextError> {
         let path = path.as_ref().to_path_buf();
-        let inner =
-            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TextError::TokenizerLoad {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
+        let refused = |message: String| TextError::TokenizerLoad {
+            path: path.clone(),
+            message,
+        };
+        // The `tokenizers` library panics on some malformed JSON (a document cut short inside
+        // a pre-tokenizer): the syntax is checked first.
+        serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+            .map_err(|e| refused(format!("not valid JSON: {e}")))?;
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| refused(e.to_string()))?;
         let mut special_ids: Vec<u32> = inner
             .get_added_tokens_decoder()
             .into_iter()
