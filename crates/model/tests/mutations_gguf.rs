@@ -243,3 +243,118 @@ fn a_damaged_part_of_a_split_set_is_refused_naming_it() {
         load_gguf(&first)
     });
 }
+
+/// GPT-2's byte-to-character table: the spelling of each byte token.
+fn byte_tokens() -> Vec<String> {
+    let mut bytes: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xa1..=0xac)
+        .chain(0xae..=0xff)
+        .collect();
+    let mut chars = bytes.clone();
+    let mut n = 0;
+    for b in 0..256 {
+        if !bytes.contains(&b) {
+            bytes.push(b);
+            chars.push(256 + n);
+            n += 1;
+        }
+    }
+    let mut table = vec![String::new(); 256];
+    for (b, c) in bytes.iter().zip(&chars) {
+        table[*b as usize] = char::from_u32(*c).unwrap().to_string();
+    }
+    table
+}
+
+#[test]
+fn hostile_tokenizer_metadata_is_refused_by_key_or_harmless() {
+    use spindle_model::gguf::file::{GgufFile, Value};
+    use spindle_model::gguf::write::{write, TensorOut};
+    let src = GgufFile::open(&fixtures().join("gguf").join(Q8)).unwrap();
+    let s = |t: &str| Value::Str(t.to_owned());
+    let mut tokens: Vec<Value> = byte_tokens().iter().map(|t| s(t)).collect();
+    tokens.extend(["he", "ll", "hell", "<|im_start|>", "<|im_end|>"].map(s));
+    let mut types = vec![Value::I64(1); tokens.len()];
+    types[259] = Value::I64(3);
+    types[260] = Value::I64(3);
+    let tokenizer: Vec<(String, Value)> = vec![
+        ("tokenizer.ggml.model".into(), s("gpt2")),
+        ("tokenizer.ggml.pre".into(), s("qwen35")),
+        ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
+        ("tokenizer.ggml.token_type".into(), Value::Array(types)),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(["h e", "l l", "he ll"].map(s).to_vec()),
+        ),
+        ("tokenizer.chat_template".into(), s("{{ messages }}")),
+    ];
+    let tensors: Vec<TensorOut> = src
+        .tensors
+        .iter()
+        .map(|t| TensorOut {
+            name: &t.name,
+            ty: t.ty,
+            ne: t.ne.clone(),
+            bytes: src.bytes(t),
+        })
+        .collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(Q8);
+    let encode = |extra: &[(String, Value)]| {
+        let mut metadata = src.metadata.clone();
+        metadata.extend(extra.iter().cloned());
+        write(&path, &metadata, &tensors).unwrap();
+        fs::read(&path).unwrap()
+    };
+    let pristine = encode(&tokenizer);
+    fs::write(&path, &pristine).unwrap();
+    assert!(gguf::open_tokenizer_json(&path).unwrap().is_some());
+    assert_eq!(
+        gguf::open_chat_template(&path).unwrap().as_deref(),
+        Some("{{ messages }}")
+    );
+    let hostile = [
+        Value::U64(u64::MAX),
+        Value::I64(-1),
+        Value::F64(f64::NAN),
+        Value::Bool(true),
+        s("x"),
+        s(&"long ".repeat(10_000)),
+        Value::Array(vec![]),
+        Value::Array(vec![Value::U64(1); 3]),
+        Value::Array(vec![s("a b"); 3]),
+        Value::Array(vec![Value::I64(99); 261]),
+    ];
+    let mut cases = Vec::new();
+    for i in 0..tokenizer.len() {
+        let key = &tokenizer[i].0;
+        for value in &hostile {
+            let mut meta = tokenizer.clone();
+            meta[i].1 = value.clone();
+            // A chat template that is not a string would silently be no template.
+            let label = format!("{key} = {value:?}");
+            cases.push(match (key.as_str(), value) {
+                ("tokenizer.chat_template", Value::Str(_)) => Case::either(label, encode(&meta)),
+                ("tokenizer.chat_template", _) => Case::refused(label, encode(&meta)),
+                // Types outside llama.cpp's seven.
+                ("tokenizer.ggml.token_type", _) => Case::refused(label, encode(&meta)),
+                _ => Case::either(label, encode(&meta)),
+            });
+        }
+        let mut meta = tokenizer.clone();
+        meta.remove(i);
+        let label = format!("{key} removed");
+        cases.push(match key.as_str() {
+            // Tokens of an unknown kind would silently be no tokenizer.
+            "tokenizer.ggml.model" => Case::refused(label, encode(&meta)),
+            _ => Case::either(label, encode(&meta)),
+        });
+    }
+    run_cases("GGUF tokenizer metadata", cases, &[Q8], |bytes| {
+        fs::write(&path, bytes).unwrap();
+        let err = |e: spindle_model::ModelError| e.to_string();
+        gguf::open_tokenizer_json(&path).map_err(err)?;
+        gguf::open_chat_template(&path).map_err(err)?;
+        load_gguf(&path)
+    });
+}

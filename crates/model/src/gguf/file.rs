@@ -12,7 +12,7 @@ use crate::error::{ModelError, Result};
 use crate::quant::ggml::GgmlType;
 
 /// One metadata value.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub enum Value {
     U64(u64),
     I64(i64),
@@ -20,6 +20,30 @@ pub enum Value {
     Bool(bool),
     Str(String),
     Array(Vec<Value>),
+}
+
+/// As derived, but a long string or array is cut (with its length), so a message quoting a
+/// value (a token list given where a number belongs) stays a line.
+impl std::fmt::Debug for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const CHARS: usize = 64;
+        const ENTRIES: usize = 8;
+        match self {
+            Value::U64(n) => write!(f, "U64({n})"),
+            Value::I64(n) => write!(f, "I64({n})"),
+            Value::F64(x) => write!(f, "F64({x:?})"),
+            Value::Bool(b) => write!(f, "Bool({b})"),
+            Value::Str(s) if s.chars().count() > CHARS => {
+                let head: String = s.chars().take(CHARS).collect();
+                write!(f, "Str({head:?}… ({} bytes))", s.len())
+            }
+            Value::Str(s) => write!(f, "Str({s:?})"),
+            Value::Array(a) if a.len() > ENTRIES => {
+                write!(f, "Array({:?}… ({} entries))", &a[..ENTRIES], a.len())
+            }
+            Value::Array(a) => write!(f, "Array({a:?})"),
+        }
+    }
 }
 
 impl Value {
