@@ -2,7 +2,8 @@
 //! `catch_unwind`, every panic, every case that should have been refused but loaded, and every
 //! refusal that does not name the file reported together at the end; a global allocator
 //! refuses (and names the case of) any single allocation over [`ALLOC_LIMIT`], far more than
-//! any fixture could need.
+//! any fixture could need. `MUTATE_TRACE=1` names each case before it runs (for a case that
+//! aborts the process, as a stack overflow does).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -123,8 +124,14 @@ pub fn run_cases(
     let mut loaded = Vec::new();
     let mut refused = 0;
     let total = cases.len();
+    // A case that aborts the process (a stack overflow) cannot be reported after the fact:
+    // MUTATE_TRACE=1 (with --nocapture) names each case before it runs.
+    let trace = std::env::var_os("MUTATE_TRACE").is_some();
     for case in cases {
         *CURRENT.lock().unwrap() = format!("{what}: {}", case.label);
+        if trace {
+            eprintln!("mutation harness: running {what}: {}", case.label);
+        }
         let outcome = catch_unwind(AssertUnwindSafe(|| load(&case.bytes)));
         match outcome {
             Err(payload) => {

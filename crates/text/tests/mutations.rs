@@ -178,3 +178,96 @@ fn damaged_tokenizer_json_is_refused_or_harmless() {
         use_tokenizer,
     );
 }
+
+/// The fixture chat template cut at many lengths and with bytes replaced, and templates built
+/// to exhaust the parser (deep nesting) or the renderer (unbounded recursion): each is refused
+/// (a syntax error, a render error naming the budget) or renders; none panics or overflows the
+/// stack.
+#[test]
+fn damaged_and_hostile_chat_templates_are_refused_or_harmless() {
+    use spindle_text::ChatTemplate;
+    let path = spindle_testkit::fixtures().join("chat/qwen3_6_chat_template.jinja");
+    let source = std::fs::read(&path).unwrap();
+    let mut rng = XorShift(0x5eed_0000_0000_0005);
+    let mut cases = truncations("template", &source, 0..source.len(), 60);
+    // Cut inside the final newline or a closing tag, a template may still be whole.
+    for case in &mut cases {
+        case.expect = mutate::Expect::Either;
+    }
+    cases.extend(flips("template", &source, 0..source.len(), 60, &mut rng));
+    // 20000 levels parse (on the parser's own stack); 100000 are refused by the tag's size.
+    let deep = 20_000;
+    for n in [deep, 100_000] {
+        let expect = match n {
+            20_000 => mutate::Expect::Either,
+            _ => mutate::Expect::Refused,
+        };
+        for (label, text) in [
+            ("unary minus", format!("{{{{ {}1 }}}}", "- ".repeat(n))),
+            (
+                "not",
+                format!("{{% if {}x %}}y{{% endif %}}", "not ".repeat(n)),
+            ),
+            ("additions", format!("{{{{ 1{} }}}}", " + 1".repeat(n))),
+            (
+                "attributes",
+                format!("{{{{ messages{} }}}}", ".a".repeat(n)),
+            ),
+            ("filters", format!("{{{{ 'a'{} }}}}", "|upper".repeat(n))),
+            (
+                "inline ifs",
+                format!("{{{{ 1{} }}}}", " if x else 1".repeat(n)),
+            ),
+        ] {
+            cases.push(Case {
+                label: format!("{label} {n} deep"),
+                bytes: text.into_bytes(),
+                expect,
+            });
+        }
+    }
+    for (label, text) in [
+        (
+            "ifs 20000 deep",
+            "{% if true %}".repeat(deep) + &"{% endif %}".repeat(deep),
+        ),
+        (
+            "parentheses 20000 deep",
+            format!("{{{{ {}1{} }}}}", "(".repeat(deep), ")".repeat(deep)),
+        ),
+        (
+            "a list 20000 deep",
+            format!("{{{{ {}{} }}}}", "[".repeat(deep), "]".repeat(deep)),
+        ),
+        (
+            "a macro calling itself",
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}".to_string(),
+        ),
+        (
+            "a recursive loop over the messages",
+            "{% for m in messages recursive %}{{ loop([m]) }}{% endfor %}".to_string(),
+        ),
+        ("an unclosed block", "{% for m in messages %}".to_string()),
+        ("bytes that are not UTF-8", "\u{fffd}".to_string()),
+    ] {
+        cases.push(Case::either(label, text.into_bytes()));
+    }
+    cases.push(Case::either(
+        "not UTF-8",
+        vec![b'{', b'{', 0xff, b'}', b'}'],
+    ));
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    run_cases(
+        "chat templates",
+        cases,
+        &["template", "default", "budget", "UTF-8", "bytes of code"],
+        |bytes| {
+            let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+            let template = ChatTemplate::from_source(text).map_err(|e| e.to_string())?;
+            template
+                .render(&messages, None, true, &serde_json::Map::new())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    );
+}
