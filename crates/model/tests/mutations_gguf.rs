@@ -156,12 +156,35 @@ fn field_cases(b: &[u8], m: &GgufMap) -> Vec<Case> {
     cases
 }
 
-/// Cases that set one metadata value: sizes to 0 or beyond any model, floats to NaN / ±inf.
+/// Cases that set one metadata value: sizes to 0 or beyond any model, floats to NaN / ±inf,
+/// the entries of integer arrays to 0 and u32::MAX.
 fn metadata_cases(b: &[u8], m: &GgufMap) -> Vec<Case> {
     let mut cases = Vec::new();
     for kv in &m.kvs {
+        let array_of = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
         match kv.ty {
-            4 => {
+            9 if array_of(kv.value_at) == 4 || array_of(kv.value_at) == 5 => {
+                let n =
+                    u64::from_le_bytes(b[kv.value_at + 4..kv.value_at + 12].try_into().unwrap());
+                for i in [0, n.saturating_sub(1)] {
+                    for v in [0u32, u32::MAX] {
+                        let at = kv.value_at + 12 + 4 * i as usize;
+                        cases.push(Case::either(
+                            format!("{}[{i}] = {v}", kv.key),
+                            edited(b, |b| put_u32(b, at, v)),
+                        ));
+                    }
+                }
+            }
+            10 | 11 => {
+                for v in [0u64, 1 << 40, u64::MAX] {
+                    cases.push(Case::either(
+                        format!("{} = {v}", kv.key),
+                        edited(b, |b| put_u64(b, kv.value_at, v)),
+                    ));
+                }
+            }
+            4 | 5 => {
                 for v in [0u32, 1 << 31, u32::MAX] {
                     cases.push(Case::either(
                         format!("{} = {v}", kv.key),
@@ -355,6 +378,28 @@ fn hostile_tokenizer_metadata_is_refused_by_key_or_harmless() {
         let err = |e: spindle_model::ModelError| e.to_string();
         gguf::open_tokenizer_json(&path).map_err(err)?;
         gguf::open_chat_template(&path).map_err(err)?;
+        load_gguf(&path)
+    });
+}
+
+#[test]
+fn qwen4_exp_metadata_given_hostile_values_is_refused_or_harmless() {
+    const QWEN4: &str = "qwen4_exp.bf16.gguf";
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(QWEN4);
+    let pristine = fs::read(fixtures().join("gguf").join(QWEN4)).unwrap();
+    let map = GgufMap::of(&pristine);
+    let mut rng = XorShift(0x5eed_6675_6600_0003);
+    let mut cases = metadata_cases(&pristine, &map);
+    cases.extend(flips(
+        "qwen4_exp",
+        &pristine,
+        0..map.header_end,
+        60,
+        &mut rng,
+    ));
+    run_cases("GGUF qwen4_exp metadata", cases, &[QWEN4], |bytes| {
+        fs::write(&path, bytes).unwrap();
         load_gguf(&path)
     });
 }
