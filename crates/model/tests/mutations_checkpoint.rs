@@ -367,3 +367,66 @@ fn hostile_shard_indexes_are_refused_naming_the_index() {
         },
     );
 }
+
+#[test]
+fn hostile_install_manifests_are_refused_naming_the_manifest() {
+    use spindle_model::install::{self, Install, Verify};
+    use spindle_model::quant::WeightFormat;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("install");
+    install::convert(
+        &spindle_testkit::fixture("qwen3_5_moe"),
+        &dir,
+        WeightFormat::Q8,
+        &mut |_| true,
+    )
+    .unwrap();
+    let path = dir.join(install::MANIFEST);
+    let pristine = fs::read_to_string(&path).unwrap();
+    // The top level, the resident section, the first expert layer and its first part, the
+    // first file entry and the first classes (every entry would be thousands of cases).
+    let keep = |label: &str| {
+        let pointer = label.split(' ').nth(1).unwrap_or("");
+        let depth = pointer.matches('/').count();
+        depth < 2
+            || pointer.starts_with("/resident/")
+            || (pointer.starts_with("/experts/0/") && !pointer.starts_with("/experts/0/parts/1"))
+            || pointer.starts_with("/files/0/")
+            || pointer.starts_with("/classes/lm_head")
+    };
+    let mut cases: Vec<Case> = json_cases("manifest.json", &pristine)
+        .into_iter()
+        .filter(|(label, _)| keep(label))
+        .map(|(label, text)| Case::either(label, text.into_bytes()))
+        .collect();
+    // Two parts of an expert record that share bytes.
+    let doc: Value = serde_json::from_str(&pristine).unwrap();
+    for (field, from) in [
+        ("codes_offset", "/experts/0/parts/0/codes_offset"),
+        ("scales_offset", "/experts/0/parts/1/scales_offset"),
+    ] {
+        let mut d = doc.clone();
+        d["experts"][0]["parts"][2][field] = d.pointer(from).unwrap().clone();
+        cases.push(Case::refused(
+            format!("experts[0].parts[2].{field} overlapping another part"),
+            d.to_string().into_bytes(),
+        ));
+    }
+    run_cases(
+        "install manifest",
+        cases,
+        &["manifest.json", "install"],
+        |bytes| {
+            fs::write(&path, bytes).unwrap();
+            let install = Install::open(&dir, Verify::Sizes).map_err(|e| e.to_string())?;
+            let names: Vec<String> = install.manifest().classes.keys().cloned().collect();
+            for name in names {
+                install.quantized(&name).map_err(|e| e.to_string())?;
+            }
+            for layer in 0..install.config().num_layers() {
+                let _ = install.expert_layer(layer);
+            }
+            Ok(())
+        },
+    );
+}
