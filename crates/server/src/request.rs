@@ -945,6 +945,15 @@ pub fn effort_thinks(effort: &str, param: &str) -> Result<bool, ApiError> {
     }
 }
 
+/// `value` as JSON, cut to about 60 characters (a message may quote what it refuses).
+pub fn brief(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(60) {
+        Some((cut, _)) => format!("{}… ({} bytes)", &text[..cut], text.len()),
+        None => text,
+    }
+}
+
 /// The template variables of an OpenAI chat request: `chat_template_kwargs`, with
 /// `enable_thinking` also setting Qwen3.6's `force_thinking` and `reasoning_effort` setting
 /// both (a variable given explicitly wins).
@@ -952,6 +961,16 @@ pub fn reasoning_vars(
     mut vars: Map<String, Value>,
     reasoning_effort: Option<&str>,
 ) -> Result<Map<String, Value>, ApiError> {
+    // The reasoning switches: a template reads anything but `false` as on.
+    for key in ["enable_thinking", "force_thinking"] {
+        if let Some(v) = vars.get(key).filter(|v| !v.is_boolean()) {
+            let param = format!("chat_template_kwargs.{key}");
+            return Err(ApiError::invalid(
+                param.clone(),
+                format!("{param} = {}: expected true or false", brief(v)),
+            ));
+        }
+    }
     if let Some(on) = vars.get("enable_thinking").and_then(Value::as_bool) {
         set_thinking(&mut vars, on);
     }

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::error::ApiError;
 use crate::images::{self, Content, RequestImage};
-use crate::request::{Generation, RawCommon};
+use crate::request::{brief, Generation, RawCommon};
 use crate::response::unique_id;
 use crate::structured::close_if_strict;
 
@@ -364,13 +364,23 @@ fn input_items(
                 };
                 messages.push(json!({"role": "tool", "tool_call_id": string("call_id")?, "content": output}));
             }
+            (None | Some("message"), _) if item.get("role").is_some() => {
+                return Err(ApiError::invalid(
+                    at("role"),
+                    format!(
+                        "{} = {}: a message's role is user, system, developer or assistant",
+                        at("role"),
+                        brief(&item["role"])
+                    ),
+                ))
+            }
             (kind, _) => {
                 return Err(ApiError::invalid(
                     at("type"),
                     format!(
-                        "input item type {:?} is not supported: this server reads messages (user, system, \
+                        "input item type {} is not supported: this server reads messages (user, system, \
                          developer, assistant), reasoning, function_call and function_call_output items",
-                        kind.or(role).unwrap_or("")
+                        brief(&Value::String(kind.unwrap_or("").to_owned()))
                     ),
                 ))
             }
