@@ -431,6 +431,12 @@ fn judge(
     let shown: String = answer.body.chars().take(300).collect();
     match answer.status {
         200 if may_succeed => None,
+        // A refusal quotes what it refuses in brief, not a 200 kB value whole.
+        400..=499 if answer.body.len() > 4096 => Some(format!(
+            "{label}: {} of {} bytes: {shown}",
+            answer.status,
+            answer.body.len()
+        )),
         400..=499 if names.iter().any(|n| answer.body.contains(n)) => None,
         400..=499 => Some(format!(
             "{label}: {} names none of {names:?}: {shown}",
