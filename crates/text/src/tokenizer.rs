@@ -86,6 +86,18 @@ impl Tokenizer {
         })
     }
 
+    /// The tokenizer as `tokenizer.json` text, as the `tokenizers` library writes it: for
+    /// readers of that format (the grammar engine's token trie), also when the tokenizer was
+    /// rebuilt from a GGUF file and [`Tokenizer::path`] is no JSON file.
+    pub fn to_json(&self) -> Result<String, TextError> {
+        self.inner
+            .to_string(false)
+            .map_err(|e| TextError::Tokenizer {
+                operation: "write tokenizer.json",
+                message: e.to_string(),
+            })
+    }
+
     /// The file this tokenizer was loaded from.
     pub fn path(&self) -> &Path {
         &self.path
