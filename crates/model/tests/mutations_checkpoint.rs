@@ -151,6 +151,21 @@ fn safetensors_bytes(header: &Value, data: &[u8]) -> Vec<u8> {
 }
 
 #[test]
+fn an_mrope_section_that_sums_right_only_by_wrapping_around_is_refused() {
+    let dir = copy_fixture("qwen3_5_dense_vision");
+    let path = dir.path().join("config.json");
+    let mut config: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    // 11 + 11 + 10 = 32 = rotary_dim / 2; (2^64 - 10) + 21 + 21 wraps to 32 as well.
+    config["text_config"]["rope_parameters"]["mrope_section"] = json!([u64::MAX - 9, 21, 21]);
+    fs::write(&path, config.to_string()).unwrap();
+    let message = ModelConfig::from_dir(dir.path()).unwrap_err().to_string();
+    assert!(
+        message.contains("config.json") && message.contains("mrope_section"),
+        "{message}"
+    );
+}
+
+#[test]
 fn hostile_safetensors_headers_are_refused_naming_the_file() {
     let dir = copy_fixture("qwen3_5_dense_vision");
     let path = dir.path().join("model.safetensors");

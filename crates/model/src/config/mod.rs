@@ -543,8 +543,9 @@ fn parse_rope(f: &Fields, head_dim: usize) -> Result<RopeConfig> {
     }
     let mrope_section = rp.opt_usize_list("mrope_section")?;
     if let Some(section) = &mrope_section {
-        let sum: usize = section.iter().sum();
-        if section.len() != 3 || sum != rotary_dim / 2 {
+        // Checked: huge entries must not wrap around to the right sum.
+        let sum = section.iter().try_fold(0usize, |a, &b| a.checked_add(b));
+        if section.len() != 3 || sum != Some(rotary_dim / 2) {
             return Err(f.err(format!(
                 "{p}rope_parameters.mrope_section {section:?} must have 3 entries summing to \
                  rotary_dim/2 = {} (head_dim {head_dim} × partial_rotary_factor {factor} / 2)",
