@@ -261,16 +261,17 @@ impl TokenizerEnv for TokEnv {
 }
 
 impl Grammars {
-    /// The trie for `tokenizer` (read again from its `tokenizer.json`) over `vocab_size` logits
-    /// (ids past the tokenizer's have no bytes and are never allowed).
+    /// The trie for `tokenizer` (from its `tokenizer.json` form, written back by the tokenizer:
+    /// a GGUF model's tokenizer has no such file, and its path is the model's) over
+    /// `vocab_size` logits (ids past the tokenizer's have no bytes and are never allowed).
     pub fn new(tokenizer: Arc<Tokenizer>, vocab_size: usize, eos_ids: &[u32]) -> Result<Self> {
         let path = tokenizer.path().to_path_buf();
         let file_error = |message: String| RuntimeError::File {
             path: path.clone(),
             message,
         };
-        let text = std::fs::read(&path).map_err(|e| file_error(e.to_string()))?;
-        let json: Value = serde_json::from_slice(&text).map_err(|e| file_error(e.to_string()))?;
+        let text = tokenizer.to_json().map_err(|e| file_error(e.to_string()))?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| file_error(e.to_string()))?;
         let mut words = llguidance::token_bytes_from_tokenizer_json(&json)
             .map_err(|e| file_error(format!("cannot build the token trie: {e}")))?;
         if words.len() > vocab_size {

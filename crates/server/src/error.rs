@@ -28,12 +28,28 @@ pub struct ApiError {
     pub close: bool,
 }
 
+/// The most characters of a 400's message: enough for any message spindle writes, not for a
+/// 200 kB value a deserializer quotes whole.
+pub const MESSAGE_CHARS: usize = 1024;
+
+fn bounded(message: String) -> String {
+    match message.char_indices().nth(MESSAGE_CHARS) {
+        Some((cut, _)) => format!(
+            "{}… (a message of {} bytes, cut)",
+            &message[..cut],
+            message.len()
+        ),
+        None => message,
+    }
+}
+
 impl ApiError {
-    /// A 400 naming the field at fault.
+    /// A 400 naming the field at fault. A message longer than [`MESSAGE_CHARS`] (one that
+    /// quotes a huge value it refuses) is cut.
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             status: StatusCode::BAD_REQUEST,
-            message: message.into(),
+            message: bounded(message.into()),
             kind: "invalid_request_error",
             param: Some(param.into()).filter(|p: &String| !p.is_empty()),
             code: None,

@@ -658,6 +658,10 @@ impl RawChat {
                     "a function needs a name",
                 ));
             }
+            tool_schema(
+                tool.function.parameters.as_ref(),
+                &format!("tools[{i}].function.parameters"),
+            )?;
         }
         let as_json = |tools: &[&RawTool]| {
             Value::Array(tools.iter().map(|t| tool_json(t)).collect::<Vec<_>>())
@@ -735,6 +739,30 @@ impl RawChat {
             }
         };
         Ok(((!chosen.is_empty()).then(|| as_json(&chosen)), grammar))
+    }
+}
+
+/// A tool's parameter schema, which must be a JSON Schema object (absent or null: none);
+/// `param` names the field in messages.
+pub fn tool_schema<'a>(
+    schema: Option<&'a Value>,
+    param: &str,
+) -> Result<Option<&'a Value>, ApiError> {
+    match schema {
+        None | Some(Value::Null) => Ok(None),
+        Some(s @ Value::Object(_)) => Ok(Some(s)),
+        Some(other) => {
+            let kind = match other {
+                Value::Bool(_) => "a boolean",
+                Value::Number(_) => "a number",
+                Value::String(_) => "a string",
+                _ => "an array",
+            };
+            Err(ApiError::invalid(
+                param,
+                format!("{param} must be a JSON Schema object, not {kind}"),
+            ))
+        }
     }
 }
 
@@ -954,6 +982,15 @@ pub fn effort_thinks(effort: &str, param: &str) -> Result<bool, ApiError> {
     }
 }
 
+/// `value` as JSON, cut to about 60 characters (a message may quote what it refuses).
+pub fn brief(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(60) {
+        Some((cut, _)) => format!("{}… ({} bytes)", &text[..cut], text.len()),
+        None => text,
+    }
+}
+
 /// The template variables of an OpenAI chat request: `chat_template_kwargs`, with
 /// `enable_thinking` also setting Qwen3.6's `force_thinking` and `reasoning_effort` setting
 /// both (a variable given explicitly wins).
@@ -961,6 +998,16 @@ pub fn reasoning_vars(
     mut vars: Map<String, Value>,
     reasoning_effort: Option<&str>,
 ) -> Result<Map<String, Value>, ApiError> {
+    // The reasoning switches: a template reads anything but `false` as on.
+    for key in ["enable_thinking", "force_thinking"] {
+        if let Some(v) = vars.get(key).filter(|v| !v.is_boolean()) {
+            let param = format!("chat_template_kwargs.{key}");
+            return Err(ApiError::invalid(
+                param.clone(),
+                format!("{param} = {}: expected true or false", brief(v)),
+            ));
+        }
+    }
     if let Some(on) = vars.get("enable_thinking").and_then(Value::as_bool) {
         set_thinking(&mut vars, on);
     }

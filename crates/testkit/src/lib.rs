@@ -1,6 +1,9 @@
 //! Test support shared by spindle's crates: where the fixtures are, writable copies of them,
 //! and the tensors of a fixture's `reference.safetensors`. A test that needs a fixture fails
-//! loudly when it is missing; it never skips.
+//! loudly when it is missing; it never skips. [`mutate`] runs damaged inputs through a loader
+//! (the mutation tests of the loaders and the image decoder).
+
+pub mod mutate;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

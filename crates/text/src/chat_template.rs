@@ -17,6 +17,7 @@ use crate::json::write_python_json;
 use crate::prompt::{PromptText, Shield};
 use crate::read::{read_bounded_text, MAX_TEMPLATE_BYTES, MAX_TOKENIZER_CONFIG_BYTES};
 use crate::sandbox::{Cancel, RenderArgs, Workers};
+use crate::tag_size;
 use crate::TextError;
 
 /// Special-token fields of `tokenizer_config.json` that transformers exposes to templates.
@@ -62,17 +63,44 @@ impl ChatTemplate {
 
     /// Several named templates (`tokenizer_config.json` may hold a list of `{name, template}`).
     pub fn from_named(templates: Vec<(String, String)>) -> Result<Self, TextError> {
-        let mut env = new_environment();
-        let mut names = Vec::with_capacity(templates.len());
-        for (name, source) in templates {
-            env.add_template_owned(name.clone(), source).map_err(|e| {
-                TextError::TemplateSyntax {
+        for (name, source) in &templates {
+            if let Some((at, code)) = tag_size::oversized_tag(source, tag_size::MAX_TAG_CODE_BYTES)
+            {
+                return Err(TextError::TemplateSyntax {
                     name: name.clone(),
-                    message: describe(&e),
-                }
-            })?;
-            names.push(name);
+                    message: format!(
+                        "the tag at byte {at} holds {code} bytes of code, more than the {} a tag \
+                         may hold (an expression that deep would overflow the parser's stack)",
+                        tag_size::MAX_TAG_CODE_BYTES
+                    ),
+                });
+            }
         }
+        let parse = move || {
+            let mut env = new_environment();
+            let mut names = Vec::with_capacity(templates.len());
+            for (name, source) in templates {
+                env.add_template_owned(name.clone(), source).map_err(|e| {
+                    TextError::TemplateSyntax {
+                        name: name.clone(),
+                        message: describe(&e),
+                    }
+                })?;
+                names.push(name);
+            }
+            Ok((env, names))
+        };
+        let failed = |message: String| TextError::TemplateSyntax {
+            name: "(all)".into(),
+            message,
+        };
+        let (env, names) = std::thread::Builder::new()
+            .name("template-parse".into())
+            .stack_size(tag_size::PARSE_STACK_BYTES)
+            .spawn(parse)
+            .map_err(|e| failed(format!("cannot start the parsing thread: {e}")))?
+            .join()
+            .map_err(|_| failed("the template parser panicked".into()))??;
         Ok(Self {
             env,
             names,

@@ -22,6 +22,7 @@ mod prompt;
 mod read;
 mod sandbox;
 mod stop;
+mod tag_size;
 mod tokenizer;
 
 pub use chat_template::{ChatTemplate, MAX_RENDERED_BYTES, RENDER_FUEL};

@@ -57,11 +57,15 @@ impl Tokenizer {
     /// `path` names its origin in messages.
     pub fn from_json_bytes(bytes: &[u8], path: impl AsRef<Path>) -> Result<Self, TextError> {
         let path = path.as_ref().to_path_buf();
-        let inner =
-            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TextError::TokenizerLoad {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
+        let refused = |message: String| TextError::TokenizerLoad {
+            path: path.clone(),
+            message,
+        };
+        // The `tokenizers` library panics on some malformed JSON (a document cut short inside
+        // a pre-tokenizer): the syntax is checked first.
+        serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+            .map_err(|e| refused(format!("not valid JSON: {e}")))?;
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| refused(e.to_string()))?;
         let mut special_ids: Vec<u32> = inner
             .get_added_tokens_decoder()
             .into_iter()
@@ -85,6 +89,18 @@ impl Tokenizer {
             memo: Memo::default(),
             path,
         })
+    }
+
+    /// The tokenizer as `tokenizer.json` text, as the `tokenizers` library writes it: for
+    /// readers of that format (the grammar engine's token trie), also when the tokenizer was
+    /// rebuilt from a GGUF file and [`Tokenizer::path`] is no JSON file.
+    pub fn to_json(&self) -> Result<String, TextError> {
+        self.inner
+            .to_string(false)
+            .map_err(|e| TextError::Tokenizer {
+                operation: "write tokenizer.json",
+                message: e.to_string(),
+            })
     }
 
     /// The file this tokenizer was loaded from.

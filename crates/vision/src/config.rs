@@ -59,7 +59,7 @@ impl ImageInput {
             return Ok(None);
         };
         let bad = |field: &str, message: String| VisionError::Config {
-            field: field.to_string(),
+            field: format!("config.json {field}"),
             message,
         };
         let count = |v: &Value, field: &str, default: usize| -> Result<usize, VisionError> {
@@ -164,7 +164,13 @@ fn read_preprocessor(p: &Value, geometry: &mut Geometry) -> Result<(), VisionErr
                 .ok_or_else(|| bad(field, format!("must be a positive pixel count, not {x}"))),
         }
     };
-    let size = p.get("size");
+    let size = p.get("size").filter(|v| !v.is_null());
+    if let Some(v) = size.filter(|v| !v.is_object()) {
+        return Err(bad(
+            "size",
+            format!("must be an object with shortest_edge and longest_edge, not {v}"),
+        ));
+    }
     let min = pixels(
         size.and_then(|s| s.get("shortest_edge")),
         "size.shortest_edge",
@@ -198,6 +204,9 @@ fn read_preprocessor(p: &Value, geometry: &mut Geometry) -> Result<(), VisionErr
             .filter(|a| a.len() == 3)
             .and_then(|a| a.iter().map(|x| x.as_f64().map(|x| x as f32)).collect());
         match values {
+            Some(vals) if vals.iter().any(|s| !s.is_finite()) => {
+                return Err(bad(field, format!("must be finite (as f32), not {v}")))
+            }
             Some(vals) if field == "image_std" && vals.iter().any(|&s| s <= 0.0) => {
                 return Err(bad(field, format!("must be positive, not {v}")))
             }
@@ -255,7 +264,15 @@ mod tests {
         );
         let missing = ImageInput::from_json(&json!({"vision_config": {}}), None);
         assert!(
-            matches!(missing, Err(VisionError::Config { field, .. }) if field == "image_token_id")
+            matches!(missing, Err(VisionError::Config { field, .. }) if field == "config.json image_token_id")
+        );
+        assert_eq!(
+            field(json!({"size": 4096})),
+            "preprocessor_config.json size"
+        );
+        assert_eq!(
+            field(json!({"image_mean": [0.5, 1e300, 0.5]})),
+            "preprocessor_config.json image_mean"
         );
     }
 

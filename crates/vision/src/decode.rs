@@ -62,6 +62,9 @@ pub fn decode(bytes: &[u8], max_pixels: usize) -> Result<Rgb8, VisionError> {
             max: max_pixels,
         });
     }
+    if format == "JPEG" {
+        check_jpeg_ends(bytes)?;
+    }
     let rgb = DynamicImage::from_decoder(decoder)
         .map_err(corrupt)?
         .into_rgb8();
@@ -70,6 +73,73 @@ pub fn decode(bytes: &[u8], max_pixels: usize) -> Result<Rgb8, VisionError> {
         height,
         data: rgb.into_raw(),
     })
+}
+
+/// Walks a JPEG's segments and entropy-coded scans to its end-of-image marker. The decoder
+/// fills the rows of a file cut short with gray; Pillow (and so the reference processor)
+/// refuses it as truncated, and so does spindle.
+fn check_jpeg_ends(bytes: &[u8]) -> Result<(), VisionError> {
+    let corrupt = |message: String| VisionError::Corrupt {
+        format: "JPEG",
+        message,
+    };
+    let truncated = || {
+        corrupt(format!(
+            "its {} bytes end before the end-of-image marker: truncated",
+            bytes.len()
+        ))
+    };
+    let mut at = 2; // after the start-of-image marker
+    loop {
+        if bytes.get(at) != Some(&0xff) {
+            return Err(match at < bytes.len() {
+                true => corrupt(format!("no segment marker at byte {at}")),
+                false => truncated(),
+            });
+        }
+        // Any number of 0xff fill bytes may precede a marker's code.
+        while bytes.get(at) == Some(&0xff) {
+            at += 1;
+        }
+        let Some(&code) = bytes.get(at) else {
+            return Err(truncated());
+        };
+        at += 1;
+        match code {
+            0xd9 => return Ok(()),
+            0x01 | 0xd0..=0xd8 => continue, // markers without a length
+            _ => {}
+        }
+        let Some(len) = bytes.get(at..at + 2) else {
+            return Err(truncated());
+        };
+        let len = u16::from_be_bytes([len[0], len[1]]) as usize;
+        if len < 2 {
+            return Err(corrupt(format!(
+                "segment 0xff{code:02x} at byte {} has length {len}",
+                at - 2
+            )));
+        }
+        at += len;
+        if code == 0xda {
+            // A scan's entropy-coded data runs to the next marker other than a stuffed
+            // 0xff00 or a restart marker.
+            loop {
+                let Some(ff) = bytes
+                    .get(at..)
+                    .and_then(|r| r.iter().position(|&b| b == 0xff))
+                else {
+                    return Err(truncated());
+                };
+                at += ff;
+                match bytes.get(at + 1) {
+                    None => return Err(truncated()),
+                    Some(0x00 | 0xd0..=0xd7) => at += 2,
+                    Some(_) => break,
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -131,6 +201,22 @@ mod tests {
         }
         let out = decode(&bytes, 1 << 20).unwrap();
         assert_eq!(out.data, vec![0, 0, 255, 255, 0, 0]);
+    }
+
+    #[test]
+    fn a_jpeg_must_reach_its_end_of_image_marker() {
+        let bytes = encode(DynamicImage::ImageRgb8(pattern(40, 24)), ImageFormat::Jpeg);
+        assert_eq!(&bytes[bytes.len() - 2..], &[0xff, 0xd9]);
+        let mut trailing = bytes.clone();
+        trailing.extend(b"bytes after the image");
+        assert_eq!(decode(&trailing, 1 << 20).unwrap().width, 40);
+        for cut in [bytes.len() - 2, bytes.len() - 40] {
+            let message = decode(&bytes[..cut], 1 << 20).unwrap_err().to_string();
+            assert!(
+                message.contains("JPEG") && message.contains("truncated"),
+                "{message}"
+            );
+        }
     }
 
     #[test]

@@ -94,12 +94,7 @@ impl Checkpoint {
             .scale
             .as_deref()
             .expect("FP8 entries are paired at open");
-        let scale = &self.entries[scale_name];
-        let scale_dtype = self.float_dtype(scale_name, scale)?;
-        let scales = decode_f32(
-            scale_dtype,
-            &self.shards[scale.shard].map[scale.start..scale.end],
-        );
+        let scales = self.fp8_scales(scale_name)?;
         let codes = Storage::new(&self.shards[entry.shard].map, entry.start, entry.end, 1);
         let fp8 = self.fp8.as_ref().expect("set with the pairs");
         let n = entry.shape.len();
@@ -112,10 +107,7 @@ impl Checkpoint {
             .scale
             .as_deref()
             .expect("FP8 entries are paired at open");
-        let scale = &self.entries[scale_name];
-        let scale_dtype = self.float_dtype(scale_name, scale)?;
-        let map = &self.shards[scale.shard].map;
-        let scales = decode_f32(scale_dtype, &map[scale.start..scale.end]);
+        let scales = self.fp8_scales(scale_name)?;
         let codes = &self.shards[entry.shard].map[entry.start..entry.end];
         let fp8 = self.fp8.as_ref().expect("set with the pairs");
         tracing::trace!(tensor = name, "dequantizing block FP8");
@@ -125,5 +117,28 @@ impl Checkpoint {
             &entry.shape,
             fp8.block,
         ))
+    }
+
+    /// The f32 values of scale tensor `scale_name`, each checked: a NaN, infinite or negative
+    /// block scale (which no quantizer writes) would make every weight of its block wrong.
+    fn fp8_scales(&self, scale_name: &str) -> Result<Vec<f32>> {
+        let scale = &self.entries[scale_name];
+        let scale_dtype = self.float_dtype(scale_name, scale)?;
+        let shard = &self.shards[scale.shard];
+        let scales = decode_f32(scale_dtype, &shard.map[scale.start..scale.end]);
+        if let Some((i, v)) = scales
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !v.is_finite() || v.is_sign_negative() && **v != 0.0)
+        {
+            return Err(ModelError::BadScale {
+                path: shard.path.clone(),
+                tensor: scale_name.to_owned(),
+                message: format!(
+                    "element {i} is {v}: a block scale must be finite and not negative"
+                ),
+            });
+        }
+        Ok(scales)
     }
 }

@@ -139,7 +139,8 @@ impl Checkpoint {
                     "weight_map[{name:?}] = {file}: expected a file name"
                 ))
             })?;
-            if file.contains('/') || file.contains('\\') || file.starts_with('.') {
+            if file.is_empty() || file.contains('/') || file.contains('\\') || file.starts_with('.')
+            {
                 return Err(index_err(format!(
                     "weight_map[{name:?}] = {file:?}: shard names must be plain file names"
                 )));
@@ -158,7 +159,16 @@ impl Checkpoint {
             keep_blocks: false,
         };
         for file in files {
-            checkpoint.add_shard(&dir.join(file))?;
+            checkpoint.add_shard(&dir.join(file)).map_err(|e| match e {
+                ModelError::Io { path, error } => ModelError::Io {
+                    path,
+                    error: std::io::Error::new(
+                        error.kind(),
+                        format!("{error} (a shard named by {INDEX_FILE})"),
+                    ),
+                },
+                other => other,
+            })?;
         }
         for (name, file) in &wanted {
             let Some(entry) = checkpoint.entries.get(name) else {

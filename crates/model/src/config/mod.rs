@@ -512,19 +512,23 @@ fn parse_rope(f: &Fields, head_dim: usize) -> Result<RopeConfig> {
             "{p}rope_parameters.rope_type = {rope_type:?}: only \"default\" rope is supported"
         )));
     }
-    let theta = rp
-        .opt_f64("rope_theta")?
-        .or(f.opt_f64("rope_theta")?)
+    // A value given both inside rope_parameters and beside it must agree.
+    let inner_or_outer = |key: &str| -> Result<Option<f64>> {
+        match (rp.opt_f64(key)?, f.opt_f64(key)?) {
+            (Some(inner), Some(outer)) if inner != outer => Err(f.err(format!(
+                "{p}rope_parameters.{key} = {inner} but {p}{key} = {outer}: they must agree"
+            ))),
+            (inner, outer) => Ok(inner.or(outer)),
+        }
+    };
+    let theta = inner_or_outer("rope_theta")?
         .ok_or_else(|| f.err(format!("{p}rope_parameters.rope_theta is missing")))?;
     if !(theta > 1.0) {
         return Err(f.err(format!(
             "{p}rope_parameters.rope_theta = {theta}: must be > 1"
         )));
     }
-    let factor = rp
-        .opt_f64("partial_rotary_factor")?
-        .or(f.opt_f64("partial_rotary_factor")?)
-        .unwrap_or(0.25);
+    let factor = inner_or_outer("partial_rotary_factor")?.unwrap_or(0.25);
     let rotary = head_dim as f64 * factor;
     let rotary_dim = rotary.round() as usize;
     if !(factor > 0.0 && factor <= 1.0)
@@ -539,8 +543,9 @@ fn parse_rope(f: &Fields, head_dim: usize) -> Result<RopeConfig> {
     }
     let mrope_section = rp.opt_usize_list("mrope_section")?;
     if let Some(section) = &mrope_section {
-        let sum: usize = section.iter().sum();
-        if section.len() != 3 || sum != rotary_dim / 2 {
+        // Checked: huge entries must not wrap around to the right sum.
+        let sum = section.iter().try_fold(0usize, |a, &b| a.checked_add(b));
+        if section.len() != 3 || sum != Some(rotary_dim / 2) {
             return Err(f.err(format!(
                 "{p}rope_parameters.mrope_section {section:?} must have 3 entries summing to \
                  rotary_dim/2 = {} (head_dim {head_dim} × partial_rotary_factor {factor} / 2)",

@@ -12,7 +12,7 @@ use crate::error::{ModelError, Result};
 use crate::quant::ggml::GgmlType;
 
 /// One metadata value.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub enum Value {
     U64(u64),
     I64(i64),
@@ -20,6 +20,30 @@ pub enum Value {
     Bool(bool),
     Str(String),
     Array(Vec<Value>),
+}
+
+/// As derived, but a long string or array is cut (with its length), so a message quoting a
+/// value (a token list given where a number belongs) stays a line.
+impl std::fmt::Debug for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const CHARS: usize = 64;
+        const ENTRIES: usize = 8;
+        match self {
+            Value::U64(n) => write!(f, "U64({n})"),
+            Value::I64(n) => write!(f, "I64({n})"),
+            Value::F64(x) => write!(f, "F64({x:?})"),
+            Value::Bool(b) => write!(f, "Bool({b})"),
+            Value::Str(s) if s.chars().count() > CHARS => {
+                let head: String = s.chars().take(CHARS).collect();
+                write!(f, "Str({head:?}… ({} bytes))", s.len())
+            }
+            Value::Str(s) => write!(f, "Str({s:?})"),
+            Value::Array(a) if a.len() > ENTRIES => {
+                write!(f, "Array({:?}… ({} entries))", &a[..ENTRIES], a.len())
+            }
+            Value::Array(a) => write!(f, "Array({a:?})"),
+        }
+    }
 }
 
 impl Value {
@@ -275,6 +299,9 @@ impl GgufFile {
             },
         };
         let data_start = c.at.next_multiple_of(alignment);
+        // llama.cpp's reader requires each tensor's data to start where the previous one's
+        // ends, aligned; a type or shape that disagrees with the data is caught here.
+        let mut expected_offset = 0usize;
         let mut tensors = Vec::with_capacity(raw.len());
         for (name, ne, ty_id, offset) in raw {
             let bad = |message: String| ModelError::Gguf {
@@ -288,7 +315,6 @@ impl GgufFile {
                     GgmlType::SUPPORTED
                 ))
             })?;
-            let elements: usize = ne.iter().product();
             if ne[0] % ty.block_elements() != 0 {
                 return Err(bad(format!(
                     "rows of {} elements are not whole {} blocks of {}",
@@ -297,27 +323,51 @@ impl GgufFile {
                     ty.block_elements()
                 )));
             }
-            let bytes = elements / ty.block_elements() * ty.block_bytes();
-            let start = (offset as usize)
-                .checked_add(data_start)
-                .filter(|s| s % alignment == 0 || offset % alignment as u64 == 0);
-            let Some(start) = start else {
+            let bytes = ne
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d))
+                .and_then(|elements| (elements / ty.block_elements()).checked_mul(ty.block_bytes()))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "dimensions {ne:?} of {} hold more bytes than any file",
+                        ty.name()
+                    ))
+                })?;
+            if offset != expected_offset as u64 {
                 return Err(bad(format!(
-                    "data offset {offset} is not aligned to {alignment}"
+                    "data offset {offset}, expected {expected_offset} (where the previous \
+                     tensor's data ends, aligned to {alignment}): a type or shape disagrees \
+                     with the data, or the file is corrupt"
                 )));
-            };
+            }
+            let start = data_start + expected_offset;
             let end = start.checked_add(bytes).filter(|&e| e <= map.len()).ok_or_else(|| {
                 bad(format!(
                     "its {bytes} bytes at offset {start} run past the end of the file ({} bytes): truncated",
                     map.len()
                 ))
             })?;
+            expected_offset = (end - data_start).next_multiple_of(alignment);
             tensors.push(TensorInfo {
                 name,
                 ty,
                 ne,
                 start,
                 end,
+            });
+        }
+        // Writers pad the last tensor's data to the alignment and stop; bytes beyond mean a
+        // tensor's type or shape claims less data than was written.
+        let data_end = data_start + expected_offset;
+        if let Some(last) = tensors.last().filter(|_| map.len() > data_end) {
+            return Err(ModelError::Gguf {
+                path: path.to_owned(),
+                message: format!(
+                    "{} bytes follow the data of the last tensor `{}` (which ends at {}): a type or shape disagrees with the data, or the file is corrupt",
+                    map.len() - data_end,
+                    last.name,
+                    last.end
+                ),
             });
         }
         Ok(GgufFile {

@@ -143,5 +143,5 @@ pub fn open_tokenizer_json(path: &Path) -> Result<Option<String>> {
 /// The GGUF model's `tokenizer.chat_template`, if any.
 pub fn open_chat_template(path: &Path) -> Result<Option<String>> {
     let files = open_files(path)?;
-    Ok(tokenizer::chat_template(&files[0]))
+    tokenizer::chat_template(&files[0])
 }

@@ -55,6 +55,12 @@ fn strings<'a>(f: &'a GgufFile, key: &str) -> Result<Vec<&'a str>> {
 /// The `tokenizer.json` of the file, or `None` when it carries no tokenizer.
 pub fn tokenizer_json(f: &GgufFile) -> Result<Option<Json>> {
     let Some(model) = f.get("tokenizer.ggml.model") else {
+        if f.get("tokenizer.ggml.tokens").is_some() {
+            return Err(err(
+                f,
+                "metadata key `tokenizer.ggml.tokens` is there but `tokenizer.ggml.model` is missing: the tokenizer's kind is unknown".into(),
+            ));
+        }
         return Ok(None);
     };
     if model.as_str() != Some("gpt2") {
@@ -83,9 +89,12 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<Option<Json>> {
                 a.iter()
                     .map(|x| match *x {
                         Value::I64(n) => Some(n),
-                        Value::U64(n) => Some(n as i64),
+                        Value::U64(n) => i64::try_from(n).ok(),
                         _ => None,
                     })
+                    // llama.cpp's types: undefined, normal, unknown, control, user-defined,
+                    // unused, byte.
+                    .map(|t| t.filter(|t| (0..=6).contains(t)))
                     .collect::<Option<Vec<_>>>()
             })
             .filter(|t| t.len() == tokens.len())
@@ -93,7 +102,7 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<Option<Json>> {
                 err(
                     f,
                     format!(
-                        "metadata key `tokenizer.ggml.token_type` is not {} integers",
+                        "metadata key `tokenizer.ggml.token_type` is not {} token types (integers 0 to 6)",
                         tokens.len()
                     ),
                 )
@@ -144,8 +153,13 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<Option<Json>> {
 }
 
 /// `tokenizer.chat_template`, when the file carries one.
-pub fn chat_template(f: &GgufFile) -> Option<String> {
-    f.get("tokenizer.chat_template")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
+pub fn chat_template(f: &GgufFile) -> Result<Option<String>> {
+    match f.get("tokenizer.chat_template") {
+        None => Ok(None),
+        Some(Value::Str(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(err(
+            f,
+            format!("metadata key `tokenizer.chat_template` = {other:?}: expected a string"),
+        )),
+    }
 }

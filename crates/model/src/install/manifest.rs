@@ -198,6 +198,8 @@ impl Manifest {
     fn check_expert_layouts(&self) -> std::result::Result<(), String> {
         let mut layers = std::collections::HashSet::new();
         for (i, layer) in self.experts.iter().enumerate() {
+            // Every part's codes and scales, to refuse two that share bytes.
+            let mut ranges: Vec<(u64, u64, String)> = Vec::new();
             if !layers.insert(layer.layer) {
                 return Err(format!(
                     "experts[{i}].layer {} is listed twice",
@@ -247,12 +249,22 @@ impl Manifest {
                         ));
                     }
                     let end = offset.checked_add(bytes).filter(|&e| e <= layer.stride);
-                    if end.is_none() {
+                    let Some(end) = end else {
                         return Err(format!(
                             "{at}: {field}_offset {offset} + {field}_bytes {bytes} runs past experts[{i}].stride {}",
                             layer.stride
                         ));
-                    }
+                    };
+                    ranges.push((offset, end, format!("{at}.{field}")));
+                }
+            }
+            ranges.sort();
+            for pair in ranges.windows(2) {
+                let ((a_start, a_end, a), (b_start, b_end, b)) = (&pair[0], &pair[1]);
+                if b_start < a_end {
+                    return Err(format!(
+                        "{a} [{a_start}, {a_end}) and {b} [{b_start}, {b_end}) overlap: each part needs its own bytes"
+                    ));
                 }
             }
         }

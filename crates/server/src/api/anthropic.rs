@@ -10,7 +10,7 @@ use spindle_text::ParsedOutput;
 
 use super::{
     apply_constraint, generation, optional, refuse_prefill, set_thinking, template_tool,
-    template_tool_call, text_of, Constraint, Fields,
+    template_tool_call, text_of, tool_schema, Constraint, Fields,
 };
 use crate::error::ApiError;
 use crate::images::{self, Content, RequestImage};
@@ -420,7 +420,11 @@ fn tools(
         let name = name
             .ok_or_else(|| ApiError::invalid(format!("tools[{i}].name"), "a tool needs a name"))?;
         let description = tool.get("description").and_then(Value::as_str);
-        out.push(template_tool(name, description, tool.get("input_schema")));
+        let schema = tool_schema(
+            tool.get("input_schema"),
+            &format!("tools[{i}].input_schema"),
+        )?;
+        out.push(template_tool(name, description, schema));
         if optional::<bool>(tool, "strict", &format!("tools[{i}]."))? == Some(true) {
             strict.push(name.to_owned());
         }

@@ -18,7 +18,7 @@ use spindle_runtime::sampling::SamplingParams;
 use spindle_runtime::{Grammar, ToolSpec};
 
 use crate::error::ApiError;
-pub use crate::request::{effort_thinks, set_thinking};
+pub use crate::request::{effort_thinks, set_thinking, tool_schema};
 use crate::request::{Generation, RawCommon};
 
 /// The top-level fields an endpoint accepts. Anything else is refused by name (400): a field
@@ -40,7 +40,15 @@ impl Fields {
     /// `"suffix": ""` or `"context": []` for "not set").
     pub fn check(&self, object: &Value, at: &str) -> Result<(), ApiError> {
         let Some(object) = object.as_object() else {
-            return Ok(());
+            // A nested object of fields given as something else would be ignored.
+            if at.is_empty() || object.is_null() {
+                return Ok(());
+            }
+            let param = at.trim_end_matches('.');
+            return Err(ApiError::invalid(
+                param,
+                format!("{param} must be an object of fields"),
+            ));
         };
         for (name, value) in object {
             let known = self.read.contains(&name.as_str()) || self.ignored.contains(&name.as_str());

@@ -8,7 +8,7 @@ use spindle_runtime::Prompt;
 
 use super::{
     apply_constraint, arguments_object, generation, optional, refuse_prefill, set_thinking,
-    template_tool, template_tool_call, Constraint, Fields,
+    template_tool, template_tool_call, tool_schema, Constraint, Fields,
 };
 use crate::error::ApiError;
 use crate::images::{self, Content, RequestImage};
@@ -202,11 +202,11 @@ pub fn parse_chat(body: &Value, defaults: &SamplingParams) -> Result<OllamaReque
                                 "a tool needs a function name",
                             )
                         })?;
-                    Ok(template_tool(
-                        name,
-                        f["description"].as_str(),
+                    let schema = tool_schema(
                         f.get("parameters"),
-                    ))
+                        &format!("tools[{i}].function.parameters"),
+                    )?;
+                    Ok(template_tool(name, f["description"].as_str(), schema))
                 })
                 .collect::<Result<Vec<_>, ApiError>>()?,
         )),

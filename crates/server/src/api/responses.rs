@@ -11,11 +11,11 @@ use spindle_text::{ParsedOutput, ToolCall};
 
 use super::{
     apply_constraint, arguments_object, effort_thinks, generation, optional, set_thinking,
-    template_tool, template_tool_call, text_of, Constraint, Fields,
+    template_tool, template_tool_call, text_of, tool_schema, Constraint, Fields,
 };
 use crate::error::ApiError;
 use crate::images::{self, Content, RequestImage};
-use crate::request::{Generation, RawCommon};
+use crate::request::{brief, Generation, RawCommon};
 use crate::response::unique_id;
 use crate::structured::close_if_strict;
 
@@ -370,13 +370,23 @@ fn input_items(
                 };
                 messages.push(json!({"role": "tool", "tool_call_id": string("call_id")?, "content": output}));
             }
+            (None | Some("message"), _) if item.get("role").is_some() => {
+                return Err(ApiError::invalid(
+                    at("role"),
+                    format!(
+                        "{} = {}: a message's role is user, system, developer or assistant",
+                        at("role"),
+                        brief(&item["role"])
+                    ),
+                ))
+            }
             (kind, _) => {
                 return Err(ApiError::invalid(
                     at("type"),
                     format!(
-                        "input item type {:?} is not supported: this server reads messages (user, system, \
+                        "input item type {} is not supported: this server reads messages (user, system, \
                          developer, assistant), reasoning, function_call and function_call_output items",
-                        kind.or(role).unwrap_or("")
+                        brief(&Value::String(kind.unwrap_or("").to_owned()))
                     ),
                 ))
             }
@@ -421,10 +431,11 @@ fn tools(
         let name = name.ok_or_else(|| {
             ApiError::invalid(format!("tools[{i}].name"), "a function needs a name")
         })?;
+        let schema = tool_schema(tool.get("parameters"), &format!("tools[{i}].parameters"))?;
         out.push(template_tool(
             name,
             tool.get("description").and_then(Value::as_str),
-            tool.get("parameters"),
+            schema,
         ));
         match tool.get("strict") {
             None | Some(Value::Null) | Some(Value::Bool(false)) => {}

@@ -6,6 +6,7 @@ mod apis;
 mod common;
 mod controls;
 mod errors;
+mod hostile;
 mod images;
 mod load;
 mod special_tokens;

@@ -95,12 +95,29 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
         }
     }
     let rope_dim = need("rope.dimension_count")?;
-    let eps = get("attention.layer_norm_rms_epsilon")
-        .and_then(Value::as_f64)
-        .ok_or_else(|| err(f, format!("metadata key `{prefix}attention.layer_norm_rms_epsilon` is missing or not a number")))?;
-    let theta = get("rope.freq_base")
-        .and_then(Value::as_f64)
-        .unwrap_or(10_000.0);
+    // A non-finite float would become JSON null, which reads as "absent": refused here.
+    let float = |k: &str| -> Result<Option<f64>> {
+        match get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(Some)
+                .ok_or_else(|| {
+                    err(
+                        f,
+                        format!("metadata key `{prefix}{k}` = {v:?}: expected a finite number"),
+                    )
+                }),
+        }
+    };
+    let eps = float("attention.layer_norm_rms_epsilon")?.ok_or_else(|| {
+        err(
+            f,
+            format!("metadata key `{prefix}attention.layer_norm_rms_epsilon` is missing"),
+        )
+    })?;
+    let theta = float("rope.freq_base")?.unwrap_or(10_000.0);
     let v_heads = need("ssm.time_step_rank")?;
     let inner = need("ssm.inner_size")?;
     if v_heads == 0 || inner % v_heads != 0 {
@@ -127,7 +144,13 @@ pub fn config_json(files: &[GgufFile]) -> Result<Json> {
                 .collect::<Result<_>>()?
         }
         None => {
-            let interval = uint("full_attention_interval")?.unwrap_or(4).max(1);
+            let interval = uint("full_attention_interval")?.unwrap_or(4);
+            if interval == 0 {
+                return Err(err(
+                    f,
+                    format!("metadata key `{prefix}full_attention_interval` is 0: expected a positive layer interval"),
+                ));
+            }
             (0..layers)
                 .map(|i| {
                     if (i + 1) % interval == 0 {
