@@ -103,8 +103,8 @@ fn direct<const T: usize>(
             // The next panel's scales too (contiguous after these, 32 bytes a group of its 16
             // rows), at the pace of its codes: the loads above read 16 rows' scales at once
             // (32 bytes of each), which the hardware does not stream in either; left to
-            // demand, each panel's first loads waited on memory (5-6% of a decode's kernel
-            // time).
+            // demand, each panel's first loads waited on memory (6-10% of a decode's kernel
+            // time, README "Prefix cache (CPU, 2 cores)").
             let next_scales = scales.as_ptr().wrapping_add(PANEL_ROWS * groups) as *const u8;
             for line in 0..2 {
                 let p = next_scales.wrapping_add(32 * gb + 64 * line);
