@@ -100,6 +100,16 @@ fn direct<const T: usize>(
                 let p = next.wrapping_add(r * 64 + PREFETCH_SHIFT);
                 _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
             }
+            // The next panel's scales too (contiguous after these, 32 bytes a group of its 16
+            // rows), at the pace of its codes: the loads above read 16 rows' scales at once
+            // (32 bytes of each), which the hardware does not stream in either; left to
+            // demand, each panel's first loads waited on memory (6-10% of a decode's kernel
+            // time, README "Prefix cache (CPU, 2 cores)").
+            let next_scales = scales.as_ptr().wrapping_add(PANEL_ROWS * groups) as *const u8;
+            for line in 0..2 {
+                let p = next_scales.wrapping_add(32 * gb + 64 * line);
+                _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+            }
             // Dword j of every row: group gb + j/4 (Q4) or gb + j/8 (Q8).
             // SAFETY: 16 rows of `row_bytes`; groups gb..gb+m are within each row.
             let v = unsafe {
