@@ -426,6 +426,30 @@ const CHECKED_ELSEWHERE: &[(&str, &str)] = &[
         "tower_attention_h80_qk",
         "tests/vision.rs (tensor_core_tower_precisions: the cheaper attention precisions on the fixtures)",
     ),
+    (
+        "decode_matvec_tc_q8",
+        "tests/decode_tc.rs (against the dp4a decode matvec, bit for bit) and tests/batch.rs",
+    ),
+    (
+        "decode_matvec_tc_q4",
+        "tests/decode_tc.rs (against the dp4a decode matvec, bit for bit) and tests/batch.rs",
+    ),
+    (
+        "gemm_tensor_skinny_bf16",
+        "tests/kernels.rs (skinny_gemm_tiles_equal_wide_tiles: the 64-row tiles' bits, dense and grouped)",
+    ),
+    (
+        "gemm_tensor_skinny_q8",
+        "tests/kernels.rs (skinny_gemm_tiles_equal_wide_tiles: the 64-row tiles' bits, dense and grouped)",
+    ),
+    (
+        "gemm_tensor_skinny_q4",
+        "tests/kernels.rs (skinny_gemm_tiles_equal_wide_tiles: the 64-row tiles' bits, dense and grouped)",
+    ),
+    (
+        "gemm_tensor_skinny_fp8",
+        "tests/fp8.rs run with SPINDLE_CUDA_SKINNY_GEMM=1 (the fixtures' FP8 prefills of up to 32 tokens)",
+    ),
 ];
 
 #[test]
