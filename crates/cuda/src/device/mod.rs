@@ -85,14 +85,15 @@ pub struct Device {
 /// 2026-12-02, `docs/benchmarks/cuda-h200.md`).
 pub(crate) const TC_DECODE_ROWS: usize = 64;
 
-/// [`TC_DECODE_ROWS`], or what `SPINDLE_CUDA_TC_DECODE` says: 0 (off) or a row count (raised
-/// to TCD_TOKENS); a value that is neither is reported and the default kept.
+/// [`TC_DECODE_ROWS`], or what `SPINDLE_CUDA_TC_DECODE` says: 0 (off) or a row count (the
+/// matvec takes at least its own tile's rows: `matvec::tc_decode_kernel`); a value that is
+/// neither is reported and the default kept.
 fn tc_decode_rows_from_env() -> usize {
     match std::env::var("SPINDLE_CUDA_TC_DECODE") {
         Err(_) => TC_DECODE_ROWS,
         Ok(v) => match v.parse::<usize>() {
             Ok(0) => 0,
-            Ok(n) => n.max(crate::kernels::TCD_TOKENS),
+            Ok(n) => n,
             Err(_) => {
                 tracing::warn!(
                     value = %v,
@@ -278,14 +279,14 @@ impl Device {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Sets [`Device::tc_decode_rows`]: 0 turns the tensor-core decode matvec off, other values
-    /// are raised to [`TCD_TOKENS`](crate::kernels::TCD_TOKENS); stays 0 where the device has
-    /// no int8 tensor cores (before sm_80).
+    /// Sets [`Device::tc_decode_rows`]: 0 turns the tensor-core decode matvec off (a count
+    /// below the kernel's tile of rows acts as that tile); stays 0 where the device has no int8
+    /// tensor cores (before sm_80).
     pub fn set_tc_decode_rows(&self, rows: usize) {
         let rows = match rows {
             0 => 0,
             _ if !self.int8_mma => 0,
-            n => n.max(crate::kernels::TCD_TOKENS),
+            n => n,
         };
         self.tc_decode_rows
             .store(rows, std::sync::atomic::Ordering::Relaxed)
